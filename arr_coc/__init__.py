@@ -1,0 +1,1 @@
+"""ARR-COC: query-aware visual token selection (Adaptive Relevance Realization) for Qwen2-VL."""

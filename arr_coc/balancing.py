@@ -1,0 +1,60 @@
+"""
+AdaptiveTensionBalancer: mixes the three scorer maps into one relevance map with query-aware weights.
+
+Each map is standardised (so the weights, not the maps' scales, decide the mix), then weighted by
+sigmoid outputs of a small MLP over a question summary, a gestalt summary and the maps' statistics.
+Sigmoid, not softmax: a hard question may want more of everything (seed Part 43). The last layer starts
+at zero with a bias of logit(prior_weights), so a fresh balancer returns exactly the prior weights.
+"""
+
+import torch
+import torch.nn as nn
+
+STD_FLOOR = 0.02  # a map flatter than this is not stretched into noise by standardising
+
+
+def standardise(maps: torch.Tensor) -> torch.Tensor:
+    """[B, ..., gh, gw] -> zero mean, unit std per map (std floored)."""
+    flat = maps.flatten(-2)
+    mean = flat.mean(-1, keepdim=True)
+    std = flat.std(-1, keepdim=True, unbiased=False).clamp_min(STD_FLOOR)
+    return ((flat - mean) / std).view_as(maps)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, L, D] with mask [B, L] -> [B, D]."""
+    if mask is None:
+        return x.mean(1)
+    m = mask.to(x.dtype).unsqueeze(-1)
+    return (x * m).sum(1) / m.sum(1).clamp_min(1)
+
+
+class AdaptiveTensionBalancer(nn.Module):
+    def __init__(self, hidden_size: int = 1536, hidden: int = 32, prior_weights=(0.2, 0.2, 0.6)):
+        super().__init__()
+        self.query_summary = nn.Sequential(nn.LayerNorm(hidden_size), nn.Linear(hidden_size, hidden))
+        self.gestalt_summary = nn.Sequential(nn.LayerNorm(hidden_size), nn.Linear(hidden_size, hidden))
+        self.map_stats = nn.Linear(9, hidden)  # mean, std, max of each of the 3 maps
+        self.head = nn.Sequential(nn.GELU(), nn.Linear(hidden, 3))
+        nn.init.zeros_(self.head[1].weight)
+        with torch.no_grad():
+            p = torch.tensor(prior_weights, dtype=torch.float).clamp(1e-4, 1 - 1e-4)
+            self.head[1].bias.copy_(torch.log(p / (1 - p)))  # sigmoid(bias) == prior_weights
+        self.hidden_size = hidden_size
+
+    def forward(
+        self,
+        maps: torch.Tensor,  # [B, 3, gh, gw] information, perspectival, participatory
+        query_embeds: torch.Tensor,  # [B, L, D]
+        query_mask: torch.Tensor | None = None,  # [B, L]
+        gestalt_embeds: torch.Tensor | None = None,  # [B, Ng, D] or None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        B = maps.shape[0]
+        flat = maps.flatten(2)  # [B, 3, N]
+        stats = torch.cat([flat.mean(-1), flat.std(-1, unbiased=False), flat.amax(-1)], dim=1)  # [B, 9]
+        q = masked_mean(query_embeds.to(maps.dtype), query_mask)  # [B, D]
+        g = gestalt_embeds.to(maps.dtype).mean(1) if gestalt_embeds is not None else maps.new_zeros(B, self.hidden_size)
+        h = self.query_summary(q) + self.gestalt_summary(g) + self.map_stats(stats.nan_to_num(0.0))  # [B, hidden]
+        weights = torch.sigmoid(self.head(h))  # [B, 3]
+        relevance = (weights.view(B, 3, 1, 1) * standardise(maps)).sum(1)  # [B, gh, gw]
+        return relevance, weights

@@ -1,0 +1,447 @@
+"""
+Datasets for ARR-COC: a synthetic scene generator and a JSONL format for (image, question, answer, box).
+
+A Sample is one image with one question about it, the expected answer, and the pixel box of the region
+the question is about (None where no region is). The synthetic kinds are built to probe query-aware
+token selection on the 896x896 high-res view (DESIGN.md sections 1 and 6):
+
+    text_vs_distractor  low-contrast gray text + a bright saturated shape; the question asks for the text
+    distractor_query    the SAME image as text_vs_distractor with the same seed; the question asks for the
+                        shape's colour. Pairs like this force a learned scorer to use the query.
+    noise               uniform RGB noise, a "semantic void" (no box)
+    chart               a matplotlib bar chart; the question asks for one named bar's value
+    document            a dense page of small black text with one "Invoice total: NNNN" line
+
+Every scene is a pure function of (kind, seed, size).
+
+A dataset on disk is a folder with images/ (PNG) and data.jsonl, one object per line:
+    {"image": "images/000000_chart.png", "question": "...", "answer": "...", "box": [x0, y0, x1, y1] | null, "kind": "chart"}
+Image paths are relative to the folder of data.jsonl. Boxes are half-open pixel boxes: a pixel (x, y) is
+inside when x0 <= x < x1 and y0 <= y < y1, so image.crop(box) is exactly the region.
+
+Run:
+    python -m arr_coc.data --out data/synth --n 200 --kinds text_vs_distractor,distractor_query --seed 0 --size 896
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+Box = tuple[int, int, int, int]
+
+SCENE_KINDS = ("text_vs_distractor", "distractor_query", "noise", "chart", "document")
+
+
+@dataclass
+class Sample:
+    image: Image.Image  # the picture, RGB
+    question: str  # what the user asks about the image
+    answer: str  # the expected answer, as text
+    box: Box | None  # (x0, y0, x1, y1) half-open pixel box of the region the question is about; None if none
+    kind: str  # scene kind (one of SCENE_KINDS) or a free label for real data
+
+
+@dataclass(frozen=True)
+class SceneStyle:
+    background_gray: int = 128  # gray level of the text/distractor field
+    text_gray: int = 110  # gray level of the low-contrast text (18 levels below the field)
+    text_font: float = 0.032  # text/distractor font size as a fraction of the image side (~29 px at 896)
+    min_font_px: int = 8  # smallest font in pixels, so small test images still get glyphs
+    shape_radius: tuple[float, float] = (0.07, 0.13)  # distractor half-width range, fraction of the side
+    margin: float = 0.04  # keep content this fraction of the side away from the edges and from each other
+    doc_font: float = 0.0175  # document body font size as a fraction of the side (~16 px at 896)
+    doc_line_pitch: float = 1.45  # document line pitch as a multiple of the font size
+
+
+STYLE = SceneStyle()
+
+# Bright, saturated distractor colours (max - min channel >= 180), by the name used as the answer.
+DISTRACTOR_COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (235, 30, 30),
+    "yellow": (250, 215, 0),
+    "green": (30, 220, 60),
+    "blue": (30, 90, 250),
+    "magenta": (225, 40, 210),
+    "orange": (255, 135, 0),
+    "cyan": (0, 205, 230),
+}
+
+# Filler vocabulary. It must not contain "invoice" or "total", so the document target line is unique.
+WORDS = (
+    "amber anchor apple arrow autumn basket beacon birch blanket border bridge bronze cabin canvas "
+    "carbon cedar chapter circle cloud copper corner cotton crystal delta desert harbor engine fabric "
+    "falcon feather field forest garden glacier granite harvest hollow island ivory jacket journal "
+    "kettle ladder lantern lemon marble meadow metal mirror morning motor needle north ocean orbit "
+    "paper pencil pepper planet pocket quartz rabbit ribbon river rocket saddle salt silver signal "
+    "spring stone summer tablet thunder timber tower travel tunnel valley velvet violet wagon window "
+    "winter yellow zephyr report market shipping order account member office client review sample "
+    "balance receipt supply service notice record ledger budget freight parcel vendor quarter"
+).split()
+
+CHART_LABELS = (
+    "Apples", "Pears", "Plums", "Kiwis", "Mangos", "Grapes", "Lemons", "Limes", "Figs", "Dates",
+    "Oslo", "Lima", "Quito", "Perth", "Turin", "Dakar", "Hanoi", "Porto", "Cairo", "Delhi",
+)
+CHART_TITLES = ("Units sold", "Monthly orders", "Survey votes", "Stock on hand", "Visitors (thousands)")
+
+
+# -----------------------------------------------------------------------------
+# helpers
+
+
+def _rng(name: str, seed: int) -> random.Random:
+    """A deterministic RNG for one generator and seed (string seeds hash with SHA-512, stable across runs)."""
+    return random.Random(f"arr_coc:{name}:{int(seed)}")
+
+
+@lru_cache(maxsize=64)
+def _font(px: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Pillow's bundled scalable font at `px` pixels (Pillow >= 10.1); the fixed bitmap font on older Pillow."""
+    try:
+        return ImageFont.load_default(size=px)
+    except TypeError:  # Pillow < 10.1 has no size argument
+        return ImageFont.load_default()
+
+
+def _word(rng: random.Random) -> str:
+    """One filler token: mostly a word, sometimes a number."""
+    return str(rng.randint(2, 999)) if rng.random() < 0.18 else rng.choice(WORDS)
+
+
+def _place_text(draw: ImageDraw.ImageDraw, text: str, font, left: int, top: int, fill, size: int) -> Box:
+    """Draw `text` so that its ink box starts at (left, top); return the ink box clipped to the size x size image."""
+    l, t, _, _ = draw.textbbox((0, 0), text, font=font)
+    xy = (left - l, top - t)
+    draw.text(xy, text, font=font, fill=fill)
+    return _clip_box(draw.textbbox(xy, text, font=font), size, size)
+
+
+def _overlaps(a: Box, b: Box, gap: int = 0) -> bool:
+    """True if boxes a and b, with b grown by `gap` on every side, intersect."""
+    return a[0] < b[2] + gap and b[0] - gap < a[2] and a[1] < b[3] + gap and b[1] - gap < a[3]
+
+
+def _clip_box(box: Sequence[float], w: int, h: int) -> Box:
+    """Round a float box outwards to whole pixels and clip it to a w x h image."""
+    x0, y0, x1, y1 = box
+    return (max(0, math.floor(x0)), max(0, math.floor(y0)), min(w, math.ceil(x1)), min(h, math.ceil(y1)))
+
+
+# -----------------------------------------------------------------------------
+# scene generators
+
+
+def _text_and_shape_scene(seed: int, size: int) -> dict:
+    """Gray field with a low-contrast text line and a bright saturated disc or square that does not touch it."""
+    s, rng = STYLE, _rng("text_and_shape", seed)
+    img = Image.new("RGB", (size, size), (s.background_gray,) * 3)
+    draw = ImageDraw.Draw(img)
+    margin = max(2, round(s.margin * size))
+    font = _font(max(s.min_font_px, round(s.text_font * size)))
+
+    # the text: 3-5 tokens, dropped from the end until the line fits in 60% of the width
+    tokens = [_word(rng) for _ in range(rng.randint(3, 5))]
+    while len(tokens) > 1 and draw.textlength(" ".join(tokens), font=font) > 0.6 * size:
+        tokens.pop()
+    text = " ".join(tokens)
+    l, t, r, b = draw.textbbox((0, 0), text, font=font)
+    left = rng.randint(margin, max(margin, size - margin - (r - l)))
+    top = rng.randint(margin, max(margin, size - margin - (b - t)))
+    text_box = _place_text(draw, text, font, left, top, (s.text_gray,) * 3, size)
+
+    # the distractor: rejection-sample a spot at least `margin` away from the text
+    colour = rng.choice(sorted(DISTRACTOR_COLOURS))
+    shape = rng.choice(("disc", "square"))
+    half = round(rng.uniform(*s.shape_radius) * size)
+    lo, hi = margin + half, size - margin - half
+    for _ in range(1000):
+        cx, cy = rng.randint(lo, hi), rng.randint(lo, hi)
+        shape_box = (cx - half, cy - half, cx + half, cy + half)
+        if not _overlaps(shape_box, text_box, margin):
+            break
+    else:  # cannot happen for size >= 64 with the default style, but stay correct anyway
+        above = text_box[1] > size - text_box[3]
+        cy = (text_box[1] // 2) if above else (text_box[3] + size) // 2
+        cx = size // 2
+        shape_box = (cx - half, cy - half, cx + half, cy + half)
+    inclusive = [shape_box[0], shape_box[1], shape_box[2] - 1, shape_box[3] - 1]
+    fill = DISTRACTOR_COLOURS[colour]
+    (draw.ellipse if shape == "disc" else draw.rectangle)(inclusive, fill=fill)
+    return dict(image=img, text=text, text_box=text_box, colour=colour, shape=shape, shape_box=shape_box)
+
+
+def _text_vs_distractor(seed: int, size: int) -> Sample:
+    scene = _text_and_shape_scene(seed, size)
+    return Sample(scene["image"], "What does the gray text say?", scene["text"], scene["text_box"], "text_vs_distractor")
+
+
+def _distractor_query(seed: int, size: int) -> Sample:
+    scene = _text_and_shape_scene(seed, size)
+    return Sample(scene["image"], "What colour is the bright shape?", scene["colour"], scene["shape_box"], "distractor_query")
+
+
+def _noise(seed: int, size: int) -> Sample:
+    rng = np.random.default_rng(_rng("noise", seed).getrandbits(64))
+    pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+    return Sample(Image.fromarray(pixels, "RGB"), "What is in this image?", "noise", None, "noise")
+
+
+def _chart(seed: int, size: int) -> Sample:
+    """A bar chart with value labels; the box is the asked bar plus its value label, in image pixels."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rng = _rng("chart", seed)
+    n = rng.randint(4, 7)
+    labels = rng.sample(CHART_LABELS, n)
+    values = [rng.randint(5, 95) for _ in range(n)]
+    target = rng.randrange(n)
+    palette = matplotlib.colormaps["tab10"].colors
+    start = rng.randrange(len(palette))
+    colours = [palette[(start + i) % len(palette)] for i in range(n)]
+    fs = max(4.0, 13.0 * size / 896)  # font size in points; the figure is size/100 inches at 100 dpi
+
+    fig = Figure(figsize=(size / 100, size / 100), dpi=100, facecolor="white")
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    bars = ax.bar(range(n), values, color=colours, width=0.65)
+    ax.set_xticks(range(n), labels, fontsize=fs)
+    ax.tick_params(axis="y", labelsize=fs)
+    ax.set_ylim(0, 110)
+    ax.set_title(rng.choice(CHART_TITLES), fontsize=fs * 1.2)
+    ax.spines[["top", "right"]].set_visible(False)
+    value_texts = ax.bar_label(bars, fontsize=fs)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.1, top=0.9)
+    canvas.draw()
+
+    rgba = np.asarray(canvas.buffer_rgba())
+    h, w = rgba.shape[:2]
+    renderer = canvas.get_renderer()
+    bar = bars[target].get_window_extent(renderer)
+    label = value_texts[target].get_window_extent(renderer)
+    # display coordinates have y up from the bottom; image pixels have y down from the top
+    x0, x1 = min(bar.x0, label.x0), max(bar.x1, label.x1)
+    y0, y1 = h - max(bar.y1, label.y1), h - min(bar.y0, label.y0)
+    image = Image.fromarray(np.ascontiguousarray(rgba[..., :3]), "RGB")
+    if image.size != (size, size):  # guard against float rounding of figsize * dpi
+        sx, sy = size / w, size / h
+        image = image.resize((size, size), Image.BICUBIC)
+        x0, x1, y0, y1 = x0 * sx, x1 * sx, y0 * sy, y1 * sy
+    box = _clip_box((x0, y0, x1, y1), size, size)
+    question = f"What is the value of the {labels[target]} bar?"
+    return Sample(image, question, str(values[target]), box, "chart")
+
+
+def _document(seed: int, size: int) -> Sample:
+    """A dense page of small black text; one line says 'Invoice total: NNNN', another is a number decoy."""
+    s, rng = STYLE, _rng("document", seed)
+    img = Image.new("RGB", (size, size), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    px = max(s.min_font_px, round(s.doc_font * size))
+    font = _font(px)
+    pitch = max(px + 1, round(px * s.doc_line_pitch))
+    margin = max(2, round(0.06 * size))
+    width = size - 2 * margin
+    n_lines = max(3, (size - 2 * margin) // pitch)
+
+    total = rng.randint(1000, 9999)
+    target, decoy = rng.sample(range(2, n_lines), 2) if n_lines > 3 else (n_lines - 1, 1)
+    box = None
+    for i in range(n_lines):
+        if i == target:
+            text = f"Invoice total: {total}"
+        elif i == decoy:
+            text = f"Invoice no. {rng.randint(10000, 99999)}   Account {rng.randint(100, 999)}"
+        elif i == 0:
+            text = " ".join(w.capitalize() for w in rng.sample(WORDS, 3))
+        elif rng.random() < 0.07:
+            continue  # paragraph break
+        else:
+            line_width, tokens = rng.uniform(0.6, 1.0) * width, []
+            while True:
+                candidate = tokens + [_word(rng)]
+                if tokens and draw.textlength(" ".join(candidate), font=font) > line_width:
+                    break
+                tokens = candidate
+            text = " ".join(tokens)
+        line_box = _place_text(draw, text, font, margin, margin + i * pitch, (0, 0, 0), size)
+        if i == target:
+            box = line_box
+    return Sample(img, "What is the invoice total?", str(total), box, "document")
+
+
+_GENERATORS = {
+    "text_vs_distractor": _text_vs_distractor,
+    "distractor_query": _distractor_query,
+    "noise": _noise,
+    "chart": _chart,
+    "document": _document,
+}
+assert tuple(_GENERATORS) == SCENE_KINDS
+
+
+def make_scene(kind: str, seed: int, size: int = 896) -> Sample:
+    """One synthetic sample of `kind`, a pure function of (kind, seed, size). The image is size x size RGB."""
+    if kind not in _GENERATORS:
+        raise ValueError(f"unknown scene kind {kind!r}; expected one of {', '.join(SCENE_KINDS)}")
+    if size < 64:
+        raise ValueError(f"size must be at least 64 px, got {size}")
+    return _GENERATORS[kind](seed, size)
+
+
+def iter_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distractor_query"),
+                 seed: int = 0, size: int = 896) -> Iterator[Sample]:
+    """Yield n samples, cycling through `kinds`. Sample i uses scene seed seed * 1_000_003 + i // len(kinds),
+    so consecutive samples of different kinds share a scene seed: with the default kinds each image comes
+    twice, once with a text question and once with a colour question."""
+    kinds = tuple(kinds)
+    if not kinds:
+        raise ValueError("kinds must not be empty")
+    bad = [k for k in kinds if k not in SCENE_KINDS]
+    if bad:
+        raise ValueError(f"unknown scene kind(s) {bad}; expected some of {', '.join(SCENE_KINDS)}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    for i in range(n):
+        yield make_scene(kinds[i % len(kinds)], seed * 1_000_003 + i // len(kinds), size)
+
+
+def make_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distractor_query"),
+                 seed: int = 0, size: int = 896) -> list[Sample]:
+    """A list of n synthetic samples (see iter_dataset for the seeding)."""
+    return list(iter_dataset(n, kinds, seed, size))
+
+
+# -----------------------------------------------------------------------------
+# JSONL on disk
+
+
+def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:
+    """Write samples as folder/images/NNNNNN_<kind>.png + folder/data.jsonl; return the jsonl path.
+    Streams, so a generator of samples never has to fit in memory."""
+    folder = Path(folder)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    path = folder / "data.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for i, sample in enumerate(samples):
+            rel = f"images/{i:06d}_{re.sub(r'[^A-Za-z0-9_-]+', '_', sample.kind) or 'sample'}.png"
+            sample.image.convert("RGB").save(folder / rel)
+            record = {
+                "image": rel,
+                "question": sample.question,
+                "answer": sample.answer,
+                "box": None if sample.box is None else [int(v) for v in sample.box],
+                "kind": sample.kind,
+            }
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+def _parse_box(value, where: str) -> Box | None:
+    if value is None:
+        return None
+    ok = isinstance(value, list) and len(value) == 4 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if not ok:
+        raise ValueError(f"{where}: 'box' must be null or [x0, y0, x1, y1] numbers, got {value!r}")
+    x0, y0, x1, y1 = (int(round(v)) for v in value)
+    if not (x0 < x1 and y0 < y1):
+        raise ValueError(f"{where}: 'box' must have x0 < x1 and y0 < y1, got {value!r}")
+    return (x0, y0, x1, y1)
+
+
+def _parse_record(line: str, root: Path, where: str) -> Sample:
+    """One jsonl line -> Sample; every problem is a ValueError that starts with `where` (file:line)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for key in ("image", "question", "answer"):
+        if not isinstance(record.get(key), str):
+            raise ValueError(f"{where}: missing or non-string {key!r}")
+    kind = record.get("kind", "unknown")
+    if not isinstance(kind, str):
+        raise ValueError(f"{where}: 'kind' must be a string, got {kind!r}")
+    box = _parse_box(record.get("box"), where)
+
+    image_path = root / record["image"]
+    if not image_path.is_file():
+        raise ValueError(f"{where}: image file not found: {image_path}")
+    try:
+        with Image.open(image_path) as im:
+            image = im.convert("RGB")
+    except Exception as e:  # PIL raises several types for broken files
+        raise ValueError(f"{where}: cannot read image {image_path}: {e}") from e
+    if box is not None:
+        w, h = image.size
+        if box[0] < 0 or box[1] < 0 or box[2] > w or box[3] > h:
+            raise ValueError(f"{where}: box {list(box)} lies outside the {w}x{h} image {image_path}")
+    return Sample(image, record["question"], record["answer"], box, kind)
+
+
+def load_jsonl(path: str | Path) -> list[Sample]:
+    """Read a data.jsonl (or a folder holding one). Image paths are relative to the jsonl's folder.
+    Blank lines are skipped; a malformed line or a missing image raises ValueError naming file and line."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "data.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no such dataset file: {path}")
+    samples = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                samples.append(_parse_record(line, path.parent, f"{path}:{lineno}"))
+    return samples
+
+
+# -----------------------------------------------------------------------------
+# CLI
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description="Write a synthetic ARR-COC dataset: DIR/images/*.png + DIR/data.jsonl.")
+    parser.add_argument("--out", required=True, help="output folder (created if needed)")
+    parser.add_argument("--n", type=int, default=100, help="number of samples to write")
+    parser.add_argument("--kinds", default="text_vs_distractor,distractor_query",
+                        help=f"comma-separated scene kinds, cycled in order; any of: {','.join(SCENE_KINDS)}")
+    parser.add_argument("--seed", type=int, default=0, help="dataset seed; the same seed gives the same dataset")
+    parser.add_argument("--size", type=int, default=896, help="image side in pixels (896 = the ARR high-res view)")
+    args = parser.parse_args(argv)
+
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    bad = [k for k in kinds if k not in SCENE_KINDS]
+    if not kinds or bad:
+        parser.error(f"--kinds: unknown {bad or 'empty list'}; choose from {','.join(SCENE_KINDS)}")
+    if args.n < 0 or args.size < 64:
+        parser.error("--n must be >= 0 and --size >= 64")
+    counts: Counter[str] = Counter()
+
+    def counted(samples: Iterable[Sample]) -> Iterator[Sample]:
+        for sample in samples:
+            counts[sample.kind] += 1
+            yield sample
+
+    path = save_jsonl(counted(iter_dataset(args.n, kinds, args.seed, args.size)), args.out)
+    summary = ", ".join(f"{k}={v}" for k, v in counts.items()) or "nothing"
+    print(f"wrote {sum(counts.values())} samples ({summary}) at {args.size}px to {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()

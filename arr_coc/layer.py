@@ -1,0 +1,182 @@
+"""
+ARRCOCLayer: texture -> knowing -> balancing -> attending, the whole trainable ARR relevance layer.
+
+A fresh layer is the hand-designed prior (zero residuals), built for any VLM hidden size, so it works
+with no file. Checkpoints are data, never code: a folder of config.json + model.safetensors (+ a model
+card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded strictly.
+
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=1536))
+    out = layer(images, (32, 32), query_embeds)           # -> ARRCOCOutput
+    layer.save_pretrained("checkpoints/mine")
+    layer = ARRCOCLayer.from_pretrained("checkpoints/mine", expect_hidden_size=1536)
+"""
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from huggingface_hub import PyTorchModelHubMixin
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_model
+
+from arr_coc.attending import TokenAllocator
+from arr_coc.balancing import AdaptiveTensionBalancer
+from arr_coc.config import ARRCOCConfig
+from arr_coc.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
+from arr_coc.texture import generate_texture_array
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded; the message says what is wrong and what was expected."""
+
+
+@dataclass
+class ARRCOCOutput:
+    indices: torch.Tensor  # [B, K] selected cells (row * gw + col), most relevant first
+    positions: torch.Tensor  # [B, K, 2] (row, col) of each saccade on the candidate grid
+    scores: torch.Tensor  # [B, K] relevance of each saccade (detached)
+    selected_scores: torch.Tensor  # [B, K] the same scores with gradient, for the straight-through estimator
+    relevance: torch.Tensor  # [B, gh, gw] balanced relevance map
+    textures: torch.Tensor  # [B, 13, gh, gw] texture array
+    information: torch.Tensor  # [B, gh, gw] propositional scorer map
+    perspectival: torch.Tensor  # [B, gh, gw] perspectival scorer map
+    participatory: torch.Tensor  # [B, gh, gw] participatory scorer map
+    participatory_prior: torch.Tensor | None  # [B, gh, gw] gestalt attention prior, if given
+    weights: torch.Tensor  # [B, 3] balancer weights (information, perspectival, participatory)
+    fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
+    strategy: str  # strategy that was asked for
+    grid: tuple[int, int]  # (gh, gw) candidate grid
+
+
+class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=["arr-coc", "qwen2-vl"]):
+    def __init__(self, config: ARRCOCConfig | None = None):
+        super().__init__()
+        self.config = config = config or ARRCOCConfig()
+        C = config.texture_channels
+        self.information = InformationScorer(C, config.info_hidden)
+        self.perspectival = PerspectivalScorer(C, config.persp_hidden)
+        self.participatory = ParticipatoryScorer(C, config.hidden_size, config.partic_dim)
+        self.balancer = AdaptiveTensionBalancer(config.hidden_size, config.balancer_hidden, config.prior_weights)
+
+    def allocator(self, budget: int | None = None, strategy: str | None = None) -> TokenAllocator:
+        c = self.config
+        return TokenAllocator(c.budget if budget is None else budget, strategy or c.strategy, c.seed,
+                              c.logpolar_rho, c.logpolar_theta, c.void_tolerance)
+
+    def score(
+        self,
+        images: torch.Tensor,  # [B, 3, H, W] high-res view in [0, 1]
+        grid: tuple[int, int],  # (gh, gw) candidate grid
+        query_embeds: torch.Tensor,  # [B, L, D] question token embeddings
+        query_mask: torch.Tensor | None = None,  # [B, L]
+        gestalt_embeds: torch.Tensor | None = None,  # [B, Ng, D]
+        participatory_prior: torch.Tensor | None = None,  # [B, gh, gw]
+    ) -> dict:
+        """Everything but the selection: textures, the three maps, weights and the relevance map."""
+        param = next(self.parameters())
+        textures = generate_texture_array(images.to(param.device), grid).to(param.dtype)  # [B, 13, gh, gw]
+        information = self.information(textures)  # [B, gh, gw]
+        perspectival = self.perspectival(textures)  # [B, gh, gw]
+        participatory = self.participatory(textures, query_embeds, query_mask, participatory_prior)  # [B, gh, gw]
+        maps = torch.stack([information, perspectival, participatory], dim=1)  # [B, 3, gh, gw]
+        relevance, weights = self.balancer(maps, query_embeds, query_mask, gestalt_embeds)
+        return dict(textures=textures, information=information, perspectival=perspectival,
+                    participatory=participatory, participatory_prior=participatory_prior,
+                    relevance=relevance, weights=weights)
+
+    def select(self, maps: dict, grid: tuple[int, int], budget: int | None = None,
+               strategy: str | None = None) -> ARRCOCOutput:
+        """Run the allocator over scored maps; cheap, so the app re-selects without re-scoring."""
+        allocator = self.allocator(budget, strategy)
+        allocation = allocator(maps["relevance"])
+        selected = maps["relevance"].flatten(1).gather(1, allocation.indices)  # [B, K] with grad
+        return ARRCOCOutput(indices=allocation.indices, positions=allocation.positions, scores=allocation.scores,
+                            selected_scores=selected, fallback=allocation.fallback, strategy=allocator.strategy,
+                            grid=tuple(grid), **maps)
+
+    def forward(self, images, grid, query_embeds, query_mask=None, gestalt_embeds=None, participatory_prior=None,
+                budget: int | None = None, strategy: str | None = None) -> ARRCOCOutput:
+        maps = self.score(images, grid, query_embeds, query_mask, gestalt_embeds, participatory_prior)
+        return self.select(maps, grid, budget, strategy)
+
+    # --- checkpoints: safetensors + JSON only ---
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, map_location: str = "cpu", config: ARRCOCConfig | None = None,
+                         expect_family: str | None = None, expect_hidden_size: int | None = None, **_):
+        """Called by PyTorchModelHubMixin.from_pretrained; local folders only, strict, never unpickles."""
+        folder = Path(model_id)
+        if not folder.is_dir():
+            raise CheckpointError(f"checkpoint {model_id!r} is not a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+        config = read_checkpoint_config(folder)
+        if expect_family is not None and config.base_model_family != expect_family:
+            raise CheckpointError(f"checkpoint {folder.name} was trained for a {config.base_model_family!r} model, "
+                                  f"but the loaded model is {expect_family!r}")
+        if expect_hidden_size is not None and config.hidden_size != expect_hidden_size:
+            raise CheckpointError(f"checkpoint {folder.name} was trained for hidden size {config.hidden_size}, "
+                                  f"but the loaded model has hidden size {expect_hidden_size}")
+        layer = cls(config)
+        check_weights(folder / WEIGHTS_FILE, layer.state_dict())
+        load_model(layer, str(folder / WEIGHTS_FILE), strict=True, device=map_location)
+        return layer
+
+
+def read_checkpoint_config(folder: Path) -> ARRCOCConfig:
+    """config.json -> ARRCOCConfig, with a clear error for a missing, malformed or foreign file."""
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{folder.name}: no {CONFIG_FILE}; a checkpoint is {CONFIG_FILE} + {WEIGHTS_FILE}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not valid JSON: {e}") from None
+    raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # the mixin may nest the dataclass
+    known = {f.name for f in fields(ARRCOCConfig)}
+    if not isinstance(raw, dict) or not {"base_model_family", "hidden_size"} <= raw.keys():
+        raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not an ARR-COC config "
+                              f"(expected keys base_model_family, hidden_size, ...)")
+    try:
+        return ARRCOCConfig(**{k: v for k, v in raw.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{folder.name}/{CONFIG_FILE}: {e}") from None
+
+
+def check_weights(path: Path, expected: dict[str, torch.Tensor]) -> None:
+    """Compare a safetensors file's names and shapes with the layer's, without loading or unpickling anything."""
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent.name}: no {WEIGHTS_FILE}")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        raise CheckpointError(f"{path.parent.name}/{WEIGHTS_FILE} is a pickle/torch.save file, not safetensors; "
+                              "pickles can run code and are never loaded")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path.parent.name}/{WEIGHTS_FILE} is not a readable safetensors file ({e})") from None
+    want = {name: tuple(t.shape) for name, t in expected.items()}
+    missing = sorted(want.keys() - found.keys())
+    unexpected = sorted(found.keys() - want.keys())
+    wrong = [f"{n}: expected {want[n]}, found {found[n]}" for n in sorted(want.keys() & found.keys()) if want[n] != found[n]]
+    if missing or unexpected or wrong:
+        parts = []
+        if wrong:
+            parts.append("wrong shapes: " + "; ".join(wrong[:5]) + (" ..." if len(wrong) > 5 else ""))
+        if missing:
+            parts.append(f"missing {len(missing)} tensors (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected tensors (e.g. {unexpected[0]})")
+        raise CheckpointError(f"{path.parent.name}/{WEIGHTS_FILE} does not fit an ARR-COC layer: " + ", ".join(parts))
+
+
+def list_checkpoints(root: str | os.PathLike = "checkpoints") -> list[str]:
+    """Names of the checkpoint folders under root (those with a config.json)."""
+    root = Path(root)
+    return sorted(p.name for p in root.iterdir() if (p / CONFIG_FILE).is_file()) if root.is_dir() else []

