@@ -108,12 +108,15 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
     # --- checkpoints: safetensors + JSON only ---
 
     @classmethod
-    def _from_pretrained(cls, *, model_id: str, map_location: str = "cpu", config: ARRCOCConfig | None = None,
-                         expect_family: str | None = None, expect_hidden_size: int | None = None, **_):
-        """Called by PyTorchModelHubMixin.from_pretrained; local folders only, strict, never unpickles."""
-        folder = Path(model_id)
+    def from_pretrained(cls, checkpoint: str | os.PathLike, *, expect_family: str | None = None,
+                        expect_hidden_size: int | None = None, map_location: str = "cpu") -> "ARRCOCLayer":
+        """
+        Load a checkpoint folder (or a hub repo holding one) strictly, never unpickling anything.
+        expect_* name the loaded VLM: a checkpoint made for another model raises CheckpointError naming both.
+        """
+        folder = Path(checkpoint)
         if not folder.is_dir():
-            raise CheckpointError(f"checkpoint {model_id!r} is not a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+            folder = _download(str(checkpoint))
         config = read_checkpoint_config(folder)
         if expect_family is not None and config.base_model_family != expect_family:
             raise CheckpointError(f"checkpoint {folder.name} was trained for a {config.base_model_family!r} model, "
@@ -125,6 +128,17 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         check_weights(folder / WEIGHTS_FILE, layer.state_dict())
         load_model(layer, str(folder / WEIGHTS_FILE), strict=True, device=map_location)
         return layer
+
+
+def _download(repo_id: str) -> Path:
+    """A hub repo id -> local folder with only the two data files (no code, no pickles)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE]))
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {repo_id!r} is not a folder with {CONFIG_FILE} and {WEIGHTS_FILE}, "
+                              f"and could not be fetched from the hub ({type(e).__name__})") from None
 
 
 def read_checkpoint_config(folder: Path) -> ARRCOCConfig:

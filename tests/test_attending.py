@@ -1,0 +1,96 @@
+"""TokenAllocator invariants: exactly `budget` unique in-bounds cells, relevance-ordered, with fallbacks."""
+
+import math
+
+import pytest
+import torch
+
+from arr_coc.attending import TokenAllocator
+from arr_coc.config import STRATEGIES
+
+
+def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):
+    torch.manual_seed(seed)
+    yy, xx = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    bump = torch.exp(-((yy - centre[0]) ** 2 + (xx - centre[1]) ** 2).float() / 50)
+    return (bump + 0.01 * torch.rand(gh, gw)).unsqueeze(0)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("grid", [(32, 32), (12, 48), (116, 8)])
+def test_exactly_budget_unique_cells_in_relevance_order(strategy, grid):
+    relevance = peaked_map(*grid, centre=(grid[0] // 3, grid[1] // 2))
+    out = TokenAllocator(273, strategy)(relevance)
+    idx = out.indices[0]
+    assert idx.shape == (273,) and idx.unique().numel() == 273
+    assert ((idx >= 0) & (idx < grid[0] * grid[1])).all()
+    assert (out.positions[0, :, 0] < grid[0]).all() and (out.positions[0, :, 1] < grid[1]).all()
+    torch.testing.assert_close(out.positions[0, :, 0] * grid[1] + out.positions[0, :, 1], idx)
+    torch.testing.assert_close(out.scores[0], relevance.flatten()[idx])
+    assert (out.scores[0][:-1] >= out.scores[0][1:]).all()
+    assert out.fallback == [None]
+
+
+def test_topk_takes_the_maxima():
+    relevance = torch.rand(1, 32, 32)
+    out = TokenAllocator(273, "topk")(relevance)
+    assert set(out.indices[0].tolist()) == set(relevance.flatten().topk(273).indices.tolist())
+
+
+def test_logpolar_covers_every_angle_around_the_peak():
+    relevance = peaked_map()
+    out = TokenAllocator(273, "logpolar")(relevance)
+    dy = (out.positions[0, :, 0] - 16).float()
+    dx = (out.positions[0, :, 1] - 16).float()
+    theta = ((torch.atan2(dy, dx) + math.pi) / (2 * math.pi) * 17).long().clamp(max=16)
+    theta = theta[(dy != 0) | (dx != 0)]
+    assert set(theta.tolist()) == set(range(17))
+    assert out.indices[0, 0] == 16 * 32 + 16  # the fovea first
+    # foveated: it reaches farther out than top-k, which hugs the peak
+    far = lambda o: ((o.positions[0].float() - 16) ** 2).sum(-1).sqrt().max()
+    assert far(out) > far(TokenAllocator(273, "topk")(relevance)) + 3
+
+
+def test_grid_spreads_evenly():
+    out = TokenAllocator(273, "grid")(peaked_map())
+    rows = torch.bincount(out.positions[0, :, 0], minlength=32)
+    cols = torch.bincount(out.positions[0, :, 1], minlength=32)
+    assert rows.min() >= 8 and rows.max() <= 9
+    assert cols.min() >= 6 and cols.max() <= 11
+
+
+def test_random_is_seeded():
+    relevance = peaked_map()
+    a = TokenAllocator(273, "random", seed=1)(relevance).indices
+    b = TokenAllocator(273, "random", seed=1)(relevance).indices
+    c = TokenAllocator(273, "random", seed=2)(relevance).indices
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_uniform_map_falls_back_to_grid(strategy):
+    out = TokenAllocator(273, strategy)(torch.full((1, 32, 32), 0.7))
+    assert out.fallback == ["semantic_void"]
+    torch.testing.assert_close(out.indices, TokenAllocator(273, "grid")(peaked_map()).indices.sort().values)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_map_falls_back_to_grid(bad):
+    relevance = peaked_map()
+    relevance[0, 3, 4] = bad
+    out = TokenAllocator(273, "topk")(relevance)
+    assert out.fallback == ["non_finite"]
+    assert out.indices[0].unique().numel() == 273 and torch.isfinite(out.scores).all()
+
+
+def test_each_image_of_a_batch_gets_its_own_fallback():
+    relevance = torch.cat([peaked_map(), torch.zeros(1, 32, 32)])
+    out = TokenAllocator(273, "topk")(relevance)
+    assert out.fallback == [None, "semantic_void"] and out.indices.shape == (2, 273)
+
+
+def test_budget_larger_than_the_grid_is_refused():
+    with pytest.raises(ValueError, match="exceeds"):
+        TokenAllocator(273)(torch.rand(1, 10, 10))
+    with pytest.raises(ValueError, match="strategy"):
+        TokenAllocator(273, "bogus")

@@ -1,0 +1,30 @@
+"""The balancer: prior weights when fresh, sigmoid range, query-aware once trained."""
+
+import torch
+
+from arr_coc.balancing import AdaptiveTensionBalancer, standardise
+
+
+def test_fresh_balancer_returns_the_prior_weights_and_mix():
+    torch.manual_seed(0)
+    bal = AdaptiveTensionBalancer(hidden_size=64, prior_weights=(0.2, 0.2, 0.6))
+    maps = torch.rand(2, 3, 8, 8)
+    relevance, weights = bal(maps, torch.randn(2, 5, 64), None, torch.randn(2, 16, 64))
+    torch.testing.assert_close(weights, torch.tensor([[0.2, 0.2, 0.6]] * 2))
+    expected = 0.2 * standardise(maps[:, 0]) + 0.2 * standardise(maps[:, 1]) + 0.6 * standardise(maps[:, 2])
+    torch.testing.assert_close(relevance, expected)
+
+
+def test_weights_are_independent_sigmoids_and_follow_the_query():
+    torch.manual_seed(0)
+    bal = AdaptiveTensionBalancer(hidden_size=64)
+    torch.nn.init.normal_(bal.head[1].weight, std=1.0)  # as after training
+    maps = torch.rand(1, 3, 8, 8)
+    _, w1 = bal(maps, torch.randn(1, 5, 64))
+    _, w2 = bal(maps, torch.randn(1, 5, 64))
+    assert ((w1 > 0) & (w1 < 1)).all() and not torch.allclose(w1, w2)
+
+
+def test_a_flat_map_stays_flat():
+    z = standardise(torch.full((1, 4, 4), 0.3) + 1e-6 * torch.rand(1, 4, 4))
+    assert z.abs().max() < 1e-3  # std floor: rounding noise is not stretched into a signal

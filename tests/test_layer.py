@@ -1,0 +1,119 @@
+"""ARRCOCLayer end to end: the output, gradient flow through the straight-through estimator, checkpoints."""
+
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from arr_coc.config import ARRCOCConfig
+from arr_coc.layer import ARRCOCLayer, CheckpointError
+
+D = 64
+
+
+def run(layer, seed=0, **kw):
+    torch.manual_seed(seed)
+    return layer(torch.rand(2, 3, 448, 448), (32, 32), torch.randn(2, 5, D), gestalt_embeds=torch.randn(2, 16, D), **kw)
+
+
+def test_output_holds_everything_the_microscope_shows():
+    out = run(ARRCOCLayer(ARRCOCConfig(hidden_size=D)), participatory_prior=torch.rand(2, 32, 32))
+    assert out.indices.shape == (2, 273) and out.positions.shape == (2, 273, 2)
+    assert out.textures.shape == (2, 13, 32, 32)
+    for m in (out.relevance, out.information, out.perspectival, out.participatory, out.participatory_prior):
+        assert m.shape == (2, 32, 32)
+    torch.testing.assert_close(out.weights, torch.tensor([[0.2, 0.2, 0.6]] * 2))
+    assert out.fallback == [None, None] and out.grid == (32, 32)
+
+
+def test_budget_and_strategy_can_be_overridden_per_call():
+    out = run(ARRCOCLayer(ARRCOCConfig(hidden_size=D)), budget=50, strategy="grid")
+    assert out.indices.shape == (2, 50) and out.strategy == "grid"
+
+
+def test_straight_through_gradient_reaches_every_parameter():
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    target = torch.randn(2, 273, D)
+    for step in range(2):  # zero-initialised last layers block the layers below them until the first step
+        out = run(layer, seed=step, participatory_prior=torch.rand(2, 32, 32))
+        tokens = torch.randn(2, 273, D)  # stand-in for the frozen encoder's saccade tokens
+        tokens = tokens * (1 + out.selected_scores - out.selected_scores.detach()).unsqueeze(-1)
+        loss = (tokens - target).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.testing.assert_close(tokens.detach(), tokens.detach())  # forward value unchanged by the estimator
+        if step == 0:
+            optimizer.step()
+    dead = [n for n, p in layer.named_parameters() if p.grad is None or p.grad.abs().max() == 0]
+    assert not dead, f"no gradient reaches {dead}"
+
+
+def test_checkpoint_round_trip(tmp_path):
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, budget=100))
+    for p in layer.parameters():
+        torch.nn.init.normal_(p)
+    layer.save_pretrained(tmp_path / "ck")
+    assert {f.name for f in (tmp_path / "ck").iterdir()} >= {"config.json", "model.safetensors", "README.md"}
+    loaded = ARRCOCLayer.from_pretrained(tmp_path / "ck", expect_hidden_size=D, expect_family="qwen2_vl")
+    assert loaded.config == layer.config
+    for (n, a), (_, b) in zip(layer.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), n
+    torch.testing.assert_close(run(loaded).relevance, run(layer).relevance)
+
+
+def test_wrong_model_is_refused_naming_both(tmp_path):
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match="hidden size 64.*hidden size 1536"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck", expect_hidden_size=1536)
+    with pytest.raises(CheckpointError, match="'qwen2_vl'.*'qwen3_vl'"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck", expect_family="qwen3_vl")
+
+
+def test_wrong_shape_file_names_expected_and_found_shapes(tmp_path):
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    state = ARRCOCLayer(ARRCOCConfig(hidden_size=D, info_hidden=8)).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "ck" / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"information.residual.0.weight: expected \(16, 13, 3, 3\), found \(8, 13, 3, 3\)"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+
+
+def test_pickle_renamed_to_safetensors_is_never_unpickled(tmp_path):
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+
+    class Boom:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "pwned"), "w"))
+
+    (tmp_path / "ck" / "model.safetensors").write_bytes(pickle.dumps({"w": Boom()}))
+    with pytest.raises(CheckpointError, match="pickle"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    torch.save(ARRCOCLayer(ARRCOCConfig(hidden_size=D)).state_dict(), tmp_path / "ck" / "model.safetensors")
+    with pytest.raises(CheckpointError, match="pickle"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("config_text, message", [
+    ("{not json", "not valid JSON"),
+    ('{"model_type": "bert"}', "not an ARR-COC config"),
+    ('{"base_model_family": "qwen2_vl", "hidden_size": 64, "strategy": "nope"}', "strategy"),
+])
+def test_foreign_or_corrupt_config_is_refused(tmp_path, config_text, message):
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    (tmp_path / "ck" / "config.json").write_text(config_text)
+    with pytest.raises(CheckpointError, match=message):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+
+
+def test_corrupt_weights_and_missing_files_are_refused(tmp_path):
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    (tmp_path / "ck" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    (tmp_path / "ck" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match="not a folder with config.json"):
+        ARRCOCLayer.from_pretrained(tmp_path / "nowhere")

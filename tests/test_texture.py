@@ -1,0 +1,91 @@
+"""Behaviour of the 13-channel texture array (DESIGN.md §5)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from arr_coc.texture import CHANNEL_NAMES, CHANNELS, generate_texture_array
+
+GRID = (32, 32)
+
+
+def channel(tex, name):
+    return tex[:, CHANNEL_NAMES.index(name)]
+
+
+def test_channels_are_named_and_unique():
+    assert len(CHANNELS) == 13 and len(set(CHANNEL_NAMES)) == 13
+    assert all(meaning for _, meaning in CHANNELS)
+
+
+def test_rgb_is_an_area_downsample():
+    images = torch.rand(2, 3, 896, 896)
+    tex = generate_texture_array(images, GRID)
+    torch.testing.assert_close(tex[:, :3], F.adaptive_avg_pool2d(images, GRID), atol=1e-5, rtol=0)
+
+
+def test_position_channels_run_zero_to_one():
+    tex = generate_texture_array(torch.rand(1, 3, 224, 448), (8, 16))
+    y, x = channel(tex, "pos_y")[0], channel(tex, "pos_x")[0]
+    assert torch.allclose(y[:, 0], torch.linspace(0, 1, 8)) and torch.allclose(x[0], torch.linspace(0, 1, 16))
+    assert (y[:, 0] == y[:, -1]).all() and (x[0] == x[-1]).all()
+
+
+def test_edges_zero_on_flat_and_high_on_checkerboard():
+    flat = torch.full((1, 3, 448, 448), 0.5)
+    yy, xx = torch.meshgrid(torch.arange(448), torch.arange(448), indexing="ij")
+    checker = (((yy // 7) + (xx // 7)) % 2).float().expand(1, 3, -1, -1)  # finer than a cell
+    t_flat, t_check = generate_texture_array(flat, GRID), generate_texture_array(checker, GRID)
+    for name in ("sobel_x", "sobel_y", "edge_magnitude", "highpass_energy", "colour_variance"):
+        assert channel(t_flat, name).max() < 1e-4, name
+        assert channel(t_check, name).mean() > 0.2, name
+
+
+def test_sobel_channels_see_orientation():
+    stripes = (torch.arange(448) // 14 % 2).float()
+    vertical = stripes.view(1, 1, 1, -1).expand(1, 3, 448, -1)  # columns alternate: vertical edges
+    tex = generate_texture_array(vertical, GRID)
+    assert channel(tex, "sobel_x").mean() > 0.3 and channel(tex, "sobel_y").max() < 1e-4
+
+
+def lone_red_disc(size=448, radius=40, centre=(300, 120)):
+    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    disc = ((yy - centre[0]) ** 2 + (xx - centre[1]) ** 2) <= radius**2
+    img = torch.full((1, 3, size, size), 0.5)
+    img[0, 0][disc], img[0, 1][disc], img[0, 2][disc] = 1.0, 0.0, 0.0
+    return img, centre, radius
+
+
+@pytest.mark.parametrize("name", ["spectral_saliency", "colour_contrast", "colour_rarity"])
+def test_saliency_peaks_on_a_lone_red_disc(name):
+    img, (cy, cx), r = lone_red_disc()
+    sal = channel(generate_texture_array(img, GRID), name)[0]  # [32, 32]
+    row, col = divmod(int(sal.argmax()), 32)
+    cell = 448 / 32
+    dist = (((row + 0.5) * cell - cy) ** 2 + ((col + 0.5) * cell - cx) ** 2) ** 0.5
+    assert dist <= r + cell, f"{name} peaks at cell {(row, col)}, {dist:.0f}px from the disc centre"
+
+
+@pytest.mark.parametrize("kind", ["black", "white", "noise", "one_pixel", "non_square_grid"])
+def test_every_channel_stays_in_range(kind):
+    images = {"black": torch.zeros(1, 3, 448, 448), "white": torch.ones(1, 3, 448, 448),
+              "noise": torch.rand(2, 3, 300, 500), "one_pixel": torch.rand(1, 3, 1, 1),
+              "non_square_grid": torch.rand(1, 3, 112, 812)}[kind]
+    grid = (4, 29) if kind == "non_square_grid" else GRID
+    tex = generate_texture_array(images, grid)
+    assert tex.shape == (images.shape[0], 13, *grid)
+    assert torch.isfinite(tex).all() and tex.min() >= 0 and tex.max() <= 1
+
+
+def test_no_channel_duplicates_another():
+    tex = generate_texture_array(torch.rand(1, 3, 448, 448) * torch.linspace(0, 1, 448).view(1, 1, 1, -1), GRID)
+    flat = tex[0].flatten(1)
+    for i in range(13):
+        for j in range(i + 1, 13):
+            assert not torch.allclose(flat[i], flat[j], atol=1e-3), (CHANNEL_NAMES[i], CHANNEL_NAMES[j])
+
+
+def test_runs_without_grad_on_the_input_device():
+    images = torch.rand(1, 3, 64, 64, requires_grad=True)
+    tex = generate_texture_array(images, (4, 4))
+    assert not tex.requires_grad and tex.device == images.device
