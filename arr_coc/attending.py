@@ -70,12 +70,12 @@ class TokenAllocator:
         self.budget, self.strategy, self.seed = budget, strategy, seed
         self.rho_bins, self.theta_bins, self.void_tolerance = rho_bins, theta_bins, void_tolerance
 
-    def fallback_reason(self, scores: torch.Tensor) -> str | None:
+    def fallback_reason(self, scores: torch.Tensor, empty_image: bool = False) -> str | None:
         """[N] -> why this map cannot be trusted, or None."""
         if not torch.isfinite(scores).all():
             return "non_finite"
         span = float(scores.max() - scores.min())
-        if span <= self.void_tolerance * max(1.0, float(scores.abs().max())):
+        if empty_image or span <= self.void_tolerance * max(1.0, float(scores.abs().max())):
             return "semantic_void"
         return None
 
@@ -91,8 +91,12 @@ class TokenAllocator:
         generator = torch.Generator().manual_seed(self.seed)
         return torch.randperm(N, generator=generator)[:K].to(scores.device)
 
-    def __call__(self, relevance: torch.Tensor, strategy: str | None = None) -> Allocation:
-        """relevance [B, gh, gw] -> Allocation of exactly `budget` cells per image."""
+    def __call__(self, relevance: torch.Tensor, strategy: str | None = None,
+                 empty_images: list[bool] | None = None) -> Allocation:
+        """
+        relevance [B, gh, gw] -> Allocation of exactly `budget` cells per image. empty_images marks images with
+        nothing in them: whatever the map says there (e.g. attention that only follows position), it is a void.
+        """
         strategy = strategy or self.strategy
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -103,7 +107,7 @@ class TokenAllocator:
         all_indices, all_scores, fallbacks = [], [], []
         for b in range(B):  # B is small (1 in the app); each image may take a different strategy
             scores = flat[b]
-            reason = self.fallback_reason(scores)
+            reason = self.fallback_reason(scores, bool(empty_images[b]) if empty_images else False)
             chosen = self.select(scores, (gh, gw), "grid" if reason else strategy)
             safe = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)[chosen]
             order = safe.argsort(descending=True, stable=True)  # relevance order, raster order on ties

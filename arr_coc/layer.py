@@ -26,7 +26,7 @@ from arr_coc.attending import TokenAllocator
 from arr_coc.balancing import AdaptiveTensionBalancer
 from arr_coc.config import ARRCOCConfig
 from arr_coc.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
-from arr_coc.texture import generate_texture_array
+from arr_coc.texture import generate_texture_array, is_flat
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -94,7 +94,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                strategy: str | None = None) -> ARRCOCOutput:
         """Run the allocator over scored maps; cheap, so the app re-selects without re-scoring."""
         allocator = self.allocator(budget, strategy)
-        allocation = allocator(maps["relevance"])
+        allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist())
         selected = maps["relevance"].flatten(1).gather(1, allocation.indices)  # [B, K] with grad
         return ARRCOCOutput(indices=allocation.indices, positions=allocation.positions, scores=allocation.scores,
                             selected_scores=selected, fallback=allocation.fallback, strategy=allocator.strategy,

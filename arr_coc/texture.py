@@ -51,7 +51,7 @@ def _minmax(x: torch.Tensor) -> torch.Tensor:
     flat = x.flatten(1)
     lo = flat.min(dim=1).values.view(-1, *[1] * (x.dim() - 1))
     hi = flat.max(dim=1).values.view(-1, *[1] * (x.dim() - 1))
-    span = (hi - lo).clamp_min(1e-3 * hi.abs() + 1e-8)
+    span = (hi - lo).clamp_min(1e-4)  # inputs are O(1): a smaller span is rounding
     return (x - lo) / span
 
 
@@ -62,9 +62,10 @@ def _spectral_residual(gray: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
     log_amp = torch.log(spectrum.abs() + 1e-8)
     smooth = F.avg_pool2d(F.pad(log_amp.unsqueeze(1), (1, 1, 1, 1), mode="replicate"), 3, stride=1).squeeze(1)
     residual = torch.exp((log_amp - smooth) + 1j * torch.angle(spectrum))
-    saliency = torch.fft.ifft2(residual).abs().pow(2).unsqueeze(1)  # [B, 1, S, S]
+    saliency = (torch.fft.ifft2(residual).abs() * SALIENCY_PX).pow(2).unsqueeze(1)  # [B, 1, S, S], O(1) values
     saliency = F.avg_pool2d(F.pad(saliency, (2, 2, 2, 2), mode="replicate"), 5, stride=1)  # the method's blur
-    return _minmax(_pool(saliency, grid))
+    has_content = g.flatten(1).std(1) > 1e-3  # a flat image's spectrum is all rounding: no saliency
+    return _minmax(_pool(saliency, grid)) * has_content.view(-1, 1, 1, 1)
 
 
 def _colour_contrast(rgb: torch.Tensor) -> torch.Tensor:
@@ -126,3 +127,9 @@ def generate_texture_array(images: torch.Tensor, grid: tuple[int, int]) -> torch
         _spectral_residual(gray, grid), _colour_contrast(rgb), laplacian, variance, _colour_rarity(rgb),
     ], dim=1)  # [B, 13, gh, gw]
     return torch.nan_to_num(textures, nan=0.0).clamp(0, 1)
+
+
+def is_flat(textures: torch.Tensor, tolerance: float = 1e-3) -> torch.Tensor:
+    """[B, 13, gh, gw] -> [B] bool: no channel but position varies across cells (an image with nothing in it)."""
+    content = [i for i, name in enumerate(CHANNEL_NAMES) if not name.startswith("pos_")]
+    return textures[:, content].flatten(2).std(-1, unbiased=False).amax(-1) < tolerance

@@ -94,3 +94,8 @@ def test_budget_larger_than_the_grid_is_refused():
         TokenAllocator(273)(torch.rand(1, 10, 10))
     with pytest.raises(ValueError, match="strategy"):
         TokenAllocator(273, "bogus")
+
+
+def test_an_empty_image_is_a_void_whatever_its_map_says():
+    out = TokenAllocator(273, "topk")(torch.cat([peaked_map(), peaked_map()]), empty_images=[False, True])
+    assert out.fallback == [None, "semantic_void"]

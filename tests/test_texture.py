@@ -89,3 +89,14 @@ def test_runs_without_grad_on_the_input_device():
     images = torch.rand(1, 3, 64, 64, requires_grad=True)
     tex = generate_texture_array(images, (4, 4))
     assert not tex.requires_grad and tex.device == images.device
+
+
+def test_only_an_image_with_nothing_in_it_is_flat():
+    from arr_coc.texture import is_flat
+
+    flat = generate_texture_array(torch.full((2, 3, 448, 448), 0.3), GRID)
+    busy = generate_texture_array(torch.rand(1, 3, 448, 448), GRID)
+    faint = torch.full((1, 3, 448, 448), 0.3)
+    faint[..., 200:240, 200:240] = 0.33  # a faint square still counts
+    assert is_flat(flat).tolist() == [True, True] and is_flat(busy).tolist() == [False]
+    assert is_flat(generate_texture_array(faint, GRID)).tolist() == [False]

@@ -1,0 +1,192 @@
+"""ARRCOCQwen end to end on the tiny model: pipelines, the fixed budget, shared weights, failures."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc.config import ARRCOCConfig
+from arr_coc.layer import ARRCOCLayer, CheckpointError
+from arr_coc.model import ARRCOCQwen, OutOfMemory
+from arr_coc.qwen import InputError, make_views
+
+QUESTION = "What does the gray text say?"
+
+
+def scene_image(w=448, h=448):
+    rng = np.random.default_rng(0)
+    a = np.full((h, w, 3), 128, np.uint8)
+    a[h // 2:, : w // 2] = rng.integers(0, 255, (h - h // 2, w // 2, 3))
+    return Image.fromarray(a)
+
+
+def test_arr_answer_carries_every_diagnostic(arr_model):
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3)
+    assert a.tokens["saccade"] == 273 and a.tokens["gestalt"] == 256 and a.tokens["total_visual"] == 529
+    assert a.tokens["text"] > 10 and 1 <= a.new_tokens <= 3
+    assert set(a.timings_ms) == {"vision", "selection", "prefill", "decode", "total"}
+    assert all(v > 0 for k, v in a.timings_ms.items() if k != "decode")
+    assert a.timings_ms["total"] >= a.timings_ms["vision"] + a.timings_ms["selection"] + a.timings_ms["prefill"]
+    assert a.peak_memory_mb > 0 and len(a.saccades) == 273
+    assert [s.rank for s in a.saccades] == list(range(1, 274))
+    assert all(x.score >= y.score for x, y in zip(a.saccades, a.saccades[1:]))
+    s = a.saccades[0]
+    assert s.box == a.views.cell_box(s.row, s.col)
+    j = a.to_json()
+    assert j["grid"] == [32, 32] and len(j["weights"]) == 3 and j["fallback"] is None and len(j["saccades"]) == 273
+
+
+def test_arr_prefers_the_detailed_half(arr_model):
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
+    info = a.arr.information[0]
+    assert info[16:, :16].mean() > 5 * info[:16].mean()  # the information prior sees the detail
+    in_detail = sum(s.row >= 16 and s.col < 16 for s in a.saccades)
+    # a quarter of the cells; chance is 68. The tiny model's random gestalt attention (weight 0.6) adds noise.
+    assert in_detail > 120
+
+
+@pytest.mark.parametrize("pipeline, visual", [("full", 1024), ("gestalt", 256), ("budget", 529)])
+def test_baselines_use_their_views(arr_model, pipeline, visual):
+    a = arr_model.answer(scene_image(), QUESTION, pipeline, max_new_tokens=2)
+    assert a.tokens["total_visual"] == visual and a.tokens["saccade"] == 0 and a.arr is None
+    assert a.timings_ms["vision"] > 0 and a.timings_ms["selection"] == 0
+
+
+def test_zero_budget_arr_answers_like_the_gestalt_baseline(arr_model):
+    arr = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4, budget=0)
+    stock = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=4)
+    assert arr.tokens["saccade"] == 0 and arr.text == stock.text
+
+
+@pytest.mark.parametrize("size", [(1, 1), (28, 28), (4000, 300), (3000, 3000)])
+def test_exactly_273_saccades_for_any_size(arr_model, size):
+    a = arr_model.answer(Image.new("RGB", size, (90, 60, 30)), QUESTION, "arr", max_new_tokens=1)
+    assert a.tokens["saccade"] == 273 and len({(s.row, s.col) for s in a.saccades}) == 273
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "I;16"])
+def test_odd_image_modes_answer(arr_model, mode):
+    image = scene_image(224, 168).convert("L" if mode == "I;16" else mode)
+    if mode == "I;16":
+        image = Image.fromarray(np.asarray(image, dtype=np.uint16) * 257)
+    assert arr_model.answer(image, QUESTION, "arr", max_new_tokens=1).tokens["saccade"] == 273
+
+
+def test_both_pipelines_run_the_same_weights(arr_model):
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, *_: seen.append(id(mod)))
+             for m in (arr_model.vlm.visual, arr_model.vlm.language_model)]
+    try:
+        arr_model.answer(scene_image(), QUESTION, "full", max_new_tokens=1)
+        stock = set(seen)
+        seen.clear()
+        arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
+        assert set(seen) == stock == {id(arr_model.vlm.visual), id(arr_model.vlm.language_model)}
+    finally:
+        for h in hooks:
+            h.remove()
+    vlm_params = sum(p.numel() for p in arr_model.vlm.model.parameters())
+    layer_params = sum(p.numel() for p in arr_model.layer.parameters())
+    assert layer_params < 0.01 * vlm_params  # the ARR layer adds no second copy of anything large
+    assert not any(p.requires_grad for p in arr_model.vlm.model.parameters())
+
+
+def test_fp16_arr_path_gives_finite_logits():
+    model = ARRCOCQwen.from_pretrained("tiny", dtype=torch.float16)
+    scene = model.prepare(scene_image(), QUESTION)
+    assert torch.isfinite(scene.maps["relevance"]).all()
+    vlm = model.vlm
+    out = model.select(scene)
+    pixels, _ = vlm.image_inputs(scene.views.highres)
+    from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
+
+    with torch.no_grad():
+        features = [scene.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
+        ids = vlm.prompt_ids(QUESTION, [len(f) for f in features])
+        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(scene.views.gestalt_grid),
+                                                                 ImageBlock(scene.views.candidate_grid, out.positions[0])])
+        logits = vlm.model(inputs_embeds=vlm.embed(ids, features), position_ids=positions).logits
+    assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
+
+
+def test_reselection_needs_no_vlm(arr_model):
+    scene = arr_model.prepare(scene_image(), QUESTION)
+    calls = []
+    hook = arr_model.vlm.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        for strategy in ("topk", "logpolar", "grid", "random"):
+            assert arr_model.select(scene, strategy, 100).indices.shape == (1, 100)
+    finally:
+        hook.remove()
+    assert not calls
+
+
+def test_checkpoint_swaps_without_reloading_the_vlm(arr_model, tmp_path):
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=arr_model.vlm.hidden_size))
+    with torch.no_grad():
+        layer.balancer.head[1].bias.copy_(torch.tensor([3.0, -3.0, -3.0]))  # information only
+    layer.save_pretrained(tmp_path / "info_only")
+    vlm_before = arr_model.vlm.model
+    loaded = arr_model.load_layer(tmp_path / "info_only")
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, layer=loaded)
+    assert arr_model.vlm.model is vlm_before and a.arr.weights[0, 0] > 0.9
+    ARRCOCLayer(ARRCOCConfig(hidden_size=1536)).save_pretrained(tmp_path / "for_2b")
+    with pytest.raises(CheckpointError, match="hidden size 1536.*hidden size 64"):
+        arr_model.load_layer(tmp_path / "for_2b")
+
+
+def test_non_finite_relevance_falls_back_to_grid_and_says_so(arr_model):
+    broken = arr_model.prior_layer()
+    with torch.no_grad():
+        broken.balancer.head[1].bias.fill_(float("nan"))
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, layer=broken)
+    assert a.arr.fallback == ["non_finite"] and a.tokens["saccade"] == 273
+    assert a.to_json()["fallback"] == "non_finite"
+
+
+def test_a_flat_image_is_a_semantic_void(arr_model):
+    a = arr_model.answer(Image.new("RGB", (448, 448), (128, 128, 128)), "What is here?", "arr", max_new_tokens=1)
+    assert a.arr.fallback == ["semantic_void"] and a.tokens["saccade"] == 273
+
+
+@pytest.mark.parametrize("image, question, message", [
+    (None, QUESTION, "no image"),
+    ("scene", "", "question is empty"),
+    ("scene", "   \n", "question is empty"),
+    ("scene", "x" * 5000, "limit is 4000"),
+])
+def test_bad_input_is_a_clear_value_error(arr_model, image, question, message):
+    with pytest.raises(ValueError, match=message):
+        arr_model.answer(scene_image() if image == "scene" else image, question, "arr")
+    with pytest.raises(InputError, match="pipeline"):
+        arr_model.answer(scene_image(), QUESTION, "everything")
+
+
+def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
+    real = arr_model.vlm.generate
+
+    def oom(*args, **kwargs):
+        monkeypatch.setattr(arr_model.vlm, "generate", real)  # only the first call fails
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(arr_model.vlm, "generate", oom)
+    with pytest.raises(OutOfMemory, match="memory was freed"):
+        arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
+    assert arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1).tokens["saccade"] == 273
+
+
+def test_stream_yields_growing_text_then_the_answer(arr_model):
+    parts = list(arr_model.stream(scene_image(), QUESTION, "gestalt", max_new_tokens=4))
+    final = parts[-1]
+    texts = parts[:-1]
+    assert final.pipeline == "gestalt" and all(isinstance(t, str) for t in texts)
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    with pytest.raises(InputError):
+        list(arr_model.stream(scene_image(), "", "arr"))
+
+
+def test_unloadable_model_falls_back_to_tiny_with_a_notice(tmp_path):
+    model = ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"), fallback_to_tiny=True)
+    assert model.vlm.hidden_size == 64 and "offline tiny" in model.notice and "no-such-model" in model.notice
+    with pytest.raises(OSError):
+        ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"))

@@ -1,0 +1,159 @@
+"""The Qwen adapter: exact equivalences with the stock model, the M-RoPE layout, views and image modes."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc.qwen import (CELL, ImageBlock, InputError, fit_grid, make_views, mrope_position_ids, raster_block,
+                          to_rgb)
+
+
+def photo(w=400, h=300, seed=0):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def stock_inputs(vlm, view, question="What is here?"):
+    pixels, grid = vlm.image_inputs(view)
+    ids = vlm.prompt_ids(question, [int(grid.prod()) // 4])
+    return ids, pixels, grid, (ids == vlm.image_token_id).int()
+
+
+def test_zero_saccades_reproduce_the_stock_logits(arr_model):
+    vlm = arr_model.vlm
+    views = make_views(photo())
+    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
+    with torch.no_grad():
+        stock = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
+        gestalt = vlm.encode_image(pixels, grid)
+        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
+        ours = vlm.model(inputs_embeds=vlm.embed(ids, [gestalt]), position_ids=positions).logits
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+
+
+def test_sparse_encoder_on_every_cell_equals_the_stock_tower(arr_model):
+    vlm = arr_model.vlm
+    views = make_views(photo(300, 200))
+    pixels, grid = vlm.image_inputs(views.highres)
+    with torch.no_grad():
+        stock = vlm.encode_image(pixels, grid)
+        sparse = vlm.encode_cells(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions)
+    torch.testing.assert_close(sparse, stock, atol=1e-5, rtol=0)
+
+
+def test_sparse_tokens_depend_on_their_true_positions(arr_model):
+    vlm = arr_model.vlm
+    views = make_views(photo())
+    pixels, _ = vlm.image_inputs(views.highres)
+    cells = torch.tensor([[3, 4], [10, 2], [0, 0]])
+    with torch.no_grad():
+        a = vlm.encode_cells(pixels, views.candidate_grid, cells)
+        b = vlm.encode_cells(pixels, views.candidate_grid, cells[[2, 0, 1]])
+    torch.testing.assert_close(a[[2, 0, 1]], b, atol=1e-5, rtol=0)  # order-free: a set, at its positions
+
+
+def test_position_ids_follow_get_rope_index_for_one_block(arr_model):
+    vlm = arr_model.vlm
+    views = make_views(photo(500, 200))
+    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
+    stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=grid)
+    assert torch.equal(mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)]), stock)
+
+
+def test_two_block_layout():
+    pad = 9
+    gestalt_grid, candidate_grid = (2, 3), (4, 6)
+    saccades = torch.tensor([[3, 5], [0, 0], [2, 1]])
+    # prefix(2) <vs> 6 gestalt <ve> <vs> 3 saccades <ve> question(2)
+    ids = torch.tensor([[1, 2, 7] + [pad] * 6 + [8, 7] + [pad] * 3 + [8, 5, 6]])
+    pos = mrope_position_ids(ids, pad, [raster_block(gestalt_grid), ImageBlock(candidate_grid, saccades)])[:, 0]
+    t, h, w = pos
+    assert t[:3].tolist() == [0, 1, 2] and (pos[:, :3] == t[:3]).all()  # text: all three rows equal
+    g = 3  # gestalt block starts after <vs> at 2
+    assert t[3:9].tolist() == [g] * 6
+    assert h[3:9].tolist() == [g, g, g, g + 1, g + 1, g + 1] and w[3:9].tolist() == [g, g + 1, g + 2] * 2
+    ve = g + max(gestalt_grid)  # text resumes at start + max(gh, gw)
+    assert pos[:, 9].tolist() == [ve] * 3 and pos[:, 10].tolist() == [ve + 1] * 3
+    s = ve + 2
+    assert t[11:14].tolist() == [s] * 3
+    assert h[11:14].tolist() == [s + 3, s, s + 2] and w[11:14].tolist() == [s + 5, s, s + 1]  # (r, c) -> (s+r, s+c)
+    after = s + max(candidate_grid)
+    assert pos[:, 14:].tolist() == [[after, after + 1, after + 2]] * 3
+
+
+def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
+    vlm = arr_model.vlm
+    scene = arr_model.prepare(photo(), "Where is the red car?")
+    out = arr_model.select(scene, budget=20)
+    pixels, _ = vlm.image_inputs(scene.views.highres)
+    blocks = [raster_block(scene.views.gestalt_grid), ImageBlock(scene.views.candidate_grid, out.positions[0])]
+    with torch.no_grad():
+        features = [scene.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
+        ids = vlm.prompt_ids(scene.question, [len(f) for f in features])
+        embeds, positions = vlm.embed(ids, features), mrope_position_ids(ids, vlm.image_token_id, blocks)
+        generated = vlm.model.generate(inputs_embeds=embeds, position_ids=positions, max_new_tokens=6, do_sample=False,
+                                       attention_mask=torch.ones_like(ids), eos_token_id=None)[0].tolist()
+        manual = []
+        for _ in range(6):  # no cache: recompute everything, appending text positions one at a time
+            logits = vlm.model(inputs_embeds=embeds, position_ids=positions).logits
+            token = int(logits[0, -1].argmax())
+            manual.append(token)
+            embeds = torch.cat([embeds, vlm.model.get_input_embeddings()(torch.tensor([[token]]))], dim=1)
+            positions = torch.cat([positions, positions[:, :, -1:] + 1], dim=-1)
+    assert generated == manual
+
+
+@pytest.mark.parametrize("size", [(1, 1), (28, 28), (4000, 300), (300, 4000), (3000, 3000)])
+def test_views_and_budget_for_any_size(size):
+    views = make_views(Image.new("RGB", size, (10, 20, 30)))
+    gh, gw = views.gestalt_grid
+    assert gh * gw <= 256 and views.candidate_grid == (2 * gh, 2 * gw)
+    assert views.candidate_grid[0] * views.candidate_grid[1] >= 273  # room for the fixed budget
+    assert views.highres.size == (2 * gw * CELL, 2 * gh * CELL) and views.gestalt.size == (gw * CELL, gh * CELL)
+    bh, bw = views.budget_grid
+    assert 400 <= bh * bw <= 529
+    aspect = size[0] / size[1]
+    if 1 / 32 <= aspect <= 32:
+        assert abs(np.log((gw / gh) / aspect)) < 0.35  # aspect kept
+    box = views.cell_box(*[d - 1 for d in views.candidate_grid])
+    assert box[2] == size[0] and box[3] == size[1]  # the last cell ends at the image corner
+
+
+def test_fit_grid_prefers_the_largest_grid_at_the_aspect():
+    assert fit_grid(448, 448, 256) == (16, 16) and fit_grid(644, 644, 529) == (23, 23)
+    assert fit_grid(4000, 300, 256) == (4, 53)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "I;16", "I", "F", "LA", "CMYK", "1"])
+def test_every_image_mode_becomes_rgb(mode):
+    base = photo(64, 48)
+    if mode == "I;16":
+        image = Image.fromarray((np.asarray(base.convert("L"), dtype=np.uint16) * 257))
+    elif mode == "F":
+        image = Image.fromarray(np.asarray(base.convert("L"), dtype=np.float32) / 255.0)
+    else:
+        image = base.convert(mode)
+    rgb = to_rgb(image)
+    assert rgb.mode == "RGB" and rgb.size == (64, 48)
+    if mode in ("L", "I;16", "F"):  # contrast survives the 16-bit / float rescale
+        assert np.asarray(rgb).std() > 20
+
+
+def test_rgba_is_composited_on_white_and_animation_gives_the_first_frame():
+    clear = Image.new("RGBA", (8, 8), (255, 0, 0, 0))
+    assert to_rgb(clear).getpixel((0, 0)) == (255, 255, 255)
+    frames = [Image.new("RGB", (8, 8), c) for c in [(255, 0, 0), (0, 0, 255)]]
+    import io
+
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:])
+    gif = Image.open(io.BytesIO(buf.getvalue()))
+    assert gif.is_animated and to_rgb(gif).getpixel((0, 0))[0] > 200
+
+
+def test_no_image_is_a_clear_error():
+    with pytest.raises(InputError, match="no image"):
+        to_rgb(None)
+    with pytest.raises(InputError, match="PIL image"):
+        to_rgb("cat.png")

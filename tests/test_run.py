@@ -1,0 +1,62 @@
+"""`python -m arr_coc.run`: the table, the JSON, the PNGs, and exit code 2 with one line on bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from arr_coc.run import main
+
+QUESTION = "What colour are the cat's eyes?"
+
+
+def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    code = main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
+                 "--json", str(out), "--pipelines", "arr,full,gestalt,budget", "--strategy", "logpolar"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ("arr", "full", "gestalt", "budget"))
+    results = json.loads(out.read_text())
+    assert list(results) == ["arr", "full", "gestalt", "budget"]
+    for entry in results.values():
+        assert set(entry) >= {"answer", "tokens", "timings_ms", "peak_memory_mb"}
+        assert set(entry["tokens"]) == {"gestalt", "saccade", "text", "total_visual"}
+    arr = results["arr"]
+    assert arr["tokens"]["saccade"] == 273 and len(arr["saccades"]) == 273 and arr["strategy"] == "logpolar"
+    first = arr["saccades"][0]
+    assert set(first) == {"rank", "row", "col", "score", "box"} and first["rank"] == 1
+    w, h = Image.open("assets/chelsea.png").size
+    assert all(0 <= s["box"][0] < s["box"][2] <= w and 0 <= s["box"][1] < s["box"][3] <= h for s in arr["saccades"])
+    assert arr["grid"] == [26, 38] and len(arr["weights"]) == 3 and "fallback" in arr
+
+
+def test_run_saves_the_microscope_pngs(tmp_path):
+    code = main(["--model", "tiny", "--image", "assets/synth_chart.png", "--question", "What is the Kiwis value?",
+                 "--pipelines", "arr", "--max-new-tokens", "1", "--save-dir", str(tmp_path / "png")])
+    assert code == 0
+    names = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert names == ["channels.png", "heatmap.png", "scorers.png"]
+    assert Image.open(tmp_path / "png" / "heatmap.png").size[0] > 200
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--image", "nowhere.png", "--question", "hi"], "no such image"),
+    (["--image", "pyproject.toml", "--question", "hi"], "cannot read pyproject.toml as an image"),
+    (["--image", "assets/chelsea.png", "--question", "  "], "question is empty"),
+    (["--image", "assets/chelsea.png", "--question", "hi", "--checkpoint", "assets"], "config.json"),
+    (["--image", "assets/chelsea.png", "--question", "hi", "--pipelines", "arr,magic"], "unknown pipelines"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, args, message):
+    assert main(["--model", "tiny", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and err.startswith("error: ")
+
+
+def test_no_traceback_from_the_command_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "arr_coc.run", "--model", "tiny", "--image", "nowhere.png",
+                           "--question", "hi"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "error: no such image: nowhere.png"

@@ -1,0 +1,42 @@
+"""The offline tiny Qwen2-VL loads through the real from_pretrained path and answers a templated prompt."""
+
+import json
+
+from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+
+from arr_coc.tiny import build_tiny, tiny_model_path
+
+
+def test_tiny_is_a_real_save_pretrained_folder(tmp_path):
+    path = build_tiny(tmp_path / "tiny")
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "qwen2_vl" and config["image_token_id"] == 151655
+    model = Qwen2VLForConditionalGeneration.from_pretrained(path)
+    assert model.config.text_config.hidden_size == 64
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert len(tokenizer) == 151669
+    ids = tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|im_start|>", "<|im_end|>"])
+    assert ids == [151652, 151653, 151655, 151644, 151645]
+
+
+def test_tiny_is_cached_and_deterministic(tmp_path):
+    first = tiny_model_path()
+    assert tiny_model_path() == first  # second call: no rebuild
+    rebuilt = build_tiny(tmp_path / "again")
+    a = (first / "model.safetensors").read_bytes()
+    assert a == (rebuilt / "model.safetensors").read_bytes()  # seeded weights
+
+
+def test_tiny_generates_for_a_templated_image_question(arr_model):
+    from PIL import Image
+
+    vlm = arr_model.vlm
+    pixels, grid = vlm.image_inputs(Image.new("RGB", (56, 84), (200, 30, 30)))
+    n = int(grid.prod()) // 4
+    ids = vlm.prompt_ids("What colour is this?", [n])
+    text = vlm.tokenizer.decode(ids[0])
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<|vision_start|>")
+    assert text.endswith("What colour is this?<|im_end|>\n<|im_start|>assistant\n") and text.count("<|image_pad|>") == n
+    new = vlm.generate(5, input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
+                       mm_token_type_ids=(ids == vlm.image_token_id).int())
+    assert 1 <= new.shape[1] <= 5 and (new < 151936).all()
