@@ -71,16 +71,15 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
 
     def score(
         self,
-        images: torch.Tensor,  # [B, 3, H, W] high-res view in [0, 1]
-        grid: tuple[int, int],  # (gh, gw) candidate grid
+        textures: torch.Tensor,  # [B, 13, gh, gw] from generate_texture_array
         query_embeds: torch.Tensor,  # [B, L, D] question token embeddings
         query_mask: torch.Tensor | None = None,  # [B, L]
         gestalt_embeds: torch.Tensor | None = None,  # [B, Ng, D]
         participatory_prior: torch.Tensor | None = None,  # [B, gh, gw]
     ) -> dict:
-        """Everything but the selection: textures, the three maps, weights and the relevance map."""
+        """Everything but the selection: the three maps, the weights and the relevance map."""
         param = next(self.parameters())
-        textures = generate_texture_array(images.to(param.device), grid).to(param.dtype)  # [B, 13, gh, gw]
+        textures = textures.to(param.device, param.dtype)
         information = self.information(textures)  # [B, gh, gw]
         perspectival = self.perspectival(textures)  # [B, gh, gw]
         participatory = self.participatory(textures, query_embeds, query_mask, participatory_prior)  # [B, gh, gw]
@@ -102,7 +101,9 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
 
     def forward(self, images, grid, query_embeds, query_mask=None, gestalt_embeds=None, participatory_prior=None,
                 budget: int | None = None, strategy: str | None = None) -> ARRCOCOutput:
-        maps = self.score(images, grid, query_embeds, query_mask, gestalt_embeds, participatory_prior)
+        """images [B, 3, H, W] in [0, 1] (the high-res view) -> ARRCOCOutput on the (gh, gw) candidate grid."""
+        textures = generate_texture_array(images, grid)  # [B, 13, gh, gw], no grad: not learned
+        maps = self.score(textures, query_embeds, query_mask, gestalt_embeds, participatory_prior)
         return self.select(maps, grid, budget, strategy)
 
     # --- checkpoints: safetensors + JSON only ---

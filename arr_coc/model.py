@@ -21,6 +21,7 @@ from arr_coc.config import ARRCOCConfig
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
                           raster_block, upsample_map, view_tensor)
+from arr_coc.texture import generate_texture_array
 from arr_coc.timing import Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
 
 PIPELINES = ("arr", "full", "gestalt", "budget")
@@ -42,13 +43,25 @@ class Saccade:
 
 
 @dataclass
-class Scene:
-    """Everything ARR computes before selection, kept so a new strategy or budget re-selects instantly."""
+class Observation:
+    """What the frozen VLM and the texture array make of an image and a question: ARR's inputs, before any ARR weight."""
     views: Views
     question: str
     gestalt: torch.Tensor  # [Ng, D] gestalt tokens
+    question_embeds: torch.Tensor  # [1, Lq, D] the question's token embeddings
+    prior: torch.Tensor  # [1, GH, GW] question->gestalt attention on the candidate grid, in [0, 1]
+    textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
+
+
+@dataclass
+class Scene:
+    """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
+    observation: Observation
     maps: dict  # ARRCOCLayer.score output: textures, scorer maps, weights, relevance
-    timings_ms: dict  # vision and selection time spent so far
+
+    @property
+    def views(self) -> Views:
+        return self.observation.views
 
 
 @dataclass
@@ -126,13 +139,12 @@ class ARRCOCQwen:
     # --- ARR: scoring and selection ---
 
     @torch.no_grad()
-    def prepare(self, image, question: str, layer: ARRCOCLayer | None = None, watch: Stopwatch | None = None) -> Scene:
-        """Gestalt encode, gestalt-guided attention prior, texture and scorers: all of ARR up to selection."""
+    def observe(self, image, question: str, watch: Stopwatch | None = None) -> Observation:
+        """Gestalt encode, the gestalt-guided attention prior and the texture array: all that ARR reads."""
         question = check_question(question)
-        layer = layer or self.layer
-        vlm = self.vlm
+        vlm, config = self.vlm, self.layer.config
         watch = watch or Stopwatch(vlm.device)
-        views = make_views(image, layer.config.gestalt_max_tokens, layer.config.budget_tokens)
+        views = make_views(image, config.gestalt_max_tokens, config.budget_tokens)
         with watch.section("vision"):
             pixels, grid_thw = vlm.image_inputs(views.gestalt)
             gestalt = vlm.encode_image(pixels, grid_thw)  # [Ng, D]
@@ -142,11 +154,25 @@ class ARRCOCQwen:
             span = (int(image_at[0]), int(image_at[-1]) + 1)
             positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
             attention = vlm.gestalt_attention(vlm.embed(ids, [gestalt]), positions, span, span[1] + 1,
-                                              layer.config.prior_layer_fraction)  # [Ng]
+                                              config.prior_layer_fraction)  # [Ng]
             prior = upsample_map(attention, views.gestalt_grid, views.candidate_grid)  # [1, GH, GW]
-            maps = layer.score(view_tensor(views.highres), views.candidate_grid, vlm.question_embeds(question),
-                               gestalt_embeds=gestalt.unsqueeze(0), participatory_prior=prior)
-        return Scene(views, question, gestalt, maps, dict(watch.ms))
+            textures = generate_texture_array(view_tensor(views.highres).to(vlm.device), views.candidate_grid)
+        return Observation(views, question, gestalt, vlm.question_embeds(question), prior, textures)
+
+    @torch.no_grad()
+    def prepare(self, image, question: str, layer: ARRCOCLayer | None = None, watch: Stopwatch | None = None) -> Scene:
+        """Observe, then score with an ARR layer: everything up to selection."""
+        watch = watch or Stopwatch(self.vlm.device)
+        observation = self.observe(image, question, watch)
+        with watch.section("selection"):
+            maps = self.score(observation, layer)
+        return Scene(observation, maps)
+
+    def score(self, observation: Observation, layer: ARRCOCLayer | None = None) -> dict:
+        """Run an ARR layer's scorers and balancer over an observation (differentiable: training uses it)."""
+        o = observation
+        return (layer or self.layer).score(o.textures, o.question_embeds, gestalt_embeds=o.gestalt.unsqueeze(0),
+                                           participatory_prior=o.prior)
 
     def select(self, scene: Scene, strategy: str | None = None, budget: int | None = None,
                layer: ARRCOCLayer | None = None) -> ARRCOCOutput:
@@ -187,13 +213,13 @@ class ARRCOCQwen:
             out = self.select(scene, strategy, budget, layer)
         K = out.indices.shape[1]
         blocks = [raster_block(views.gestalt_grid)]
-        features = [scene.gestalt]
+        features = [scene.observation.gestalt]
         with watch.section("vision"):
             if K > 0:
                 pixels, _ = vlm.image_inputs(views.highres)
                 features.append(vlm.encode_cells(pixels, views.candidate_grid, out.positions[0]))  # [K, D]
                 blocks.append(ImageBlock(views.candidate_grid, out.positions[0].cpu()))
-        ids = vlm.prompt_ids(question, [b.positions.shape[0] for b in blocks])
+        ids = vlm.prompt_ids(scene.observation.question, [b.positions.shape[0] for b in blocks])
         positions = mrope_position_ids(ids, vlm.image_token_id, blocks)
         timer = TimingStreamer(watch, streamer)
         new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=vlm.embed(ids, features),
@@ -201,7 +227,7 @@ class ARRCOCQwen:
         watch.add("total", (watch.now() - start) * 1000)
         saccades = [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)))
                     for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
-        n_gestalt = scene.gestalt.shape[0]
+        n_gestalt = scene.observation.gestalt.shape[0]
         return Answer("arr", vlm.decode(new), self._tokens(ids, n_gestalt, K), _split(watch.ms),
                       peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades)
 

@@ -101,7 +101,7 @@ def test_fp16_arr_path_gives_finite_logits():
     from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
 
     with torch.no_grad():
-        features = [scene.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
+        features = [scene.observation.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
         ids = vlm.prompt_ids(QUESTION, [len(f) for f in features])
         positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(scene.views.gestalt_grid),
                                                                  ImageBlock(scene.views.candidate_grid, out.positions[0])])

@@ -89,8 +89,8 @@ def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
     pixels, _ = vlm.image_inputs(scene.views.highres)
     blocks = [raster_block(scene.views.gestalt_grid), ImageBlock(scene.views.candidate_grid, out.positions[0])]
     with torch.no_grad():
-        features = [scene.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
-        ids = vlm.prompt_ids(scene.question, [len(f) for f in features])
+        features = [scene.observation.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
+        ids = vlm.prompt_ids(scene.observation.question, [len(f) for f in features])
         embeds, positions = vlm.embed(ids, features), mrope_position_ids(ids, vlm.image_token_id, blocks)
         generated = vlm.model.generate(inputs_embeds=embeds, position_ids=positions, max_new_tokens=6, do_sample=False,
                                        attention_mask=torch.ones_like(ids), eos_token_id=None)[0].tolist()

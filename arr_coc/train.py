@@ -1,0 +1,209 @@
+"""
+Train the ARR relevance layer with the VLM frozen.
+
+Two losses, both reaching every ARR parameter:
+- relevance: the relevance map, as a softmax over cells, should put its mass on the target box
+  (a listwise cross-entropy against the box's cell coverage);
+- answer (--lm-weight > 0): the frozen VLM's loss on the expected answer, given the gestalt and the
+  selected saccades; the hard top-k selection passes gradient through the straight-through product
+  tokens * (1 + s - s.detach()) on the selected scores (DESIGN.md §3).
+
+The frozen VLM's part of every sample (gestalt tokens, attention prior, texture) is computed once.
+
+    python -m arr_coc.train --model tiny --steps 300 --out checkpoints/tiny-text-vs-distractor
+    python -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --lm-weight 0.1 --out checkpoints/mine
+"""
+
+import argparse
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from arr_coc.data import Sample, load_jsonl, make_dataset
+from arr_coc.model import ARRCOCQwen, Observation
+from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
+
+
+@dataclass
+class TrainConfig:
+    model: str = "tiny"  # VLM to train against (hub id, folder or "tiny"); it stays frozen
+    data: str | None = None  # JSONL dataset folder (arr_coc.data format); None = synthetic scenes
+    kinds: str = "text_vs_distractor,distractor_query"  # synthetic scene kinds when data is None
+    n_train: int = 48  # synthetic training samples
+    n_eval: int = 16  # synthetic held-out samples
+    scene_size: int = 448  # synthetic scene side in px (views are resized to the model's grids anyway)
+    steps: int = 300  # optimisation steps
+    batch_size: int = 8  # samples per step
+    lr: float = 3e-3  # AdamW learning rate
+    weight_decay: float = 1e-4  # AdamW weight decay
+    temperature: float = 0.5  # softmax temperature of the relevance loss
+    lm_weight: float = 0.0  # weight of the answer loss through the frozen VLM (straight-through)
+    init: str | None = None  # start from this checkpoint instead of the prior
+    eval_every: int = 50  # steps between held-out evaluations
+    seed: int = 0  # seed of data order and synthetic scenes
+    device: str | None = None  # cuda / cpu (default: cuda when available)
+    out: str = "checkpoints/tiny-text-vs-distractor"  # checkpoint folder to write
+
+
+def box_coverage(box, views, device) -> torch.Tensor:
+    """Fraction of each candidate cell inside the box (original-image pixels) -> [GH, GW]."""
+    gh, gw = views.candidate_grid
+    sx, sy = views.image.width / gw, views.image.height / gh
+    x0, y0, x1, y1 = box
+    cols = torch.arange(gw, device=device, dtype=torch.float)
+    rows = torch.arange(gh, device=device, dtype=torch.float)
+    cover_x = ((torch.minimum((cols + 1) * sx, torch.tensor(float(x1))) - torch.maximum(cols * sx, torch.tensor(float(x0)))).clamp(min=0) / sx)
+    cover_y = ((torch.minimum((rows + 1) * sy, torch.tensor(float(y1))) - torch.maximum(rows * sy, torch.tensor(float(y0)))).clamp(min=0) / sy)
+    return cover_y[:, None] * cover_x[None, :]  # [GH, GW]
+
+
+def relevance_loss(relevance: torch.Tensor, coverage: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Listwise cross-entropy: the softmax of the map over cells against the box's normalised coverage."""
+    target = coverage.flatten() / coverage.sum()
+    return -(target * F.log_softmax(relevance.flatten() / temperature, dim=0)).sum()
+
+
+def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -> torch.Tensor:
+    """The frozen VLM's cross-entropy on the answer, with gradient to the selected scores (straight-through)."""
+    vlm, views = model.vlm, observation.views
+    with torch.no_grad():
+        pixels, _ = vlm.image_inputs(views.highres)
+        saccades = vlm.encode_cells(pixels, views.candidate_grid, out.positions[0])  # [K, D], frozen
+    s = out.selected_scores[0].unsqueeze(-1).to(saccades.dtype)  # [K, 1]
+    saccades = saccades * (1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
+    features = [observation.gestalt, saccades]
+    prompt = vlm.prompt_ids(observation.question, [len(f) for f in features])  # [1, L]
+    target = vlm.tokenizer(answer + "<|im_end|>", add_special_tokens=False, return_tensors="pt")["input_ids"].to(vlm.device)
+    ids = torch.cat([prompt, target], dim=1)
+    blocks = [raster_block(views.gestalt_grid), ImageBlock(views.candidate_grid, out.positions[0].cpu())]
+    labels = torch.full_like(ids, -100)
+    labels[:, prompt.shape[1]:] = target
+    logits = vlm.model(inputs_embeds=vlm.embed(ids, features), position_ids=mrope_position_ids(ids, vlm.image_token_id, blocks)).logits
+    return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:])
+
+
+def box_hits(out, coverage: torch.Tensor) -> float:
+    """Fraction of the saccades on cells the box touches."""
+    touched = coverage.flatten() > 0
+    return float(touched[out.indices[0]].float().mean())
+
+
+def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
+    if cfg.data:
+        samples = [s for s in load_jsonl(cfg.data) if s.box is not None]
+        random.Random(cfg.seed).shuffle(samples)
+        n_eval = max(1, len(samples) // 5)
+        return samples[n_eval:], samples[:n_eval]
+    kinds = tuple(cfg.kinds.split(","))
+    train = make_dataset(cfg.n_train, kinds, seed=cfg.seed, size=cfg.scene_size)
+    held_out = make_dataset(cfg.n_eval, kinds, seed=cfg.seed + 10_000, size=cfg.scene_size)
+    return train, held_out
+
+
+@torch.no_grad()
+def evaluate(model: ARRCOCQwen, data: list[tuple[Sample, Observation, torch.Tensor]], cfg: TrainConfig) -> dict:
+    """Mean relevance loss and the fraction of saccades on the target box, per scene kind."""
+    hits: dict[str, list[float]] = {}
+    losses = []
+    for sample, observation, coverage in data:
+        maps = model.score(observation)
+        losses.append(float(relevance_loss(maps["relevance"][0], coverage, cfg.temperature)))
+        out = model.layer.select(maps, observation.views.candidate_grid)
+        hits.setdefault(sample.kind, []).append(box_hits(out, coverage))
+    return dict(loss=sum(losses) / len(losses), **{f"hits/{k}": sum(v) / len(v) for k, v in hits.items()})
+
+
+def observe_all(model: ARRCOCQwen, samples: list[Sample]) -> list[tuple[Sample, Observation, torch.Tensor]]:
+    """The frozen VLM's view of each sample, and its target box as cell coverage: computed once."""
+    observed = []
+    for sample in samples:
+        observation = model.observe(sample.image, sample.question)
+        observed.append((sample, observation, box_coverage(sample.box, observation.views, model.vlm.device)))
+    return observed
+
+
+def train(cfg: TrainConfig, model: ARRCOCQwen | None = None) -> tuple[ARRCOCQwen, list[dict]]:
+    """Train model.layer in place (the VLM never changes) and return the model and the log."""
+    torch.manual_seed(cfg.seed)
+    model = model or ARRCOCQwen.from_pretrained(cfg.model, checkpoint=cfg.init, device=cfg.device)
+    vlm_state = {k: v.clone() for k, v in list(model.vlm.model.state_dict().items())[:3]}  # spot-check frozen
+    train_samples, eval_samples = load_samples(cfg)
+    t0 = time.time()
+    train_data, eval_data = observe_all(model, train_samples), observe_all(model, eval_samples)
+    print(f"observed {len(train_data)} training and {len(eval_data)} held-out samples in {time.time() - t0:.1f}s")
+
+    layer = model.layer.train()
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    order = random.Random(cfg.seed)
+    log = [dict(step=0, **evaluate(model, eval_data, cfg))]
+    print(json.dumps(log[-1]))
+    for step in range(1, cfg.steps + 1):
+        batch = order.sample(train_data, min(cfg.batch_size, len(train_data)))
+        loss = torch.zeros((), device=model.vlm.device)
+        for sample, observation, coverage in batch:
+            maps = model.score(observation)
+            loss = loss + relevance_loss(maps["relevance"][0], coverage, cfg.temperature) / len(batch)
+            if cfg.lm_weight > 0:
+                out = layer.select(maps, observation.views.candidate_grid)
+                loss = loss + cfg.lm_weight * answer_loss(model, observation, out, sample.answer) / len(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
+        optimizer.step()
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            log.append(dict(step=step, train_loss=loss.item(), **evaluate(model, eval_data, cfg)))
+            print(json.dumps(log[-1]))
+    layer.eval()
+    assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in vlm_state.items()), "the VLM changed"
+    return model, log
+
+
+def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict]) -> Path:
+    """Write the checkpoint folder (config.json + model.safetensors + model card) and the training log."""
+    out = Path(cfg.out)
+    card = (f"ARR-COC layer trained for `{model.vlm.name}` ({model.vlm.family}, hidden size {model.vlm.hidden_size}) "
+            f"with `python -m arr_coc.train`.\n\nTraining config:\n```json\n{json.dumps(asdict(cfg), indent=2)}\n```\n\n"
+            f"Held-out evaluation (fraction of saccades on the target box, per scene kind):\n```json\n"
+            f"{json.dumps(log[0], indent=2)}\n->\n{json.dumps(log[-1], indent=2)}\n```\n")
+    model.layer.save_pretrained(out, model_card_kwargs={})
+    (out / "README.md").write_text(f"---\nlibrary_name: arr-coc\ntags: [arr-coc, qwen2-vl]\n---\n\n# {out.name}\n\n{card}")
+    (out / "train_log.json").write_text(json.dumps(log, indent=2))
+    return out
+
+
+def parse_args(argv=None) -> TrainConfig:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    helps = {  # one help string per TrainConfig field, from its comment
+        "model": "VLM to train against (hub id, folder or 'tiny'); it stays frozen",
+        "data": "JSONL dataset folder (arr_coc.data format); default: synthetic scenes",
+        "kinds": "synthetic scene kinds, comma-separated",
+        "n_train": "number of synthetic training samples",
+        "n_eval": "number of synthetic held-out samples",
+        "scene_size": "synthetic scene side in px",
+        "steps": "optimisation steps",
+        "batch_size": "samples per step",
+        "lr": "AdamW learning rate",
+        "weight_decay": "AdamW weight decay",
+        "temperature": "softmax temperature of the relevance loss",
+        "lm_weight": "weight of the answer loss through the frozen VLM (straight-through estimator)",
+        "init": "start from this checkpoint instead of the untrained prior",
+        "eval_every": "steps between held-out evaluations",
+        "seed": "seed of data order and synthetic scenes",
+        "device": "cuda / cpu (default: cuda when available)",
+        "out": "checkpoint folder to write",
+    }
+    for name, default in asdict(TrainConfig()).items():
+        kind = type(default) if default is not None else str
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=helps[name])
+    return TrainConfig(**vars(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    config = parse_args()
+    trained, history = train(config)
+    print(f"wrote {save(trained, config, history)}")

@@ -1,0 +1,63 @@
+"""Training the ARR layer against the frozen tiny VLM makes selection query-aware."""
+
+import torch
+
+from arr_coc.data import make_dataset
+from arr_coc.layer import ARRCOCLayer
+from arr_coc.model import ARRCOCQwen
+from arr_coc.train import TrainConfig, box_coverage, parse_args, relevance_loss, save, train
+
+
+def saccades_on(answer, box) -> int:
+    touched = box_coverage(box, answer.views, "cpu").flatten() > 0
+    return int(touched[answer.arr.indices[0].cpu()].sum())
+
+
+def test_box_coverage_and_relevance_loss():
+    from arr_coc.qwen import make_views
+    from PIL import Image
+
+    views = make_views(Image.new("RGB", (448, 448)))  # 32x32 cells of 14 px
+    cover = box_coverage((14, 0, 35, 14), views, "cpu")
+    assert cover[0, 1] == 1 and abs(float(cover[0, 2]) - 0.5) < 1e-6 and cover.sum() == 1.5
+    peak = torch.zeros(32, 32)
+    peak[0, 1] = 10
+    assert relevance_loss(peak, cover, 0.5) < relevance_loss(torch.zeros(32, 32), cover, 0.5)
+
+
+def test_trained_scorer_looks_where_the_question_points(tmp_path):
+    model = ARRCOCQwen.from_pretrained("tiny")
+    frozen = {k: v.clone() for k, v in model.vlm.model.state_dict().items()}
+    cfg = TrainConfig(n_train=32, n_eval=4, steps=80, eval_every=80, out=str(tmp_path / "ck"))
+    model, log = train(cfg, model)
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in frozen.items())  # VLM untouched
+
+    held_out = make_dataset(8, ("text_vs_distractor", "distractor_query"), seed=50_000, size=448)
+    text_wins = shape_wins = 0
+    for text_q, shape_q in zip(held_out[::2], held_out[1::2]):  # same image, two questions
+        on_text = model.answer(text_q.image, text_q.question, "arr", max_new_tokens=1, budget=40)
+        on_shape = model.answer(shape_q.image, shape_q.question, "arr", max_new_tokens=1, budget=40)
+        text_wins += saccades_on(on_text, text_q.box) > saccades_on(on_text, shape_q.box)
+        shape_wins += saccades_on(on_shape, shape_q.box) > saccades_on(on_shape, text_q.box)
+    assert text_wins == 4 and shape_wins == 4
+
+    folder = save(model, cfg, log)
+    reloaded = ARRCOCLayer.from_pretrained(folder, expect_hidden_size=64)
+    assert (folder / "README.md").read_text().count("hits/") >= 2
+    for a, b in zip(reloaded.state_dict().values(), model.layer.state_dict().values()):
+        assert torch.equal(a, b.cpu())
+
+
+def test_answer_loss_trains_through_the_straight_through_estimator(tmp_path):
+    model = ARRCOCQwen.from_pretrained("tiny")
+    cfg = TrainConfig(n_train=2, n_eval=2, steps=1, batch_size=2, lm_weight=1.0, eval_every=1, out=str(tmp_path / "ck"))
+    before = {k: v.clone() for k, v in model.layer.state_dict().items()}
+    train(cfg, model)
+    changed = [k for k, v in model.layer.state_dict().items() if not torch.equal(v, before[k])]
+    assert "balancer.head.1.weight" in changed and "participatory.gain" in changed
+
+
+def test_every_flag_has_help_and_maps_to_the_config():
+    cfg = parse_args(["--steps", "7", "--lm-weight", "0.5", "--data", "some/folder"])
+    assert cfg.steps == 7 and cfg.lm_weight == 0.5 and cfg.data == "some/folder" and cfg.model == "tiny"
