@@ -86,6 +86,16 @@ class Views:
         sx, sy = self.image.width / gw, self.image.height / gh
         return [round(col * sx), round(row * sy), round((col + 1) * sx), round((row + 1) * sy)]
 
+    def box_coverage(self, box) -> torch.Tensor:
+        """Fraction of each candidate cell inside a pixel box [x0, y0, x1, y1] of the original image -> [GH, GW]."""
+        gh, gw = self.candidate_grid
+        sx, sy = self.image.width / gw, self.image.height / gh
+        x0, y0, x1, y1 = (float(v) for v in box)
+        cols, rows = torch.arange(gw, dtype=torch.float), torch.arange(gh, dtype=torch.float)
+        cover_x = ((cols + 1) * sx).clamp(max=x1).sub((cols * sx).clamp(min=x0)).clamp(min=0) / sx  # [GW]
+        cover_y = ((rows + 1) * sy).clamp(max=y1).sub((rows * sy).clamp(min=y0)).clamp(min=0) / sy  # [GH]
+        return cover_y[:, None] * cover_x[None, :]
+
 
 def resize(image: Image.Image, grid: tuple[int, int]) -> Image.Image:
     """The one resize path of every pipeline: bicubic to grid * 28 px."""

