@@ -19,6 +19,11 @@ DETAIL_CHANNELS = [CHANNEL_NAMES.index(n) for n in ("edge_magnitude", "highpass_
 SALIENCY_CHANNELS = [CHANNEL_NAMES.index(n) for n in ("spectral_saliency", "colour_contrast", "colour_rarity")]
 
 
+def mean_of(textures: torch.Tensor, channels: list[int]) -> torch.Tensor:
+    """Mean of some texture channels -> [B, gh, gw]; plain slices, so CUDA graphs capture it (no index upload)."""
+    return sum(textures[:, c] for c in channels) / len(channels)
+
+
 def _zero_(layer: nn.Module) -> nn.Module:
     """Zero a residual's last layer so the scorer starts as its prior."""
     nn.init.zeros_(layer.weight)
@@ -37,7 +42,7 @@ class InformationScorer(nn.Module):
         )
 
     def prior(self, textures: torch.Tensor) -> torch.Tensor:
-        return textures[:, DETAIL_CHANNELS].mean(1)  # [B, gh, gw]
+        return mean_of(textures, DETAIL_CHANNELS)  # [B, gh, gw]
 
     def forward(self, textures: torch.Tensor) -> torch.Tensor:
         return self.prior(textures) + self.residual(textures).squeeze(1)  # [B, gh, gw]
@@ -55,7 +60,7 @@ class PerspectivalScorer(nn.Module):
         )
 
     def prior(self, textures: torch.Tensor) -> torch.Tensor:
-        return textures[:, SALIENCY_CHANNELS].mean(1)  # [B, gh, gw]
+        return mean_of(textures, SALIENCY_CHANNELS)  # [B, gh, gw]
 
     def forward(self, textures: torch.Tensor) -> torch.Tensor:
         return self.prior(textures) + self.residual(textures).squeeze(1)  # [B, gh, gw]

@@ -21,6 +21,7 @@ from arr_coc.config import ARRCOCConfig
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
                           raster_block, upsample_map, view_tensor)
+from arr_coc.graphs import CUDAGraphed
 from arr_coc.texture import generate_texture_array
 from arr_coc.timing import Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
 
@@ -50,6 +51,7 @@ class Observation:
     gestalt: torch.Tensor  # [Ng, D] gestalt tokens
     question_embeds: torch.Tensor  # [1, Lq, D] the question's token embeddings
     prior: torch.Tensor  # [1, GH, GW] question->gestalt attention on the candidate grid, in [0, 1]
+    highres: torch.Tensor  # [1, 3, H, W] the high-res view on the device, in [0, 1]
     textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
 
 
@@ -103,6 +105,8 @@ class ARRCOCQwen:
         self.vlm = vlm
         self.notice = notice  # shown to users, e.g. that the tiny fallback model is running
         self.layer = layer or self.prior_layer()
+        self.texture = CUDAGraphed(generate_texture_array)  # launch-bound at batch 1: replayed as one graph
+        self.graphed_scores: dict[tuple, CUDAGraphed] = {}  # per ARR layer
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, checkpoint: str | None = None, device: str | None = None,
@@ -156,8 +160,9 @@ class ARRCOCQwen:
             attention = vlm.gestalt_attention(vlm.embed(ids, [gestalt]), positions, span, span[1] + 1,
                                               config.prior_layer_fraction)  # [Ng]
             prior = upsample_map(attention, views.gestalt_grid, views.candidate_grid)  # [1, GH, GW]
-            textures = generate_texture_array(view_tensor(views.highres).to(vlm.device), views.candidate_grid)
-        return Observation(views, question, gestalt, vlm.question_embeds(question), prior, textures)
+            highres = view_tensor(views.highres).to(vlm.device)
+            textures = self.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
+        return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
 
     @torch.no_grad()
     def prepare(self, image, question: str, layer: ARRCOCLayer | None = None, watch: Stopwatch | None = None) -> Scene:
@@ -169,10 +174,16 @@ class ARRCOCQwen:
         return Scene(observation, maps)
 
     def score(self, observation: Observation, layer: ARRCOCLayer | None = None) -> dict:
-        """Run an ARR layer's scorers and balancer over an observation (differentiable: training uses it)."""
+        """
+        Run an ARR layer's scorers and balancer over an observation. Differentiable when gradients are on
+        (training); under no_grad on CUDA it replays a CUDA graph per layer and input shape.
+        """
+        layer = layer or self.layer
+        key = (id(layer), next(layer.parameters()).data_ptr())  # a moved or new layer gets new graphs
+        if key not in self.graphed_scores:
+            self.graphed_scores[key] = CUDAGraphed(layer.score)
         o = observation
-        return (layer or self.layer).score(o.textures, o.question_embeds, gestalt_embeds=o.gestalt.unsqueeze(0),
-                                           participatory_prior=o.prior)
+        return self.graphed_scores[key](o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
 
     def select(self, scene: Scene, strategy: str | None = None, budget: int | None = None,
                layer: ARRCOCLayer | None = None) -> ARRCOCOutput:
@@ -216,7 +227,7 @@ class ARRCOCQwen:
         features = [scene.observation.gestalt]
         with watch.section("vision"):
             if K > 0:
-                pixels, _ = vlm.image_inputs(views.highres)
+                pixels, _ = vlm.image_inputs(scene.observation.highres)
                 features.append(vlm.encode_cells(pixels, views.candidate_grid, out.positions[0]))  # [K, D]
                 blocks.append(ImageBlock(views.candidate_grid, out.positions[0].cpu()))
         ids = vlm.prompt_ids(scene.observation.question, [b.positions.shape[0] for b in blocks])

@@ -215,10 +215,23 @@ class QwenVL:
 
     # --- vision ---
 
-    def image_inputs(self, view: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
-        """A view (already a multiple of 28 px) -> stock pixel patches [N, 1176] and grid_thw [1, 3]."""
-        out = self.image_processor(images=[view], do_resize=False, return_tensors="pt")
-        return out["pixel_values"].to(self.device), out["image_grid_thw"].to(self.device)
+    def image_inputs(self, view: Image.Image | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        A view (PIL, or [1, 3, H, W] in [0, 1]; a multiple of 28 px) -> pixel patches [N, 1176] and grid_thw [1, 3],
+        exactly as the model's image processor lays them out, but computed on the device (tests pin the two).
+        """
+        pixels = view if isinstance(view, torch.Tensor) else view_tensor(view)
+        pixels = pixels.to(self.device, torch.float32)[0]  # [3, H, W]
+        ip = self.image_processor
+        mean = torch.tensor(ip.image_mean, device=self.device).view(3, 1, 1)
+        std = torch.tensor(ip.image_std, device=self.device).view(3, 1, 1)
+        x = (pixels - mean) / std
+        p, m, t = ip.patch_size, ip.merge_size, ip.temporal_patch_size
+        gh, gw = x.shape[1] // p, x.shape[2] // p
+        x = x.reshape(3, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, C, p, p]
+        x = x.unsqueeze(5).expand(*x.shape[:5], t, p, p)  # the still image fills both temporal frames
+        grid_thw = torch.tensor([[1, gh, gw]], device=self.device)
+        return x.reshape(gh * gw, 3 * t * p * p), grid_thw
 
     @torch.no_grad()
     def encode_image(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:

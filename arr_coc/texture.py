@@ -8,6 +8,8 @@ over pixels or cells (DESIGN.md §5). CHANNELS names each channel and says what 
     tex = generate_texture_array(images, (32, 32))  # images [B,3,H,W] in [0,1] -> [B,13,32,32]
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -35,10 +37,21 @@ KMEANS_K = 4  # colour clusters for colour_rarity
 KMEANS_ITERS = 8  # Lloyd iterations, fixed so the cost is fixed
 
 
-def _filter(x: torch.Tensor, kernel: list[list[float]]) -> torch.Tensor:
-    """3x3 filter of a [B,1,H,W] map with replicate padding, so borders are not edges."""
-    k = torch.tensor(kernel, dtype=x.dtype, device=x.device).view(1, 1, 3, 3)
-    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), k)
+SOBEL_X = ((-1, 0, 1), (-2, 0, 2), (-1, 0, 1))
+SOBEL_Y = ((-1, -2, -1), (0, 0, 0), (1, 2, 1))
+LAPLACIAN = ((0, 1, 0), (1, -4, 1), (0, 1, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The three 3x3 filters as one [3, 1, 3, 3] weight, made once per device (CUDA graphs need no uploads)."""
+    return torch.tensor([SOBEL_X, SOBEL_Y, LAPLACIAN], dtype=dtype, device=device).unsqueeze(1)
+
+
+def _filters(gray: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sobel x, Sobel y and Laplacian of a [B,1,H,W] map in one conv, replicate-padded so borders are not edges."""
+    out = F.conv2d(F.pad(gray, (1, 1, 1, 1), mode="replicate"), _kernels(gray.dtype, gray.device))
+    return out[:, 0:1], out[:, 1:2], out[:, 2:3]
 
 
 def _pool(x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -86,9 +99,10 @@ def _colour_rarity(rgb: torch.Tensor) -> torch.Tensor:
     order = points.mean(-1).argsort(dim=1)  # [B, N]
     picks = order[:, ((torch.arange(KMEANS_K, device=rgb.device) + 0.5) * N / KMEANS_K).long()]  # [B, k]
     centroids = torch.gather(points, 1, picks.unsqueeze(-1).expand(-1, -1, 3))  # [B, k, 3]
+    clusters = torch.arange(KMEANS_K, device=rgb.device)
     for _ in range(KMEANS_ITERS):
         assign = torch.cdist(points, centroids).argmin(-1)  # [B, N]
-        onehot = F.one_hot(assign, KMEANS_K).to(points.dtype)  # [B, N, k]
+        onehot = (assign.unsqueeze(-1) == clusters).to(points.dtype)  # [B, N, k]; F.one_hot would sync to check
         counts = onehot.sum(1)  # [B, k]
         sums = onehot.transpose(1, 2) @ points  # [B, k, 3]
         centroids = torch.where(counts.unsqueeze(-1) > 0, sums / counts.clamp_min(1).unsqueeze(-1), centroids)
@@ -110,12 +124,12 @@ def generate_texture_array(images: torch.Tensor, grid: tuple[int, int]) -> torch
     rgb = _pool(work, grid)  # [B, 3, gh, gw]: an area-downsample of the input
     gray = (0.299 * work[:, 0:1] + 0.587 * work[:, 1:2] + 0.114 * work[:, 2:3])  # [B, 1, h, w]
     # Sobel normalised so a 0->1 step gives 1; sqrt spreads the small energies of natural images
-    gx = _filter(gray, [[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]]) / 4
-    gy = _filter(gray, [[-1, -2, -1], [0, 0, 0], [1, 2, 1]]) / 4
+    gx, gy, lap = _filters(gray)
+    gx, gy = gx / 4, gy / 4
     sobel_x = _pool(gx.abs(), grid).sqrt()
     sobel_y = _pool(gy.abs(), grid).sqrt()
     edges = _pool((gx.pow(2) + gy.pow(2)).sqrt() / 2**0.5, grid).sqrt()
-    laplacian = _pool(_filter(gray, [[0, 1, 0], [1, -4, 1], [0, 1, 0]]).abs() / 4, grid).sqrt()
+    laplacian = _pool(lap.abs() / 4, grid).sqrt()
     variance = (_pool(work.pow(2), grid) - _pool(work, grid).pow(2)).clamp_min(0).mean(1, keepdim=True)
     variance = (4 * variance).clamp(0, 1).sqrt()  # max variance of a [0,1] signal is 1/4
 

@@ -60,7 +60,7 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     """The frozen VLM's cross-entropy on the answer, with gradient to the selected scores (straight-through)."""
     vlm, views = model.vlm, observation.views
     with torch.no_grad():
-        pixels, _ = vlm.image_inputs(views.highres)
+        pixels, _ = vlm.image_inputs(observation.highres)
         saccades = vlm.encode_cells(pixels, views.candidate_grid, out.positions[0])  # [K, D], frozen
     s = out.selected_scores[0].unsqueeze(-1).to(saccades.dtype)  # [K, 1]
     saccades = saccades * (1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens

@@ -29,7 +29,7 @@ def test_evaluate_compares_baselines_and_strategies(tmp_path):
 def test_bench_reports_every_pipeline_with_exact_decode_length(tmp_path):
     report = bench.main(["--model", "tiny", "--device", "cpu", "--new-tokens", "3", "--repeats", "1",
                          "--layer-repeats", "1", "--json", str(tmp_path / "bench.json")])
-    assert report["device"] == "CPU" and report["layer"]["grid"] == [32, 32] and report["layer"]["layer_ms"] > 0
+    assert report["device"] == "CPU" and report["layer"]["grid"] == [32, 32] and report["layer"]["layer_ms"] > 0 and report["layer"]["layer_eager_ms"] > 0
     assert set(report["pipelines"]) == {"arr", "full", "gestalt", "budget"}
     for r in report["pipelines"].values():
         assert r["new_tokens"] == 3  # EOS suppressed: every answer has the same length

@@ -99,7 +99,7 @@ def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
             logits = vlm.model(inputs_embeds=embeds, position_ids=positions).logits
             token = int(logits[0, -1].argmax())
             manual.append(token)
-            embeds = torch.cat([embeds, vlm.model.get_input_embeddings()(torch.tensor([[token]]))], dim=1)
+            embeds = torch.cat([embeds, vlm.model.get_input_embeddings()(torch.tensor([[token]], device=vlm.device))], dim=1)
             positions = torch.cat([positions, positions[:, :, -1:] + 1], dim=-1)
     assert generated == manual
 
@@ -157,3 +157,12 @@ def test_no_image_is_a_clear_error():
         to_rgb(None)
     with pytest.raises(InputError, match="PIL image"):
         to_rgb("cat.png")
+
+
+def test_device_patches_equal_the_image_processor(arr_model):
+    vlm = arr_model.vlm
+    view = make_views(photo(333, 517)).highres
+    stock = vlm.image_processor(images=[view], do_resize=False, return_tensors="pt")
+    pixels, grid = vlm.image_inputs(view)
+    assert torch.equal(grid.cpu(), stock["image_grid_thw"])
+    torch.testing.assert_close(pixels.cpu(), stock["pixel_values"], atol=1e-5, rtol=0)

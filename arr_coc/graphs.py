@@ -1,0 +1,58 @@
+"""
+CUDA-graph replay for the fixed-shape parts of ARR (texture array, scorers, balancer).
+
+At batch 1 these are a few hundred tiny kernels: launch-bound, so eager PyTorch spends most of its time
+in Python and kernel launches. A CUDA graph captured once per input signature replays them as one launch.
+Off CUDA, or when gradients are needed (training), the function simply runs eagerly.
+
+    texture = CUDAGraphed(generate_texture_array)
+    tex = texture(images, (32, 32))   # first call per shape captures, later calls replay
+"""
+
+from collections import OrderedDict
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+
+def _signature(args) -> tuple:
+    """Shapes and dtypes of tensor arguments, values of everything else: one graph per signature."""
+    return tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+class CUDAGraphed:
+    def __init__(self, fn, max_graphs: int = 32):
+        self.fn = fn
+        self.max_graphs = max_graphs  # oldest graphs are dropped beyond this (e.g. many question lengths)
+        self.graphs: OrderedDict = OrderedDict()
+
+    def __call__(self, *args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or not tensors[0].is_cuda or torch.is_grad_enabled():
+            return self.fn(*args)
+        key = _signature(args)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(args)
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        graph, static_args, static_out = self.graphs[key]
+        for static, a in zip(static_args, args):
+            if isinstance(a, torch.Tensor):
+                static.copy_(a)
+        graph.replay()
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, static_out)
+
+    def _capture(self, args):
+        static_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the graph: caches, cuFFT plans, lazy init
+            for _ in range(2):
+                self.fn(*static_args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self.fn(*static_args)
+        assert all(isinstance(t, torch.Tensor) or t is None for t in tree_flatten(static_out)[0])
+        return graph, static_args, static_out

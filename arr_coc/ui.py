@@ -1,0 +1,248 @@
+"""
+The app's helpers that are not layout: choosing and uploading ARR checkpoints, the tables and sentences
+the app shows, and turning exceptions into messages for the user. app.py wires these to components.
+
+    name, notice = install_default_layer(model, requested=None, root=Path("checkpoints"))
+    rows = stats_rows(answer)            # [[metric, value], ...] for a gr.Dataframe
+"""
+
+import functools
+import inspect
+import json
+import logging
+import math
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+from PIL import Image, UnidentifiedImageError
+
+from arr_coc.layer import CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError, list_checkpoints
+from arr_coc.model import ARRCOCQwen, Answer, OutOfMemory, check_question
+from arr_coc.qwen import InputError, to_rgb
+from arr_coc.texture import CHANNELS
+from arr_coc.viz import rank_correlation, saccade_overlap
+
+log = logging.getLogger("arr_coc.app")
+
+MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the shared queue, for no gain
+PRIOR = "prior (untrained)"  # the checkpoint choice that means the hand-designed prior layer
+STATS_HEADERS = ["metric", "value"]
+SACCADE_HEADERS = ["rank", "row", "col", "score"]
+FALLBACKS = {
+    "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid",
+    "non_finite": "non-finite relevance: the map has NaN or inf values, so the saccades fall back to an even grid",
+}
+USER_ERRORS = (InputError, CheckpointError, OutOfMemory)  # their messages are written for the user
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def as_user_error(error: Exception) -> gr.Error:
+    """Known errors keep their message; anything else gets a short one (the traceback goes to the log)."""
+    if isinstance(error, gr.Error):
+        return error
+    if isinstance(error, USER_ERRORS):
+        return gr.Error(str(error))
+    log.error("unexpected error in an app event", exc_info=error)
+    first_line = (str(error).splitlines() or [""])[0][:200]
+    return gr.Error(f"Unexpected error ({type(error).__name__}: {first_line}). The app is still running; "
+                    "the server log has the details.")
+
+
+def reports_errors(event):
+    """Wrap an event function (plain or generator) so every exception reaches the user as a gr.Error."""
+    if inspect.isgeneratorfunction(event):
+        @functools.wraps(event)
+        def streaming(*args, **kwargs):
+            try:
+                yield from event(*args, **kwargs)
+            except Exception as e:
+                raise as_user_error(e) from e
+        return streaming
+
+    @functools.wraps(event)
+    def plain(*args, **kwargs):
+        try:
+            return event(*args, **kwargs)
+        except Exception as e:
+            raise as_user_error(e) from e
+    return plain
+
+
+def check_inputs(image, question: str) -> None:
+    """Fail fast, before any output is cleared or streamed, on a missing image or an empty question."""
+    to_rgb(image)
+    check_question(question)
+
+
+def image_input(**kwargs) -> gr.Image:
+    """
+    A PIL gr.Image that passes uploads on in their own mode (16-bit, RGBA, animated: arr_coc.qwen.to_rgb
+    handles them) and fails unreadable ones with a clear gr.Error. Its preprocess is wrapped, not overridden
+    in a subclass, because gradio writes a .pyi stub beside the module of every Component subclass.
+    """
+    component = gr.Image(type="pil", image_mode=None, **kwargs)
+    component.preprocess = functools.partial(read_upload, component.preprocess)
+    return component
+
+
+def read_upload(preprocess, payload) -> Image.Image | None:
+    """gr.Image's preprocess (it only reads the header), then the pixel limit and the decode, naming the file."""
+    try:
+        image = preprocess(payload)
+        if image is None:
+            return None
+        if image.width * image.height > MAX_IMAGE_PIXELS:
+            raise Image.DecompressionBombError(f"{image.width}x{image.height} pixels")
+        image.load()  # decode now, so a truncated file fails here
+        return image
+    except Image.DecompressionBombError as e:
+        raise gr.Error(f"{upload_name(payload)} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} "
+                       "megapixels: downscale it first (the model sees at most ~1 megapixel anyway)") from None
+    except UnidentifiedImageError:
+        raise gr.Error(f"{upload_name(payload)} is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF "
+                       "file") from None
+    except OSError as e:
+        raise gr.Error(f"{upload_name(payload)} could not be decoded as an image ({e})") from None
+
+
+def upload_name(payload) -> str:
+    return payload.orig_name or Path(payload.path).name
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_choices(root: Path) -> list[str]:
+    return [PRIOR, *list_checkpoints(root)]
+
+
+def checkpoint_source(name: str, root: Path) -> str:
+    """A checkpoint name under root if there is one, else the folder or hub repo id as given."""
+    local = root / name
+    return str(local) if local.is_dir() else name
+
+
+def install_default_layer(model: ARRCOCQwen, requested: str | None, root: Path) -> tuple[str, str | None]:
+    """
+    Make the requested checkpoint (or else the first one under root that fits the model) the model's layer.
+    Returns its name and, if the requested one could not be loaded, a notice saying so (the prior is used).
+    """
+    if requested:
+        try:
+            model.layer = model.load_layer(checkpoint_source(requested, root))
+            return Path(requested).name, None
+        except CheckpointError as e:
+            return PRIOR, f"Checkpoint {requested!r} could not be loaded ({e}); using the untrained prior."
+    for name in list_checkpoints(root):
+        try:
+            model.layer = model.load_layer(str(root / name))
+            return name, None
+        except CheckpointError:
+            continue  # made for another model: try the next one
+    return PRIOR, None
+
+
+def load_uploaded_layer(model: ARRCOCQwen, files: list[str]) -> ARRCOCLayer:
+    """Uploaded config.json + model.safetensors -> layer, via a temporary folder (safetensors only, no pickles)."""
+    by_name = {Path(f).name: Path(f) for f in files}
+    if sorted(by_name) != sorted((CONFIG_FILE, WEIGHTS_FILE)):
+        raise CheckpointError(f"upload exactly {CONFIG_FILE} and {WEIGHTS_FILE}; got {', '.join(sorted(by_name))}")
+    with tempfile.TemporaryDirectory(prefix="arr-coc-") as tmp:
+        folder = Path(tmp) / "uploaded"  # error messages name the folder: "uploaded/model.safetensors ..."
+        folder.mkdir()
+        for name, path in by_name.items():
+            shutil.copyfile(path, folder / name)
+        return model.load_layer(str(folder))
+
+
+def choose_layer(model: ARRCOCQwen, side: str, choice: str, files: list[str] | None, root: Path) -> ARRCOCLayer:
+    """One side of the A/B: the uploaded files if any, else the chosen checkpoint (or the prior)."""
+    try:
+        if files:
+            return load_uploaded_layer(model, files)
+        return model.prior_layer() if choice == PRIOR else model.load_layer(checkpoint_source(choice, root))
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint {side}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- what the app shows
+
+
+def model_notices(model: ARRCOCQwen) -> list[str]:
+    """Banners for the top of the page: the tiny model's answers mean nothing, even when it was asked for."""
+    if model.notice:
+        return [model.notice]
+    if model.vlm.name == "tiny":
+        return ["Running the offline tiny Qwen2-VL with random weights (--model tiny): its answers are meaningless, "
+                "but the views, maps and saccades are real."]
+    return []
+
+
+def load_examples(path: Path) -> list[list[str]]:
+    """assets/examples.json -> [[image path, question], ...] for gr.Examples."""
+    return [[str(path.parent / e["image"]), e["question"]] for e in json.loads(path.read_text())]
+
+
+def channels_markdown() -> str:
+    rows = "\n".join(f"| {i} | `{name}` | {meaning} |" for i, (name, meaning) in enumerate(CHANNELS))
+    return "| # | channel | meaning |\n| --- | --- | --- |\n" + rows
+
+
+def stats_rows(answer: Answer) -> list[list]:
+    """Token counts, the latency split, speed and memory of one answer, as [metric, value] rows."""
+    tokens, ms = answer.tokens, answer.timings_ms
+    return [
+        ["visual tokens: gestalt", tokens["gestalt"]],
+        ["visual tokens: saccade", tokens["saccade"]],
+        ["visual tokens: total", tokens["total_visual"]],
+        ["text tokens", tokens["text"]],
+        *[[f"{part} ms", round(ms[part], 1)] for part in ("vision", "selection", "prefill", "decode", "total")],
+        ["new tokens", answer.new_tokens],
+        ["tokens/s", round(answer.tokens_per_s, 1)],
+        ["peak memory MB", round(answer.peak_memory_mb)],
+    ]
+
+
+def saccade_rows(out: ARRCOCOutput) -> list[list]:
+    """The ranked saccades of the first image as [rank, row, col, score] rows."""
+    return [[rank, r, c, round(s, 4)]
+            for rank, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()), start=1)]
+
+
+def selection_summary(out: ARRCOCOutput, ms: float) -> str:
+    """One line on the selection: count, strategy, grid, time; plus the fallback in words, if any."""
+    gh, gw = out.grid
+    line = (f"**{out.indices.shape[1]} saccades** · strategy `{out.strategy}` · {gh}×{gw} = {gh * gw} candidate "
+            f"cells · selected and drawn in {ms:.0f} ms")
+    reason = out.fallback[0]
+    return line + (f"\n\n**Fallback** — {FALLBACKS[reason]}." if reason else "")
+
+
+def answer_text(answer: Answer) -> str:
+    """The answer, or a note when the generated tokens decode to no visible text."""
+    return answer.text or f"(no visible text: the {answer.new_tokens} generated tokens decode to nothing)"
+
+
+def answers_agree(a: str, b: str) -> bool:
+    """Same answer up to case, spacing and punctuation at the ends."""
+    def norm(text: str) -> str:
+        return re.sub(r"\s+", " ", text).strip(" .,;:!?\"'").lower()
+    return norm(a) == norm(b)
+
+
+def ab_summary(a: Answer, b: Answer) -> str:
+    """How far checkpoints A and B agree: saccade IoU, Spearman correlation of the maps, the answers."""
+    rho = rank_correlation(a.arr.relevance[0], b.arr.relevance[0])
+    return "\n".join([
+        "| measure | value |",
+        "| --- | --- |",
+        f"| saccade overlap (IoU of the selected cells) | {saccade_overlap(a.saccades, b.saccades):.3f} |",
+        f"| rank correlation of the relevance maps (Spearman) | "
+        f"{'undefined (a map is flat or not finite)' if math.isnan(rho) else f'{rho:.3f}'} |",
+        f"| answers | {'agree' if answers_agree(a.text, b.text) else 'differ'} |",
+    ])

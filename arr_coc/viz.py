@@ -1,0 +1,329 @@
+"""
+Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --save-dir`.
+
+- heatmap_overlay   relevance over the image, each saccade a box coloured and numbered by rank
+- channel_grid      the 13 texture channels, on one [0, 1] scale
+- scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
+- weights_bar       the balancer's three weights
+- difference_map    B - A of two relevance maps, with both saccade sets marked
+- saccade_overlap, rank_correlation: how much two selections / two maps agree
+
+Every drawing is a PIL RGB image (what gr.Image shows). Cell drawings are plain PIL, so a cell maps to
+exact pixels; charts are matplotlib `Figure`s built without pyplot, so no figure is ever registered
+globally: nothing leaks and Gradio's worker threads cannot race on pyplot's state.
+
+    from arr_coc import viz
+    viz.heatmap_overlay(image, out.relevance[0], out.positions[0]).save("heatmap.png")
+    viz.save_all(answer, "out/run")   # heatmap.png, channels.png, scorers.png
+"""
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import torch
+from matplotlib import font_manager
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image, ImageDraw, ImageFont
+
+from arr_coc.qwen import to_rgb
+from arr_coc.texture import CHANNELS
+
+MapLike = torch.Tensor | np.ndarray  # [gh, gw] (or [1, gh, gw]) map
+CellsLike = torch.Tensor | np.ndarray | Sequence  # (row, col) positions [K, 2], or Saccade objects; rank order
+
+MIN_SIDE = 896  # cell drawings are at least this long (the model's high-res view): numbers stay legible
+MAX_SIDE = 1280  # and at most this long: fast to draw and to send
+HEAT_CMAP = "inferno"  # relevance: dark = ignored, bright = relevant
+RANK_CMAP = "cool"  # saccade boxes: rank 1 cyan ... last magenta, apart from the heatmap's colours
+DIFF_CMAP = "RdBu_r"  # B - A: red = B finds it more relevant, blue = A does
+TOP_LABELS = 30  # when the cells are too small to number every saccade, number this many
+SCORERS = ("information", "perspectival", "participatory")
+SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # one per scorer, in weights_bar
+A_MARK, B_MARK = (0, 0, 0), (0, 200, 0)  # difference_map: A's saccades black squares, B's green dots
+DPI = 100
+
+
+# ----------------------------------------------------------------------------- conversions
+
+
+def as_array(values) -> np.ndarray:
+    """A tensor (any dtype or device) or array-like -> float64 numpy."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().float().cpu().numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def as_map(values: MapLike) -> np.ndarray:
+    """A [gh, gw] or [1, gh, gw] tensor/array -> float64 numpy [gh, gw]."""
+    a = as_array(values)
+    if a.ndim == 3 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 2:
+        raise ValueError(f"expected a [gh, gw] map, got shape {a.shape}")
+    return a
+
+
+def as_cells(saccades: CellsLike) -> list[tuple[int, int]]:
+    """Saccade objects or (row, col) positions [K, 2] / [1, K, 2] -> [(row, col)] in rank order."""
+    if isinstance(saccades, torch.Tensor):
+        saccades = saccades.detach().cpu().numpy()
+    if len(saccades) and hasattr(saccades[0], "row"):
+        return [(s.row, s.col) for s in saccades]
+    return [(int(r), int(c)) for r, c in np.asarray(saccades, dtype=np.int64).reshape(-1, 2)]
+
+
+def normalise(values: np.ndarray) -> np.ndarray:
+    """Min-max to [0, 1] (a flat map becomes all zeros); NaN/inf count as the minimum."""
+    finite = np.isfinite(values)
+    if not finite.any():
+        return np.zeros_like(values)
+    lo, hi = values[finite].min(), values[finite].max()
+    scaled = (values - lo) / (hi - lo) if hi > lo else np.zeros_like(values)
+    return np.where(finite, scaled, 0.0)
+
+
+def colourise(values: np.ndarray, cmap: str, lo: float = 0.0, hi: float = 1.0) -> Image.Image:
+    """A map -> RGB image with one pixel per cell, `lo`..`hi` spanning the colormap."""
+    rgba = matplotlib.colormaps[cmap](np.clip((values - lo) / (hi - lo), 0, 1))
+    return Image.fromarray((rgba[..., :3] * 255).round().astype(np.uint8))
+
+
+def canvas_size(width: int, height: int) -> tuple[int, int]:
+    """The image's size scaled so its long side lies in [MIN_SIDE, MAX_SIDE]."""
+    long = max(width, height)
+    scale = min(MAX_SIDE / long, max(1.0, MIN_SIDE / long))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def cell_rect(row: int, col: int, grid: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Pixel box (x0, y0, x1, y1), inclusive, of a grid cell on a canvas of `size` (width, height)."""
+    (gh, gw), (W, H) = grid, size
+    x0, y0 = round(col * W / gw), round(row * H / gh)
+    x1, y1 = round((col + 1) * W / gw) - 1, round((row + 1) * H / gh) - 1
+    return x0, y0, max(x0, x1), max(y0, y1)
+
+
+@lru_cache(maxsize=16)
+def font(size: int) -> ImageFont.FreeTypeFont:
+    """Bold DejaVu Sans, the font matplotlib ships, so it exists wherever matplotlib does."""
+    path = font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans", weight="bold"))
+    return ImageFont.truetype(path, size)
+
+
+def render(fig: Figure) -> Image.Image:
+    """Rasterise a matplotlib Figure (made without pyplot, so there is nothing to close) -> PIL RGB."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy())
+
+
+# ----------------------------------------------------------------------------- cell drawings
+
+
+def draw_saccades(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple[int, int]) -> None:
+    """Boxes coloured by rank, rank 1 thickest and on top; numbered (all if they fit, else the top ones)."""
+    if not cells:
+        return
+    draw = ImageDraw.Draw(canvas)
+    W, H = canvas.size
+    cell = min(W / grid[1], H / grid[0])  # px per cell side
+    colours = [tuple(round(255 * v) for v in rgba[:3])
+               for rgba in matplotlib.colormaps[RANK_CMAP](np.linspace(0, 1, len(cells)))]
+    for rank in range(len(cells), 1, -1):  # last first, so better ranks are drawn over worse ones
+        draw.rectangle(cell_rect(*cells[rank - 1], grid, canvas.size), outline=colours[rank - 1], width=1)
+    # rank 1: a thick box in its colour inside a white ring, so it stands out among the other top ranks
+    x0, y0, x1, y1 = cell_rect(*cells[0], grid, canvas.size)
+    width = max(2, round(cell / 8))
+    draw.rectangle((x0 - width, y0 - width, x1 + width, y1 + width), outline="white", width=width)
+    draw.rectangle((x0, y0, x1, y1), outline=colours[0], width=width)
+    label_font = font(max(8, round(cell * 0.42)))
+    fits_all = draw.textlength(str(len(cells)), font=label_font) <= cell - 2
+    for rank in range(len(cells) if fits_all else min(len(cells), TOP_LABELS), 0, -1):
+        x0, y0, x1, y1 = cell_rect(*cells[rank - 1], grid, canvas.size)
+        # white with a black outline reads on any colour of the heatmap
+        draw.text(((x0 + x1) / 2, (y0 + y1) / 2), str(rank), font=label_font, anchor="mm", fill="white",
+                  stroke_width=max(1, round(cell / 14)), stroke_fill="black")
+
+
+def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike = (),
+                    alpha: float = 0.5) -> Image.Image:
+    """
+    The relevance map (min-max scaled, one flat colour per cell) blended over the image, and the saccades, whose
+    (row, col) are cells of the relevance map's grid, as boxes numbered by rank.
+    """
+    rel = as_map(relevance)
+    base = to_rgb(image)
+    size = canvas_size(*base.size)
+    heat = colourise(normalise(rel), HEAT_CMAP).resize(size, Image.Resampling.NEAREST)
+    out = Image.blend(base.resize(size, Image.Resampling.BICUBIC), heat, alpha)
+    draw_saccades(out, as_cells(saccades), rel.shape)
+    return out
+
+
+def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
+                   saccades_b: CellsLike = ()) -> Image.Image:
+    """
+    B - A of the two min-max scaled maps (checkpoints may score on different scales, and selection only
+    depends on order), red where B finds a cell more relevant, blue where A does; A's saccades are black
+    squares, B's green dots, with a legend underneath.
+    """
+    a, b = normalise(as_map(rel_a)), normalise(as_map(rel_b))
+    if a.shape != b.shape:
+        raise ValueError(f"the maps have different grids: {a.shape} and {b.shape}")
+    gh, gw = a.shape
+    size = canvas_size(gw, gh)
+    canvas = colourise(b - a, DIFF_CMAP, -1.0, 1.0).resize(size, Image.Resampling.NEAREST)
+    draw = ImageDraw.Draw(canvas)
+    cell = min(size[0] / gw, size[1] / gh)
+    inset = max(1, round(cell / 6))
+    for r, c in as_cells(saccades_a):
+        x0, y0, x1, y1 = cell_rect(r, c, a.shape, size)
+        draw.rectangle((x0 + inset, y0 + inset, x1 - inset, y1 - inset), outline=A_MARK, width=max(1, round(cell / 12)))
+    dot = max(1, round(cell / 6))
+    for r, c in as_cells(saccades_b):
+        x0, y0, x1, y1 = cell_rect(r, c, a.shape, size)
+        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+        draw.ellipse((cx - dot, cy - dot, cx + dot, cy + dot), fill=B_MARK)
+    return with_legend(canvas, "red: B more relevant   blue: A more relevant   black squares: A's saccades   "
+                               "green dots: B's saccades")
+
+
+def with_legend(canvas: Image.Image, text: str) -> Image.Image:
+    """The canvas with one line of text on a white strip below it."""
+    text_font = font(max(11, canvas.width // 70))
+    strip = text_font.size * 2
+    out = Image.new("RGB", (canvas.width, canvas.height + strip), "white")
+    out.paste(canvas, (0, 0))
+    ImageDraw.Draw(out).text((8, canvas.height + strip / 2), text, font=text_font, anchor="lm", fill="black")
+    return out
+
+
+# ----------------------------------------------------------------------------- charts
+
+
+def map_grid(panels: Sequence[tuple[str, MapLike]], cols: int, vrange: tuple[float, float] | None = None,
+             colorbar: bool = False, cmap: str = "viridis") -> Image.Image:
+    """Titled maps in a grid of `cols` columns; one shared colour range (`vrange`) or one per map (with colour bars)."""
+    maps = [as_map(m) for _, m in panels]
+    lo, hi = vrange or (None, None)  # None: each map spans its own range
+    rows = math.ceil(len(maps) / cols)
+    gh, gw = maps[0].shape
+    panel = 2.4  # inches per panel side
+    fig = Figure(figsize=(cols * panel, rows * (panel * gh / gw + 0.35)), dpi=DPI, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (title, _), values in zip(axes, panels, maps):
+        im = ax.imshow(values, cmap=cmap, vmin=lo, vmax=hi, interpolation="nearest")
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if colorbar:
+            fig.colorbar(im, ax=ax, shrink=0.8)
+    for ax in axes[len(maps):]:  # the grid's unused places
+        ax.set_axis_off()
+    return render(fig)
+
+
+def channel_grid(textures: MapLike, channels: Sequence[tuple[str, str]] = CHANNELS) -> Image.Image:
+    """The texture array [13, gh, gw] (or [1, 13, gh, gw]) as numbered, named panels on one [0, 1] scale."""
+    t = as_array(textures)
+    t = t[0] if t.ndim == 4 and t.shape[0] == 1 else t
+    if t.ndim != 3 or t.shape[0] != len(channels):
+        raise ValueError(f"expected textures [{len(channels)}, gh, gw], got shape {t.shape}")
+    panels = [(f"{i}: {name}", values) for i, ((name, _), values) in enumerate(zip(channels, t))]
+    return map_grid(panels, cols=5, vrange=(0.0, 1.0))
+
+
+def scorer_panels(out, index: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """(title, map) of the three scorer maps, titled with their balancer weights, the prior and the relevance."""
+    weights = out.weights[index].tolist()
+    maps = [out.information, out.perspectival, out.participatory]
+    panels = [(f"{name} (w={w:.2f})", m[index]) for name, w, m in zip(SCORERS, weights, maps)]
+    if out.participatory_prior is not None:
+        panels.append(("participatory prior\n(gestalt attention)", out.participatory_prior[index]))
+    panels.append(("balanced relevance", out.relevance[index]))
+    return panels
+
+
+def scorer_maps(out, index: int = 0) -> Image.Image:
+    """The scorer maps, the participatory prior and the balanced relevance of one ARRCOCOutput image, in a row."""
+    panels = scorer_panels(out, index)
+    return map_grid(panels, cols=len(panels), colorbar=True)
+
+
+def weights_bar(weights: MapLike | Sequence[float]) -> Image.Image:
+    """Horizontal bars of the balancer weights (information, perspectival, participatory) on a 0..1 axis."""
+    w = as_array(weights).ravel()
+    if w.size != len(SCORERS):
+        raise ValueError(f"expected {len(SCORERS)} weights, got {w.size}")
+    fig = Figure(figsize=(4.8, 1.9), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    ax.barh(SCORERS, w, color=SCORER_COLOURS)
+    ax.invert_yaxis()  # information on top, as in the scorer maps
+    ax.set_xlim(0, max(1.0, float(w.max()) * 1.15))  # sigmoid weights: a fixed 0..1 axis compares runs
+    for y, v in enumerate(w):
+        ax.text(v, y, f" {v:.2f}", va="center", fontsize=9)
+    ax.set_title("balancer weights", fontsize=10)
+    return render(fig)
+
+
+# ----------------------------------------------------------------------------- agreement of two selections
+
+
+def saccade_overlap(saccades_a: CellsLike, saccades_b: CellsLike) -> float:
+    """Intersection over union of two sets of selected cells (two empty sets are identical: 1)."""
+    a, b = set(as_cells(saccades_a)), set(as_cells(saccades_b))
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of a 1-D array, tied values sharing the mean of their ranks."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)  # the highest rank of each distinct value
+    return (last - (counts - 1) / 2)[inverse]
+
+
+def rank_correlation(rel_a: MapLike, rel_b: MapLike) -> float:
+    """Spearman correlation of two maps over their cells; NaN if either is flat or not finite (undefined)."""
+    a, b = as_map(rel_a).ravel(), as_map(rel_b).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"the maps have different sizes: {a.size} and {b.size} cells")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denominator = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / denominator) if denominator > 0 else float("nan")
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def save_all(result, folder: str | Path, image: Image.Image | None = None) -> list[Path]:
+    """
+    An ARR Answer (or an ARRCOCOutput plus its image) -> heatmap.png, channels.png, scorers.png in `folder`.
+    The image defaults to the answer's own; returns the written paths.
+    """
+    out = getattr(result, "arr", result)
+    if out is None:
+        raise ValueError(f"the {result.pipeline} pipeline has no ARR output to draw; use pipeline='arr'")
+    if image is None:
+        if not hasattr(result, "views"):
+            raise ValueError("save_all needs the image to draw an ARRCOCOutput over")
+        image = result.views.image
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    drawings = {
+        "heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0]),
+        "channels.png": channel_grid(out.textures[0]),
+        "scorers.png": scorer_maps(out),
+    }
+    paths = []
+    for name, drawing in drawings.items():
+        drawing.save(folder / name)
+        paths.append(folder / name)
+    return paths

@@ -1,0 +1,312 @@
+"""
+The Gradio app end to end: `python app.py --model tiny` on a free port, driven through gradio_client.
+Each tab's API, streaming, 10 concurrent requests, and every bad input answered with a clear error
+while the app stays up. Also the app helpers in arr_coc/ui.py that need no server.
+
+    .venv/bin/python -m pytest tests/test_app.py -q
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import gradio as gr
+import pytest
+import torch
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+from PIL import Image
+from safetensors.torch import save_file
+
+from arr_coc import ui, viz
+from arr_coc.config import ARRCOCConfig
+from arr_coc.layer import ARRCOCLayer
+from arr_coc.model import ARRCOCQwen, OutOfMemory
+from arr_coc.qwen import make_views
+from arr_coc.tiny import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CAT = str(ROOT / "assets" / "chelsea.png")
+QUESTION = "What colour are the cat's eyes?"
+TOKENS = 4  # new tokens per answer: enough to see streaming, cheap on a CPU
+STARTUP_S = 180
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_app(log: Path, *args: str):
+    """Run `python app.py --model tiny` on a free port until the context exits; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    with open(log, "w") as out:  # a file, not a pipe: a pipe nobody reads would fill up and stall the app
+        app = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--port", str(port), *args],
+                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while url not in log.read_text():
+            if app.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the app did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        app.terminate()
+        app.wait(30)
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory) -> str:
+    with serve_app(tmp_path_factory.mktemp("app") / "app.log") as url:
+        yield url
+
+
+@pytest.fixture
+def client(app_url) -> Client:
+    return Client(app_url, verbose=False)
+
+
+def stats(table: dict) -> dict:
+    """A stats Dataframe as the client returns it -> {metric: value}."""
+    assert table["headers"] == ui.STATS_HEADERS
+    return dict(table["data"])
+
+
+def compare(client: Client, image=CAT, question=QUESTION, baseline="gestalt", tokens=TOKENS, strategy="topk"):
+    return client.predict(handle_file(image), question, baseline, tokens, strategy, api_name="/compare")
+
+
+def save_checkpoint(folder: Path, **config) -> list[str]:
+    """An ARR layer for the tiny model (or as `config` says) saved as config.json + model.safetensors."""
+    config.setdefault("hidden_size", tiny_config().text_config.hidden_size)
+    ARRCOCLayer(ARRCOCConfig(**config)).save_pretrained(folder)
+    return [str(folder / "config.json"), str(folder / "model.safetensors")]
+
+
+# ----------------------------------------------------------------------------- the tabs
+
+
+def test_page_says_the_tiny_models_answers_are_meaningless(app_url):
+    config = json.load(urllib.request.urlopen(f"{app_url}/config", timeout=10))
+    markdown = [c["props"].get("value") or "" for c in config["components"] if c["type"] == "markdown"]
+    assert any("answers are meaningless" in text and "maps" in text for text in markdown)
+
+
+def test_compare_streams_baseline_then_arr_and_reports_stats(client):
+    job = client.submit(handle_file(CAT), QUESTION, "full", TOKENS, "topk", api_name="/compare")
+    final = job.result(timeout=120)
+    updates = job.outputs()
+    # streaming: the baseline's text grows while ARR's is empty, then ARR's grows
+    baseline_partial = [u for u in updates if u[1] and not u[3] and u[0].startswith("Running the **full**")]
+    arr_partial = [u for u in updates if u[3] and u[0].startswith("Running **ARR-COC**")]
+    assert baseline_partial and arr_partial
+    assert updates.index(baseline_partial[-1]) < updates.index(arr_partial[0])
+
+    status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights = final
+    assert status.startswith("Done in") and base_text and arr_text
+    views = make_views(Image.open(CAT))
+    base, arr = stats(base_stats), stats(arr_stats)
+    gh, gw = views.gestalt_grid
+    assert base["visual tokens: total"] == 4 * gh * gw  # full: the high-res view
+    assert (arr["visual tokens: gestalt"], arr["visual tokens: saccade"], arr["visual tokens: total"]) == \
+        (gh * gw, 273, gh * gw + 273)
+    for s in (base, arr):
+        assert 1 <= s["new tokens"] <= TOKENS and s["tokens/s"] > 0 and s["peak memory MB"] > 0
+        assert s["total ms"] >= s["prefill ms"] + s["decode ms"] > 0
+    assert arr["selection ms"] > 0 and base["selection ms"] == 0  # the baselines select nothing
+    assert Image.open(heatmap).size == viz.canvas_size(*views.image.size)
+    assert Image.open(gestalt).size == views.gestalt.size
+    assert Image.open(weights).width > Image.open(weights).height
+
+
+def test_microscope_then_reselect_without_the_vlm(client):
+    channels, scorers, heatmap, summary, saccades = client.predict(
+        handle_file(CAT), QUESTION, "topk", 273, api_name="/microscope")
+    grid = make_views(Image.open(CAT)).candidate_grid
+    assert summary.startswith(f"**273 saccades** · strategy `topk` · {grid[0]}×{grid[1]}")
+    rows = saccades["data"]
+    assert [r[0] for r in rows] == list(range(1, 274))
+    scores = [r[3] for r in rows]
+    assert scores == sorted(scores, reverse=True)  # most relevant first
+    assert Image.open(heatmap).size == viz.canvas_size(*Image.open(CAT).size)
+    assert Image.open(channels).height > 300 and Image.open(scorers).width > 3 * Image.open(scorers).height
+
+    start = time.perf_counter()
+    heatmap, summary, fewer = client.predict("topk", 50, api_name="/reselect")
+    assert time.perf_counter() - start < 1.5  # no VLM work: one selection and one drawing
+    assert int(re.search(r"drawn in (\d+) ms", summary).group(1)) < 500
+    assert summary.startswith("**50 saccades**")
+    assert fewer["data"] == rows[:50]  # top-k of 50 is the head of top-k of 273
+    _, summary, spread = client.predict("grid", 50, api_name="/reselect")
+    assert summary.startswith("**50 saccades** · strategy `grid`")
+    assert {tuple(r[1:3]) for r in spread["data"]} != {tuple(r[1:3]) for r in fewer["data"]}
+
+
+def test_microscope_states_a_fallback_in_words(client, tmp_path):
+    flat = tmp_path / "flat.png"
+    Image.new("RGB", (300, 300), (128, 128, 128)).save(flat)
+    *_, summary, _ = client.predict(handle_file(str(flat)), "What is here?", "topk", 273, api_name="/microscope")
+    assert "semantic void: the relevance map is flat, so the saccades fall back to an even grid" in summary
+
+
+def test_ab_same_layer_agrees_and_a_different_one_does_not(client, tmp_path):
+    prior_files = save_checkpoint(tmp_path / "prior")  # a fresh layer is exactly the prior
+    heat_a, heat_b, diff, text_a, text_b, summary = client.predict(
+        handle_file(CAT), QUESTION, ui.PRIOR, [handle_file(f) for f in prior_files], ui.PRIOR, None, "topk", TOKENS,
+        api_name="/ab")
+    assert "IoU of the selected cells) | 1.000 |" in summary and "(Spearman) | 1.000 |" in summary
+    assert "| answers | agree |" in summary and text_a == text_b
+    assert Image.open(heat_a).size == Image.open(heat_b).size == viz.canvas_size(*Image.open(CAT).size)
+    gh, gw = make_views(Image.open(CAT)).candidate_grid
+    width, height = viz.canvas_size(gw, gh)
+    assert Image.open(diff).width == width and Image.open(diff).height > height  # the legend strip below the grid
+
+    other_files = save_checkpoint(tmp_path / "other", prior_weights=[0.9, 0.9, 0.05])
+    *_, summary = client.predict(handle_file(CAT), QUESTION, ui.PRIOR, None, ui.PRIOR,
+                                 [handle_file(f) for f in other_files], "topk", TOKENS, api_name="/ab")
+    iou = float(re.search(r"IoU of the selected cells\) \| ([\d.]+)", summary).group(1))
+    rho = float(re.search(r"\(Spearman\) \| (-?[\d.]+)", summary).group(1))
+    assert 0 <= iou < 1 and rho < 1
+
+
+def test_ten_concurrent_compares_all_complete(app_url):
+    questions = [f"Question {i}: what is in the picture?" for i in range(10)]
+    with ThreadPoolExecutor(10) as pool:  # ten users at once: the queue runs them one by one
+        results = list(pool.map(lambda q: compare(Client(app_url, verbose=False), question=q, tokens=2), questions))
+    for status, _, _, _, arr_stats, heatmap, _, _ in results:
+        assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
+        assert Path(heatmap).is_file()
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "I;16", "P-animated", "1x1"])
+def test_odd_images_are_answered(client, tmp_path, mode):
+    path = tmp_path / ("image.gif" if mode == "P-animated" else "image.png")
+    if mode == "P-animated":
+        frames = [Image.new("P", (64, 48), i) for i in range(3)]
+        frames[0].save(path, save_all=True, append_images=frames[1:])
+    elif mode == "I;16":
+        Image.fromarray((torch.rand(48, 64) * 65535).numpy().astype("uint16")).save(path)
+    elif mode == "1x1":
+        Image.new("RGB", (1, 1), (200, 10, 10)).save(path)
+    else:
+        Image.open(CAT).convert(mode).save(path)
+    status, *_, arr_stats, heatmap, _, _ = compare(client, image=str(path), tokens=1)
+    assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
+
+
+# ----------------------------------------------------------------------------- bad inputs
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory) -> dict[str, Path]:
+    """Files no request should accept: a text file, a cut-off PNG, a 72-megapixel image, bad checkpoints."""
+    folder = tmp_path_factory.mktemp("bad")
+    files = {name: folder / name for name in ("notes.txt", "cut.png", "huge.png", "weights.pt")}
+    files["notes.txt"].write_text("not an image")
+    files["cut.png"].write_bytes(Path(CAT).read_bytes()[:4000])
+    Image.new("1", (9000, 8000)).save(files["huge.png"])  # 1-bit: quick to write, 72 MP to decode
+    files["weights.pt"].write_bytes(b"\x80\x04")
+    for name in ("pickle", "foreign", "other_model"):
+        files[name] = folder / name
+        save_checkpoint(files[name], **({"hidden_size": 1536} if name == "other_model" else {}))
+    torch.save({"w": torch.zeros(2)}, files["pickle"] / "model.safetensors")  # a pickle under the safetensors name
+    save_file({"w": torch.zeros(3)}, files["foreign"] / "model.safetensors")  # safetensors of the wrong tensors
+    return files
+
+
+def checkpoint_upload(folder: Path) -> list:
+    return [handle_file(folder / "config.json"), handle_file(folder / "model.safetensors")]
+
+
+def ab_args(files_a=None, files_b=None) -> tuple:
+    return handle_file(CAT), QUESTION, ui.PRIOR, files_a, ui.PRIOR, files_b, "topk", 1
+
+
+BAD_INPUTS = {  # case: (endpoint, its arguments from the bad files, the message the user must see)
+    "no image": ("/compare", lambda b: (None, QUESTION, "gestalt", 1, "topk"), "no image: upload an image first"),
+    "empty question": ("/compare", lambda b: (handle_file(CAT), "  ", "gestalt", 1, "topk"), "the question is empty"),
+    "long question": ("/compare", lambda b: (handle_file(CAT), "why? " * 1000, "gestalt", 1, "topk"),
+                      "the limit is 4000"),
+    "text file": ("/compare", lambda b: (handle_file(b["notes.txt"]), QUESTION, "gestalt", 1, "topk"),
+                  "notes.txt is not an image"),
+    "truncated image": ("/compare", lambda b: (handle_file(b["cut.png"]), QUESTION, "gestalt", 1, "topk"),
+                        "cut.png could not be decoded as an image"),
+    "huge image": ("/microscope", lambda b: (handle_file(b["huge.png"]), QUESTION, "topk", 273),
+                   "huge.png is too large (9000x8000 pixels); the limit is 64 megapixels"),
+    "microscope without image": ("/microscope", lambda b: (None, QUESTION, "topk", 273), "no image"),
+    "re-select before analysing": ("/reselect", lambda b: ("topk", 50), "Analyse an image first"),
+    "pickle checkpoint": ("/ab", lambda b: ab_args(files_a=checkpoint_upload(b["pickle"])),
+                          "checkpoint A: uploaded/model.safetensors is a pickle/torch.save file"),
+    "foreign safetensors": ("/ab", lambda b: ab_args(files_b=checkpoint_upload(b["foreign"])),
+                            "checkpoint B: uploaded/model.safetensors does not fit an ARR-COC layer"),
+    "checkpoint of another model": ("/ab", lambda b: ab_args(files_a=checkpoint_upload(b["other_model"])),
+                                    "trained for hidden size 1536, but the loaded model has hidden size 64"),
+    "config without weights": ("/ab", lambda b: ab_args(files_a=[handle_file(b["pickle"] / "config.json")]),
+                               "upload exactly config.json and model.safetensors; got config.json"),
+    "torch.save file": ("/ab", lambda b: ab_args(files_a=[handle_file(b["weights.pt"])]), "Invalid file type"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_gets_a_clear_error(app_url, bad, case):
+    endpoint, args, message = BAD_INPUTS[case]
+    with pytest.raises(AppError, match=re.escape(message)):
+        Client(app_url, verbose=False).predict(*args(bad), api_name=endpoint)  # a fresh session: no scene
+
+
+def test_the_app_still_answers_after_bad_inputs(client):
+    status, *_, arr_stats, _, _, _ = compare(client, tokens=1)
+    assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
+
+
+# ----------------------------------------------------------------------------- helpers without a server
+
+
+def test_errors_reach_the_user_with_their_message():
+    @ui.reports_errors
+    def streams():
+        yield "partial"
+        raise OutOfMemory("CUDA ran out of memory in the arr pipeline")
+
+    @ui.reports_errors
+    def breaks():
+        raise KeyError("lost")
+
+    with pytest.raises(gr.Error) as oom:
+        list(streams())
+    assert oom.value.message == "CUDA ran out of memory in the arr pipeline"
+    with pytest.raises(gr.Error) as unexpected:
+        breaks()
+    assert unexpected.value.message.startswith("Unexpected error (KeyError: 'lost'). The app is still running")
+
+
+def test_default_checkpoint_is_the_first_that_fits_the_model(arr_model, tmp_path):
+    model = ARRCOCQwen(arr_model.vlm)  # its own layer over the shared VLM
+    assert ui.install_default_layer(model, None, tmp_path) == (ui.PRIOR, None)
+    save_checkpoint(tmp_path / "a_other_model", hidden_size=1536)
+    save_checkpoint(tmp_path / "b_fits", prior_weights=[0.1, 0.2, 0.7])
+    assert ui.install_default_layer(model, None, tmp_path) == ("b_fits", None)
+    assert model.layer.config.prior_weights == [0.1, 0.2, 0.7]
+    name, notice = ui.install_default_layer(model, "a_other_model", tmp_path)
+    assert name == ui.PRIOR and "'a_other_model' could not be loaded" in notice and "hidden size 1536" in notice
+    assert ui.checkpoint_choices(tmp_path) == [ui.PRIOR, "a_other_model", "b_fits"]
+
+
+def test_answers_agree_up_to_case_spacing_and_end_punctuation():
+    assert ui.answers_agree("A  teaspoon.", "a teaspoon")
+    assert not ui.answers_agree("a teaspoon", "a fork")

@@ -1,0 +1,219 @@
+"""
+Behaviour of arr_coc/viz.py: what each drawing shows where, and the two agreement measures.
+
+    .venv/bin/python -m pytest tests/test_viz.py -q
+"""
+
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+from matplotlib.colors import to_rgb as hex_to_rgb
+from PIL import Image
+
+from arr_coc import viz
+from arr_coc.config import ARRCOCConfig
+from arr_coc.layer import ARRCOCLayer
+from arr_coc.model import Saccade
+
+CYAN, MAGENTA, WHITE = (0, 255, 255), (255, 0, 255), (255, 255, 255)  # rank 1 and last of RANK_CMAP; labels
+
+
+def pixel(image: Image.Image, xy) -> tuple:
+    return image.getpixel((int(xy[0]), int(xy[1])))
+
+
+def cell_centre(row, col, grid, size):
+    x0, y0, x1, y1 = viz.cell_rect(row, col, grid, size)
+    return (x0 + x1) / 2, (y0 + y1) / 2
+
+
+def has_white(image: Image.Image, rect) -> bool:
+    return bool((np.asarray(image.crop((rect[0], rect[1], rect[2] + 1, rect[3] + 1))) == 255).all(-1).any())
+
+
+def as_saccades(positions: torch.Tensor) -> list[Saccade]:
+    return [Saccade(rank=i + 1, row=r, col=c, score=0.0, box=[0, 0, 1, 1])
+            for i, (r, c) in enumerate(positions.tolist())]
+
+
+def layer_output(grid=(8, 8), prior: bool = True):
+    """A real ARRCOCOutput from an untrained layer on random pixels (no VLM needed)."""
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=16, budget=10)).eval()
+    images = torch.rand(1, 3, grid[0] * 28, grid[1] * 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return layer(images, grid, torch.randn(1, 5, 16), participatory_prior=torch.rand(1, *grid) if prior else None)
+
+
+# ----------------------------------------------------------------------------- heatmap
+
+
+def test_heatmap_is_hotter_where_relevance_is_high():
+    image = Image.new("RGB", (512, 512), (128, 128, 128))
+    relevance = torch.zeros(8, 8)
+    relevance[2, 5] = 1.0
+    out = viz.heatmap_overlay(image, relevance)
+    hot = np.asarray(pixel(out, cell_centre(2, 5, (8, 8), out.size)), dtype=float)
+    cold = np.asarray(pixel(out, cell_centre(6, 1, (8, 8), out.size)), dtype=float)
+    assert hot.sum() > cold.sum() + 150
+    assert hot[0] > hot[2]  # inferno's hot end is yellow-orange: red over blue
+
+
+@pytest.mark.parametrize("size, expected", [((451, 300), (896, 596)), ((1000, 500), (1000, 500)),
+                                            ((4000, 2000), (1280, 640)), ((1, 1), (896, 896))])
+def test_heatmap_keeps_the_aspect_within_the_canvas_limits(size, expected):
+    out = viz.heatmap_overlay(Image.new("RGB", size), torch.rand(32, 32))
+    assert out.size == expected and out.mode == "RGB"
+
+
+def test_rank_one_box_is_drawn_at_its_cell_and_on_top():
+    image = Image.new("RGB", (512, 512), (40, 40, 40))
+    relevance = torch.rand(8, 8, generator=torch.Generator().manual_seed(0))
+    out = viz.heatmap_overlay(image, relevance, torch.tensor([[3, 6], [0, 0]]))
+    x0, y0, x1, y1 = viz.cell_rect(3, 6, (8, 8), out.size)
+    assert pixel(out, (x0 + 1, y0 + 1)) == CYAN  # inside the thick rank-1 box
+    assert pixel(out, (x1 - 1, y1 - 1)) == CYAN
+    assert pixel(out, (x0 - 2, y0 - 2)) == WHITE  # its white ring
+    assert pixel(out, (0, 0)) == MAGENTA  # rank 2 of 2: the other end of the rank colormap
+    unselected = viz.cell_rect(5, 2, (8, 8), out.size)
+    assert pixel(out, unselected[:2]) not in (CYAN, MAGENTA, WHITE)
+    assert has_white(out, (x0 + 4, y0 + 4, x1 - 4, y1 - 4))  # the "1" label
+    assert not has_white(out, unselected)
+
+
+def test_saccade_objects_and_positions_draw_the_same():
+    image = Image.new("RGB", (300, 200), (90, 120, 30))
+    relevance = torch.rand(16, 24)
+    positions = torch.tensor([[4, 7], [10, 2], [0, 23]])
+    a = viz.heatmap_overlay(image, relevance, positions)
+    b = viz.heatmap_overlay(image, relevance.unsqueeze(0), as_saccades(positions))
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("grid, numbered", [((32, 32), 273), ((64, 64), viz.TOP_LABELS)])
+def test_every_saccade_is_numbered_when_the_cells_fit_the_numbers(grid, numbered):
+    image = Image.new("RGB", (896, 896), (0, 0, 0))
+    cells = torch.randperm(grid[0] * grid[1], generator=torch.Generator().manual_seed(1))[:273]
+    positions = torch.stack([cells // grid[1], cells % grid[1]], dim=-1)
+    out = viz.heatmap_overlay(image, torch.zeros(grid), positions)
+    inset = 4  # stay clear of the white ring round rank 1, which reaches into the neighbouring cells
+    rects = [viz.cell_rect(r, c, grid, out.size) for r, c in positions.tolist()]
+    labelled = [has_white(out, (x0 + inset, y0 + inset, x1 - inset, y1 - inset)) for x0, y0, x1, y1 in rects]
+    assert labelled[:numbered] == [True] * numbered and not any(labelled[numbered:])
+
+
+# ----------------------------------------------------------------------------- charts
+
+
+def colour_count(image: Image.Image, rgb, tolerance: int = 2) -> int:
+    return int((np.abs(np.asarray(image, dtype=int) - np.asarray(rgb)) <= tolerance).all(-1).sum())
+
+
+def test_channel_grid_shows_all_13_channels_on_one_scale():
+    values = np.arange(13) / 12
+    textures = torch.from_numpy(values).view(13, 1, 1).expand(13, 6, 9).float()
+    out = viz.channel_grid(textures.unsqueeze(0))
+    for v in values:  # every channel is a solid panel in the colour of its own value on the [0, 1] scale
+        colour = (np.asarray(plt.get_cmap("viridis")(v)[:3]) * 255).round()
+        assert colour_count(out, colour) > 1000, f"no panel for value {v:.2f}"
+    with pytest.raises(ValueError, match="13"):
+        viz.channel_grid(textures[:12])
+
+
+@pytest.mark.parametrize("prior", [True, False])
+def test_scorer_panels_title_each_map_with_its_weight(prior):
+    out = layer_output(prior=prior)
+    panels = viz.scorer_panels(out)
+    titles = [title for title, _ in panels]
+    w = out.weights[0].tolist()
+    assert titles[:3] == [f"information (w={w[0]:.2f})", f"perspectival (w={w[1]:.2f})",
+                          f"participatory (w={w[2]:.2f})"]
+    assert titles[-1] == "balanced relevance" and torch.equal(panels[-1][1], out.relevance[0])
+    assert len(panels) == (5 if prior else 4)
+    assert ("gestalt attention" in titles[3]) == prior
+    image = viz.scorer_maps(out)
+    assert image.width > 3 * image.height  # one row of panels
+
+
+def test_weights_bar_lengths_follow_the_weights():
+    weights = [0.8, 0.2, 0.5]
+    out = viz.weights_bar(torch.tensor(weights))
+    counts = [colour_count(out, np.asarray(hex_to_rgb(c)) * 255, tolerance=1) for c in viz.SCORER_COLOURS]
+    assert np.allclose(np.asarray(counts) / counts[0], np.asarray(weights) / weights[0], rtol=0.08)
+    with pytest.raises(ValueError, match="3 weights"):
+        viz.weights_bar([0.5, 0.5])
+
+
+def test_difference_map_is_red_where_b_is_more_relevant_and_marks_both_sets():
+    a, b = torch.zeros(4, 4), torch.zeros(4, 4)
+    a[1, 1], b[2, 2] = 1.0, 1.0
+    out = viz.difference_map(a, b, [(1, 1)], torch.tensor([[2, 2]]))
+    size = viz.canvas_size(4, 4)
+    red = pixel(out, viz.cell_rect(2, 2, (4, 4), size)[:2])
+    blue = pixel(out, viz.cell_rect(1, 1, (4, 4), size)[:2])
+    neutral = pixel(out, cell_centre(0, 3, (4, 4), size))
+    assert red[0] > red[2] + 50 and blue[2] > blue[0] + 50 and min(neutral) > 230  # RdBu_r ends: dark red, dark blue
+    assert pixel(out, cell_centre(2, 2, (4, 4), size)) == viz.B_MARK
+    x0, y0, x1, y1 = viz.cell_rect(1, 1, (4, 4), size)
+    assert colour_count(out.crop((x0, y0, x1 + 1, y1 + 1)), viz.A_MARK, tolerance=0) > 100
+    assert out.height > size[1]  # the legend strip
+    with pytest.raises(ValueError, match="different grids"):
+        viz.difference_map(a, torch.zeros(4, 5))
+
+
+def test_drawings_are_fast_and_leave_no_figures():
+    out = layer_output(grid=(32, 32))
+    image = Image.new("RGB", (900, 700), (50, 100, 150))
+    drawings = [lambda: viz.heatmap_overlay(image, out.relevance[0], out.positions[0]),
+                lambda: viz.channel_grid(out.textures[0]), lambda: viz.scorer_maps(out),
+                lambda: viz.weights_bar(out.weights[0]),
+                lambda: viz.difference_map(out.relevance[0], out.information[0], out.positions[0], out.positions[0])]
+    for draw in drawings:
+        start = time.perf_counter()
+        draw()
+        assert time.perf_counter() - start < 2.0  # ~0.6 s at most on a 2-core CPU; slack for a loaded machine
+    assert plt.get_fignums() == []
+
+
+# ----------------------------------------------------------------------------- agreement
+
+
+def test_saccade_overlap_is_intersection_over_union():
+    cells = torch.tensor([[0, 0], [1, 2], [3, 3]])
+    assert viz.saccade_overlap(cells, cells.flip(0)) == 1.0  # order does not matter
+    assert viz.saccade_overlap(cells, cells + 10) == 0.0
+    assert viz.saccade_overlap(cells, [(1, 2), (3, 3), (5, 5)]) == 0.5  # 2 shared of 4 distinct
+    assert viz.saccade_overlap(as_saccades(cells), cells.unsqueeze(0)) == 1.0
+
+
+def test_average_ranks_share_ties():
+    assert viz.average_ranks(np.array([10.0, 20.0, 20.0, 5.0])).tolist() == [2.0, 3.5, 3.5, 1.0]
+
+
+def test_rank_correlation_is_spearman():
+    m = torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
+    assert viz.rank_correlation(m, m) == pytest.approx(1.0)
+    assert viz.rank_correlation(m, -m) == pytest.approx(-1.0)
+    assert viz.rank_correlation(m, torch.exp(3 * m) + m**3) == pytest.approx(1.0)  # monotone: ranks unchanged
+    assert viz.rank_correlation(m, m.T) == pytest.approx(viz.rank_correlation(m.T, m))
+    # with ties: ranks [1, 2.5, 2.5, 4] against [1, 2, 3, 4] -> 4.5 / sqrt(4.5 * 5) (scipy's spearmanr agrees)
+    tied = viz.rank_correlation(np.array([[1, 2, 2, 3]]), np.array([[1, 2, 3, 4]]))
+    assert tied == pytest.approx(4.5 / np.sqrt(22.5))
+    assert np.isnan(viz.rank_correlation(torch.ones(4, 4), m[:4, :4]))  # a flat map has no ranking
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_save_all_writes_the_three_drawings(arr_model, tmp_path):
+    image = Image.open("assets/coffee.jpg")
+    answer = arr_model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
+    paths = viz.save_all(answer, tmp_path / "run")
+    assert [p.name for p in paths] == ["heatmap.png", "channels.png", "scorers.png"]
+    assert Image.open(paths[0]).size == viz.canvas_size(*image.size)
+    assert all(Image.open(p).width > 400 for p in paths)
+    baseline = arr_model.answer(image, "What is on the saucer?", "gestalt", max_new_tokens=1)
+    with pytest.raises(ValueError, match="gestalt pipeline has no ARR output"):
+        viz.save_all(baseline, tmp_path / "baseline")
