@@ -236,7 +236,7 @@ def main() -> None:
     args = parse_args()
     model = ARRCOCQwen.from_pretrained(args.model, fallback_to_tiny=True)
     layer_name, checkpoint_notice = ui.install_default_layer(model, args.checkpoint, CHECKPOINTS)
-    notices = ui.model_notices(model) + ([checkpoint_notice] if checkpoint_notice else [])
+    notices = [n for n in (model.notice, checkpoint_notice) if n]
     demo = build_app(model, layer_name, notices)
     demo.queue(default_concurrency_limit=1)
     # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason

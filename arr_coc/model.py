@@ -122,6 +122,9 @@ class ARRCOCQwen:
             vlm = QwenVL.from_pretrained("tiny", device, dtype)
             notice = (f"Could not load {model} ({type(e).__name__}: {reason}). Running the offline tiny Qwen2-VL "
                       "with random weights: its answers are meaningless, but the views, maps and saccades are real.")
+        if model == "tiny":
+            notice = ("Running the offline tiny Qwen2-VL with random weights (--model tiny): its answers are "
+                      "meaningless, but the views, maps and saccades are real.")
         self = cls(vlm, notice=notice)
         if checkpoint:
             self.layer = self.load_layer(checkpoint)

@@ -173,16 +173,6 @@ def choose_layer(model: ARRCOCQwen, side: str, choice: str, files: list[str] | N
 # ----------------------------------------------------------------------------- what the app shows
 
 
-def model_notices(model: ARRCOCQwen) -> list[str]:
-    """Banners for the top of the page: the tiny model's answers mean nothing, even when it was asked for."""
-    if model.notice:
-        return [model.notice]
-    if model.vlm.name == "tiny":
-        return ["Running the offline tiny Qwen2-VL with random weights (--model tiny): its answers are meaningless, "
-                "but the views, maps and saccades are real."]
-    return []
-
-
 def load_examples(path: Path) -> list[list[str]]:
     """assets/examples.json -> [[image path, question], ...] for gr.Examples."""
     return [[str(path.parent / e["image"]), e["question"]] for e in json.loads(path.read_text())]

@@ -1,7 +1,18 @@
-"""Shared fixtures: the offline tiny Qwen2-VL (built once per session) and small test images."""
+"""Shared fixtures: the offline tiny ARRCOCQwen, and `python app.py --model tiny` served once per session."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTUP_S = 180
 
 
 def pytest_collection_modifyitems(config, items):
@@ -18,3 +29,37 @@ def arr_model():
     from arr_coc.model import ARRCOCQwen
 
     return ARRCOCQwen.from_pretrained("tiny")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_app(log: Path, *args: str):
+    """Run `python app.py --model tiny` on a free port until the context exits; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    with open(log, "w") as out:  # a file, not a pipe: a pipe nobody reads would fill up and stall the app
+        app = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--port", str(port), *args],
+                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while url not in log.read_text():
+            if app.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the app did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        app.terminate()
+        app.wait(30)
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory) -> str:
+    """One app server for the API and browser tests."""
+    with serve_app(tmp_path_factory.mktemp("app") / "app.log") as url:
+        yield url

@@ -7,15 +7,10 @@ while the app stays up. Also the app helpers in arr_coc/ui.py that need no serve
 """
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import gradio as gr
@@ -37,43 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CAT = str(ROOT / "assets" / "chelsea.png")
 QUESTION = "What colour are the cat's eyes?"
 TOKENS = 4  # new tokens per answer: enough to see streaming, cheap on a CPU
-STARTUP_S = 180
 
 
 # ----------------------------------------------------------------------------- the server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serve_app(log: Path, *args: str):
-    """Run `python app.py --model tiny` on a free port until the context exits; yields its URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    with open(log, "w") as out:  # a file, not a pipe: a pipe nobody reads would fill up and stall the app
-        app = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--port", str(port), *args],
-                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while url not in log.read_text():
-            if app.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the app did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        app.terminate()
-        app.wait(30)
-
-
-@pytest.fixture(scope="session")
-def app_url(tmp_path_factory) -> str:
-    with serve_app(tmp_path_factory.mktemp("app") / "app.log") as url:
-        yield url
 
 
 @pytest.fixture

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from test_app import CAT, QUESTION, ROOT, serve_app  # the same launcher as the API tests
+ROOT = Path(__file__).resolve().parents[1]
+CAT = str(ROOT / "assets" / "chelsea.png")
+QUESTION = "What colour are the cat's eyes?"
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -21,12 +23,6 @@ TIMEOUT_MS = 120_000
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs {CHROMIUM} (apt-get install chromium)")]
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory) -> str:
-    with serve_app(tmp_path_factory.mktemp("browser") / "app.log") as url:
-        yield url
 
 
 def test_compare_in_the_browser(app_url, tmp_path):

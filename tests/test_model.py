@@ -188,5 +188,6 @@ def test_stream_yields_growing_text_then_the_answer(arr_model):
 def test_unloadable_model_falls_back_to_tiny_with_a_notice(tmp_path):
     model = ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"), fallback_to_tiny=True)
     assert model.vlm.hidden_size == 64 and "offline tiny" in model.notice and "no-such-model" in model.notice
+    assert "meaningless" in ARRCOCQwen.from_pretrained("tiny").notice  # asked for, and still said
     with pytest.raises(OSError):
         ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"))
