@@ -52,7 +52,7 @@ class CUDAGraphed:
                 self.fn(*static_args)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other app threads may use the GPU
             static_out = self.fn(*static_args)
         assert all(isinstance(t, torch.Tensor) or t is None for t in tree_flatten(static_out)[0])
         return graph, static_args, static_out

@@ -25,6 +25,7 @@ from safetensors.torch import load_model
 from arr_coc.attending import TokenAllocator
 from arr_coc.balancing import AdaptiveTensionBalancer
 from arr_coc.config import ARRCOCConfig
+from arr_coc.graphs import CUDAGraphed
 from arr_coc.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
 from arr_coc.texture import generate_texture_array, is_flat
 
@@ -63,6 +64,13 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         self.perspectival = PerspectivalScorer(C, config.persp_hidden)
         self.participatory = ParticipatoryScorer(C, config.hidden_size, config.partic_dim)
         self.balancer = AdaptiveTensionBalancer(config.hidden_size, config.balancer_hidden, config.prior_weights)
+        self.graphed_score = CUDAGraphed(self.score)  # inference on CUDA: one graph replay per input shape
+
+    def _apply(self, *args, **kwargs):
+        """Moving or casting the layer makes new tensors: graphs captured on the old ones must go."""
+        out = super()._apply(*args, **kwargs)
+        self.graphed_score = CUDAGraphed(self.score)
+        return out
 
     def allocator(self, budget: int | None = None, strategy: str | None = None) -> TokenAllocator:
         c = self.config

@@ -106,7 +106,6 @@ class ARRCOCQwen:
         self.notice = notice  # shown to users, e.g. that the tiny fallback model is running
         self.layer = layer or self.prior_layer()
         self.texture = CUDAGraphed(generate_texture_array)  # launch-bound at batch 1: replayed as one graph
-        self.graphed_scores: dict[tuple, CUDAGraphed] = {}  # per ARR layer
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, checkpoint: str | None = None, device: str | None = None,
@@ -181,12 +180,8 @@ class ARRCOCQwen:
         Run an ARR layer's scorers and balancer over an observation. Differentiable when gradients are on
         (training); under no_grad on CUDA it replays a CUDA graph per layer and input shape.
         """
-        layer = layer or self.layer
-        key = (id(layer), next(layer.parameters()).data_ptr())  # a moved or new layer gets new graphs
-        if key not in self.graphed_scores:
-            self.graphed_scores[key] = CUDAGraphed(layer.score)
         o = observation
-        return self.graphed_scores[key](o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
+        return (layer or self.layer).graphed_score(o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
 
     def select(self, scene: Scene, strategy: str | None = None, budget: int | None = None,
                layer: ARRCOCLayer | None = None) -> ARRCOCOutput:

@@ -48,3 +48,21 @@ def test_a_real_cuda_oom_is_reported_freed_and_survived(cuda_model, monkeypatch)
     monkeypatch.setattr(vlm, "encode_cells", real)
     assert torch.cuda.memory_allocated() <= before + (64 << 20)
     assert cuda_model.answer(image(), QUESTION, "arr", max_new_tokens=2).tokens["saccade"] == 273
+
+
+def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
+    from arr_coc.texture import generate_texture_array
+
+    layer = cuda_model.layer
+    for seed in (0, 1):  # the second image replays the graph captured for the first
+        rng = np.random.default_rng(seed)
+        pil = Image.fromarray(rng.integers(0, 255, (448, 448, 3), dtype=np.uint8))
+        o = cuda_model.observe(pil, QUESTION)
+        eager_textures = generate_texture_array(o.highres, o.views.candidate_grid)
+        torch.testing.assert_close(o.textures, eager_textures, atol=1e-5, rtol=1e-5)
+        with torch.no_grad():
+            replayed = cuda_model.score(o)
+        with torch.enable_grad():  # gradients on: the eager path
+            eager = layer.score(o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
+        torch.testing.assert_close(replayed["relevance"], eager["relevance"].detach(), atol=1e-4, rtol=1e-4)
+    assert len(layer.graphed_score.graphs) == 1 and len(cuda_model.texture.graphs) == 1
