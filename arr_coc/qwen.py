@@ -193,6 +193,8 @@ class QwenVL:
         kw = dict(local_files_only=local_files_only)
         model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **kw)
         model = model.to(device).eval().requires_grad_(False)
+        if dtype == torch.float16:  # fp16 (T4): the ViT's activations can overflow, so it stays in fp32
+            model.model.visual.float()
         tokenizer = AutoTokenizer.from_pretrained(path, **kw)
         image_processor = AutoImageProcessor.from_pretrained(path, **kw)
         return cls(model, tokenizer, image_processor, name)
@@ -203,7 +205,7 @@ class QwenVL:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        return self.language_model.dtype  # the ViT may run in fp32 beside an fp16 LLM
 
     @property
     def visual(self):

@@ -93,6 +93,7 @@ def test_both_pipelines_run_the_same_weights(arr_model):
 
 def test_fp16_arr_path_gives_finite_logits():
     model = ARRCOCQwen.from_pretrained("tiny", dtype=torch.float16)
+    assert model.vlm.model.model.language_model.dtype == torch.float16 and model.vlm.visual.dtype == torch.float32
     scene = model.prepare(scene_image(), QUESTION)
     assert torch.isfinite(scene.maps["relevance"]).all()
     vlm = model.vlm
