@@ -134,6 +134,8 @@ def main(argv=None) -> dict:
     print(f"relevance layer (texture+scorers+balancer+allocator), B=1, {layer['grid']} grid: {layer['layer_ms']:.2f} ms "
           f"as served, {layer['layer_eager_ms']:.2f} ms eager (texture alone {layer['texture_eager_ms']:.2f} ms)")
     print(format_table(report["pipelines"]))
+    peak = max(r["peak_memory_mb"] for r in report["pipelines"].values())
+    print(f"one copy of the weights for every pipeline: peak {peak:.0f} MB = {peak / weights_mb:.2f} x the weights")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -2,8 +2,9 @@
 Adapter over transformers' Qwen2VLForConditionalGeneration: views, gestalt and sparse saccade encoding,
 the "gestalt guides gaze" attention prior, M-RoPE position ids for two image blocks, and generation.
 
-Everything here uses the frozen model's own modules; nothing is copied or re-implemented except the
-position-id layout, which follows `get_rope_index` exactly (tests pin the two against each other).
+Everything runs the frozen model's own modules. Three small pieces are re-implemented, each pinned to the
+stock code by a test: the pixel patch layout (the image processor's, but on the device), the position-id
+layout (`get_rope_index`'s, for any subset of cells), and one layer's attention readout for the prior.
 
     vlm = QwenVL.from_pretrained("tiny")                   # or "Qwen/Qwen2-VL-2B-Instruct", or a folder
     views = make_views(pil_image)
@@ -12,7 +13,6 @@ position-id layout, which follows `get_rope_index` exactly (tests pin the two ag
 """
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,29 +174,25 @@ class QwenVL:
         self.model, self.tokenizer, self.image_processor, self.name = model, tokenizer, image_processor, name
         cfg = model.config
         self.image_token_id = cfg.image_token_id
-        self.vision_start_id = cfg.vision_start_token_id
         self.hidden_size = cfg.text_config.hidden_size
         self.family = cfg.model_type
         self.eos_token_ids = model.generation_config.eos_token_id
 
     @classmethod
-    def from_pretrained(cls, name: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.dtype | None = None,
-                        local_files_only: bool | None = None) -> "QwenVL":
-        """Load a Qwen2-VL from the hub id, a local folder, or "tiny" (the offline tiny model)."""
+    def from_pretrained(cls, name: str = DEFAULT_MODEL, device: str | None = None,
+                        dtype: torch.dtype | None = None) -> "QwenVL":
+        """Load a Qwen2-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder, or "tiny"."""
         from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
 
         path = str(tiny_model_path()) if name == "tiny" else name
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or default_dtype(device)
-        if local_files_only is None:
-            local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
-        kw = dict(local_files_only=local_files_only)
-        model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **kw)
+        model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model = model.to(device).eval().requires_grad_(False)
         if dtype == torch.float16:  # fp16 (T4): the ViT's activations can overflow, so it stays in fp32
             model.model.visual.float()
-        tokenizer = AutoTokenizer.from_pretrained(path, **kw)
-        image_processor = AutoImageProcessor.from_pretrained(path, **kw)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        image_processor = AutoImageProcessor.from_pretrained(path)
         return cls(model, tokenizer, image_processor, name)
 
     @property

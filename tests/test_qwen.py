@@ -166,3 +166,26 @@ def test_device_patches_equal_the_image_processor(arr_model):
     pixels, grid = vlm.image_inputs(view)
     assert torch.equal(grid.cpu(), stock["image_grid_thw"])
     torch.testing.assert_close(pixels.cpu(), stock["pixel_values"], atol=1e-5, rtol=0)
+
+
+def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from arr_coc.tiny import tiny_model_path
+
+    vlm = arr_model.vlm
+    views = make_views(photo())
+    pixels, grid = vlm.image_inputs(views.gestalt)
+    with torch.no_grad():
+        gestalt = vlm.encode_image(pixels, grid)
+        ids = vlm.prompt_ids("Where is the cat?", [len(gestalt)])
+        at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
+        span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2
+        embeds = vlm.embed(ids, [gestalt])
+        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
+        ours = vlm.gestalt_attention(embeds, positions, span, query_start, 0.5)
+        eager = Qwen2VLForConditionalGeneration.from_pretrained(tiny_model_path(), attn_implementation="eager")
+        weights = eager(inputs_embeds=embeds, position_ids=positions, output_attentions=True).attentions[2]  # layer 4 * 0.5
+    expected = weights[0, :, query_start:, span[0]:span[1]].mean(dim=(0, 1))  # [Ng]
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-4)
+    assert 0 < float(ours.sum()) <= 1
