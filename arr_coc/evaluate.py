@@ -76,11 +76,12 @@ def evaluate(model: ARRCOCQwen, samples: list[Sample], rows: list[str], budget: 
 
 
 def format_table(summary: dict) -> str:
+    columns = (("correct", "{:.2f}"), ("box_recall", "{:.2f}"), ("box_precision", "{:.2f}"),
+               ("visual_tokens", "{:.0f}"), ("total_ms", "{:.0f}"))
     lines = ["| row | accuracy | box recall | box precision | visual tokens | total ms |", "|---|---|---|---|---|---|"]
     for row, m in summary.items():
-        get = lambda k, f: f.format(m[k]) if k in m else "-"
-        lines.append(f"| {row} | {get('correct', '{:.2f}')} | {get('box_recall', '{:.2f}')} | "
-                     f"{get('box_precision', '{:.2f}')} | {get('visual_tokens', '{:.0f}')} | {get('total_ms', '{:.0f}')} |")
+        cells = [fmt.format(m[key]) if key in m else "-" for key, fmt in columns]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

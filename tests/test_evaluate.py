@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 
 from arr_coc import bench, evaluate
 

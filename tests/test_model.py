@@ -8,7 +8,7 @@ from PIL import Image
 from arr_coc.config import ARRCOCConfig
 from arr_coc.layer import ARRCOCLayer, CheckpointError
 from arr_coc.model import ARRCOCQwen, OutOfMemory
-from arr_coc.qwen import InputError, make_views
+from arr_coc.qwen import InputError
 
 QUESTION = "What does the gray text say?"
 
