@@ -159,7 +159,7 @@ def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict]) -> Path:
             f"with `python -m arr_coc.train`.\n\nTraining config:\n```json\n{json.dumps(asdict(cfg), indent=2)}\n```\n\n"
             f"Held-out evaluation (fraction of saccades on the target box, per scene kind):\n```json\n"
             f"{json.dumps(log[0], indent=2)}\n->\n{json.dumps(log[-1], indent=2)}\n```\n")
-    model.layer.save_pretrained(out, model_card_kwargs={})
+    model.layer.save_pretrained(out)  # config.json + model.safetensors; the card below replaces the generic one
     (out / "README.md").write_text(f"---\nlibrary_name: arr-coc\ntags: [arr-coc, qwen2-vl]\n---\n\n# {out.name}\n\n{card}")
     (out / "train_log.json").write_text(json.dumps(log, indent=2))
     return out
