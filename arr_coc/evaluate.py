@@ -48,6 +48,13 @@ def is_correct(prediction: str, expected: str) -> bool:
     return bool(normalise(expected)) and f" {normalise(expected)} " in f" {normalise(prediction)} "
 
 
+def box_recall_precision(coverage: torch.Tensor, indices: torch.Tensor) -> tuple[float, float]:
+    """Share of the box's cells that got a saccade, and share of the saccades on the box (coverage [GH, GW], indices [K])."""
+    target = coverage.flatten() > 0  # [N] cells the box touches
+    hits = int(target[indices.to(target.device)].sum())
+    return hits / max(int(target.sum()), 1), hits / max(indices.numel(), 1)
+
+
 def evaluate(model: ARRCOCQwen, samples: list[Sample], rows: list[str], budget: int, max_new_tokens: int) -> dict:
     """rows like "full" or "arr:logpolar" -> per-row means and per-sample records."""
     records = []
@@ -59,12 +66,8 @@ def evaluate(model: ARRCOCQwen, samples: list[Sample], rows: list[str], budget: 
             record = dict(sample=i, kind=sample.kind, row=row, answer=a.text, correct=is_correct(a.text, sample.answer),
                           visual_tokens=a.tokens["total_visual"], total_ms=a.timings_ms["total"])
             if a.arr is not None and sample.box is not None:
-                target = a.views.box_coverage(sample.box).flatten() > 0  # [N] cells the box touches
-                chosen = torch.zeros_like(target)
-                chosen[a.arr.indices[0].cpu()] = True
-                hits = int((target & chosen).sum())
-                record.update(box_recall=hits / int(target.sum()), box_precision=hits / int(chosen.sum()),
-                              fallback=a.arr.fallback[0])
+                recall, precision = box_recall_precision(a.views.box_coverage(sample.box), a.arr.indices[0])
+                record.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
             records.append(record)
     summary = {}
     for row in rows:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from arr_coc.data import Sample, load_jsonl, make_dataset
+from arr_coc.evaluate import box_recall_precision
 from arr_coc.model import ARRCOCQwen, Observation
 from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
 
@@ -75,12 +76,6 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:])
 
 
-def box_hits(out, coverage: torch.Tensor) -> float:
-    """Fraction of the saccades on cells the box touches (box precision)."""
-    touched = coverage.flatten() > 0
-    return float(touched[out.indices[0]].float().mean())
-
-
 def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
     """(training, held-out) samples that have a target box: a JSONL split 80/20, or fresh synthetic scenes."""
     if cfg.data:
@@ -103,7 +98,7 @@ def evaluate(model: ARRCOCQwen, data: list[tuple[Sample, Observation, torch.Tens
         maps = model.score(observation)
         losses.append(float(relevance_loss(maps["relevance"][0], coverage, cfg.temperature)))
         out = model.layer.select(maps, observation.views.candidate_grid)
-        hits.setdefault(sample.kind, []).append(box_hits(out, coverage))
+        hits.setdefault(sample.kind, []).append(box_recall_precision(coverage, out.indices[0])[1])  # precision
     return dict(loss=sum(losses) / len(losses), **{f"hits/{k}": sum(v) / len(v) for k, v in hits.items()})
 
 

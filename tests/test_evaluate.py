@@ -35,3 +35,13 @@ def test_bench_reports_every_pipeline_with_exact_decode_length(tmp_path):
         assert r["timings_ms"]["total"] > r["timings_ms"]["prefill"] > 0
     assert report["pipelines"]["arr"]["tokens"]["saccade"] == 273
     assert "| arr | 529 |" in bench.format_table(report["pipelines"])
+
+
+def test_box_recall_and_precision():
+    import torch
+
+    coverage = torch.zeros(4, 4)
+    coverage[0, :2] = 1.0  # the box touches cells 0 and 1
+    coverage[1, 0] = 0.25  # and partly cell 4
+    recall, precision = evaluate.box_recall_precision(coverage, torch.tensor([0, 4, 9, 15]))
+    assert recall == 2 / 3 and precision == 2 / 4
