@@ -1,11 +1,15 @@
 """
-ARRCOCConfig: every knob of the ARR relevance layer in one dataclass.
+The two configs of ARR-COC, kept apart on purpose:
 
-The defaults are the reference design (DESIGN.md §1, §4-§6): a 16x16 gestalt, a 32x32 candidate grid
-and a fixed budget of 273 saccades. A checkpoint's config.json is this dataclass, serialised.
+- ARRCOCConfig: the ARR relevance layer's own knobs (scorer sizes, budget, strategy). A checkpoint's
+  config.json is this dataclass, serialised.
+- PipelineConfig: how the pipelines look at an image (gestalt size, native-resolution cap, the prior's
+  layer). It belongs to the running app or command, never to a checkpoint, so A/B compares two layers on
+  identical views.
 
-    from arr_coc.config import ARRCOCConfig
+    from arr_coc.config import ARRCOCConfig, PipelineConfig
     cfg = ARRCOCConfig(hidden_size=1536)
+    pipe = PipelineConfig(max_cells=16384)
 """
 
 from dataclasses import dataclass, field
@@ -18,9 +22,7 @@ class ARRCOCConfig:
     # --- the VLM this layer is built for (checked when a checkpoint is loaded) ---
     base_model_family: str = "qwen2_vl"  # model_type of the VLM whose embeddings feed the participatory scorer
     hidden_size: int = 1536  # LLM hidden size D of that VLM (Qwen2-VL-2B: 1536)
-    # --- grids and budget ---
-    gestalt_max_tokens: int = 256  # at most this many merged gestalt tokens (16x16 at 448^2)
-    budget_tokens: int = 529  # token count of the same-budget `budget` baseline (23x23 at 644^2)
+    # --- budget ---
     budget: int = 273  # saccades per image, fixed for every image and query
     strategy: str = "topk"  # default allocation strategy, one of STRATEGIES
     seed: int = 0  # seed of the `random` strategy
@@ -35,8 +37,6 @@ class ARRCOCConfig:
     logpolar_rho: int = 16  # radial bins of the logpolar strategy
     logpolar_theta: int = 17  # angular bins of the logpolar strategy (16 x 17 = 272 <= 273)
     void_tolerance: float = 1e-4  # relevance range below this (relative) is a "semantic void": fall back to grid
-    # --- participatory prior ("gestalt guides gaze") ---
-    prior_layer_fraction: float = 0.5  # read question->gestalt attention at this fraction of the LLM's depth
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -45,3 +45,20 @@ class ARRCOCConfig:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
         if len(self.prior_weights) != 3:
             raise ValueError(f"prior_weights needs 3 values, got {self.prior_weights}")
+
+
+MIN_CELLS, MAX_CELLS = 1024, 16384  # bounds of PipelineConfig.max_cells (1024 = 2x a 256-token gestalt per side)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    gestalt_max_tokens: int = 256  # at most this many merged gestalt tokens (16x16 at 448^2)
+    max_cells: int = 4096  # cap on the native-resolution candidate grid and on the `full` baseline (64x64 at 1792^2)
+    budget_tokens: int = 529  # token count of the same-budget `budget` baseline (23x23 at 644^2)
+    prior_layer_fraction: float = 0.5  # read question->gestalt attention at this fraction of the LLM's depth
+
+    def __post_init__(self):
+        if not MIN_CELLS <= self.max_cells <= MAX_CELLS:
+            raise ValueError(f"max_cells must be between {MIN_CELLS} and {MAX_CELLS}, got {self.max_cells}")
+        if not 1 <= self.gestalt_max_tokens <= MIN_CELLS // 4:
+            raise ValueError(f"gestalt_max_tokens must be between 1 and {MIN_CELLS // 4}, got {self.gestalt_max_tokens}")

@@ -20,11 +20,32 @@ def _signature(args) -> tuple:
     return tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
+def capture(fn, args, pool=None):
+    """
+    Capture fn(*args) as a CUDA graph -> (graph, static_args, static_out). Tensor args are cloned into static
+    buffers (copy new values in, then replay); other args are passed as they are. `pool` shares memory
+    between graphs that never run at the same time.
+    """
+    static_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the graph: caches, cuFFT/cuBLAS plans, lazy init
+        for _ in range(2):
+            fn(*static_args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # other app threads may use the GPU
+        static_out = fn(*static_args)
+    assert all(isinstance(t, torch.Tensor) or t is None for t in tree_flatten(static_out)[0])
+    return graph, static_args, static_out
+
+
 class CUDAGraphed:
-    def __init__(self, fn, max_graphs: int = 32):
+    def __init__(self, fn, max_graphs: int = 32, pool=None):
         self.fn = fn
         self.max_graphs = max_graphs  # oldest graphs are dropped beyond this (e.g. many question lengths)
         self.graphs: OrderedDict = OrderedDict()
+        self.pool = pool  # a memory pool shared with other graphs that never run at the same time (None: private)
 
     def __call__(self, *args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -44,15 +65,4 @@ class CUDAGraphed:
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, static_out)
 
     def _capture(self, args):
-        static_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the graph: caches, cuFFT plans, lazy init
-            for _ in range(2):
-                self.fn(*static_args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other app threads may use the GPU
-            static_out = self.fn(*static_args)
-        assert all(isinstance(t, torch.Tensor) or t is None for t in tree_flatten(static_out)[0])
-        return graph, static_args, static_out
+        return capture(self.fn, args, self.pool)

@@ -5,19 +5,20 @@ ARRCOCQwen: the baseline and ARR-COC pipelines over one frozen Qwen2-VL.
     answer = model.answer(image, "What does the sign say?", pipeline="arr")
     answer.text, answer.tokens, answer.timings_ms, answer.saccades
 
-Pipelines: "arr" (gestalt + 273 saccades), and the stock baselines "full" (high-res view), "gestalt"
+Pipelines: "arr" (gestalt + 273 saccades out of the native-resolution candidate grid), and the stock
+baselines "full" (the native view, capped at max_cells tokens: Qwen2-VL as users run it), "gestalt"
 (low-res view) and "budget" (~529 tokens). All share one copy of the weights and one resize path.
 """
 
 import gc
 import queue
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from transformers import TextIteratorStreamer
 
-from arr_coc.config import ARRCOCConfig
+from arr_coc.config import ARRCOCConfig, PipelineConfig
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
                           raster_block, upsample_map, view_tensor)
@@ -80,11 +81,19 @@ class Answer:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / max(self.timings_ms["decode"] + self.timings_ms["prefill"], 1e-6) * 1000
+        """Decode rate: the tokens after the first (which the prefill produces) over the decode time."""
+        return max(self.new_tokens - 1, 0) / max(self.timings_ms["decode"], 1e-6) * 1000
+
+    @property
+    def ttft_ms(self) -> float:
+        """Time to first token: vision, selection and prefill."""
+        return sum(self.timings_ms[k] for k in ("vision", "selection", "prefill"))
 
     def to_json(self) -> dict:
         out = dict(answer=self.text, tokens=self.tokens, timings_ms={k: round(v, 2) for k, v in self.timings_ms.items()},
-                   peak_memory_mb=round(self.peak_memory_mb, 1), new_tokens=self.new_tokens)
+                   ttft_ms=round(self.ttft_ms, 2), peak_memory_mb=round(self.peak_memory_mb, 1),
+                   new_tokens=self.new_tokens, image_size=list(self.views.image.size),
+                   native_grid=list(self.views.native_grid), candidate_grid=list(self.views.candidate_grid))
         if self.arr is not None:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
@@ -101,30 +110,33 @@ def check_question(question) -> str:
 
 
 class ARRCOCQwen:
-    def __init__(self, vlm: QwenVL, layer: ARRCOCLayer | None = None, notice: str | None = None):
+    def __init__(self, vlm: QwenVL, layer: ARRCOCLayer | None = None, notice: str | None = None,
+                 pipeline: PipelineConfig | None = None):
         self.vlm = vlm
         self.notice = notice  # shown to users, e.g. that the tiny fallback model is running
+        self.pipeline = pipeline or PipelineConfig()  # views, caps and the prior's layer: never from a checkpoint
         self.layer = layer or self.prior_layer()
         self.texture = CUDAGraphed(generate_texture_array)  # launch-bound at batch 1: replayed as one graph
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, checkpoint: str | None = None, device: str | None = None,
-                        dtype: torch.dtype | None = None, fallback_to_tiny: bool = False) -> "ARRCOCQwen":
+                        dtype: torch.dtype | None = None, fallback_to_tiny: bool = False, engine: str = "fast",
+                        pipeline: PipelineConfig | None = None) -> "ARRCOCQwen":
         """Load the VLM (hub id, folder or "tiny"); with fallback_to_tiny, an unloadable model becomes the tiny one."""
         notice = None
         try:
-            vlm = QwenVL.from_pretrained(model, device, dtype)
+            vlm = QwenVL.from_pretrained(model, device, dtype, engine)
         except Exception as e:  # no network, no cache, bad folder: the offline model keeps the app useful
             if not fallback_to_tiny or model == "tiny":
                 raise
             reason = str(e).splitlines()[0][:200]
-            vlm = QwenVL.from_pretrained("tiny", device, dtype)
+            vlm = QwenVL.from_pretrained("tiny", device, dtype, engine)
             notice = (f"Could not load {model} ({type(e).__name__}: {reason}). Running the offline tiny Qwen2-VL "
                       "with random weights: its answers are meaningless, but the views, maps and saccades are real.")
         if model == "tiny":
             notice = ("Running the offline tiny Qwen2-VL with random weights (--model tiny): its answers are "
                       "meaningless, but the views, maps and saccades are real.")
-        self = cls(vlm, notice=notice)
+        self = cls(vlm, notice=notice, pipeline=pipeline)
         if checkpoint:
             self.layer = self.load_layer(checkpoint)
         return self
@@ -144,33 +156,38 @@ class ARRCOCQwen:
 
     # --- ARR: scoring and selection ---
 
+    def views(self, image, max_cells: int | None = None) -> Views:
+        """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap)."""
+        p = self.pipeline if max_cells is None else replace(self.pipeline, max_cells=int(max_cells))
+        return make_views(image, p.gestalt_max_tokens, p.budget_tokens, p.max_cells)
+
     @torch.no_grad()
-    def observe(self, image, question: str, watch: Stopwatch | None = None) -> Observation:
+    def observe(self, image, question: str, watch: Stopwatch | None = None, max_cells: int | None = None) -> Observation:
         """Gestalt encode, the gestalt-guided attention prior and the texture array: all that ARR reads."""
         question = check_question(question)
-        vlm, config = self.vlm, self.layer.config
+        vlm = self.vlm
         watch = watch or Stopwatch(vlm.device)
-        views = make_views(image, config.gestalt_max_tokens, config.budget_tokens)
+        views = self.views(image, max_cells)
         with watch.section("vision"):
-            pixels, grid_thw = vlm.image_inputs(views.gestalt)
-            gestalt = vlm.encode_image(pixels, grid_thw)  # [Ng, D]
+            gestalt = vlm.encode_view(views.gestalt)  # [Ng, D]
         with watch.section("selection"):
             ids = vlm.prompt_ids(question, [gestalt.shape[0]])  # [1, L]
             image_at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
             span = (int(image_at[0]), int(image_at[-1]) + 1)
             positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
             attention = vlm.gestalt_attention(vlm.embed(ids, [gestalt]), positions, span, span[1] + 1,
-                                              config.prior_layer_fraction)  # [Ng]
+                                              self.pipeline.prior_layer_fraction)  # [Ng]
             prior = upsample_map(attention, views.gestalt_grid, views.candidate_grid)  # [1, GH, GW]
-            highres = view_tensor(views.highres).to(vlm.device)
+            highres = view_tensor(views.highres, vlm.device)  # [1, 3, H, W]
             textures = self.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
         return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
 
     @torch.no_grad()
-    def prepare(self, image, question: str, layer: ARRCOCLayer | None = None, watch: Stopwatch | None = None) -> Scene:
+    def prepare(self, image, question: str, layer: ARRCOCLayer | None = None, watch: Stopwatch | None = None,
+                max_cells: int | None = None) -> Scene:
         """Observe, then score with an ARR layer: everything up to selection."""
         watch = watch or Stopwatch(self.vlm.device)
-        observation = self.observe(image, question, watch)
+        observation = self.observe(image, question, watch, max_cells)
         with watch.section("selection"):
             maps = self.score(observation, layer)
         return Scene(observation, maps)
@@ -192,7 +209,7 @@ class ARRCOCQwen:
 
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
                strategy: str | None = None, budget: int | None = None, layer: ARRCOCLayer | None = None,
-               streamer=None) -> Answer:
+               streamer=None, max_cells: int | None = None) -> Answer:
         """Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed."""
         if pipeline not in PIPELINES:
             raise InputError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
@@ -201,22 +218,22 @@ class ARRCOCQwen:
             raise InputError(f"max_new_tokens must be between 1 and 1024, got {max_new_tokens}")
         try:
             if pipeline == "arr":
-                return self._answer_arr(image, question, max_new_tokens, strategy, budget, layer, streamer)
-            return self._answer_stock(image, question, pipeline, max_new_tokens, streamer)
+                return self._answer_arr(image, question, max_new_tokens, strategy, budget, layer, streamer, max_cells)
+            return self._answer_stock(image, question, pipeline, max_new_tokens, streamer, max_cells)
         except torch.cuda.OutOfMemoryError:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             raise OutOfMemory(f"CUDA ran out of memory in the {pipeline} pipeline. The memory was freed: "
-                              "try fewer new tokens, a smaller budget, or the gestalt baseline.") from None
+                              "try fewer new tokens, a smaller budget or max cells, or the gestalt baseline.") from None
 
     @torch.no_grad()
-    def _answer_arr(self, image, question, max_new_tokens, strategy, budget, layer, streamer) -> Answer:
+    def _answer_arr(self, image, question, max_new_tokens, strategy, budget, layer, streamer, max_cells) -> Answer:
         vlm, layer = self.vlm, layer or self.layer
         watch = Stopwatch(vlm.device)
         reset_peak_memory(vlm.device)
         start = watch.now()
-        scene = self.prepare(image, question, layer, watch)
+        scene = self.prepare(image, question, layer, watch, max_cells)
         views = scene.views
         with watch.section("selection"):
             out = self.select(scene, strategy, budget, layer)
@@ -241,21 +258,31 @@ class ARRCOCQwen:
                       peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades)
 
     @torch.no_grad()
-    def _answer_stock(self, image, question, pipeline, max_new_tokens, streamer) -> Answer:
+    def _answer_stock(self, image, question, pipeline, max_new_tokens, streamer, max_cells) -> Answer:
+        """A stock baseline: one view, the whole vision tower, one image block (the fast engine or stock generate)."""
         vlm = self.vlm
         watch = Stopwatch(vlm.device)
         reset_peak_memory(vlm.device)
         start = watch.now()
-        views = make_views(image, self.layer.config.gestalt_max_tokens, self.layer.config.budget_tokens)
-        view = {"full": views.highres, "gestalt": views.gestalt, "budget": views.budget}[pipeline]
-        pixels, grid_thw = vlm.image_inputs(view)
-        n = int(grid_thw.prod()) // 4
+        views = self.views(image, max_cells)
+        view, grid = {"full": (views.native, views.native_grid), "gestalt": (views.gestalt, views.gestalt_grid),
+                      "budget": (views.budget, views.budget_grid)}[pipeline]
+        n = grid[0] * grid[1]
         ids = vlm.prompt_ids(question, [n])
-        timer = TimingStreamer(watch, streamer)
-        with timed_module(vlm.visual, watch, "vision"):  # vision runs inside the stock prefill
-            new = vlm.generate(max_new_tokens, streamer=timer, input_ids=ids, pixel_values=pixels,
-                               image_grid_thw=grid_thw, mm_token_type_ids=(ids == vlm.image_token_id).int())
-        watch.ms["prefill"] = watch.ms.get("prefill", 0.0) - watch.ms.get("vision", 0.0)  # prefill excl. vision
+        if vlm.engine == "fast":
+            with watch.section("vision"):
+                features = vlm.encode_view(view)  # [n, D]
+            positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(grid)])
+            timer = TimingStreamer(watch, streamer)
+            new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=vlm.embed(ids, [features]),
+                               position_ids=positions)
+        else:  # transformers' own path end to end: the reference the fast engine is measured against
+            pixels, grid_thw = vlm.image_inputs(view)
+            timer = TimingStreamer(watch, streamer)
+            with timed_module(vlm.visual, watch, "vision"):  # vision runs inside the stock prefill
+                new = vlm.generate(max_new_tokens, streamer=timer, input_ids=ids, pixel_values=pixels,
+                                   image_grid_thw=grid_thw, mm_token_type_ids=(ids == vlm.image_token_id).int())
+            watch.ms["prefill"] = watch.ms.get("prefill", 0.0) - watch.ms.get("vision", 0.0)  # prefill excl. vision
         watch.add("total", (watch.now() - start) * 1000)
         tokens = self._tokens(ids, n if pipeline == "gestalt" else 0, 0, total_visual=n)
         return Answer(pipeline, vlm.decode(new), tokens, _split(watch.ms), peak_memory_mb(vlm.device),

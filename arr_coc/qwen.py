@@ -20,13 +20,21 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageSequence
 
+from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+from arr_coc.decoder import Decoder
+from arr_coc.graphs import CUDAGraphed
 from arr_coc.tiny import CHAT_TEMPLATE, tiny_model_path
 
 PATCH = 14  # ViT patch side in px
 MERGE = 2  # 2x2 patches merge into one LLM token
 CELL = PATCH * MERGE  # 28 px: one merged token = one candidate cell
 MAX_ASPECT = 32.0  # wider or taller images are squeezed to this aspect ratio (Qwen refuses > 200)
+MIN_PIXELS = 56 * 56  # the image processor's default lower bound (4 cells)
 DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
+ENGINES = ("fast", "hf")
+GRAPHED_CELLS = 1024  # vision calls of at most this many cells replay as CUDA graphs (gestalt, saccades, budget)
+QUESTION_SLOT = "\x00question\x00"  # stands in for the question while the chat template is rendered
 
 
 class InputError(ValueError):
@@ -70,14 +78,28 @@ def fit_grid(width: int, height: int, max_tokens: int) -> tuple[int, int]:
     return rows, cols
 
 
+def native_grid(width: int, height: int, max_cells: int) -> tuple[int, int]:
+    """
+    The (rows, cols) grid of 28 px cells that stock Qwen2-VL reads this image at: the image processor's own
+    smart_resize with max_pixels = max_cells cells (aspect kept; beyond MAX_ASPECT squeezed to it).
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    width, height = min(width, round(height * MAX_ASPECT)), min(height, round(width * MAX_ASPECT))
+    h, w = smart_resize(max(height, 1), max(width, 1), factor=CELL, min_pixels=MIN_PIXELS, max_pixels=max_cells * CELL**2)
+    return h // CELL, w // CELL
+
+
 @dataclass
 class Views:
     image: Image.Image  # the original image, RGB
     gestalt: Image.Image  # low-res view, one 28 px cell per gestalt token
-    highres: Image.Image  # 2x the gestalt grid per side: the candidate grid the saccades come from
+    native: Image.Image  # the image at its native resolution, capped: what stock Qwen2-VL reads (`full`)
+    highres: Image.Image  # the candidate view: native, raised to at least 2x the gestalt grid per side
     budget: Image.Image  # same-budget baseline view (~529 tokens)
     gestalt_grid: tuple[int, int]  # (gh, gw) gestalt tokens
-    candidate_grid: tuple[int, int]  # (2gh, 2gw) candidate cells
+    native_grid: tuple[int, int]  # (nh, nw) tokens of the native view
+    candidate_grid: tuple[int, int]  # (GH, GW) candidate cells, one per 28 px cell of the high-res view
     budget_grid: tuple[int, int]  # (bh, bw) tokens of the budget view
 
     def cell_box(self, row: int, col: int) -> list[int]:
@@ -98,21 +120,33 @@ class Views:
 
 
 def resize(image: Image.Image, grid: tuple[int, int]) -> Image.Image:
-    """The one resize path of every pipeline: bicubic to grid * 28 px."""
-    return image.resize((grid[1] * CELL, grid[0] * CELL), Image.Resampling.BICUBIC)
+    """The one resize path of every pipeline: bicubic to grid * 28 px (a no-op when the size already fits)."""
+    size = (grid[1] * CELL, grid[0] * CELL)
+    return image if image.size == size else image.resize(size, Image.Resampling.BICUBIC)
 
 
-def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529) -> Views:
+def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_cells: int = 4096) -> Views:
+    """
+    All views of one image. The candidate grid is the native grid (at most max_cells cells), bounded below
+    by twice the gestalt grid per side, so even a tiny image offers well over 273 candidates.
+    """
     rgb = to_rgb(image)
     gh, gw = fit_grid(rgb.width, rgb.height, gestalt_tokens)
     bh, bw = fit_grid(rgb.width, rgb.height, budget_tokens)
-    return Views(rgb, resize(rgb, (gh, gw)), resize(rgb, (2 * gh, 2 * gw)), resize(rgb, (bh, bw)),
-                 (gh, gw), (2 * gh, 2 * gw), (bh, bw))
+    nh, nw = native_grid(rgb.width, rgb.height, max_cells)
+    ch, cw = max(nh, 2 * gh), max(nw, 2 * gw)
+    if ch * cw > max_cells:  # the two grids round the aspect differently: keep the cap strict
+        ch, cw = 2 * gh, 2 * gw
+    native = resize(rgb, (nh, nw))
+    highres = native if (ch, cw) == (nh, nw) else resize(rgb, (ch, cw))
+    return Views(rgb, resize(rgb, (gh, gw)), native, highres, resize(rgb, (bh, bw)),
+                 (gh, gw), (nh, nw), (ch, cw), (bh, bw))
 
 
-def view_tensor(view: Image.Image) -> torch.Tensor:
-    """PIL RGB -> [1, 3, H, W] float in [0, 1] (the texture array's input)."""
-    return torch.from_numpy(np.asarray(view, dtype=np.float32) / 255.0).permute(2, 0, 1).unsqueeze(0)
+def view_tensor(view: Image.Image, device: torch.device | str = "cpu") -> torch.Tensor:
+    """PIL RGB -> [1, 3, H, W] float in [0, 1] on `device` (uploaded as uint8, converted there)."""
+    pixels = torch.from_numpy(np.asarray(view, dtype=np.uint8).copy()).to(device)  # [H, W, 3]
+    return (pixels.permute(2, 0, 1).unsqueeze(0).float() / 255.0)
 
 
 # ----------------------------------------------------------------------------- position ids
@@ -158,10 +192,6 @@ def mrope_position_ids(input_ids: torch.Tensor, image_token_id: int, blocks: lis
 # ----------------------------------------------------------------------------- the adapter
 
 
-class _StopForward(Exception):
-    """Raised by the prior hook once the attention it needs is read: the layers above are never run."""
-
-
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on Ampere or newer, fp16 on older GPUs (T4), fp32 on CPU."""
     if device.type != "cuda":
@@ -170,17 +200,25 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 class QwenVL:
-    def __init__(self, model, tokenizer, image_processor, name: str):
+    def __init__(self, model, tokenizer, image_processor, name: str, engine: str = "fast"):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.model, self.tokenizer, self.image_processor, self.name = model, tokenizer, image_processor, name
+        self.engine = engine  # "fast": the Decoder (static cache + CUDA graphs); "hf": stock generate()
         cfg = model.config
         self.image_token_id = cfg.image_token_id
         self.hidden_size = cfg.text_config.hidden_size
         self.family = cfg.model_type
-        self.eos_token_ids = model.generation_config.eos_token_id
+        eos = model.generation_config.eos_token_id
+        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
+        self.chat_template = getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE  # the folder's own, if any
+        self.decoder = Decoder(model)
+        # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs
+        self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool)
 
     @classmethod
     def from_pretrained(cls, name: str = DEFAULT_MODEL, device: str | None = None,
-                        dtype: torch.dtype | None = None) -> "QwenVL":
+                        dtype: torch.dtype | None = None, engine: str = "fast") -> "QwenVL":
         """Load a Qwen2-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder, or "tiny"."""
         from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
 
@@ -193,7 +231,7 @@ class QwenVL:
             model.model.visual.float()
         tokenizer = AutoTokenizer.from_pretrained(path)
         image_processor = AutoImageProcessor.from_pretrained(path)
-        return cls(model, tokenizer, image_processor, name)
+        return cls(model, tokenizer, image_processor, name, engine)
 
     @property
     def device(self) -> torch.device:
@@ -218,7 +256,7 @@ class QwenVL:
         A view (PIL, or [1, 3, H, W] in [0, 1]; a multiple of 28 px) -> pixel patches [N, 1176] and grid_thw [1, 3],
         exactly as the model's image processor lays them out, but computed on the device (tests pin the two).
         """
-        pixels = view if isinstance(view, torch.Tensor) else view_tensor(view)
+        pixels = view if isinstance(view, torch.Tensor) else view_tensor(view, self.device)
         pixels = pixels.to(self.device, torch.float32)[0]  # [3, H, W]
         ip = self.image_processor
         mean = torch.tensor(ip.image_mean, device=self.device).view(3, 1, 1)
@@ -231,46 +269,72 @@ class QwenVL:
         grid_thw = torch.tensor([[1, gh, gw]], device=self.device)
         return x.reshape(gh * gw, 3 * t * p * p), grid_thw
 
-    @torch.no_grad()
-    def encode_image(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """The stock vision tower over a whole view -> merged tokens [N/4, D]."""
-        return self.visual(pixel_values.to(self.visual.dtype), grid_thw=grid_thw).pooler_output
+    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor) -> torch.Tensor:
+        """
+        The vision tower's own blocks over one attention sequence of patches [N, 1176] at rotary (h, w)
+        positions [N, 2] -> merged tokens [N/4, D]. Unlike the stock forward it reads nothing back to the host,
+        so it can be captured as a CUDA graph. Tests pin it to the stock tower.
+        """
+        visual = self.visual
+        x = visual.patch_embed(patches)  # [N, E]
+        cos, sin = visual.rotary_pos_emb(x, patch_positions)
+        N = x.shape[0]
+        for block in visual.blocks:
+            attn = block.attn
+            q, k, v = attn.qkv(block.norm1(x)).reshape(N, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+            q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # [N, heads, hd] each
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                               v.transpose(0, 1)[None], scale=attn.scaling)  # [1, heads, N, hd]
+            x = x + attn.proj(o[0].transpose(0, 1).reshape(N, -1))
+            x = x + block.mlp(block.norm2(x))
+        return visual.merger(x)  # [N/4, D]
 
-    def encode_cells(self, pixel_values: torch.Tensor, candidate_grid: tuple[int, int],
-                     positions: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def encode_cells(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
         """
-        Sparse saccade encoding: only the selected cells, each a 2x2 group of patches, at their true (h, w)
-        rotary positions on the high-res patch grid, as one attention sequence -> [K, D] in `positions` order.
-        pixel_values are the high-res view's stock patches, which come 4 per cell in raster cell order.
+        Encode the cells at `positions` [K, 2] (row, col) of a view's (rows, cols) cell grid, each a 2x2 group
+        of patches, at their true (h, w) rotary positions, as one attention sequence -> [K, D] in that order.
+        pixel_values are the view's stock patches, 4 per cell in raster cell order. All cells in raster order
+        is the stock encoding of the view; a subset is the sparse saccade encoding.
         """
-        gw = candidate_grid[1]
-        K = positions.shape[0]
-        cells = (positions[:, 0] * gw + positions[:, 1]).to(pixel_values.device)  # [K]
+        cells = (positions[:, 0] * grid[1] + positions[:, 1]).to(pixel_values.device)  # [K]
         rows = (cells.unsqueeze(1) * 4 + torch.arange(4, device=cells.device)).flatten()  # [4K] patch rows
         inner = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]], device=cells.device)  # 2x2 patch offsets
-        patch_pos = (positions.to(cells.device).unsqueeze(1) * MERGE + inner).reshape(-1, 2)  # [4K, 2]
-        cu_seqlens = torch.tensor([0, 4 * K], dtype=torch.int32, device=cells.device)
-        grid_thw = torch.tensor([[1, MERGE, MERGE * K]], device=cells.device)  # only its product is used
-        out = self.visual(pixel_values[rows].to(self.visual.dtype), grid_thw=grid_thw,
-                          position_ids=patch_pos, cu_seqlens=cu_seqlens)
-        return out.pooler_output  # [K, D]
+        patch_positions = (positions.to(cells.device).unsqueeze(1) * MERGE + inner).reshape(-1, 2)  # [4K, 2]
+        vision = self.graphed_vision if len(cells) <= GRAPHED_CELLS else self._vision_forward  # big views: compute-bound
+        return vision(pixel_values[rows].to(self.visual.dtype), patch_positions)
+
+    def encode_view(self, view: Image.Image | torch.Tensor) -> torch.Tensor:
+        """A whole view through the vision tower -> merged tokens [rows * cols, D] in raster order."""
+        pixels, grid_thw = self.image_inputs(view)
+        grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
+        return self.encode_cells(pixels, grid, raster_block(grid).positions)
 
     # --- text ---
 
     def prompt_ids(self, question: str, block_sizes: list[int]) -> torch.Tensor:
-        """Chat-template ids for len(block_sizes) images then the question, each image pad expanded -> [1, L]."""
-        content = [{"type": "image"} for _ in block_sizes] + [{"type": "text", "text": question}]
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], chat_template=CHAT_TEMPLATE,
+        """
+        Chat-template ids for len(block_sizes) images then the question, each image pad expanded -> [1, L].
+        The question is user text: special tokens typed in it stay plain characters (no injected turns or pads).
+        """
+        content = [{"type": "image"} for _ in block_sizes] + [{"type": "text", "text": QUESTION_SLOT}]
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], chat_template=self.chat_template,
                                                   tokenize=False, add_generation_prompt=True)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        before, after = text.split(QUESTION_SLOT)
+        ids = self.tokenizer(before, add_special_tokens=False)["input_ids"]
+        ids += self.question_ids(question)
+        ids += self.tokenizer(after, add_special_tokens=False)["input_ids"]
         out, sizes = [], iter(block_sizes)
         for t in ids:
             out.extend([t] * next(sizes) if t == self.image_token_id else [t])
         return torch.tensor([out], device=self.device)
 
+    def question_ids(self, question: str) -> list[int]:
+        return self.tokenizer(question, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
     def question_embeds(self, question: str) -> torch.Tensor:
         """The question's own token embeddings [1, Lq, D] (the participatory scorer's query)."""
-        ids = self.tokenizer(question, add_special_tokens=False, return_tensors="pt")["input_ids"].to(self.device)
+        ids = torch.tensor([self.question_ids(question)], device=self.device)
         return self.model.get_input_embeddings()(ids)
 
     def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:
@@ -289,47 +353,26 @@ class QwenVL:
                           gestalt_span: tuple[int, int], query_start: int, layer_fraction: float = 0.5) -> torch.Tensor:
         """
         "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt + question] and read
-        the attention of the question's tokens to the gestalt tokens there, averaged over heads and tokens.
-        Only this one layer's attention is recomputed by hand (in fp32); every layer runs its fast sdpa path,
-        and the layers above it never run. Returns [Ng] attention mass per gestalt token, summing to <= 1.
+        the attention of the question's tokens (query_start to the end) to the gestalt tokens there, averaged
+        over heads and tokens; the layers above never run. Returns [Ng] attention mass per gestalt token.
         """
-        layers = self.language_model.layers
-        index = min(len(layers) - 1, int(layer_fraction * len(layers)))
-        attn = layers[index].self_attn
-        captured = {}
-
-        def hook(module, args, kwargs):
-            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # [1, L, D]
-            cos, sin = kwargs["position_embeddings"]  # [1, L, hd] each, M-RoPE already composed
-            hd = module.head_dim
-            q = module.q_proj(hidden[:, query_start:]).view(1, -1, module.config.num_attention_heads, hd).transpose(1, 2)
-            k = module.k_proj(hidden).view(1, hidden.shape[1], -1, hd).transpose(1, 2)  # [1, Hkv, L, hd]
-            q = q.float() * cos[:, None, query_start:].float() + _rotate_half(q.float()) * sin[:, None, query_start:].float()
-            k = k.float() * cos[:, None].float() + _rotate_half(k.float()) * sin[:, None].float()
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # GQA: [1, H, L, hd]
-            scores = (q @ k.transpose(-1, -2)) * module.scaling  # [1, H, Lq, L]
-            rows = torch.arange(query_start, hidden.shape[1], device=q.device).view(-1, 1)
-            scores = scores.masked_fill(torch.arange(hidden.shape[1], device=q.device) > rows, float("-inf"))
-            probs = scores.softmax(-1)  # causal attention of each question token
-            captured["attention"] = probs[..., gestalt_span[0]:gestalt_span[1]].mean(dim=(0, 1, 2))  # [Ng]
-            raise _StopForward
-
-        handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            self.language_model(inputs_embeds=inputs_embeds, position_ids=position_ids,
-                                attention_mask=torch.ones(inputs_embeds.shape[:2], dtype=torch.long, device=self.device),
-                                use_cache=False)
-        except _StopForward:
-            pass
-        finally:
-            handle.remove()
-        return captured["attention"]
+        L = inputs_embeds.shape[1]
+        attention = self.decoder.prior_attention(inputs_embeds, position_ids, (query_start, L), layer_fraction)
+        return attention[gestalt_span[0]:gestalt_span[1]]
 
     # --- generation ---
 
     @torch.no_grad()
     def generate(self, max_new_tokens: int, streamer=None, **inputs) -> torch.Tensor:
-        """Greedy generate() from input_ids or inputs_embeds (+ position_ids); returns only the new ids [1, T]."""
+        """
+        Greedy decoding from input_ids (+ pixel inputs) or inputs_embeds + position_ids -> only the new ids [1, T].
+        engine "fast" runs the Decoder (static cache, CUDA graphs) on inputs_embeds; "hf" runs stock generate().
+        Both honour generation_config.min_new_tokens (the bench suppresses EOS with it).
+        """
+        min_new_tokens = self.model.generation_config.min_new_tokens or 0
+        if self.engine == "fast" and "inputs_embeds" in inputs:
+            return self.decoder.generate(inputs["inputs_embeds"], inputs["position_ids"], max_new_tokens,
+                                         self.eos_token_ids, streamer, min_new_tokens)
         ref = inputs.get("input_ids", inputs.get("inputs_embeds"))
         inputs.setdefault("attention_mask", torch.ones(ref.shape[:2], dtype=torch.long, device=self.device))
         out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, streamer=streamer,
@@ -338,11 +381,6 @@ class QwenVL:
 
     def decode(self, ids: torch.Tensor) -> str:
         return self.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def upsample_map(values: torch.Tensor, grid: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:

@@ -90,7 +90,7 @@ def qwen2_vl_2b_config():
     )
 
 
-def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen2-VL"):
+def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen2-VL", engine: str = "fast"):
     """A QwenVL with random weights, built on the device (no download, no disk)."""
     from transformers import AutoTokenizer, GenerationConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -103,7 +103,8 @@ def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen
         model = Qwen2VLForConditionalGeneration(config).to(dtype).eval().requires_grad_(False)
     model.generation_config = GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643, do_sample=False)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder())
-    return QwenVL(model, tokenizer, Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280), name)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return QwenVL(model, tokenizer, Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280), name, engine)
 
 
 def build_tiny(path: str | os.PathLike) -> Path:

@@ -45,7 +45,7 @@ def test_arr_prefers_the_detailed_half(arr_model):
     assert in_detail > 120
 
 
-@pytest.mark.parametrize("pipeline, visual", [("full", 1024), ("gestalt", 256), ("budget", 529)])
+@pytest.mark.parametrize("pipeline, visual", [("full", 256), ("gestalt", 256), ("budget", 529)])  # full: native 448^2
 def test_baselines_use_their_views(arr_model, pipeline, visual):
     a = arr_model.answer(scene_image(), QUESTION, pipeline, max_new_tokens=2)
     assert a.tokens["total_visual"] == visual and a.tokens["saccade"] == 0 and a.arr is None
@@ -73,16 +73,19 @@ def test_odd_image_modes_answer(arr_model, mode):
 
 
 def test_both_pipelines_run_the_same_weights(arr_model):
+    vlm = arr_model.vlm
+    modules = (vlm.visual.patch_embed, vlm.visual.merger, vlm.language_model.layers[0].self_attn.q_proj, vlm.model.lm_head)
     seen = []
-    hooks = [m.register_forward_hook(lambda mod, *_: seen.append(id(mod)))
-             for m in (arr_model.vlm.visual, arr_model.vlm.language_model)]
+    hooks = [m.register_forward_hook(lambda mod, *_: seen.append(id(mod))) for m in modules]
     try:
-        arr_model.answer(scene_image(), QUESTION, "full", max_new_tokens=1)
-        stock = set(seen)
-        seen.clear()
-        arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
-        assert set(seen) == stock == {id(arr_model.vlm.visual), id(arr_model.vlm.language_model)}
+        for engine in ("hf", "fast"):
+            vlm.engine = engine
+            for pipeline in ("full", "arr"):
+                seen.clear()
+                arr_model.answer(scene_image(), QUESTION, pipeline, max_new_tokens=1)
+                assert set(seen) == {id(m) for m in modules}, (engine, pipeline)
     finally:
+        vlm.engine = "fast"
         for h in hooks:
             h.remove()
     vlm_params = sum(p.numel() for p in arr_model.vlm.model.parameters())

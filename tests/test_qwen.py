@@ -26,20 +26,29 @@ def test_zero_saccades_reproduce_the_stock_logits(arr_model):
     ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
     with torch.no_grad():
         stock = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
-        gestalt = vlm.encode_image(pixels, grid)
+        gestalt = vlm.encode_view(views.gestalt)
         positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
         ours = vlm.model(inputs_embeds=vlm.embed(ids, [gestalt]), position_ids=positions).logits
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
 
 
+def test_native_candidate_grid_is_not_tied_to_the_gestalt():
+    views = make_views(photo(1400, 900))
+    assert views.candidate_grid == views.native_grid == (32, 50)  # 28 px cells at the image's own resolution
+    assert views.candidate_grid != tuple(2 * g for g in views.gestalt_grid)
+    assert views.highres.size == (50 * CELL, 32 * CELL)
+
+
 def test_sparse_encoder_on_every_cell_equals_the_stock_tower(arr_model):
     vlm = arr_model.vlm
-    views = make_views(photo(300, 200))
+    views = make_views(photo(1400, 900))  # native, non-square, not twice the gestalt: 32 x 50 cells
     pixels, grid = vlm.image_inputs(views.highres)
     with torch.no_grad():
-        stock = vlm.encode_image(pixels, grid)
+        stock = vlm.visual(pixels, grid_thw=grid).pooler_output
         sparse = vlm.encode_cells(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions)
+        whole = vlm.encode_view(views.highres)
     torch.testing.assert_close(sparse, stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(whole, stock, atol=1e-5, rtol=0)
 
 
 def test_sparse_tokens_depend_on_their_true_positions(arr_model):
@@ -53,12 +62,14 @@ def test_sparse_tokens_depend_on_their_true_positions(arr_model):
     torch.testing.assert_close(a[[2, 0, 1]], b, atol=1e-5, rtol=0)  # order-free: a set, at its positions
 
 
-def test_position_ids_follow_get_rope_index_for_one_block(arr_model):
+@pytest.mark.parametrize("view", ["gestalt", "highres"])
+def test_position_ids_follow_get_rope_index_for_one_block(arr_model, view):
     vlm = arr_model.vlm
-    views = make_views(photo(500, 200))
-    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
-    stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=grid)
-    assert torch.equal(mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)]), stock)
+    views = make_views(photo(1400, 500))
+    grid = {"gestalt": views.gestalt_grid, "highres": views.candidate_grid}[view]
+    ids, pixels, thw, mm = stock_inputs(vlm, getattr(views, view))
+    stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=thw)
+    assert torch.equal(mrope_position_ids(ids, vlm.image_token_id, [raster_block(grid)]), stock)
 
 
 def test_two_block_layout():
@@ -104,20 +115,39 @@ def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
     assert generated == manual
 
 
-@pytest.mark.parametrize("size", [(1, 1), (28, 28), (4000, 300), (300, 4000), (3000, 3000)])
-def test_views_and_budget_for_any_size(size):
-    views = make_views(Image.new("RGB", size, (10, 20, 30)))
+@pytest.mark.parametrize("max_cells", [4096, 16384])
+@pytest.mark.parametrize("size", [(1, 1), (28, 28), (4000, 300), (300, 4000), (5000, 5000), (1792, 1792)])
+def test_views_cap_and_lower_bound_for_any_size(size, max_cells):
+    views = make_views(Image.new("RGB", size, (10, 20, 30)), max_cells=max_cells)
     gh, gw = views.gestalt_grid
-    assert gh * gw <= 256 and views.candidate_grid == (2 * gh, 2 * gw)
-    assert views.candidate_grid[0] * views.candidate_grid[1] >= 273  # room for the fixed budget
-    assert views.highres.size == (2 * gw * CELL, 2 * gh * CELL) and views.gestalt.size == (gw * CELL, gh * CELL)
+    ch, cw = views.candidate_grid
+    assert gh * gw <= 256 and views.gestalt.size == (gw * CELL, gh * CELL)
+    assert ch * cw <= max_cells and ch >= 2 * gh and cw >= 2 * gw  # the cap, and the lower bound per side
+    assert ch * cw >= 273  # room for the fixed budget
+    nh, nw = views.native_grid
+    assert nh * nw <= max_cells and ch >= nh and cw >= nw
+    assert views.highres.size == (cw * CELL, ch * CELL) and views.native.size == (nw * CELL, nh * CELL)
     bh, bw = views.budget_grid
     assert 400 <= bh * bw <= 529
     aspect = size[0] / size[1]
     if 1 / 32 <= aspect <= 32:
-        assert abs(np.log((gw / gh) / aspect)) < 0.35  # aspect kept
-    box = views.cell_box(*[d - 1 for d in views.candidate_grid])
+        assert abs(np.log((gw / gh) / aspect)) < 0.35 and abs(np.log((cw / ch) / aspect)) < 0.35  # aspect kept
+    box = views.cell_box(ch - 1, cw - 1)
     assert box[2] == size[0] and box[3] == size[1]  # the last cell ends at the image corner
+    if size == (5000, 5000):
+        side = {4096: 64, 16384: 128}[max_cells]  # the cap binds (smart_resize floors, so maybe one cell less)
+        assert side - 1 <= ch == cw <= side
+    if size == (1792, 1792):
+        assert views.native is views.highres and views.native.size == size  # native: no resize at all
+
+
+@pytest.mark.parametrize("size", [(1792, 1792), (2500, 1200), (900, 700), (640, 480)])
+def test_full_baseline_tokens_equal_the_stock_image_processor(arr_model, size):
+    processor = arr_model.vlm.image_processor
+    stock = processor(images=[photo(*size)], size={"longest_edge": 4096 * CELL**2, "shortest_edge": 56 * 56},
+                      return_tensors="pt")
+    nh, nw = make_views(photo(*size), max_cells=4096).native_grid
+    assert int(stock["image_grid_thw"].prod()) // 4 == nh * nw
 
 
 def test_fit_grid_prefers_the_largest_grid_at_the_aspect():
@@ -175,9 +205,8 @@ def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
 
     vlm = arr_model.vlm
     views = make_views(photo())
-    pixels, grid = vlm.image_inputs(views.gestalt)
     with torch.no_grad():
-        gestalt = vlm.encode_image(pixels, grid)
+        gestalt = vlm.encode_view(views.gestalt)
         ids = vlm.prompt_ids("Where is the cat?", [len(gestalt)])
         at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
         span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2
