@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from PIL import Image
 
 from arr_coc.model import PIPELINES, ARRCOCQwen
@@ -32,11 +33,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
     p.add_argument("--random-weights", action="store_true", help="full-size Qwen2-VL-2B architecture, random weights")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
-    p.add_argument("--image-size", type=int, default=896, help="side of the square test image in px")
-    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per answer (EOS is suppressed)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
+    p.add_argument("--sizes", default="448,896,1344,1792", help="comma-separated sides of the square test images in px")
+    p.add_argument("--max-cells", type=int, default=4096, help="cap on the candidate grid and the full baseline's tokens")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per answer (EOS is suppressed)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median reported)")
     p.add_argument("--layer-repeats", type=int, default=50, help="timed runs of the relevance layer")
     p.add_argument("--pipelines", default=",".join(PIPELINES), help="comma-separated pipelines to time")
+    p.add_argument("--engines", default="fast,hf", help="comma-separated engines: fast (ours) and hf (stock generate)")
     p.add_argument("--json", default=None, help="write all numbers here")
     return p.parse_args(argv)
 
@@ -64,13 +67,13 @@ def median_ms(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def bench_layer(model: ARRCOCQwen, image: Image.Image, repeats: int) -> dict:
+def bench_layer(model: ARRCOCQwen, image: Image.Image, repeats: int, max_cells: int) -> dict:
     """
-    texture + scorers + balancer + allocator for B=1 on the 32x32 grid, from the on-device 896^2 view:
-    eagerly, and as the app runs it (CUDA-graph replay on a GPU).
+    texture + scorers + balancer + allocator for B=1 on the image's candidate grid (64x64 at 1792^2), from the
+    on-device high-res view: eagerly, and as the app runs it (CUDA-graph replay on a GPU).
     """
     device = model.vlm.device
-    o = model.observe(image, "Where is the red disc?")
+    o = model.observe(image, "Where is the red disc?", max_cells=max_cells)
     grid, layer = o.views.candidate_grid, model.layer
 
     @torch.no_grad()
@@ -87,28 +90,47 @@ def bench_layer(model: ARRCOCQwen, image: Image.Image, repeats: int) -> dict:
                 layer_eager_ms=median_ms(eager, repeats, device), layer_ms=median_ms(as_served, repeats, device))
 
 
-def bench_pipelines(model: ARRCOCQwen, image: Image.Image, pipelines: list[str], new_tokens: int, repeats: int) -> dict:
-    """Median latency split, tokens and peak memory of each pipeline."""
+def bench_pipelines(model: ARRCOCQwen, image: Image.Image, pipelines: list[str], engines: list[str],
+                    new_tokens: int, repeats: int, max_cells: int) -> dict:
+    """Median latency split, TTFT, tokens and peak memory of each pipeline with each engine, on one image."""
     model.vlm.model.generation_config.min_new_tokens = new_tokens  # exact length: EOS is suppressed until then
     results = {}
-    for pipeline in pipelines:
-        runs = [model.answer(image, "Describe the image in detail.", pipeline, max_new_tokens=new_tokens)
-                for _ in range(repeats + 2)][2:]  # two warm-up runs
-        timings = {k: statistics.median(r.timings_ms[k] for r in runs) for k in runs[0].timings_ms}
-        results[pipeline] = dict(tokens=runs[0].tokens, timings_ms=timings, new_tokens=runs[0].new_tokens,
-                                 decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
-                                 peak_memory_mb=max(r.peak_memory_mb for r in runs))
+    for engine in engines:
+        model.vlm.engine = engine
+        for pipeline in pipelines:
+            runs = [model.answer(image, "Describe the image in detail.", pipeline, max_new_tokens=new_tokens,
+                                 max_cells=max_cells) for _ in range(repeats + 2)][2:]  # two warm-up runs
+            timings = {k: statistics.median(r.timings_ms[k] for r in runs) for k in runs[0].timings_ms}
+            results[f"{pipeline}/{engine}"] = dict(
+                pipeline=pipeline, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
+                ttft_ms=statistics.median(r.ttft_ms for r in runs), new_tokens=runs[0].new_tokens,
+                decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
+                peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid))
+    model.vlm.engine = engines[0]
     return results
 
 
+def ratios(results: dict) -> dict:
+    """ARR over `full`: TTFT and total, against stock generate (hf) and against the fast engine."""
+    out = {}
+    for arr_engine in ("fast", "hf"):
+        for full_engine in ("hf", "fast"):
+            a, f = results.get(f"arr/{arr_engine}"), results.get(f"full/{full_engine}")
+            if a and f:
+                out[f"arr/{arr_engine} vs full/{full_engine}"] = dict(
+                    ttft=a["ttft_ms"] / f["ttft_ms"], total=a["timings_ms"]["total"] / f["timings_ms"]["total"])
+    return out
+
+
 def format_table(results: dict) -> str:
-    head = "| pipeline | visual tokens | vision ms | selection ms | prefill ms | decode ms | ms/token | total ms | peak MB |"
-    rows = [head, "|" + "---|" * 9]
-    for name, r in results.items():
+    head = ("| pipeline | engine | visual tokens | TTFT ms | vision ms | selection ms | prefill ms | ms/token | "
+            "total ms | peak MB |")
+    rows = [head, "|" + "---|" * 10]
+    for r in results.values():
         t = r["timings_ms"]
-        rows.append(f"| {name} | {r['tokens']['total_visual']} | {t['vision']:.1f} | {t['selection']:.1f} | "
-                    f"{t['prefill']:.1f} | {t['decode']:.1f} | {r['decode_ms_per_token']:.1f} | {t['total']:.1f} | "
-                    f"{r['peak_memory_mb']:.0f} |")
+        rows.append(f"| {r['pipeline']} | {r['engine']} | {r['tokens']['total_visual']} | {r['ttft_ms']:.1f} | "
+                    f"{t['vision']:.1f} | {t['selection']:.1f} | {t['prefill']:.1f} | {r['decode_ms_per_token']:.2f} | "
+                    f"{t['total']:.1f} | {r['peak_memory_mb']:.0f} |")
     return "\n".join(rows)
 
 
@@ -124,21 +146,28 @@ def main(argv=None) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     synchronize(device)
     weights_mb = (torch.cuda.memory_allocated(device) / 2**20) if device.type == "cuda" else peak_memory_mb(device)
-    image = test_image(args.image_size)
-    reset_peak_memory(device)
+    sizes = [int(v) for v in args.sizes.split(",")]
+    print(f"device: {name}  model: {model.vlm.name}  dtype: {model.vlm.dtype}  weights: {weights_mb:.0f} MB", flush=True)
     report = dict(device=name, model=model.vlm.name, dtype=str(model.vlm.dtype), torch=torch.__version__,
-                  weights_mb=weights_mb, layer=bench_layer(model, image, args.layer_repeats),
-                  pipelines=bench_pipelines(model, image, args.pipelines.split(","), args.new_tokens, args.repeats))
-    print(f"device: {name}  model: {report['model']}  dtype: {report['dtype']}  weights: {weights_mb:.0f} MB")
+                  transformers=transformers.__version__, weights_mb=weights_mb, max_cells=args.max_cells,
+                  new_tokens=args.new_tokens, sizes={})
+    report["layer"] = bench_layer(model, test_image(max(sizes)), args.layer_repeats, args.max_cells)
     layer = report["layer"]
     print(f"relevance layer (texture+scorers+balancer+allocator), B=1, {layer['grid']} grid: {layer['layer_ms']:.2f} ms "
-          f"as served, {layer['layer_eager_ms']:.2f} ms eager (texture alone {layer['texture_eager_ms']:.2f} ms)")
-    print(format_table(report["pipelines"]))
-    peak = max(r["peak_memory_mb"] for r in report["pipelines"].values())
+          f"as served, {layer['layer_eager_ms']:.2f} ms eager (texture alone {layer['texture_eager_ms']:.2f} ms)", flush=True)
+    for size in sizes:
+        reset_peak_memory(device)
+        results = bench_pipelines(model, test_image(size), args.pipelines.split(","), args.engines.split(","),
+                                  args.new_tokens, args.repeats, args.max_cells)
+        report["sizes"][size] = dict(pipelines=results, ratios=ratios(results))
+        print(f"\n{size}x{size} px, {args.new_tokens} new tokens:\n{format_table(results)}")
+        for k, v in report["sizes"][size]["ratios"].items():
+            print(f"  {k}: TTFT {v['ttft']:.2f}x, total {v['total']:.2f}x")
+        if args.json:  # written after every size, so a run cut short keeps what it measured
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=2))
+    peak = max(r["peak_memory_mb"] for s in report["sizes"].values() for r in s["pipelines"].values())
     print(f"one copy of the weights for every pipeline: peak {peak:.0f} MB = {peak / weights_mb:.2f} x the weights")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
     return report
 
 

@@ -301,7 +301,8 @@ class QwenVL:
         rows = (cells.unsqueeze(1) * 4 + torch.arange(4, device=cells.device)).flatten()  # [4K] patch rows
         inner = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]], device=cells.device)  # 2x2 patch offsets
         patch_positions = (positions.to(cells.device).unsqueeze(1) * MERGE + inner).reshape(-1, 2)  # [4K, 2]
-        vision = self.graphed_vision if len(cells) <= GRAPHED_CELLS else self._vision_forward  # big views: compute-bound
+        small = len(cells) <= GRAPHED_CELLS  # big views are compute-bound: graphs would only cost memory
+        vision = self.graphed_vision if small and self.decoder.use_graphs else self._vision_forward
         return vision(pixel_values[rows].to(self.visual.dtype), patch_positions)
 
     def encode_view(self, view: Image.Image | torch.Tensor) -> torch.Tensor:

@@ -66,3 +66,73 @@ def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
             eager = layer.score(o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
         torch.testing.assert_close(replayed["relevance"], eager["relevance"].detach(), atol=1e-4, rtol=1e-4)
     assert len(layer.graphed_score.graphs) == 1 and len(cuda_model.texture.graphs) == 1
+
+
+@pytest.fixture(scope="module")
+def fp32_cuda_model():
+    """fp32 on the GPU: graphed and eager paths, and stock generate, agree to the token."""
+    return ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.float32)
+
+
+def big_image(w=1792, h=1344, seed=3):
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("pipeline", ["arr", "full", "gestalt", "budget"])
+def test_graphed_decode_equals_stock_generate(fp32_cuda_model, pipeline):
+    vlm = fp32_cuda_model.vlm
+    answers = {}
+    try:
+        for engine in ("hf", "fast"):
+            vlm.engine = engine
+            answers[engine] = fp32_cuda_model.answer(big_image(), QUESTION, pipeline, max_new_tokens=16)
+    finally:
+        vlm.engine = "fast"
+    assert answers["fast"].text == answers["hf"].text and answers["fast"].new_tokens == answers["hf"].new_tokens
+    assert vlm.decoder.decode_graphs  # the fast answer replayed a captured decode step
+
+
+def test_graphed_arr_equals_eager(cuda_model):
+    """Same saccades, and first-token logits within bf16/fp16 tolerance, with and without CUDA graphs."""
+    vlm = cuda_model.vlm
+    outputs = {}
+    for graphs in (False, True):
+        vlm.decoder.graphs_enabled = graphs
+        scene = cuda_model.prepare(big_image(), QUESTION)
+        out = cuda_model.select(scene)
+        pixels, _ = vlm.image_inputs(scene.observation.highres)
+        from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
+
+        with torch.no_grad():
+            features = [scene.observation.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
+            ids = vlm.prompt_ids(QUESTION, [len(f) for f in features])
+            positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(scene.views.gestalt_grid),
+                                                                     ImageBlock(scene.views.candidate_grid, out.positions[0])])
+            embeds = vlm.embed(ids, features)
+            L = ids.shape[1]
+            state = vlm.decoder._state(2048, embeds.dtype)
+            padded, padded_ids = vlm.decoder._pad(embeds, positions)
+            run = vlm.decoder.graphed_prefill if graphs else vlm.decoder._prefill
+            logits = run(padded, padded_ids, torch.tensor([L - 1], device="cuda"), 2048)
+        outputs[graphs] = (out.indices.cpu(), scene.observation.prior.float().cpu(), logits.float().cpu(), state)
+    vlm.decoder.graphs_enabled = True
+    assert scene.views.candidate_grid == (48, 64)  # native resolution, not twice the gestalt
+    assert torch.equal(outputs[False][0], outputs[True][0])
+    torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=2e-2, rtol=0)
+    torch.testing.assert_close(outputs[True][2], outputs[False][2], atol=5e-2, rtol=5e-2)
+
+
+def test_back_to_back_lengths_reuse_the_captured_graphs(fp32_cuda_model):
+    model = fp32_cuda_model
+    decoder = model.vlm.decoder
+    questions = ["Why?", QUESTION + " Please answer in full detail, naming every object you can see here.", "Why?"]
+    texts = [model.answer(image(), q, "arr", max_new_tokens=8).text for q in questions]
+    graphs = len(decoder.graphed_prefill.graphs), len(decoder.decode_graphs)
+    again = [model.answer(image(), q, "arr", max_new_tokens=8).text for q in questions]
+    assert again == texts  # replays give the same answers
+    assert (len(decoder.graphed_prefill.graphs), len(decoder.decode_graphs)) == graphs  # nothing recaptured
+    model.vlm.engine = "hf"
+    try:
+        assert [model.answer(image(), q, "arr", max_new_tokens=8).text for q in questions] == texts
+    finally:
+        model.vlm.engine = "fast"

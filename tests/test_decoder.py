@@ -1,0 +1,103 @@
+"""The Decoder (static cache + graphed decode) against transformers: prefill logits, greedy tokens, EOS, streaming."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc.model import PIPELINES
+from arr_coc.qwen import mrope_position_ids, raster_block
+
+QUESTION = "What is written on the sign?"
+
+
+def image(w=448, h=336, seed=0):
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def stock_prompt(vlm, view):
+    """Embeddings and positions of [prompt + one image + question], as every pipeline builds them."""
+    features = vlm.encode_view(view)
+    rows, cols = view.height // 28, view.width // 28
+    ids = vlm.prompt_ids(QUESTION, [len(features)])
+    return ids, vlm.embed(ids, [features]), mrope_position_ids(ids, vlm.image_token_id, [raster_block((rows, cols))])
+
+
+def test_prefill_logits_equal_the_stock_forward(arr_model):
+    vlm = arr_model.vlm
+    ids, embeds, positions = stock_prompt(vlm, image())
+    decoder = vlm.decoder
+    with torch.no_grad():
+        stock = vlm.model(inputs_embeds=embeds, position_ids=positions).logits[:, -1].float()  # [1, V]
+        cap = 1024
+        decoder._state(cap, embeds.dtype)
+        ours = decoder._prefill(embeds, positions, torch.tensor([ids.shape[1] - 1]), cap)
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("min_new_tokens", [0, 12])
+def test_greedy_tokens_equal_generate(arr_model, min_new_tokens):
+    vlm = arr_model.vlm
+    ids, embeds, positions = stock_prompt(vlm, image(seed=1))
+    config = vlm.model.generation_config
+    try:
+        config.min_new_tokens = min_new_tokens
+        vlm.engine = "hf"
+        stock = vlm.generate(12, inputs_embeds=embeds, position_ids=positions)
+        vlm.engine = "fast"
+        ours = vlm.generate(12, inputs_embeds=embeds, position_ids=positions)
+    finally:
+        config.min_new_tokens, vlm.engine = None, "fast"
+    assert ours.tolist() == stock.tolist() and ours.shape[1] == (12 if min_new_tokens else ours.shape[1])
+
+
+def test_eos_stops_and_is_kept(arr_model):
+    vlm = arr_model.vlm
+    ids, embeds, positions = stock_prompt(vlm, image(seed=2))
+    first = int(vlm.generate(1, inputs_embeds=embeds, position_ids=positions)[0, 0])
+    eos = vlm.eos_token_ids
+    try:
+        vlm.eos_token_ids = [first]  # the first token is EOS: one token, then stop
+        out = vlm.generate(20, inputs_embeds=embeds, position_ids=positions)
+    finally:
+        vlm.eos_token_ids = eos
+    assert out.tolist() == [[first]]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_every_pipeline_answers_the_same_with_both_engines(arr_model, pipeline):
+    vlm = arr_model.vlm
+    answers = {}
+    try:
+        for engine in ("hf", "fast"):
+            vlm.engine = engine
+            answers[engine] = arr_model.answer(image(700, 500), QUESTION, pipeline, max_new_tokens=8)
+    finally:
+        vlm.engine = "fast"
+    assert answers["fast"].text == answers["hf"].text
+    assert answers["fast"].new_tokens == answers["hf"].new_tokens
+    assert answers["fast"].tokens == answers["hf"].tokens
+
+
+def test_streaming_yields_the_answer_token_by_token(arr_model):
+    chunks = list(arr_model.stream(image(), QUESTION, "arr", max_new_tokens=6))
+    answer = chunks[-1]
+    texts = chunks[:-1]
+    assert texts and texts[-1].strip() == answer.text
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # the text only grows
+    assert answer.timings_ms["prefill"] > 0 and answer.timings_ms["decode"] >= 0
+
+
+def test_back_to_back_requests_of_different_lengths(arr_model):
+    """The cache is reused across prompts of different lengths: each answer equals a fresh stock generate."""
+    vlm = arr_model.vlm
+    for w, question in [(448, "Why?"), (900, QUESTION + " Answer in detail, please, with every word."), (448, "Why?")]:
+        features = vlm.encode_view(image(w, 448).resize(((w // 28) * 28, 448)))
+        ids = vlm.prompt_ids(question, [len(features)])
+        embeds = vlm.embed(ids, [features])
+        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block((16, w // 28))])
+        ours = vlm.generate(6, inputs_embeds=embeds, position_ids=positions)
+        vlm.engine = "hf"
+        stock = vlm.generate(6, inputs_embeds=embeds, position_ids=positions)
+        vlm.engine = "fast"
+        assert ours.tolist() == stock.tolist()
