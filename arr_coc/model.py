@@ -21,7 +21,7 @@ from transformers import TextIteratorStreamer
 from arr_coc.config import ARRCOCConfig, PipelineConfig
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
-                          raster_block, upsample_map, view_tensor)
+                          raster_block, upsample_map)
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.texture import generate_texture_array
 from arr_coc.timing import Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
@@ -159,7 +159,7 @@ class ARRCOCQwen:
     def views(self, image, max_cells: int | None = None) -> Views:
         """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap)."""
         p = self.pipeline if max_cells is None else replace(self.pipeline, max_cells=int(max_cells))
-        return make_views(image, p.gestalt_max_tokens, p.budget_tokens, p.max_cells)
+        return make_views(image, p.gestalt_max_tokens, p.budget_tokens, p.max_cells, self.vlm.device)
 
     @torch.no_grad()
     def observe(self, image, question: str, watch: Stopwatch | None = None, max_cells: int | None = None) -> Observation:
@@ -167,9 +167,9 @@ class ARRCOCQwen:
         question = check_question(question)
         vlm = self.vlm
         watch = watch or Stopwatch(vlm.device)
-        views = self.views(image, max_cells)
         with watch.section("vision"):
-            gestalt = vlm.encode_view(views.gestalt)  # [Ng, D]
+            views = self.views(image, max_cells)
+            gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
         with watch.section("selection"):
             ids = vlm.prompt_ids(question, [gestalt.shape[0]])  # [1, L]
             image_at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
@@ -178,7 +178,7 @@ class ARRCOCQwen:
             attention = vlm.gestalt_attention(vlm.embed(ids, [gestalt]), positions, span, span[1] + 1,
                                               self.pipeline.prior_layer_fraction)  # [Ng]
             prior = upsample_map(attention, views.gestalt_grid, views.candidate_grid)  # [1, GH, GW]
-            highres = view_tensor(views.highres, vlm.device)  # [1, 3, H, W]
+            highres = views.tensor("highres")  # [1, 3, H, W]
             textures = self.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
         return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
 
@@ -264,9 +264,10 @@ class ARRCOCQwen:
         watch = Stopwatch(vlm.device)
         reset_peak_memory(vlm.device)
         start = watch.now()
-        views = self.views(image, max_cells)
-        view, grid = {"full": (views.native, views.native_grid), "gestalt": (views.gestalt, views.gestalt_grid),
-                      "budget": (views.budget, views.budget_grid)}[pipeline]
+        with watch.section("vision"):
+            views = self.views(image, max_cells)
+            name = {"full": "native", "gestalt": "gestalt", "budget": "budget"}[pipeline]
+            view, grid = views.tensor(name), views.grid(name)  # [1, 3, h, w]
         n = grid[0] * grid[1]
         ids = vlm.prompt_ids(question, [n])
         if vlm.engine == "fast":
@@ -279,10 +280,11 @@ class ARRCOCQwen:
         else:  # transformers' own path end to end: the reference the fast engine is measured against
             pixels, grid_thw = vlm.image_inputs(view)
             timer = TimingStreamer(watch, streamer)
+            before = watch.ms["vision"]
             with timed_module(vlm.visual, watch, "vision"):  # vision runs inside the stock prefill
                 new = vlm.generate(max_new_tokens, streamer=timer, input_ids=ids, pixel_values=pixels,
                                    image_grid_thw=grid_thw, mm_token_type_ids=(ids == vlm.image_token_id).int())
-            watch.ms["prefill"] = watch.ms.get("prefill", 0.0) - watch.ms.get("vision", 0.0)  # prefill excl. vision
+            watch.ms["prefill"] -= watch.ms["vision"] - before  # prefill excl. the vision tower inside it
         watch.add("total", (watch.now() - start) * 1000)
         tokens = self._tokens(ids, n if pipeline == "gestalt" else 0, 0, total_visual=n)
         return Answer(pipeline, vlm.decode(new), tokens, _split(watch.ms), peak_memory_mb(vlm.device),

@@ -7,13 +7,12 @@ stock code by a test: the pixel patch layout (the image processor's, but on the 
 layout (`get_rope_index`'s, for any subset of cells), and one layer's attention readout for the prior.
 
     vlm = QwenVL.from_pretrained("tiny")                   # or "Qwen/Qwen2-VL-2B-Instruct", or a folder
-    views = make_views(pil_image)
-    pixels, thw = vlm.image_inputs(views.gestalt)
-    gestalt = vlm.encode_image(pixels, thw)                  # [Ng, D]
+    views = make_views(pil_image, device=vlm.device)
+    gestalt = vlm.encode_view(views.tensor("gestalt"))       # [Ng, D]
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -90,17 +89,44 @@ def native_grid(width: int, height: int, max_cells: int) -> tuple[int, int]:
     return h // CELL, w // CELL
 
 
-@dataclass
+@dataclass(eq=False)
 class Views:
+    """
+    Every pipeline's view of one image. The original is uploaded once (uint8) and each view is resized on
+    the model's device when first asked for: `tensor(name)` -> [1, 3, h, w] in [0, 1]; the PIL attributes
+    (`gestalt`, `native`, `highres`, `budget`) are for drawing only.
+    """
     image: Image.Image  # the original image, RGB
-    gestalt: Image.Image  # low-res view, one 28 px cell per gestalt token
-    native: Image.Image  # the image at its native resolution, capped: what stock Qwen2-VL reads (`full`)
-    highres: Image.Image  # the candidate view: native, raised to at least 2x the gestalt grid per side
-    budget: Image.Image  # same-budget baseline view (~529 tokens)
-    gestalt_grid: tuple[int, int]  # (gh, gw) gestalt tokens
-    native_grid: tuple[int, int]  # (nh, nw) tokens of the native view
-    candidate_grid: tuple[int, int]  # (GH, GW) candidate cells, one per 28 px cell of the high-res view
-    budget_grid: tuple[int, int]  # (bh, bw) tokens of the budget view
+    pixels: torch.Tensor  # [1, 3, H, W] uint8, the original on the device
+    gestalt_grid: tuple[int, int]  # (gh, gw) gestalt tokens: the low-res view
+    native_grid: tuple[int, int]  # (nh, nw) tokens of the native view: what stock Qwen2-VL reads (`full`)
+    candidate_grid: tuple[int, int]  # (GH, GW) candidate cells of the high-res view: native, >= 2x the gestalt per side
+    budget_grid: tuple[int, int]  # (bh, bw) tokens of the same-budget baseline view (~529 tokens)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def grid(self, name: str) -> tuple[int, int]:
+        return {"gestalt": self.gestalt_grid, "native": self.native_grid, "highres": self.candidate_grid,
+                "budget": self.budget_grid}[name]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The view `name` as [1, 3, grid * 28 px] in [0, 1] on the device, resized once (views of one size are one)."""
+        rows, cols = self.grid(name)
+        key = (rows * CELL, cols * CELL)
+        if key not in self._cache:
+            self._cache[key] = resize(self.pixels, (rows, cols))
+        return self._cache[key]
+
+    def pil(self, name: str) -> Image.Image:
+        key = ("pil", name)
+        if key not in self._cache:
+            rgb = self.tensor(name)[0].permute(1, 2, 0).mul(255).round().to(torch.uint8).cpu().numpy()
+            self._cache[key] = Image.fromarray(rgb)
+        return self._cache[key]
+
+    gestalt = property(lambda self: self.pil("gestalt"))
+    native = property(lambda self: self.pil("native"))
+    highres = property(lambda self: self.pil("highres"))
+    budget = property(lambda self: self.pil("budget"))
 
     def cell_box(self, row: int, col: int) -> list[int]:
         """Pixel box [x0, y0, x1, y1] of a candidate cell in the original image."""
@@ -119,13 +145,20 @@ class Views:
         return cover_y[:, None] * cover_x[None, :]
 
 
-def resize(image: Image.Image, grid: tuple[int, int]) -> Image.Image:
-    """The one resize path of every pipeline: bicubic to grid * 28 px (a no-op when the size already fits)."""
-    size = (grid[1] * CELL, grid[0] * CELL)
-    return image if image.size == size else image.resize(size, Image.Resampling.BICUBIC)
+def resize(pixels: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """
+    The one resize path of every pipeline: [1, 3, H, W] (uint8 or [0, 1]) -> [1, 3, grid * 28 px] in [0, 1],
+    bicubic with antialiasing (as the image processors do), on the tensor's device; no resampling at the same size.
+    """
+    x = pixels.float() / 255.0 if pixels.dtype == torch.uint8 else pixels.float()
+    size = (grid[0] * CELL, grid[1] * CELL)
+    if tuple(x.shape[-2:]) == size:
+        return x
+    return F.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
 
 
-def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_cells: int = 4096) -> Views:
+def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_cells: int = 4096,
+               device: torch.device | str = "cpu") -> Views:
     """
     All views of one image. The candidate grid is the native grid (at most max_cells cells), bounded below
     by twice the gestalt grid per side, so even a tiny image offers well over 273 candidates.
@@ -137,16 +170,13 @@ def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_c
     ch, cw = max(nh, 2 * gh), max(nw, 2 * gw)
     if ch * cw > max_cells:  # the two grids round the aspect differently: keep the cap strict
         ch, cw = 2 * gh, 2 * gw
-    native = resize(rgb, (nh, nw))
-    highres = native if (ch, cw) == (nh, nw) else resize(rgb, (ch, cw))
-    return Views(rgb, resize(rgb, (gh, gw)), native, highres, resize(rgb, (bh, bw)),
-                 (gh, gw), (nh, nw), (ch, cw), (bh, bw))
+    pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8)).to(device).permute(2, 0, 1).unsqueeze(0)  # [1, 3, H, W]
+    return Views(rgb, pixels, (gh, gw), (nh, nw), (ch, cw), (bh, bw))
 
 
 def view_tensor(view: Image.Image, device: torch.device | str = "cpu") -> torch.Tensor:
     """PIL RGB -> [1, 3, H, W] float in [0, 1] on `device` (uploaded as uint8, converted there)."""
-    pixels = torch.from_numpy(np.asarray(view, dtype=np.uint8).copy()).to(device)  # [H, W, 3]
-    return (pixels.permute(2, 0, 1).unsqueeze(0).float() / 255.0)
+    return torch.from_numpy(np.array(view, dtype=np.uint8)).to(device).permute(2, 0, 1).unsqueeze(0).float() / 255.0
 
 
 # ----------------------------------------------------------------------------- position ids

@@ -138,7 +138,8 @@ def test_views_cap_and_lower_bound_for_any_size(size, max_cells):
         side = {4096: 64, 16384: 128}[max_cells]  # the cap binds (smart_resize floors, so maybe one cell less)
         assert side - 1 <= ch == cw <= side
     if size == (1792, 1792):
-        assert views.native is views.highres and views.native.size == size  # native: no resize at all
+        assert views.tensor("native") is views.tensor("highres")  # native: one view, not resampled
+        assert torch.equal(views.tensor("native").mul(255).round().byte(), views.pixels)
 
 
 @pytest.mark.parametrize("size", [(1792, 1792), (2500, 1200), (900, 700), (640, 480)])
