@@ -15,7 +15,7 @@ eagerly. The arithmetic is the stock modules' own (projections, norms, MLPs, rot
 attention call is written here, and tests pin prefill logits, decode tokens and the prior to transformers.
 
     decoder = Decoder(model)                        # model: Qwen2VLForConditionalGeneration
-    ids = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
+    ids, safe_mode = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
 """
 
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from arr_coc.graphs import CUDAGraphed, capture
 
 BUCKET = 64  # prompts are padded to a multiple of this on CUDA: one prefill graph per bucket
 CACHE_STEP = 1024  # cache sizes are multiples of this: one decode graph per size
+NON_FINITE = -1  # the token a step reports when its logits were NaN or inf (fp16 overflow)
 GQA_IN_SDPA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa arrived in 2.5
 
 
@@ -58,6 +59,7 @@ class Decoder:
         self.lm = model.model.language_model
         self.config = self.lm.config
         self.graphs_enabled = True  # off: the same arithmetic, eagerly (the GPU tests compare the two)
+        self.safe = False  # safe mode: an fp32 residual stream, eagerly (a redo after fp16 overflow)
         self.states: dict[int, DecodeState] = {}
         self.decode_graphs: dict[int, tuple] = {}
         # all graphs run one at a time on one stream, so they share one memory pool
@@ -71,17 +73,26 @@ class Decoder:
 
     @property
     def use_graphs(self) -> bool:
-        return self.graphs_enabled and self.device.type == "cuda"
+        return self.graphs_enabled and not self.safe and self.device.type == "cuda"
 
     # ----------------------------------------------------------------------------- the explicit forward
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm.embed_tokens.weight.dtype
+
+    def _rope(self, x, position_ids):
+        """The stock M-RoPE tables (cos, sin) [1, L, hd], in the weights' dtype even when x is an fp32 stream."""
+        return self.lm.rotary_emb(x[..., :1].to(self.dtype), position_ids)
+
     def _layer(self, layer, x, cos, sin, state: DecodeState | None = None, slots=None, mask=None):
         """
-        One decoder layer, x [1, L, D]. With a state, K/V are written at `slots` and attention reads the
-        cache: causally over its first L slots (prefill from slot 0), or through `mask` (decode).
+        One decoder layer, x [1, L, D] (in the weights' dtype, or fp32 in safe mode: the residual stream then
+        never overflows fp16). With a state, K/V are written at `slots` and attention reads the cache:
+        causally over its first L slots (prefill from slot 0), or through `mask` (decode).
         """
         attn = layer.self_attn
-        h = layer.input_layernorm(x)
+        h = layer.input_layernorm(x).to(self.dtype)
         B, L, _ = h.shape
         hd = attn.head_dim
         q = attn.q_proj(h).view(B, L, -1, hd).transpose(1, 2)  # [1, H, L, hd]
@@ -98,17 +109,18 @@ class Decoder:
                 k, v = keys, values
         o = _attend(q, k, v, attn.scaling, causal=mask is None, mask=mask)  # [1, H, L, hd]
         x = x + attn.o_proj(o.transpose(1, 2).reshape(B, L, -1))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype))
+        return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.lm.norm(hidden)).float()
+        return self.model.lm_head(self.lm.norm(hidden).to(self.dtype)).float()
 
     def _prefill(self, embeds, position_ids, last, cap: int):
         """embeds [1, L, D], position_ids [3, 1, L], last [1] index of the prompt's last token -> logits [1, V]."""
         state = self.states[cap]
-        cos, sin = self.lm.rotary_emb(embeds, position_ids)
+        cos, sin = self._rope(embeds, position_ids)
         slots = torch.arange(embeds.shape[1], device=embeds.device)
-        x = embeds
+        x = embeds.float() if self.safe else embeds
         for layer in self.lm.layers:
             x = self._layer(layer, x, cos, sin, state, slots)
         return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
@@ -117,12 +129,14 @@ class Decoder:
         """One decode step that advances its own state, so a captured graph can be replayed per token."""
         state.mask.index_fill_(-1, state.slot, 0.0)
         x = self.lm.embed_tokens(state.token)  # [1, 1, D]
+        x = x.float() if self.safe else x
         position_ids = state.rope.view(1, 1, 1).expand(3, 1, 1)
-        cos, sin = self.lm.rotary_emb(x, position_ids)
+        cos, sin = self._rope(x, position_ids)
         for layer in self.lm.layers:
             x = self._layer(layer, x, cos, sin, state, state.slot, state.mask)
-        token = (self._logits(x[:, -1]) + state.logit_bias).argmax(-1, keepdim=True)  # [1, 1]
-        state.token.copy_(token)
+        logits = self._logits(x[:, -1]) + state.logit_bias  # [1, V]
+        token = logits.argmax(-1, keepdim=True)  # [1, 1]
+        state.token.copy_(torch.where(torch.isfinite(logits).any(), token, NON_FINITE))  # -1: the step overflowed
         state.slot.add_(1)
         state.rope.add_(1)
         return state.token
@@ -132,7 +146,7 @@ class Decoder:
         The LLM up to layer `index` over [prompt + gestalt + question], then that layer's attention,
         recomputed in fp32 and averaged over heads, weighted over query rows -> [L] attention mass per key.
         """
-        cos, sin = self.lm.rotary_emb(embeds, position_ids)
+        cos, sin = self._rope(embeds, position_ids)
         x = embeds
         for layer in self.lm.layers[:index]:
             x = self._layer(layer, x, cos, sin)
@@ -202,22 +216,35 @@ class Decoder:
 
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int,
-                 eos_token_ids: list[int], streamer=None, min_new_tokens: int = 0) -> torch.Tensor:
-        """Greedy decoding, as generate(do_sample=False) does it -> new ids [1, T] (EOS included if reached)."""
+                 eos_token_ids: list[int], streamer=None, min_new_tokens: int = 0) -> tuple[torch.Tensor, bool]:
+        """
+        Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, safe_mode).
+        If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
+        token is shown, so a streamer never sees garbage.
+        """
+        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens)
+        try:
+            return self._generate(*args), False
+        except NonFiniteLogits as overflow:
+            self.safe = True
+            try:  # the tokens streamed before the overflow were finite: stream only what comes after them
+                return self._generate(*args, streamed=overflow.streamed), True
+            finally:
+                self.safe = False
+
+    def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, streamed=0):
         L = embeds.shape[1]
         cap = -(-(L + BUCKET + max_new_tokens) // CACHE_STEP) * CACHE_STEP
         state = self._state(cap, embeds.dtype)
         eos = torch.tensor(eos_token_ids, device=self.device)
-        if streamer is not None:
-            streamer.put(torch.zeros(1, 0, dtype=torch.long))  # like generate(): the prompt comes first
         padded, padded_ids = self._pad(embeds, position_ids)
         last = torch.tensor([L - 1], device=self.device)
         run = self.graphed_prefill if self.use_graphs else self._prefill
         state.logit_bias.zero_()
         if min_new_tokens > 0:
             state.logit_bias[eos] = float("-inf")
-        logits = run(padded, padded_ids, last, cap)  # [1, V]
-        token = (logits + state.logit_bias).argmax(-1, keepdim=True)
+        logits = run(padded, padded_ids, last, cap) + state.logit_bias  # [1, V]
+        token = torch.where(torch.isfinite(logits).any(), logits.argmax(-1, keepdim=True), NON_FINITE)
         # the decode state starts after the real prompt: padded slots are masked out and overwritten
         state.token.copy_(token)
         state.slot.fill_(L)
@@ -227,8 +254,12 @@ class Decoder:
         new = []
         for i in range(max_new_tokens):
             t = int(token)
+            if t == NON_FINITE:
+                raise NonFiniteLogits(f"non-finite logits at new token {i}", streamed=max(streamed, i))
             new.append(t)
-            if streamer is not None:
+            if streamer is not None and i >= streamed:
+                if i == 0:
+                    streamer.put(torch.zeros(1, 0, dtype=torch.long))  # like generate(): the prompt comes first
                 streamer.put(torch.tensor([t]))
             if t in eos_token_ids or i + 1 == max_new_tokens:
                 break
@@ -238,3 +269,11 @@ class Decoder:
         if streamer is not None:
             streamer.end()
         return torch.tensor([new], device=self.device)
+
+
+class NonFiniteLogits(RuntimeError):
+    """A forward produced NaN or inf logits (fp16 overflow): the request is redone in safe mode."""
+
+    def __init__(self, message: str, streamed: int):
+        super().__init__(message)
+        self.streamed = streamed  # tokens already handed to the streamer

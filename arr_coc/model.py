@@ -78,6 +78,7 @@ class Answer:
     views: Views = field(repr=False)
     arr: ARRCOCOutput | None = field(default=None, repr=False)  # the ARR layer's output (arr only)
     saccades: list[Saccade] = field(default_factory=list)  # relevance-ordered (arr only)
+    safe_mode: bool = False  # the answer was redone with an fp32 residual stream after fp16 overflowed
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,7 +93,7 @@ class Answer:
     def to_json(self) -> dict:
         out = dict(answer=self.text, tokens=self.tokens, timings_ms={k: round(v, 2) for k, v in self.timings_ms.items()},
                    ttft_ms=round(self.ttft_ms, 2), peak_memory_mb=round(self.peak_memory_mb, 1),
-                   new_tokens=self.new_tokens, image_size=list(self.views.image.size),
+                   new_tokens=self.new_tokens, safe_mode=self.safe_mode, image_size=list(self.views.image.size),
                    native_grid=list(self.views.native_grid), candidate_grid=list(self.views.candidate_grid))
         if self.arr is not None:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
@@ -255,7 +256,7 @@ class ARRCOCQwen:
                     for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
         n_gestalt = scene.observation.gestalt.shape[0]
         return Answer("arr", vlm.decode(new), self._tokens(ids, n_gestalt, K), _split(watch.ms),
-                      peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades)
+                      peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades, vlm.safe_mode)
 
     @torch.no_grad()
     def _answer_stock(self, image, question, pipeline, max_new_tokens, streamer, max_cells) -> Answer:
@@ -288,7 +289,7 @@ class ARRCOCQwen:
         watch.add("total", (watch.now() - start) * 1000)
         tokens = self._tokens(ids, n if pipeline == "gestalt" else 0, 0, total_visual=n)
         return Answer(pipeline, vlm.decode(new), tokens, _split(watch.ms), peak_memory_mb(vlm.device),
-                      timer.new_tokens, views)
+                      timer.new_tokens, views, safe_mode=vlm.safe_mode)
 
     def _tokens(self, ids: torch.Tensor, gestalt: int, saccade: int, total_visual: int | None = None) -> dict:
         visual = gestalt + saccade if total_visual is None else total_visual

@@ -243,6 +243,7 @@ class QwenVL:
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
         self.chat_template = getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE  # the folder's own, if any
         self.decoder = Decoder(model)
+        self.safe_mode = False  # whether the last generate() was redone in safe mode (fp16 overflow)
         # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs
         self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool)
 
@@ -398,12 +399,15 @@ class QwenVL:
         """
         Greedy decoding from input_ids (+ pixel inputs) or inputs_embeds + position_ids -> only the new ids [1, T].
         engine "fast" runs the Decoder (static cache, CUDA graphs) on inputs_embeds; "hf" runs stock generate().
-        Both honour generation_config.min_new_tokens (the bench suppresses EOS with it).
+        Both honour generation_config.min_new_tokens (the bench suppresses EOS with it). After an fp16 overflow
+        the fast engine redoes the request with an fp32 residual stream and sets self.safe_mode.
         """
         min_new_tokens = self.model.generation_config.min_new_tokens or 0
+        self.safe_mode = False
         if self.engine == "fast" and "inputs_embeds" in inputs:
-            return self.decoder.generate(inputs["inputs_embeds"], inputs["position_ids"], max_new_tokens,
-                                         self.eos_token_ids, streamer, min_new_tokens)
+            ids, self.safe_mode = self.decoder.generate(inputs["inputs_embeds"], inputs["position_ids"], max_new_tokens,
+                                                        self.eos_token_ids, streamer, min_new_tokens)
+            return ids
         ref = inputs.get("input_ids", inputs.get("inputs_embeds"))
         inputs.setdefault("attention_mask", torch.ones(ref.shape[:2], dtype=torch.long, device=self.device))
         out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, streamer=streamer,

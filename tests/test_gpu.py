@@ -136,3 +136,34 @@ def test_back_to_back_lengths_reuse_the_captured_graphs(fp32_cuda_model):
         assert [model.answer(image(), q, "arr", max_new_tokens=8).text for q in questions] == texts
     finally:
         model.vlm.engine = "fast"
+
+
+def overflowing_fp16_model() -> ARRCOCQwen:
+    """The tiny model, edited so that its fp16 residual stream overflows at every text token in layer 0:
+    embeddings of magnitude 4e4, plus an attention output of exactly 3e4 (values all 1, o_proj constant)."""
+    model = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.float16)
+    lm = model.vlm.language_model
+    with torch.no_grad():
+        lm.embed_tokens.weight.copy_(torch.sign(torch.randn_like(lm.embed_tokens.weight.float())) * 4e4)
+        attn = lm.layers[0].self_attn
+        attn.v_proj.weight.zero_()
+        attn.v_proj.bias.fill_(1.0)
+        attn.o_proj.weight.fill_(3e4 / attn.o_proj.in_features)
+    return model
+
+
+def test_fp16_overflow_is_detected_and_redone_in_safe_mode():
+    model = overflowing_fp16_model()
+    vlm = model.vlm
+    ids = vlm.prompt_ids(QUESTION, [])
+    embeds = vlm.embed(ids, [])
+    positions = torch.arange(ids.shape[1], device="cuda").view(1, 1, -1).expand(3, 1, -1)
+    with torch.no_grad():  # the stock forward does overflow: its logits are NaN
+        stock = vlm.model(inputs_embeds=embeds, position_ids=positions).logits
+    assert not torch.isfinite(stock).all()
+    answer = model.answer(image(), QUESTION, "gestalt", max_new_tokens=8)
+    assert answer.safe_mode and answer.new_tokens >= 1 and answer.to_json()["safe_mode"] is True
+    chunks = list(model.stream(image(), QUESTION, "arr", max_new_tokens=8))
+    assert chunks[-1].safe_mode and chunks[-2].strip() == chunks[-1].text  # streamed once, no duplicate text
+    normal = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.float16)
+    assert not normal.answer(image(), QUESTION, "gestalt", max_new_tokens=4).safe_mode
