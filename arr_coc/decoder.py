@@ -134,9 +134,9 @@ class Decoder:
         cos, sin = self._rope(x, position_ids)
         for layer in self.lm.layers:
             x = self._layer(layer, x, cos, sin, state, state.slot, state.mask)
-        logits = self._logits(x[:, -1]) + state.logit_bias  # [1, V]
-        token = logits.argmax(-1, keepdim=True)  # [1, 1]
-        state.token.copy_(torch.where(torch.isfinite(logits).any(), token, NON_FINITE))  # -1: the step overflowed
+        logits = self._logits(x[:, -1])  # [1, V]
+        token = (logits + state.logit_bias).argmax(-1, keepdim=True)  # [1, 1]
+        state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))  # -1: the step overflowed
         state.slot.add_(1)
         state.rope.add_(1)
         return state.token
@@ -243,8 +243,9 @@ class Decoder:
         state.logit_bias.zero_()
         if min_new_tokens > 0:
             state.logit_bias[eos] = float("-inf")
-        logits = run(padded, padded_ids, last, cap) + state.logit_bias  # [1, V]
-        token = torch.where(torch.isfinite(logits).any(), logits.argmax(-1, keepdim=True), NON_FINITE)
+        logits = run(padded, padded_ids, last, cap)  # [1, V]
+        token = (logits + state.logit_bias).argmax(-1, keepdim=True)
+        token = torch.where(torch.isfinite(logits).all(), token, NON_FINITE)
         # the decode state starts after the real prompt: padded slots are masked out and overwritten
         state.token.copy_(token)
         state.slot.fill_(L)
