@@ -105,7 +105,8 @@ def bench_pipelines(model: ARRCOCQwen, image: Image.Image, pipelines: list[str],
                 pipeline=pipeline, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
                 ttft_ms=statistics.median(r.ttft_ms for r in runs), new_tokens=runs[0].new_tokens,
                 decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
-                peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid))
+                peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid),
+                gflops=runs[0].gflops)
     model.vlm.engine = engines[0]
     return results
 
@@ -123,12 +124,14 @@ def ratios(results: dict) -> dict:
 
 
 def format_table(results: dict) -> str:
-    head = ("| pipeline | engine | visual tokens | TTFT ms | vision ms | selection ms | prefill ms | ms/token | "
-            "total ms | peak MB |")
-    rows = [head, "|" + "---|" * 10]
+    head = ("| pipeline | engine | visual tokens | GFLOPs (vision + prefill) | TTFT ms | vision ms | selection ms | "
+            "prefill ms | ms/token | total ms | peak MB |")
+    rows = [head, "|" + "---|" * 11]
     for r in results.values():
         t = r["timings_ms"]
-        rows.append(f"| {r['pipeline']} | {r['engine']} | {r['tokens']['total_visual']} | {r['ttft_ms']:.1f} | "
+        g = r["gflops"]
+        rows.append(f"| {r['pipeline']} | {r['engine']} | {r['tokens']['total_visual']} | "
+                    f"{g['vision']:.0f} + {g['prefill']:.0f} | {r['ttft_ms']:.1f} | "
                     f"{t['vision']:.1f} | {t['selection']:.1f} | {t['prefill']:.1f} | {r['decode_ms_per_token']:.2f} | "
                     f"{t['total']:.1f} | {r['peak_memory_mb']:.0f} |")
     return "\n".join(rows)

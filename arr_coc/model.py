@@ -13,12 +13,16 @@ baselines "full" (the native view, capped at max_cells tokens: Qwen2-VL as users
 import gc
 import queue
 import threading
+import time
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
 import torch
+from PIL import Image
 from transformers import TextIteratorStreamer
 
 from arr_coc.config import ARRCOCConfig, PipelineConfig
+from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
                           raster_block, upsample_map)
@@ -79,6 +83,7 @@ class Answer:
     arr: ARRCOCOutput | None = field(default=None, repr=False)  # the ARR layer's output (arr only)
     saccades: list[Saccade] = field(default_factory=list)  # relevance-ordered (arr only)
     safe_mode: bool = False  # the answer was redone with an fp32 residual stream after fp16 overflowed
+    gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
 
     @property
     def tokens_per_s(self) -> float:
@@ -93,7 +98,8 @@ class Answer:
     def to_json(self) -> dict:
         out = dict(answer=self.text, tokens=self.tokens, timings_ms={k: round(v, 2) for k, v in self.timings_ms.items()},
                    ttft_ms=round(self.ttft_ms, 2), peak_memory_mb=round(self.peak_memory_mb, 1),
-                   new_tokens=self.new_tokens, safe_mode=self.safe_mode, image_size=list(self.views.image.size),
+                   new_tokens=self.new_tokens, safe_mode=self.safe_mode,
+                   gflops={k: round(v, 1) for k, v in self.gflops.items()}, image_size=list(self.views.image.size),
                    native_grid=list(self.views.native_grid), candidate_grid=list(self.views.candidate_grid))
         if self.arr is not None:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
@@ -141,6 +147,22 @@ class ARRCOCQwen:
         if checkpoint:
             self.layer = self.load_layer(checkpoint)
         return self
+
+    def warmup(self) -> float:
+        """
+        Run every pipeline once on a square image, so the CUDA graphs of the shapes the app uses (the 16x16
+        gestalt, 273 saccades, short prompts, the decode step) are captured before the first user comes.
+        Other shapes are captured when first seen. Returns the seconds it took (0 off CUDA: nothing to capture).
+        """
+        if self.vlm.device.type != "cuda":
+            return 0.0
+        start = time.perf_counter()
+        rng = np.random.default_rng(0)
+        for size in (448, 1792):
+            image = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+            for pipeline in PIPELINES:
+                self.answer(image, "What is in this image?", pipeline, max_new_tokens=2)
+        return time.perf_counter() - start
 
     # --- ARR layers (checkpoint A/B swaps these without touching the VLM) ---
 
@@ -255,8 +277,13 @@ class ARRCOCQwen:
         saccades = [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)))
                     for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
         n_gestalt = scene.observation.gestalt.shape[0]
+        config = vlm.model.config
+        prior_layers = int(self.pipeline.prior_layer_fraction * config.text_config.num_hidden_layers)
+        gflops = dict(vision=vision_gflops(config.vision_config, 4 * n_gestalt) + vision_gflops(config.vision_config, 4 * K),
+                      prefill=prefill_gflops(config.text_config, ids.shape[1] - (K + 2 if K else 0), prior_layers, False)
+                      + prefill_gflops(config.text_config, ids.shape[1]))
         return Answer("arr", vlm.decode(new), self._tokens(ids, n_gestalt, K), _split(watch.ms),
-                      peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades, vlm.safe_mode)
+                      peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades, vlm.safe_mode, gflops)
 
     @torch.no_grad()
     def _answer_stock(self, image, question, pipeline, max_new_tokens, streamer, max_cells) -> Answer:
@@ -288,8 +315,10 @@ class ARRCOCQwen:
             watch.ms["prefill"] -= watch.ms["vision"] - before  # prefill excl. the vision tower inside it
         watch.add("total", (watch.now() - start) * 1000)
         tokens = self._tokens(ids, n if pipeline == "gestalt" else 0, 0, total_visual=n)
+        config = vlm.model.config
+        gflops = dict(vision=vision_gflops(config.vision_config, 4 * n), prefill=prefill_gflops(config.text_config, ids.shape[1]))
         return Answer(pipeline, vlm.decode(new), tokens, _split(watch.ms), peak_memory_mb(vlm.device),
-                      timer.new_tokens, views, safe_mode=vlm.safe_mode)
+                      timer.new_tokens, views, safe_mode=vlm.safe_mode, gflops=gflops)
 
     def _tokens(self, ids: torch.Tensor, gestalt: int, saccade: int, total_visual: int | None = None) -> dict:
         visual = gestalt + saccade if total_visual is None else total_visual

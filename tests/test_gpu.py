@@ -167,3 +167,14 @@ def test_fp16_overflow_is_detected_and_redone_in_safe_mode():
     assert chunks[-1].safe_mode and chunks[-2].strip() == chunks[-1].text  # streamed once, no duplicate text
     normal = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.float16)
     assert not normal.answer(image(), QUESTION, "gestalt", max_new_tokens=4).safe_mode
+
+
+def test_warmup_captures_the_app_shapes_so_a_first_request_captures_nothing():
+    model = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.bfloat16)
+    assert model.warmup() > 0
+    decoder = model.vlm.decoder
+    counts = lambda: (len(decoder.graphed_prefill.graphs), len(decoder.graphed_prior.graphs),
+                      len(decoder.decode_graphs), len(model.vlm.graphed_vision.graphs))
+    before = counts()
+    model.answer(image(), "What colour is the sky?", "arr", max_new_tokens=4)
+    assert counts() == before

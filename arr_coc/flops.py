@@ -1,0 +1,33 @@
+"""
+Estimated compute of the vision tower and the LLM prefill, from the model config alone.
+
+On an H100 batch-1 inference is launch-bound, so milliseconds hide the compute ARR saves; on a T4 they
+do not. Counts are multiply-adds x 2 of the matrix products (projections, MLPs, attention scores and
+values, patch embedding, merger, the LM head's one row); norms, rotary and softmax are left out.
+
+    from arr_coc.flops import vision_gflops, prefill_gflops
+    vision_gflops(model.config.vision_config, patches=1024)       # the 16x16 gestalt
+    prefill_gflops(model.config.text_config, tokens=560)
+"""
+
+
+def vision_gflops(vision_config, patches: int) -> float:
+    """One vision-tower pass over `patches` 14 px patches in one attention sequence (merged 4 -> 1 at the end)."""
+    c = vision_config
+    E = c.embed_dim
+    inner = int(E * c.mlp_ratio)
+    patch_in = c.in_channels * c.temporal_patch_size * c.patch_size**2
+    merged = patches // c.spatial_merge_size**2
+    per_block = patches * (4 * E * E + 2 * E * inner) + 2 * patches * patches * E  # qkv+proj, MLP, QK^T and AV
+    merger = merged * (4 * E) * (4 * E) + merged * (4 * E) * c.hidden_size
+    return 2 * (patches * patch_in * E + c.depth * per_block + merger) / 1e9
+
+
+def prefill_gflops(text_config, tokens: int, layers: int | None = None, logits: bool = True) -> float:
+    """A causal pass of `tokens` tokens through `layers` decoder layers (all by default), plus one row of logits."""
+    c = text_config
+    D, inner = c.hidden_size, c.intermediate_size
+    kv = c.num_key_value_heads * (D // c.num_attention_heads)
+    per_layer = tokens * (2 * D * D + 2 * D * kv + 3 * D * inner) + tokens * tokens * D  # causal: half of 2 L^2 D
+    head = D * c.vocab_size if logits else 0
+    return 2 * ((c.num_hidden_layers if layers is None else layers) * per_layer + head) / 1e9
