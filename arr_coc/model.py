@@ -33,6 +33,7 @@ from arr_coc.timing import Stopwatch, TimingStreamer, peak_memory_mb, reset_peak
 PIPELINES = ("arr", "full", "gestalt", "budget")
 BASELINES = ("full", "gestalt", "budget")
 MAX_QUESTION_CHARS = 4000
+WARMUP_QUESTION = "What is in this image?"  # the warm-up captures the prompt-length bucket of short questions
 
 
 class OutOfMemory(RuntimeError):
@@ -161,7 +162,7 @@ class ARRCOCQwen:
         for size in (448, 1792):
             image = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
             for pipeline in PIPELINES:
-                self.answer(image, "What is in this image?", pipeline, max_new_tokens=2)
+                self.answer(image, WARMUP_QUESTION, pipeline, max_new_tokens=2)
         return time.perf_counter() - start
 
     # --- ARR layers (checkpoint A/B swaps these without touching the VLM) ---

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.model import ARRCOCQwen, OutOfMemory
+from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen, OutOfMemory
 
 pytestmark = pytest.mark.gpu
 QUESTION = "What does the gray text say?"
@@ -176,5 +176,5 @@ def test_warmup_captures_the_app_shapes_so_a_first_request_captures_nothing():
     counts = lambda: (len(decoder.graphed_prefill.graphs), len(decoder.graphed_prior.graphs),
                       len(decoder.decode_graphs), len(model.vlm.graphed_vision.graphs))
     before = counts()
-    model.answer(image(), "What colour is the sky?", "arr", max_new_tokens=4)
+    model.answer(image(), WARMUP_QUESTION, "arr", max_new_tokens=4)  # a new image, the bucket of short questions
     assert counts() == before
