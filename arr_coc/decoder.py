@@ -29,6 +29,7 @@ from arr_coc.graphs import CUDAGraphed, capture
 BUCKET = 64  # prompts are padded to a multiple of this on CUDA: one prefill graph per bucket
 CACHE_STEP = 1024  # cache sizes are multiples of this: one decode graph per size
 NON_FINITE = -1  # the token a step reports when its logits were NaN or inf (fp16 overflow)
+SAFE_LOGIT_SCALE = 1024.0  # safe mode computes logits / this in fp16 (greedy argmax is unchanged by the scale)
 GQA_IN_SDPA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa arrived in 2.5
 
 
@@ -113,7 +114,10 @@ class Decoder:
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.lm.norm(hidden).to(self.dtype)).float()
+        h = self.lm.norm(hidden)
+        if self.safe:  # fp16 logits can overflow too (tied embeddings): compute them scaled down, then scale up
+            return self.model.lm_head((h / SAFE_LOGIT_SCALE).to(self.dtype)).float() * SAFE_LOGIT_SCALE
+        return self.model.lm_head(h.to(self.dtype)).float()
 
     def _prefill(self, embeds, position_ids, last, cap: int):
         """embeds [1, L, D], position_ids [3, 1, L], last [1] index of the prompt's last token -> logits [1, V]."""

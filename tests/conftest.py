@@ -31,6 +31,25 @@ def arr_model():
     return ARRCOCQwen.from_pretrained("tiny")
 
 
+def overflowing_fp16_model(device: str):
+    """
+    The tiny model in fp16, edited so that its residual stream overflows at every text token in layer 0:
+    embeddings of magnitude 4e4, plus an attention output of exactly 3e4 (values all 1, o_proj constant).
+    Its tied LM head makes fp16 logits overflow as well.
+    """
+    from arr_coc.model import ARRCOCQwen
+
+    model = ARRCOCQwen.from_pretrained("tiny", device=device, dtype=torch.float16)
+    lm = model.vlm.language_model
+    with torch.no_grad():
+        lm.embed_tokens.weight.copy_(torch.sign(torch.randn_like(lm.embed_tokens.weight.float())) * 4e4)
+        attn = lm.layers[0].self_attn
+        attn.v_proj.weight.zero_()
+        attn.v_proj.bias.fill_(1.0)
+        attn.o_proj.weight.fill_(3e4 / attn.o_proj.in_features)
+    return model
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

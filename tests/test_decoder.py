@@ -101,3 +101,18 @@ def test_back_to_back_requests_of_different_lengths(arr_model):
         stock = vlm.generate(6, inputs_embeds=embeds, position_ids=positions)
         vlm.engine = "fast"
         assert ours.tolist() == stock.tolist()
+
+
+def test_fp16_overflow_is_redone_in_safe_mode_on_this_device():
+    from conftest import overflowing_fp16_model
+
+    model = overflowing_fp16_model("cuda" if torch.cuda.is_available() else "cpu")
+    vlm = model.vlm
+    ids = vlm.prompt_ids(QUESTION, [])
+    positions = torch.arange(ids.shape[1], device=vlm.device).view(1, 1, -1).expand(3, 1, -1)
+    with torch.no_grad():  # the stock forward overflows: its logits are not finite
+        assert not torch.isfinite(vlm.model(inputs_embeds=vlm.embed(ids, []), position_ids=positions).logits).all()
+    answer = model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)
+    assert answer.safe_mode and answer.new_tokens >= 1 and answer.to_json()["safe_mode"] is True
+    plain = model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)
+    assert plain.text == answer.text  # the redo is deterministic

@@ -138,22 +138,11 @@ def test_back_to_back_lengths_reuse_the_captured_graphs(fp32_cuda_model):
         model.vlm.engine = "fast"
 
 
-def overflowing_fp16_model() -> ARRCOCQwen:
-    """The tiny model, edited so that its fp16 residual stream overflows at every text token in layer 0:
-    embeddings of magnitude 4e4, plus an attention output of exactly 3e4 (values all 1, o_proj constant)."""
-    model = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.float16)
-    lm = model.vlm.language_model
-    with torch.no_grad():
-        lm.embed_tokens.weight.copy_(torch.sign(torch.randn_like(lm.embed_tokens.weight.float())) * 4e4)
-        attn = lm.layers[0].self_attn
-        attn.v_proj.weight.zero_()
-        attn.v_proj.bias.fill_(1.0)
-        attn.o_proj.weight.fill_(3e4 / attn.o_proj.in_features)
-    return model
-
-
 def test_fp16_overflow_is_detected_and_redone_in_safe_mode():
-    model = overflowing_fp16_model()
+    """On the GPU the first attempt runs from CUDA graphs: the overflow check is captured with them."""
+    from conftest import overflowing_fp16_model
+
+    model = overflowing_fp16_model("cuda")
     vlm = model.vlm
     ids = vlm.prompt_ids(QUESTION, [])
     embeds = vlm.embed(ids, [])
