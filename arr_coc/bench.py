@@ -28,15 +28,19 @@ from arr_coc.tiny import qwen2_vl_2b_config, random_vlm
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from arr_coc import cli
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
     p.add_argument("--random-weights", action="store_true", help="full-size Qwen2-VL-2B architecture, random weights")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
-    p.add_argument("--image-size", type=int, default=896, help="side of the square test image in px")
-    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per answer (EOS is suppressed)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
-    p.add_argument("--layer-repeats", type=int, default=50, help="timed runs of the relevance layer")
-    p.add_argument("--pipelines", default=",".join(PIPELINES), help="comma-separated pipelines to time")
+    p.add_argument("--image-size", type=cli.bounded_int(56, 8192), default=896, help="side of the square test image in px")
+    p.add_argument("--new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=32,
+                   help="tokens generated per answer (EOS is suppressed)")
+    p.add_argument("--repeats", type=cli.bounded_int(1, 10_000), default=5, help="timed runs per measurement (median reported)")
+    p.add_argument("--layer-repeats", type=cli.bounded_int(1, 100_000), default=50, help="timed runs of the relevance layer")
+    p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
+                   help="comma-separated pipelines to time")
     p.add_argument("--json", default=None, help="write all numbers here")
     return p.parse_args(argv)
 

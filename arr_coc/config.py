@@ -11,6 +11,9 @@ and a fixed budget of 273 saccades. A checkpoint's config.json is this dataclass
 from dataclasses import dataclass, field
 
 STRATEGIES = ("topk", "logpolar", "grid", "random")
+PIPELINES = ("arr", "full", "gestalt", "budget")  # here, not in model.py, so the commands check flags without torch
+BASELINES = ("full", "gestalt", "budget")
+DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 
 
 @dataclass

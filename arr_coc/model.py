@@ -17,16 +17,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import TextIteratorStreamer
 
-from arr_coc.config import ARRCOCConfig
+from arr_coc.config import BASELINES, PIPELINES, ARRCOCConfig
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
                           raster_block, upsample_map, view_tensor)
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.texture import generate_texture_array
-from arr_coc.timing import Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
+from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
 
-PIPELINES = ("arr", "full", "gestalt", "budget")
-BASELINES = ("full", "gestalt", "budget")
 MAX_QUESTION_CHARS = 4000
 
 
@@ -292,4 +290,4 @@ class ARRCOCQwen:
 
 def _split(ms: dict) -> dict:
     """Fill the four-way latency split (missing parts are 0) plus the total."""
-    return {k: ms.get(k, 0.0) for k in ("vision", "selection", "prefill", "decode", "total")}
+    return {k: ms.get(k, 0.0) for k in TIMING_KEYS}

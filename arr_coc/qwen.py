@@ -20,13 +20,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageSequence
 
+from arr_coc.config import DEFAULT_MODEL
+from arr_coc.texture import minmax
 from arr_coc.tiny import CHAT_TEMPLATE, tiny_model_path
 
 PATCH = 14  # ViT patch side in px
 MERGE = 2  # 2x2 patches merge into one LLM token
 CELL = PATCH * MERGE  # 28 px: one merged token = one candidate cell
 MAX_ASPECT = 32.0  # wider or taller images are squeezed to this aspect ratio (Qwen refuses > 200)
-DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 
 
 class InputError(ValueError):
@@ -349,5 +350,4 @@ def upsample_map(values: torch.Tensor, grid: tuple[int, int], size: tuple[int, i
     """[N] values on a (rows, cols) grid -> [1, *size] bilinear map, min-max scaled to [0, 1]."""
     m = values.float().view(1, 1, *grid)
     m = F.interpolate(m, size=size, mode="bilinear", align_corners=False)[:, 0]
-    lo, hi = m.amin(), m.amax()
-    return (m - lo) / (hi - lo) if hi > lo else torch.zeros_like(m)
+    return minmax(m, floor=0)
