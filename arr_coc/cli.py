@@ -18,7 +18,7 @@ import sys
 import time
 from importlib import metadata
 
-MAX_CELLS = (1024, 16384)  # bounds of --max-cells: the candidate grid's cell cap (DESIGN.md §1)
+MAX_CELLS = (1024, 16384)  # bounds of --max-cells: the candidate grid's cell cap (docs/ARCHITECTURE.md §1)
 MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
 
 

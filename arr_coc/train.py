@@ -6,7 +6,7 @@ Two losses, both reaching every ARR parameter:
   (a listwise cross-entropy against the box's cell coverage);
 - answer (--lm-weight > 0): the frozen VLM's loss on the expected answer, given the gestalt and the
   selected saccades; the hard top-k selection passes gradient through the straight-through product
-  tokens * (1 + s - s.detach()) on the selected scores (DESIGN.md §3).
+  tokens * (1 + s - s.detach()) on the selected scores (docs/ARCHITECTURE.md §3).
 
 The frozen VLM's part of every sample (gestalt tokens, attention prior, texture) is computed once.
 
