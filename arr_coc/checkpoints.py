@@ -39,14 +39,13 @@ def default_checkpoint(model_family: str, hidden_size: int, root: Path = ROOT) -
     return None
 
 
-def choose(requested: str | None, model_family: str, hidden_size: int, root: Path = ROOT,
-           default: bool = True) -> str | None:
+def choose(requested: str | None, model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
     """The checkpoint to load (folder or hub id), or None for the untrained prior."""
     if requested in PRIOR_NAMES:
         return None
     if requested:
         return resolve_checkpoint(requested, root)
-    return default_checkpoint(model_family, hidden_size, root) if default else None
+    return default_checkpoint(model_family, hidden_size, root)
 
 
 def label(checkpoint: str | None) -> str:

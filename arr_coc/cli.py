@@ -88,7 +88,7 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def load_model(name: str, checkpoint: str | None, device: str | None, default_checkpoint: bool = True):
+def load_model(name: str, checkpoint: str | None, device: str | None):
     """
     ARRCOCQwen with its ARR layer, printing a line before and after loading. The layer follows the one rule
     of arr_coc.checkpoints.choose (as in the app). Returns (model, the checkpoint's name or checkpoints.PRIOR).
@@ -104,7 +104,7 @@ def load_model(name: str, checkpoint: str | None, device: str | None, default_ch
     log(f"loading {name} on {device} ...")
     start = time.perf_counter()
     model = ARRCOCQwen.from_pretrained(name, device=device)
-    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size, default=default_checkpoint)
+    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
     if folder is not None:
         model.layer = model.load_layer(folder)
     log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")

@@ -162,7 +162,6 @@ def test_the_default_is_the_first_checkpoint_made_for_the_model(tmp_path):
     layer_config(tmp_path / "e_fits_too")
     assert checkpoints.default_checkpoint("qwen2_vl", 64, tmp_path) == str(tmp_path / "d_fits")
     assert checkpoints.choose(None, "qwen2_vl", 1536, tmp_path) == str(tmp_path / "a_big")
-    assert checkpoints.choose(None, "qwen2_vl", 64, tmp_path, default=False) is None
     assert checkpoints.label(str(tmp_path / "d_fits")) == "d_fits" and checkpoints.label(None) == checkpoints.PRIOR
 
 
