@@ -135,7 +135,9 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                         c_baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
                         c_strategy = strategy_dropdown()
                     c_tokens = tokens_slider()
-                    c_run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+                    with gr.Row():
+                        c_run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+                        c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
                     c_status = gr.Markdown(label="Status", elem_id="compare-status")
                 with gr.Column(scale=2):
                     with gr.Row():
@@ -186,7 +188,9 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                                                  label="…or upload B: config.json + model.safetensors")
                     ab_strategy = strategy_dropdown()
                     ab_tokens = tokens_slider()
-                    ab_run = gr.Button("Compare checkpoints", variant="primary")
+                    with gr.Row():
+                        ab_run = gr.Button("Compare checkpoints", variant="primary")
+                        ab_stop = gr.Button("Stop", variant="stop", elem_id="ab-stop")
                     ab_summary = gr.Markdown(label="Agreement")
                 with gr.Column(scale=2):
                     with gr.Row():
@@ -201,19 +205,20 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
 
         # --------------------------------------------------------------------- wiring
 
-        gr.on([c_run.click, c_question.submit], compare,
-              [c_image, c_question, c_baseline, c_tokens, c_strategy],
-              [c_status, c_base_text, c_base_stats, c_arr_text, c_arr_stats, c_heatmap, c_gestalt, c_weights],
-              api_name="compare", concurrency_id=GPU)
+        compare_event = gr.on(
+            [c_run.click, c_question.submit], compare, [c_image, c_question, c_baseline, c_tokens, c_strategy],
+            [c_status, c_base_text, c_base_stats, c_arr_text, c_arr_stats, c_heatmap, c_gestalt, c_weights],
+            api_name="compare", concurrency_id=GPU)
+        c_stop.click(None, cancels=[compare_event])  # frees the GPU queue for the next request
         m_run.click(microscope, [m_image, m_question, m_strategy, m_budget],
                     [m_scene, m_channels, m_scorers, m_heatmap, m_summary, m_saccades],
                     api_name="microscope", concurrency_id=GPU)
         gr.on([m_strategy.change, m_budget.release], reselect, [m_scene, m_strategy, m_budget],
               [m_heatmap, m_summary, m_saccades], api_name="reselect")
-        ab_run.click(ab, [ab_image, ab_question, ab_choice_a, ab_files_a, ab_choice_b, ab_files_b, ab_strategy,
-                          ab_tokens],
-                     [ab_heat_a, ab_heat_b, ab_diff, ab_text_a, ab_text_b, ab_summary],
-                     api_name="ab", concurrency_id=GPU)
+        ab_event = ab_run.click(
+            ab, [ab_image, ab_question, ab_choice_a, ab_files_a, ab_choice_b, ab_files_b, ab_strategy, ab_tokens],
+            [ab_heat_a, ab_heat_b, ab_diff, ab_text_a, ab_text_b, ab_summary], api_name="ab", concurrency_id=GPU)
+        ab_stop.click(None, cancels=[ab_event])
     return demo
 
 

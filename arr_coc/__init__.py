@@ -1,1 +1,3 @@
 """ARR-COC: query-aware visual token selection (Adaptive Relevance Realization) for Qwen2-VL."""
+
+__version__ = "0.1.0"

@@ -17,15 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
-import transformers
 from PIL import Image
 
-from arr_coc.model import PIPELINES, ARRCOCQwen
-from arr_coc.qwen import DEFAULT_MODEL
-from arr_coc.texture import generate_texture_array
-from arr_coc.timing import peak_memory_mb, reset_peak_memory, synchronize
-from arr_coc.tiny import qwen2_vl_2b_config, random_vlm
+from arr_coc import cli
+from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,13 +28,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
     p.add_argument("--random-weights", action="store_true", help="full-size Qwen2-VL-2B architecture, random weights")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
-    p.add_argument("--sizes", default="448,896,1344,1792", help="comma-separated sides of the square test images in px")
-    p.add_argument("--max-cells", type=int, default=4096, help="cap on the candidate grid and the full baseline's tokens")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per answer (EOS is suppressed)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median reported)")
-    p.add_argument("--layer-repeats", type=int, default=50, help="timed runs of the relevance layer")
-    p.add_argument("--pipelines", default=",".join(PIPELINES), help="comma-separated pipelines to time")
-    p.add_argument("--engines", default="fast,hf", help="comma-separated engines: fast (ours) and hf (stock generate)")
+    p.add_argument("--sizes", type=cli.int_list(56, 8192), default=[448, 896, 1344, 1792],
+                   help="comma-separated sides of the square test images in px")
+    cli.add_max_cells(p)
+    p.add_argument("--new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
+                   help="tokens generated per answer (EOS is suppressed)")
+    p.add_argument("--repeats", type=cli.bounded_int(1, 10_000), default=3, help="timed runs per measurement (median reported)")
+    p.add_argument("--layer-repeats", type=cli.bounded_int(1, 100_000), default=50, help="timed runs of the relevance layer")
+    p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
+                   help="comma-separated pipelines to time")
+    p.add_argument("--engines", type=cli.comma_list(ENGINES), default="fast,hf",
+                   help="comma-separated engines: fast (static cache + CUDA graphs) and hf (stock generate)")
     p.add_argument("--json", default=None, help="write all numbers here")
     return p.parse_args(argv)
 
@@ -54,7 +53,9 @@ def test_image(size: int) -> Image.Image:
     return Image.fromarray(a.clip(0, 255).astype(np.uint8))
 
 
-def median_ms(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
+def median_ms(fn, repeats: int, device, warmup: int = 3) -> float:
+    from arr_coc.timing import synchronize
+
     for _ in range(warmup):
         fn()
     times = []
@@ -67,11 +68,15 @@ def median_ms(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def bench_layer(model: ARRCOCQwen, image: Image.Image, repeats: int, max_cells: int) -> dict:
+def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict:
     """
     texture + scorers + balancer + allocator for B=1 on the image's candidate grid (64x64 at 1792^2), from the
     on-device high-res view: eagerly, and as the app runs it (CUDA-graph replay on a GPU).
     """
+    import torch
+
+    from arr_coc.texture import generate_texture_array
+
     device = model.vlm.device
     o = model.observe(image, "Where is the red disc?", max_cells=max_cells)
     grid, layer = o.views.candidate_grid, model.layer
@@ -90,7 +95,7 @@ def bench_layer(model: ARRCOCQwen, image: Image.Image, repeats: int, max_cells: 
                 layer_eager_ms=median_ms(eager, repeats, device), layer_ms=median_ms(as_served, repeats, device))
 
 
-def bench_pipelines(model: ARRCOCQwen, image: Image.Image, pipelines: list[str], engines: list[str],
+def bench_pipelines(model, image: Image.Image, pipelines: list[str], engines: list[str],
                     new_tokens: int, repeats: int, max_cells: int) -> dict:
     """Median latency split, TTFT, tokens and peak memory of each pipeline with each engine, on one image."""
     model.vlm.model.generation_config.min_new_tokens = new_tokens  # exact length: EOS is suppressed until then
@@ -139,17 +144,23 @@ def format_table(results: dict) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    import torch
+    import transformers
+
+    from arr_coc.model import ARRCOCQwen
+    from arr_coc.qwen import default_dtype
+    from arr_coc.timing import peak_memory_mb, reset_peak_memory, synchronize
+    from arr_coc.tiny import qwen2_vl_2b_config, random_vlm
+
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.random_weights:
-        from arr_coc.qwen import default_dtype
-
         model = ARRCOCQwen(random_vlm(qwen2_vl_2b_config(), str(device), default_dtype(device), "Qwen2-VL-2B (random)"))
     else:
         model = ARRCOCQwen.from_pretrained(args.model, device=str(device))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     synchronize(device)
     weights_mb = (torch.cuda.memory_allocated(device) / 2**20) if device.type == "cuda" else peak_memory_mb(device)
-    sizes = [int(v) for v in args.sizes.split(",")]
+    sizes = args.sizes
     print(f"device: {name}  model: {model.vlm.name}  dtype: {model.vlm.dtype}  weights: {weights_mb:.0f} MB", flush=True)
     report = dict(device=name, model=model.vlm.name, dtype=str(model.vlm.dtype), torch=torch.__version__,
                   transformers=transformers.__version__, weights_mb=weights_mb, max_cells=args.max_cells,

@@ -15,6 +15,10 @@ The two configs of ARR-COC, kept apart on purpose:
 from dataclasses import dataclass, field
 
 STRATEGIES = ("topk", "logpolar", "grid", "random")
+PIPELINES = ("arr", "full", "gestalt", "budget")  # here, not in model.py, so the commands check flags without torch
+BASELINES = ("full", "gestalt", "budget")
+DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
+ENGINES = ("fast", "hf")  # generation: our static cache + CUDA graphs, or transformers' own generate()
 
 
 @dataclass

@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+from arr_coc import cli
 
 Box = tuple[int, int, int, int]
 
@@ -329,6 +331,15 @@ def make_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distract
 # JSONL on disk
 
 
+def open_image(path: str | Path) -> Image.Image:
+    """An image file as the app receives an upload: decoded now, its first frame, turned upright by its EXIF
+    orientation (a phone photo stored sideways with orientation 6 comes out portrait). The CLI and the
+    dataset loader both read images through here, so they see what the app sees."""
+    with Image.open(path) as image:
+        image.load()  # decode now, so a truncated file fails here
+        return ImageOps.exif_transpose(image)  # a transposed copy, or a plain copy: valid after the file closes
+
+
 def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:
     """Write samples as folder/images/NNNNNN_<kind>.png + folder/data.jsonl; return the jsonl path.
     Streams, so a generator of samples never has to fit in memory."""
@@ -383,8 +394,7 @@ def _parse_record(line: str, root: Path, where: str) -> Sample:
     if not image_path.is_file():
         raise ValueError(f"{where}: image file not found: {image_path}")
     try:
-        with Image.open(image_path) as im:
-            image = im.convert("RGB")
+        image = open_image(image_path).convert("RGB")
     except Exception as e:  # PIL raises several types for broken files
         raise ValueError(f"{where}: cannot read image {image_path}: {e}") from e
     if box is not None:
@@ -415,21 +425,17 @@ def load_jsonl(path: str | Path) -> list[Sample]:
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description="Write a synthetic ARR-COC dataset: DIR/images/*.png + DIR/data.jsonl.")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (created if needed)")
-    parser.add_argument("--n", type=int, default=100, help="number of samples to write")
-    parser.add_argument("--kinds", default="text_vs_distractor,distractor_query",
+    parser.add_argument("--n", type=cli.bounded_int(0, 10_000_000), default=100, help="number of samples to write")
+    parser.add_argument("--kinds", type=cli.comma_list(SCENE_KINDS), default="text_vs_distractor,distractor_query",
                         help=f"comma-separated scene kinds, cycled in order; any of: {','.join(SCENE_KINDS)}")
     parser.add_argument("--seed", type=int, default=0, help="dataset seed; the same seed gives the same dataset")
-    parser.add_argument("--size", type=int, default=896, help="image side in pixels (896 = the ARR high-res view)")
+    parser.add_argument("--size", type=cli.bounded_int(64, 8192), default=896,
+                        help="image side in pixels (896 = the ARR high-res view)")
     args = parser.parse_args(argv)
 
-    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    bad = [k for k in kinds if k not in SCENE_KINDS]
-    if not kinds or bad:
-        parser.error(f"--kinds: unknown {bad or 'empty list'}; choose from {','.join(SCENE_KINDS)}")
-    if args.n < 0 or args.size < 64:
-        parser.error("--n must be >= 0 and --size >= 64")
+    kinds = tuple(cli.names(args.kinds))
     counts: Counter[str] = Counter()
 
     def counted(samples: Iterable[Sample]) -> Iterator[Sample]:

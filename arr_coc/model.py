@@ -21,17 +21,15 @@ import torch
 from PIL import Image
 from transformers import TextIteratorStreamer
 
-from arr_coc.config import ARRCOCConfig, PipelineConfig
+from arr_coc.config import BASELINES, PIPELINES, ARRCOCConfig, PipelineConfig
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
                           raster_block, upsample_map)
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.texture import generate_texture_array
-from arr_coc.timing import Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
+from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
 
-PIPELINES = ("arr", "full", "gestalt", "budget")
-BASELINES = ("full", "gestalt", "budget")
 MAX_QUESTION_CHARS = 4000
 WARMUP_QUESTION = "What is in this image?"  # the warm-up captures the prompt-length bucket of short questions
 
@@ -352,4 +350,4 @@ class ARRCOCQwen:
 
 def _split(ms: dict) -> dict:
     """Fill the four-way latency split (missing parts are 0) plus the total."""
-    return {k: ms.get(k, 0.0) for k in ("vision", "selection", "prefill", "decode", "total")}
+    return {k: ms.get(k, 0.0) for k in TIMING_KEYS}

@@ -21,8 +21,10 @@ from PIL import Image, ImageSequence
 
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
+from arr_coc.config import DEFAULT_MODEL, ENGINES
 from arr_coc.decoder import Decoder
 from arr_coc.graphs import CUDAGraphed
+from arr_coc.texture import minmax
 from arr_coc.tiny import CHAT_TEMPLATE, tiny_model_path
 
 PATCH = 14  # ViT patch side in px
@@ -30,8 +32,6 @@ MERGE = 2  # 2x2 patches merge into one LLM token
 CELL = PATCH * MERGE  # 28 px: one merged token = one candidate cell
 MAX_ASPECT = 32.0  # wider or taller images are squeezed to this aspect ratio (Qwen refuses > 200)
 MIN_PIXELS = 56 * 56  # the image processor's default lower bound (4 cells)
-DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
-ENGINES = ("fast", "hf")
 GRAPHED_CELLS = 1024  # vision calls of at most this many cells replay as CUDA graphs (gestalt, saccades, budget)
 QUESTION_SLOT = "\x00question\x00"  # stands in for the question while the chat template is rendered
 
@@ -422,5 +422,4 @@ def upsample_map(values: torch.Tensor, grid: tuple[int, int], size: tuple[int, i
     """[N] values on a (rows, cols) grid -> [1, *size] bilinear map, min-max scaled to [0, 1]."""
     m = values.float().view(1, 1, *grid)
     m = F.interpolate(m, size=size, mode="bilinear", align_corners=False)[:, 0]
-    lo, hi = m.amin(), m.amax()
-    return (m - lo) / (hi - lo) if hi > lo else torch.zeros_like(m)
+    return minmax(m, floor=0)

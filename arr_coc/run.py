@@ -4,8 +4,13 @@ The headless microscope: one image, one question, every pipeline, a table on std
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What colour are the cat's eyes?" \
         --json out/run.json --save-dir out/run
 
-Exit codes: 0 on success; 2 on bad input (unreadable image, empty question, bad checkpoint), with a
-one-line reason on stderr.
+The ARR layer follows the app's rule: --checkpoint (a name under checkpoints/, a folder, a hub id, or
+"prior"), else the first checkpoint in checkpoints/ made for the model, else the untrained prior.
+Progress lines and notes go to stderr; the table to stdout. The JSON records the model, the checkpoint,
+the question, any notice about the model and the package versions, beside each pipeline's results.
+
+Exit codes: 0 on success; 2 on bad input (a bad flag, unreadable image, empty question, bad checkpoint),
+with a one-line reason on stderr.
 """
 
 import argparse
@@ -13,36 +18,45 @@ import json
 import sys
 from pathlib import Path
 
-import transformers
-from PIL import Image, UnidentifiedImageError
-
-from arr_coc.config import STRATEGIES
-from arr_coc.layer import CheckpointError
-from arr_coc.model import PIPELINES, ARRCOCQwen, OutOfMemory
-from arr_coc.qwen import DEFAULT_MODEL, InputError
+from arr_coc import cli
+from arr_coc.config import DEFAULT_MODEL, PIPELINES, STRATEGIES
+from arr_coc.data import open_image
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, local folder, or "tiny" for the offline model')
     p.add_argument("--image", required=True, help="path of the image to look at")
-    p.add_argument("--question", required=True, help="the question to ask about the image")
-    p.add_argument("--checkpoint", default=None, help="ARR checkpoint folder (default: the untrained prior)")
+    p.add_argument("--question", required=True, type=cli.nonblank, help="the question to ask about the image")
+    p.add_argument("--checkpoint", default=None,
+                   help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
+                        "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
+                        "else the prior; the app's rule)")
     p.add_argument("--strategy", default="topk", choices=STRATEGIES, help="saccade allocation strategy")
-    p.add_argument("--budget", type=int, default=273, help="number of saccades")
-    p.add_argument("--pipelines", default=",".join(PIPELINES), help=f"comma-separated subset of {PIPELINES}")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit")
+    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=273,
+                   help="number of saccades (at most the candidate grid's cells)")
+    p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
+                   help=f"comma-separated subset of {','.join(PIPELINES)}")
+    p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
+                   help="answer length limit")
+    cli.add_max_cells(p)
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
     p.add_argument("--json", default=None, help="write the results here as JSON")
     p.add_argument("--save-dir", default=None, help="write heatmap, channel and scorer PNGs here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.budget > args.max_cells:
+        p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
+    return args
 
 
-def load_image(path: str) -> Image.Image:
+def load_image(path: str):
+    """The image as the app would get it (EXIF orientation applied); InputError with the reason if unreadable."""
+    from PIL import Image, UnidentifiedImageError
+
+    from arr_coc.qwen import InputError
+
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image.copy()  # the first frame of an animation
+        return open_image(path)
     except FileNotFoundError:
         raise InputError(f"no such image: {path}") from None
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
@@ -51,39 +65,43 @@ def load_image(path: str) -> Image.Image:
 
 def table(results: dict) -> str:
     """One row per pipeline: tokens, latency split, memory, answer."""
-    head = f"{'pipeline':<9}{'visual':>7}{'text':>6}{'vision':>9}{'select':>9}{'prefill':>9}{'decode':>9}{'total':>9}{'MB':>8}  answer"
+    from arr_coc.timing import TIMING_KEYS
+
+    head = f"{'pipeline':<9}{'visual':>7}{'text':>6}" + "".join(f"{k[:7]:>10}" for k in TIMING_KEYS) + f"{'MB':>8}  answer"
     rows = [head, "-" * len(head)]
     for name, r in results.items():
         t, ms = r["tokens"], r["timings_ms"]
-        rows.append(f"{name:<9}{t['total_visual']:>7}{t['text']:>6}{ms['vision']:>9.1f}{ms['selection']:>9.1f}"
-                    f"{ms['prefill']:>9.1f}{ms['decode']:>9.1f}{ms['total']:>9.1f}{r['peak_memory_mb']:>8.0f}  "
-                    f"{r['answer'][:60]!r}")
+        rows.append(f"{name:<9}{t['total_visual']:>7}{t['text']:>6}" + "".join(f"{ms[k]:>10.1f}" for k in TIMING_KEYS)
+                    + f"{r['peak_memory_mb']:>8.0f}  {r['answer'][:60]!r}")
     return "\n".join(rows)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    transformers.utils.logging.disable_progress_bar()  # stderr is for the one-line error
+    from arr_coc.layer import CheckpointError  # after parsing: --help and bad flags answer without torch
+    from arr_coc.model import OutOfMemory, check_question
+    from arr_coc.qwen import InputError
+
     try:
-        pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]
-        unknown = set(pipelines) - set(PIPELINES)
-        if unknown or not pipelines:
-            raise InputError(f"unknown pipelines {sorted(unknown)}; choose from {PIPELINES}")
-        if not args.question.strip():
-            raise InputError("the question is empty")
+        question = check_question(args.question)
         image = load_image(args.image)
         try:
-            model = ARRCOCQwen.from_pretrained(args.model, checkpoint=args.checkpoint, device=args.device)
+            model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device)
         except (OSError, ValueError) as e:
             if isinstance(e, (InputError, CheckpointError)):
                 raise
             print(f"error: cannot load the model {args.model!r} ({str(e).splitlines()[0][:200]}); "
                   "--model tiny runs the offline model", file=sys.stderr)
             return 1
+        if model.notice:
+            cli.log(f"note: {model.notice}")
         results, arr_answer = {}, None
-        for pipeline in pipelines:
-            answer = model.answer(image, args.question, pipeline, max_new_tokens=args.max_new_tokens,
-                                  strategy=args.strategy, budget=args.budget)
+        for pipeline in cli.names(args.pipelines):
+            try:
+                answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
+                                    strategy=args.strategy, budget=args.budget, max_cells=args.max_cells)
+            except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
+                raise InputError(str(e)) from None
             results[pipeline] = answer.to_json()
             arr_answer = answer if pipeline == "arr" else arr_answer
     except (InputError, CheckpointError, OutOfMemory) as e:
@@ -93,8 +111,11 @@ def main(argv=None) -> int:
     if arr_answer is not None and arr_answer.arr.fallback[0]:
         print(f"note: ARR fell back to an even grid ({arr_answer.arr.fallback[0]})")
     if args.json:
+        report = dict(model=args.model, model_name=model.vlm.name, checkpoint=checkpoint, question=question,
+                      image=args.image, notice=model.notice, max_cells=args.max_cells, versions=cli.versions(),
+                      pipelines=results)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps(report, indent=2))
     if args.save_dir and arr_answer is not None:
         from arr_coc.viz import save_all
 

@@ -59,13 +59,18 @@ def _pool(x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     return F.adaptive_avg_pool2d(x, grid)
 
 
-def _minmax(x: torch.Tensor) -> torch.Tensor:
-    """Per-image min-max to [0, 1]; a map flat up to rounding becomes all zeros, not amplified noise."""
-    flat = x.flatten(1)
-    lo = flat.min(dim=1).values.view(-1, *[1] * (x.dim() - 1))
-    hi = flat.max(dim=1).values.view(-1, *[1] * (x.dim() - 1))
-    span = (hi - lo).clamp_min(1e-4)  # inputs are O(1): a smaller span is rounding
-    return (x - lo) / span
+def minmax(x: torch.Tensor, floor: float = 1e-4) -> torch.Tensor:
+    """
+    Per-image ([B, ...]) min-max to [0, 1], the one scaler of every map in the package. A span below `floor`
+    counts as rounding (texture inputs are O(1)), so a flat map becomes zeros, not amplified noise; floor=0
+    scales any span. NaN/inf are left out of the range and become 0.
+    """
+    finite = x.isfinite()
+    shape = (-1, *[1] * (x.dim() - 1))
+    lo = x.masked_fill(~finite, float("inf")).flatten(1).amin(1).view(shape)
+    hi = x.masked_fill(~finite, float("-inf")).flatten(1).amax(1).view(shape)
+    span = (hi - lo).clamp_min(max(floor, torch.finfo(x.dtype).tiny))  # tiny: a flat map is 0 / tiny = 0
+    return torch.where(finite, (x - lo) / span, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _spectral_residual(gray: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -78,7 +83,7 @@ def _spectral_residual(gray: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
     saliency = (torch.fft.ifft2(residual).abs() * SALIENCY_PX).pow(2).unsqueeze(1)  # [B, 1, S, S], O(1) values
     saliency = F.avg_pool2d(F.pad(saliency, (2, 2, 2, 2), mode="replicate"), 5, stride=1)  # the method's blur
     has_content = g.flatten(1).std(1) > 1e-3  # a flat image's spectrum is all rounding: no saliency
-    return _minmax(_pool(saliency, grid)) * has_content.view(-1, 1, 1, 1)
+    return minmax(_pool(saliency, grid)) * has_content.view(-1, 1, 1, 1)
 
 
 def _colour_contrast(rgb: torch.Tensor) -> torch.Tensor:
@@ -87,7 +92,7 @@ def _colour_contrast(rgb: torch.Tensor) -> torch.Tensor:
     opponent = torch.stack([(r + g + b) / 3, r - g, (r + g) / 2 - b], dim=1)  # [B, 3, gh, gw]
     k = max(3, (min(rgb.shape[-2:]) // 4) | 1)  # odd window
     surround = F.avg_pool2d(opponent, k, stride=1, padding=k // 2, count_include_pad=False)
-    return _minmax((opponent - surround).norm(dim=1, keepdim=True))
+    return minmax((opponent - surround).norm(dim=1, keepdim=True))
 
 
 def _colour_rarity(rgb: torch.Tensor) -> torch.Tensor:

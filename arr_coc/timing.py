@@ -16,6 +16,8 @@ from contextlib import contextmanager
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+TIMING_KEYS = ("vision", "selection", "prefill", "decode", "total")  # an Answer's latency split, in table order
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":

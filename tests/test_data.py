@@ -260,6 +260,18 @@ def test_minimal_records_and_blank_lines_load(tmp_path):
         load_jsonl(tmp_path / "nope.jsonl")
 
 
+def test_loader_applies_the_exif_orientation(tmp_path):
+    """As the app and `run` do (one open_image): a 300x200 JPEG with orientation 6 loads upright, 200x300."""
+    (tmp_path / "images").mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 to view
+    Image.new("RGB", (300, 200), (30, 30, 200)).save(tmp_path / "images" / "photo.jpg", exif=exif)
+    record = {"image": "images/photo.jpg", "question": "q", "answer": "a", "box": [0, 0, 200, 300]}
+    (tmp_path / "data.jsonl").write_text(json.dumps(record) + "\n")
+    (sample,) = load_jsonl(tmp_path)
+    assert sample.image.size == (200, 300) and sample.box == (0, 0, 200, 300)  # the box is checked upright
+
+
 def test_cli_writes_a_loadable_dataset(tmp_path, capsys):
     out = tmp_path / "cli"
     main(["--out", str(out), "--n", "4", "--kinds", "noise,document", "--seed", "2", "--size", "96"])
@@ -267,8 +279,9 @@ def test_cli_writes_a_loadable_dataset(tmp_path, capsys):
     loaded = load_jsonl(out / "data.jsonl")
     assert [s.kind for s in loaded] == ["noise", "document"] * 2
     assert np.array_equal(pixels(loaded[1]), pixels(make_scene("document", 2 * 1_000_003, 96)))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit:
         main(["--out", str(out), "--kinds", "bogus"])
+    assert exit.value.code == 2
 
 
 # -----------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 import json
 
 
-from arr_coc import bench, evaluate
+from arr_coc import bench, evaluate, metrics, ui
 
 
 def test_correctness_ignores_case_and_punctuation():
@@ -12,11 +12,19 @@ def test_correctness_ignores_case_and_punctuation():
     assert not evaluate.is_correct("anything", "")
 
 
+def test_accuracy_and_ab_agreement_share_one_normaliser():
+    assert ui.answers_agree is metrics.answers_agree and evaluate.is_correct is metrics.is_correct
+    assert metrics.answers_agree("The total: 4,821.", "the total 4 821")  # inner punctuation too, as is_correct
+    assert metrics.is_correct("The total: 4,821.", "the total 4 821")
+    assert not metrics.answers_agree("a teaspoon", "a fork") and not metrics.answers_agree("red", "reddish")
+
+
 def test_evaluate_compares_baselines_and_strategies(tmp_path):
     out = tmp_path / "eval.json"
     result = evaluate.main(["--model", "tiny", "--synthetic", "2", "--kinds", "text_vs_distractor,noise",
                             "--max-new-tokens", "2", "--json", str(out)])
     summary = result["summary"]
+    assert result["model"] == "tiny" and result["checkpoint"] == "tiny-charts-documents"  # the app's default rule
     assert list(summary) == ["full", "gestalt", "budget", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
     assert "box_recall" not in summary["full"] and 0 <= summary["arr:topk"]["box_recall"] <= 1

@@ -43,11 +43,23 @@ def test_straight_through_gradient_reaches_every_parameter():
         loss = (tokens - target).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
-        torch.testing.assert_close(tokens.detach(), tokens.detach())  # forward value unchanged by the estimator
         if step == 0:
             optimizer.step()
     dead = [n for n, p in layer.named_parameters() if p.grad is None or p.grad.abs().max() == 0]
     assert not dead, f"no gradient reaches {dead}"
+
+
+def test_straight_through_product_keeps_the_tokens_and_passes_them_as_the_gradient():
+    """tokens * (1 + s - s.detach()): forward value exactly the tokens; d(sum)/ds = the tokens' row sums."""
+    torch.manual_seed(0)
+    tokens = torch.randn(5, 8)
+    s = torch.rand(5, requires_grad=True)  # selected scores
+    out = tokens * (1 + s - s.detach()).unsqueeze(-1)
+    torch.testing.assert_close(out, tokens, rtol=0, atol=0)  # computed independently: the raw tokens
+    weights = torch.randn(5, 8)
+    (out * weights).sum().backward()
+    torch.testing.assert_close(s.grad, (tokens * weights).sum(-1))  # as if the tokens were scaled by s
+    assert not torch.equal(s.grad, torch.zeros(5))
 
 
 def test_checkpoint_round_trip(tmp_path):

@@ -1,5 +1,6 @@
 """Behaviour of the 13-channel texture array (DESIGN.md §5)."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -100,3 +101,27 @@ def test_only_an_image_with_nothing_in_it_is_flat():
     faint[..., 200:240, 200:240] = 0.33  # a faint square still counts
     assert is_flat(flat).tolist() == [True, True] and is_flat(busy).tolist() == [False]
     assert is_flat(generate_texture_array(faint, GRID)).tolist() == [False]
+
+
+def test_minmax_is_per_image_floors_rounding_and_ignores_non_finite():
+    from arr_coc.texture import minmax
+
+    x = torch.tensor([[[1.0, 3.0], [2.0, 5.0]], [[0.5, 0.5], [0.5, 0.5 + 1e-6]]])  # a map, and one flat up to rounding
+    out = minmax(x)
+    torch.testing.assert_close(out[0], torch.tensor([[0.0, 0.5], [0.25, 1.0]]))  # each image on its own range
+    assert out[1].max() < 0.02  # rounding is not stretched to 0..1
+    assert minmax(x, floor=0)[1].max() == 1.0  # floor=0: any span is scaled
+    nan = minmax(torch.tensor([[float("nan"), 2.0, 4.0, float("inf")]]), floor=0)
+    torch.testing.assert_close(nan, torch.tensor([[0.0, 0.0, 1.0, 0.0]]))
+    assert not minmax(torch.full((1, 3), float("nan"))).any()
+
+
+def test_the_package_has_one_minmax():
+    """qwen's attention upsampling and viz's heat maps scale through texture.minmax, not copies of it."""
+    from arr_coc import qwen, viz
+
+    m = qwen.upsample_map(torch.tensor([0.0, 1.0, 2.0, 3.0]), (2, 2), (4, 4))
+    assert m.min() == 0 and m.max() == 1
+    assert not qwen.upsample_map(torch.full((4,), 0.7), (2, 2), (4, 4)).any()  # flat: zeros
+    flat = viz.normalise(np.full((3, 3), 0.25))
+    assert not flat.any() and viz.normalise(np.array([[np.nan, 1.0], [3.0, 2.0]])).tolist() == [[0, 0], [1, 0.5]]

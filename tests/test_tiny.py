@@ -40,3 +40,25 @@ def test_tiny_generates_for_a_templated_image_question(arr_model):
     new = vlm.generate(5, input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
                        mm_token_type_ids=(ids == vlm.image_token_id).int())
     assert 1 <= new.shape[1] <= 5 and (new < 151936).all()
+
+
+def test_tampered_tokenizer_files_are_refused_naming_the_file(tmp_path, monkeypatch):
+    import shutil
+
+    import pytest
+
+    from arr_coc import tiny
+
+    original = tiny.installed_tokenizer_folder()
+    assert tiny.tokenizer_folder() == original  # the pinned release passes
+    copy = tmp_path / "tokenizer_files"
+    shutil.copytree(original, copy)
+    with open(copy / "merges.txt", "a") as f:
+        f.write("\nx y\n")  # one extra merge rule
+    monkeypatch.setattr(tiny, "installed_tokenizer_folder", lambda: copy)
+    with pytest.raises(RuntimeError, match=r"merges\.txt has sha256 .* expected b8e04af9"):
+        tiny.tokenizer_folder()
+    (copy / "vocab.json").unlink()
+    (copy / "merges.txt").write_bytes((original / "merges.txt").read_bytes())
+    with pytest.raises(RuntimeError, match=r"vocab\.json is missing"):
+        tiny.tokenizer_folder()

@@ -1,5 +1,8 @@
 """Training the ARR layer against the frozen tiny VLM makes selection query-aware."""
 
+from dataclasses import fields
+
+import pytest
 import torch
 
 from arr_coc.data import make_dataset
@@ -58,6 +61,15 @@ def test_answer_loss_trains_through_the_straight_through_estimator(tmp_path):
     assert "balancer.head.1.weight" in changed and "participatory.gain" in changed
 
 
-def test_every_flag_has_help_and_maps_to_the_config():
-    cfg = parse_args(["--steps", "7", "--lm-weight", "0.5", "--data", "some/folder"])
+def test_every_flag_has_help_and_maps_to_the_config(capsys, tmp_path):
+    cfg = parse_args(["--steps", "7", "--lm-weight", "0.5", "--data", "some/folder", "--out", str(tmp_path / "o")])
     assert cfg.steps == 7 and cfg.lm_weight == 0.5 and cfg.data == "some/folder" and cfg.model == "tiny"
+    assert cfg.out == str(tmp_path / "o")
+    for f in fields(TrainConfig):  # every config field is a flag with a help text
+        assert f.metadata.get("help", "").strip(), f.name
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    for f in fields(TrainConfig):
+        flag = f"--{f.name.replace('_', '-')}"
+        assert flag in usage and " ".join(f.metadata["help"].split())[:40] in usage, flag

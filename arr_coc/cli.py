@@ -1,0 +1,174 @@
+"""
+What the `python -m arr_coc.X` commands share: flag validators, the model-loading lines, the package
+versions, and the console-script entry points that `pip install .` puts on the PATH.
+
+Validators are argparse `type=` callables, so a bad flag is refused at parse time, before torch or a model
+loads: argparse prints the usage and one line naming the flag, and exits 2.
+
+    p.add_argument("--budget", type=bounded_int(1, 16384), default=273, help="number of saccades")
+    model, checkpoint = load_model("tiny", checkpoint=None, device=None)   # prints "loading ..." / "loaded in ..."
+
+This module imports nothing heavy at the top: every command imports it before parsing.
+"""
+
+import argparse
+import importlib
+import math
+import sys
+import time
+from importlib import metadata
+
+from arr_coc.config import MAX_CELLS, MIN_CELLS, PipelineConfig
+
+MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
+
+
+def bounded_int(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}, got {value}")
+        return value
+    parse.__name__ = "integer"  # argparse names the type in its own messages
+    return parse
+
+
+def bounded_float(lo: float, hi: float = math.inf, above: bool = False):
+    """An argparse type: a finite number in [lo, hi] (in (lo, hi] with above=True)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < lo or (above and value == lo) or value > hi:
+            low = f"> {lo}" if above else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be {low}" + (f" and <= {hi}" if hi < math.inf else "")
+                                             + f", got {text}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def int_list(lo: int, hi: int):
+    """An argparse type: comma-separated integers in [lo, hi] -> list[int]."""
+    one = bounded_int(lo, hi)
+
+    def parse(text: str) -> list[int]:
+        values = [one(v) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one integer")
+        return values
+    parse.__name__ = "integers"
+    return parse
+
+
+def comma_list(choices, allow_empty: bool = False):
+    """An argparse type: comma-separated names from `choices`, returned cleaned as "a,b" (callers split it)."""
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown or (not names and not allow_empty):
+            raise argparse.ArgumentTypeError(f"unknown {unknown or 'empty list'}; choose from {','.join(choices)}")
+        return ",".join(names)
+    parse.__name__ = "list"
+    return parse
+
+
+def nonblank(text: str) -> str:
+    """An argparse type: a string with something in it (a question, say)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def names(text: str) -> list[str]:
+    """A comma_list value -> its names ("" -> [])."""
+    return [n for n in text.split(",") if n]
+
+
+def add_max_cells(p: argparse.ArgumentParser) -> None:
+    """--max-cells, the same flag for run and evaluate."""
+    p.add_argument("--max-cells", type=bounded_int(MIN_CELLS, MAX_CELLS), default=PipelineConfig.max_cells,
+                   help="cap on the native-resolution candidate grid (cells of 28 px); the `full` baseline uses "
+                        "the same cap")
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so stdout holds only the command's results."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_model(name: str, checkpoint: str | None, device: str | None):
+    """
+    ARRCOCQwen with its ARR layer, printing a line before and after loading. The layer follows the one rule
+    of arr_coc.checkpoints.choose (as in the app). Returns (model, the checkpoint's name or checkpoints.PRIOR).
+    """
+    import torch
+    import transformers
+
+    from arr_coc import checkpoints
+    from arr_coc.model import ARRCOCQwen
+
+    transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    log(f"loading {name} on {device} ...")
+    start = time.perf_counter()
+    model = ARRCOCQwen.from_pretrained(name, device=device)
+    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
+    if folder is not None:
+        model.layer = model.load_layer(folder)
+    log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
+    return model, checkpoints.label(folder)
+
+
+def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
+           budget: int | None, max_cells: int):
+    """The one place the commands ask the model for an answer (so a new keyword is passed once)."""
+    return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
+                        max_cells=max_cells)
+
+
+def versions() -> dict:
+    """Versions of the packages that decide the numbers, for the JSON reports."""
+    import arr_coc
+
+    found = {"arr_coc": arr_coc.__version__}
+    for package in ("torch", "transformers"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+# ----------------------------------------------------------------------------- console scripts (pyproject.toml)
+
+
+def _script(module: str) -> int:
+    """Run arr_coc.<module>.main(); a main that returns a report rather than an exit code succeeded."""
+    code = importlib.import_module(f"arr_coc.{module}").main()
+    return code if isinstance(code, int) else 0
+
+
+def run() -> int:
+    return _script("run")
+
+
+def train() -> int:
+    return _script("train")
+
+
+def evaluate() -> int:
+    return _script("evaluate")
+
+
+def bench() -> int:
+    return _script("bench")
+
+
+def data() -> int:
+    return _script("data")
