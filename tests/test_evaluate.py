@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 
 from arr_coc import bench, evaluate, metrics, ui
 
@@ -33,16 +34,25 @@ def test_evaluate_compares_baselines_and_strategies(tmp_path):
     assert json.loads(out.read_text())["summary"] == json.loads(json.dumps(summary))
 
 
-def test_bench_reports_every_pipeline_with_exact_decode_length(tmp_path):
-    report = bench.main(["--model", "tiny", "--device", "cpu", "--new-tokens", "3", "--repeats", "1",
-                         "--layer-repeats", "1", "--json", str(tmp_path / "bench.json")])
-    assert report["device"] == "CPU" and report["layer"]["grid"] == [32, 32] and report["layer"]["layer_ms"] > 0 and report["layer"]["layer_eager_ms"] > 0
-    assert set(report["pipelines"]) == {"arr", "full", "gestalt", "budget"}
-    for r in report["pipelines"].values():
-        assert r["new_tokens"] == 3  # EOS suppressed: every answer has the same length
-        assert r["timings_ms"]["total"] > r["timings_ms"]["prefill"] > 0
-    assert report["pipelines"]["arr"]["tokens"]["saccade"] == 273
-    assert "| arr | 529 |" in bench.format_table(report["pipelines"])
+def test_bench_reports_every_pipeline_and_engine_with_exact_decode_length(tmp_path):
+    out = tmp_path / "bench.json"
+    report = bench.main(["--model", "tiny", "--device", "cpu", "--new-tokens", "3", "--repeats", "1", "--sizes", "448,1000",
+                         "--layer-repeats", "1", "--json", str(out)])
+    assert report["device"] == "CPU" and report["layer"]["grid"] == [36, 36]  # native 1000 px: 36 cells of 28 px
+    assert report["layer"]["layer_ms"] > 0 and report["layer"]["layer_eager_ms"] > 0
+    assert set(report["sizes"]) == {448, 1000}
+    big = report["sizes"][1000]
+    assert set(big["pipelines"]) == {f"{p}/{e}" for p in ("arr", "full", "gestalt", "budget") for e in ("fast", "hf")}
+    for r in big["pipelines"].values():
+        assert r["new_tokens"] == 3  # EOS suppressed: every answer has the same length, with either engine
+        assert r["timings_ms"]["total"] > r["timings_ms"]["prefill"] > 0 and r["ttft_ms"] > r["timings_ms"]["prefill"]
+    assert big["pipelines"]["arr/fast"]["tokens"]["saccade"] == 273
+    assert big["pipelines"]["full/hf"]["tokens"]["total_visual"] == 36 * 36  # full: the native view
+    assert big["pipelines"]["arr/fast"]["gflops"]["vision"] < big["pipelines"]["full/hf"]["gflops"]["vision"]
+    ttft = big["ratios"]["arr/fast vs full/hf"]["ttft"]
+    assert ttft == pytest.approx(big["pipelines"]["arr/fast"]["ttft_ms"] / big["pipelines"]["full/hf"]["ttft_ms"])
+    assert "| arr | fast | 529 |" in bench.format_table(big["pipelines"])
+    assert json.loads(out.read_text())["sizes"]["1000"]["ratios"] == json.loads(json.dumps(big["ratios"]))
 
 
 def test_box_recall_and_precision():
