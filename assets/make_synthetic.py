@@ -108,7 +108,8 @@ def invoice_page(seed: int) -> list[Sample]:
     boxes = {}
     for i, (label, value) in enumerate(facts):
         y = top + i * pitch
-        boxes[label] = union(text_at(draw, (left, y), f"{label}:", PRINT_PX), text_at(draw, (left + 110, y), value, PRINT_PX))
+        boxes[label] = union(text_at(draw, (left, y), f"{label}:", PRINT_PX),
+                             text_at(draw, (left + 110, y), value, PRINT_PX))
     for i, line in enumerate(("Bill to:", "Meadow Lane Workshop", f"{rng.randint(10, 999)} River Road",
                               "Portsmouth PO1 2AB", "United Kingdom")):
         text_at(draw, (110, 320 + i * pitch), line, PRINT_PX)
