@@ -7,7 +7,8 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen2-VL.
     python app.py --checkpoint NAME --port 8000 --share
 
 Layout and wiring only; the work is in arr_coc/ (model, viz, ui). Every event has an api_name, so
-gradio_client can drive it: compare, microscope, reselect, ab.
+gradio_client can drive it: compare, microscope, reselect, ab, and redraw (renumbers the last
+Compare heatmap and mosaic without the VLM).
 """
 
 import argparse
@@ -142,7 +143,9 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
         return gr.Image(label=label, type="pil", format="png", interactive=False, elem_id=elem_id)
 
     def output_table(label: str, headers: list[str], elem_id: str | None = None) -> gr.Dataframe:
-        return gr.Dataframe(headers=headers, label=label, interactive=False, elem_id=elem_id)
+        # wrap: a grid row ("64 x 64 cells (1792 x 1792 px)") is wider than half a stats table; no scrolling
+        return gr.Dataframe(headers=headers, label=label, interactive=False, wrap=True, max_height=1000,
+                            column_widths=["50%", "50%"], elem_id=elem_id)
 
     with gr.Blocks(title="ARR-COC microscope") as demo:
         gr.Markdown(f"# ARR-COC microscope\nQuery-aware visual token selection for Qwen2-VL: a low-res gestalt plus "
