@@ -7,7 +7,8 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen2-VL.
     python app.py --checkpoint NAME --port 8000 --share
 
 Layout and wiring only; the work is in arr_coc/ (model, viz, ui). Every event has an api_name, so
-gradio_client can drive it: compare, microscope, reselect, ab.
+gradio_client can drive it: compare, microscope, reselect, ab, and redraw (renumbers the last
+Compare heatmap and mosaic without the VLM).
 """
 
 import argparse
@@ -19,7 +20,7 @@ import gradio as gr
 from PIL import Image
 
 from arr_coc import ui, viz
-from arr_coc.config import STRATEGIES
+from arr_coc.config import MAX_CELLS, MIN_CELLS, STRATEGIES
 from arr_coc.model import BASELINES, Answer, ARRCOCQwen, Scene
 from arr_coc.qwen import DEFAULT_MODEL
 
@@ -32,70 +33,85 @@ MAX_NEW_TOKENS = 256
 
 def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Blocks:
     """The Blocks app over one loaded model, which every tab shares."""
-    config = model.layer.config
+    config, pipeline = model.layer.config, model.pipeline
 
     # ------------------------------------------------------------------------- events
 
+    def redraw(arr: Answer | None, numbered: int) -> tuple:
+        """The heatmap and the saccade mosaic of a finished ARR answer, the first `numbered` saccades numbered."""
+        if arr is None:
+            return None, None
+        return viz.selection_drawings(arr.views, arr.arr.relevance[0], arr.saccades, int(numbered))
+
     def compare_outputs(status: str, base_text: str = "", base: Answer | None = None, arr_text: str = "",
-                        arr: Answer | None = None) -> tuple:
-        """The Compare tab's outputs; a pipeline still running shows its text so far, and no stats or drawings."""
+                        arr: Answer | None = None, numbered: int = viz.TOP_LABELS) -> tuple:
+        """
+        The Compare tab's outputs; a pipeline still running shows its text so far, and no stats or drawings.
+        The last is the finished ARR answer, kept so the numbered saccades can be redrawn without the VLM.
+        """
         base_stats, arr_stats = (None if a is None else ui.stats_rows(a) for a in (base, arr))
-        drawings = (None, None, None) if arr is None else (
-            viz.heatmap_overlay(arr.views.image, arr.arr.relevance[0], arr.saccades), arr.views.gestalt,
-            viz.weights_bar(arr.arr.weights[0]))
-        return status, base_text, base_stats, arr_text, arr_stats, *drawings
+        if arr is None:
+            return status, base_text, base_stats, arr_text, arr_stats, None, None, None, None, None
+        heatmap, mosaic = redraw(arr, numbered)
+        return (status, base_text, base_stats, arr_text, arr_stats, heatmap, arr.views.gestalt,
+                viz.weights_bar(arr.arr.weights[0]), mosaic, arr)
 
     @ui.reports_errors
-    def compare(image: Image.Image | None, question: str, baseline: str, max_new_tokens: int, strategy: str):
+    def compare(image: Image.Image | None, question: str, baseline: str, max_new_tokens: int, strategy: str,
+                max_cells: int, numbered: int):
         """Stream the baseline's answer, then ARR-COC's; then their stats and ARR's drawings."""
         ui.check_inputs(image, question)
         start = time.perf_counter()
+        settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))  # one cap for both pipelines
         yield compare_outputs(f"Running the **{baseline}** baseline…")
         # model.stream yields the text as it grows, then the finished Answer
-        for base in model.stream(image, question, baseline, max_new_tokens=int(max_new_tokens)):
+        for base in model.stream(image, question, baseline, **settings):
             if isinstance(base, str):
                 yield compare_outputs(f"Running the **{baseline}** baseline…", base)
         yield compare_outputs("Running **ARR-COC**…", ui.answer_text(base), base)
-        for arr in model.stream(image, question, "arr", max_new_tokens=int(max_new_tokens), strategy=strategy):
+        for arr in model.stream(image, question, "arr", strategy=strategy, **settings):
             if isinstance(arr, str):
                 yield compare_outputs("Running **ARR-COC**…", ui.answer_text(base), base, arr)
         yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
-                              ui.answer_text(arr), arr)
+                              ui.answer_text(arr), arr, numbered)
 
-    def selection_outputs(scene: Scene, strategy: str, budget: int) -> tuple:
-        """Select (no VLM work) and draw: the heatmap, the summary line and the saccade list."""
+    def selection_outputs(scene: Scene, strategy: str, budget: int, numbered: int) -> tuple:
+        """Select (no VLM work) and draw: the heatmap, the summary line, the saccade list and the mosaic."""
         start = time.perf_counter()
         gh, gw = scene.views.candidate_grid
         out = model.select(scene, strategy, min(int(budget), gh * gw))  # the slider allows the largest grid
-        heatmap = viz.heatmap_overlay(scene.views.image, out.relevance[0], out.positions[0])
-        return heatmap, ui.selection_summary(out, (time.perf_counter() - start) * 1000), ui.saccade_rows(out)
+        heatmap, mosaic = viz.selection_drawings(scene.views, out.relevance[0], out.positions[0], int(numbered))
+        return heatmap, ui.selection_summary(out, (time.perf_counter() - start) * 1000), ui.saccade_rows(out), mosaic
 
     @ui.reports_errors
-    def microscope(image: Image.Image | None, question: str, strategy: str, budget: int) -> tuple:
+    def microscope(image: Image.Image | None, question: str, strategy: str, budget: int, max_cells: int,
+                   numbered: int) -> tuple:
         """Run ARR up to selection once, keep the scene for re-selection, and draw every map."""
-        scene = model.prepare(image, question)
+        scene = model.prepare(image, question, max_cells=int(max_cells))
         out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
         return (scene, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),
-                *selection_outputs(scene, strategy, budget))
+                *selection_outputs(scene, strategy, budget, numbered))
 
     @ui.reports_errors
-    def reselect(scene: Scene | None, strategy: str, budget: int) -> tuple:
-        """A new strategy or budget over the analysed scene: well under a second, no VLM."""
+    def reselect(scene: Scene | None, strategy: str, budget: int, numbered: int) -> tuple:
+        """A new strategy, budget or count of numbered saccades over the analysed scene: well under a second, no VLM."""
         if scene is None:
             raise gr.Error("Analyse an image first: re-selection reuses its maps.")
-        return selection_outputs(scene, strategy, budget)
+        return selection_outputs(scene, strategy, budget, numbered)
 
     @ui.reports_errors
     def ab(image: Image.Image | None, question: str, choice_a: str, files_a: list[str] | None, choice_b: str,
-           files_b: list[str] | None, strategy: str, max_new_tokens: int, progress=gr.Progress()) -> tuple:
+           files_b: list[str] | None, strategy: str, max_new_tokens: int, max_cells: int,
+           progress=gr.Progress()) -> tuple:
         """Answer with checkpoints A and B on the same input; draw both selections and how they differ."""
         ui.check_inputs(image, question)
         layer_a = ui.choose_layer(model, "A", choice_a, files_a, CHECKPOINTS)  # bad files fail before VLM work
         layer_b = ui.choose_layer(model, "B", choice_b, files_b, CHECKPOINTS)
+        settings = dict(strategy=strategy, max_cells=int(max_cells))  # identical views: only the layers differ
         progress(0.05, desc="checkpoint A")
-        a = model.answer(image, question, "arr", int(max_new_tokens), strategy=strategy, layer=layer_a)
+        a = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_a, **settings)
         progress(0.5, desc="checkpoint B")
-        b = model.answer(image, question, "arr", int(max_new_tokens), strategy=strategy, layer=layer_b)
+        b = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_b, **settings)
         return (viz.heatmap_overlay(a.views.image, a.arr.relevance[0], a.saccades),
                 viz.heatmap_overlay(b.views.image, b.arr.relevance[0], b.saccades),
                 viz.difference_map(a.arr.relevance[0], b.arr.relevance[0], a.saccades, b.saccades),
@@ -114,11 +130,22 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
     def tokens_slider() -> gr.Slider:
         return gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens")
 
+    def cells_slider() -> gr.Slider:
+        return gr.Slider(MIN_CELLS, MAX_CELLS, value=pipeline.max_cells, step=1024, label="Max cells",
+                         info="cap on the native-resolution candidate grid (28 px cells); 4096 = 64x64 at 1792²; "
+                              "the full baseline uses the same cap")
+
+    def numbered_slider() -> gr.Slider:
+        return gr.Slider(0, config.budget, value=viz.TOP_LABELS, step=1, label="Numbered saccades",
+                         info="every saccade gets a box; the most relevant this many also get their rank")
+
     def output_image(label: str, elem_id: str | None = None) -> gr.Image:
         return gr.Image(label=label, type="pil", format="png", interactive=False, elem_id=elem_id)
 
     def output_table(label: str, headers: list[str], elem_id: str | None = None) -> gr.Dataframe:
-        return gr.Dataframe(headers=headers, label=label, interactive=False, elem_id=elem_id)
+        # wrap: a grid row ("64 x 64 cells (1792 x 1792 px)") is wider than half a stats table; no scrolling
+        return gr.Dataframe(headers=headers, label=label, interactive=False, wrap=True, max_height=1000,
+                            column_widths=["50%", "50%"], elem_id=elem_id)
 
     with gr.Blocks(title="ARR-COC microscope") as demo:
         gr.Markdown(f"# ARR-COC microscope\nQuery-aware visual token selection for Qwen2-VL: a low-res gestalt plus "
@@ -135,6 +162,8 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                         c_baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
                         c_strategy = strategy_dropdown()
                     c_tokens = tokens_slider()
+                    c_cells = cells_slider()
+                    c_numbered = numbered_slider()
                     with gr.Row():
                         c_run = gr.Button("Compare", variant="primary", elem_id="compare-run")
                         c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
@@ -150,7 +179,9 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                     c_heatmap = output_image("Relevance and numbered saccades (1 = most relevant)", "arr-heatmap")
                     with gr.Row():
                         c_gestalt = output_image("Gestalt view, as the model saw it")
-                        c_weights = output_image("Balancer weights")
+                        c_mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "arr-mosaic")
+                    c_weights = output_image("Balancer weights")
+            c_answer = gr.State(time_to_live=3600)  # the last ARR answer, for redrawing; freed an hour after
             gr.Examples(EXAMPLES, inputs=[c_image, c_question], examples_per_page=len(EXAMPLES))
 
         with gr.Tab("Microscope"):
@@ -159,11 +190,14 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                     m_image, m_question = image_and_question("microscope")
                     m_run = gr.Button("Analyse", variant="primary")
                     m_strategy = strategy_dropdown()
-                    m_budget = gr.Slider(1, 4 * config.gestalt_max_tokens, value=config.budget, step=1,
+                    m_budget = gr.Slider(1, 4 * pipeline.gestalt_max_tokens, value=config.budget, step=1,
                                          label="Saccade budget (re-selects instantly)")
+                    m_numbered = numbered_slider()
+                    m_cells = cells_slider()
                     m_summary = gr.Markdown(label="Selection")
                 with gr.Column(scale=2):
                     m_heatmap = output_image("Relevance and numbered saccades")
+                    m_mosaic = output_image("saccade mosaic (what the LLM read at full detail)")
                     with gr.Accordion("Saccade list", open=False):
                         m_saccades = output_table("Saccades", ui.SACCADE_HEADERS)
             m_scorers = output_image("Scorer maps, participatory prior and balanced relevance")
@@ -188,6 +222,7 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                                                  label="…or upload B: config.json + model.safetensors")
                     ab_strategy = strategy_dropdown()
                     ab_tokens = tokens_slider()
+                    ab_cells = cells_slider()
                     with gr.Row():
                         ab_run = gr.Button("Compare checkpoints", variant="primary")
                         ab_stop = gr.Button("Stop", variant="stop", elem_id="ab-stop")
@@ -206,17 +241,22 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
         # --------------------------------------------------------------------- wiring
 
         compare_event = gr.on(
-            [c_run.click, c_question.submit], compare, [c_image, c_question, c_baseline, c_tokens, c_strategy],
-            [c_status, c_base_text, c_base_stats, c_arr_text, c_arr_stats, c_heatmap, c_gestalt, c_weights],
+            [c_run.click, c_question.submit], compare,
+            [c_image, c_question, c_baseline, c_tokens, c_strategy, c_cells, c_numbered],
+            [c_status, c_base_text, c_base_stats, c_arr_text, c_arr_stats, c_heatmap, c_gestalt, c_weights,
+             c_mosaic, c_answer],
             api_name="compare", concurrency_id=GPU)
         c_stop.click(None, cancels=[compare_event])  # frees the GPU queue for the next request
-        m_run.click(microscope, [m_image, m_question, m_strategy, m_budget],
-                    [m_scene, m_channels, m_scorers, m_heatmap, m_summary, m_saccades],
+        c_numbered.release(redraw, [c_answer, c_numbered], [c_heatmap, c_mosaic], api_name="redraw")
+        m_run.click(microscope, [m_image, m_question, m_strategy, m_budget, m_cells, m_numbered],
+                    [m_scene, m_channels, m_scorers, m_heatmap, m_summary, m_saccades, m_mosaic],
                     api_name="microscope", concurrency_id=GPU)
-        gr.on([m_strategy.change, m_budget.release], reselect, [m_scene, m_strategy, m_budget],
-              [m_heatmap, m_summary, m_saccades], api_name="reselect")
+        gr.on([m_strategy.change, m_budget.release, m_numbered.release], reselect,
+              [m_scene, m_strategy, m_budget, m_numbered], [m_heatmap, m_summary, m_saccades, m_mosaic],
+              api_name="reselect")
         ab_event = ab_run.click(
-            ab, [ab_image, ab_question, ab_choice_a, ab_files_a, ab_choice_b, ab_files_b, ab_strategy, ab_tokens],
+            ab, [ab_image, ab_question, ab_choice_a, ab_files_a, ab_choice_b, ab_files_b, ab_strategy, ab_tokens,
+                 ab_cells],
             [ab_heat_a, ab_heat_b, ab_diff, ab_text_a, ab_text_b, ab_summary], api_name="ab", concurrency_id=GPU)
         ab_stop.click(None, cancels=[ab_event])
     return demo

@@ -1,7 +1,8 @@
 """
 Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --save-dir`.
 
-- heatmap_overlay   relevance over the image, each saccade a box coloured and numbered by rank
+- heatmap_overlay   relevance over the image, each saccade a box coloured by rank, the top N numbered
+- saccade_mosaic    the selected high-res cells tiled in rank order: what the LLM read at full detail
 - channel_grid      the 13 texture channels, on one [0, 1] scale
 - scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
 - weights_bar       the balancer's three weights
@@ -14,7 +15,8 @@ globally: nothing leaks and Gradio's worker threads cannot race on pyplot's stat
 
     from arr_coc import viz
     viz.heatmap_overlay(image, out.relevance[0], out.positions[0]).save("heatmap.png")
-    viz.save_all(answer, "out/run")   # heatmap.png, channels.png, scorers.png
+    viz.saccade_mosaic(views.highres, views.candidate_grid, out.positions[0]).save("mosaic.png")
+    viz.save_all(answer, "out/run")   # heatmap.png, mosaic.png, channels.png, scorers.png
 """
 
 import math
@@ -36,12 +38,15 @@ from arr_coc.texture import CHANNELS, minmax
 MapLike = torch.Tensor | np.ndarray  # [gh, gw] (or [1, gh, gw]) map
 CellsLike = torch.Tensor | np.ndarray | Sequence  # (row, col) positions [K, 2], or Saccade objects; rank order
 
-MIN_SIDE = 896  # cell drawings are at least this long (the model's high-res view): numbers stay legible
-MAX_SIDE = 1280  # and at most this long: fast to draw and to send
+MIN_SIDE = 768  # cell drawings are at least this long: a small image is upscaled so its numbers stay legible
+MAX_SIDE = 2048  # and at most this long: a 64x64 grid at 1792^2 is drawn 1:1, 28 px a cell; still quick to send
 HEAT_CMAP = "inferno"  # relevance: dark = ignored, bright = relevant
 RANK_CMAP = "cool"  # saccade boxes: rank 1 cyan ... last magenta, apart from the heatmap's colours
 DIFF_CMAP = "RdBu_r"  # B - A: red = B finds it more relevant, blue = A does
-TOP_LABELS = 30  # when the cells are too small to number every saccade, number this many
+TOP_LABELS = 20  # saccades numbered by default: at 64x64 or finer, 273 numbers would hide the image
+MOSAIC_SCALE = 3  # each 28 px saccade cell is shown 3x (84 px): nearest, so every pixel the ViT read is visible
+MOSAIC_GAP = 2  # px between mosaic tiles
+MOSAIC_BACKGROUND = (32, 32, 32)  # the gaps and the empty places of the last row
 SCORERS = ("information", "perspectival", "participatory")
 SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # one per scorer, in weights_bar
 A_MARK, B_MARK = (0, 0, 0), (0, 200, 0)  # difference_map: A's saccades black squares, B's green dots
@@ -89,7 +94,10 @@ def colourise(values: np.ndarray, cmap: str, lo: float = 0.0, hi: float = 1.0) -
 
 
 def canvas_size(width: int, height: int) -> tuple[int, int]:
-    """The image's size scaled so its long side lies in [MIN_SIDE, MAX_SIDE]."""
+    """
+    The image's own size, scaled only to bring its long side into [MIN_SIDE, MAX_SIDE]: a native-resolution
+    candidate grid needs the image's resolution to be seen, cell by cell.
+    """
     long = max(width, height)
     scale = min(MAX_SIDE / long, max(1.0, MIN_SIDE / long))
     return max(1, round(width * scale)), max(1, round(height * scale))
@@ -120,44 +128,103 @@ def render(fig: Figure) -> Image.Image:
 # ----------------------------------------------------------------------------- cell drawings
 
 
-def draw_saccades(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple[int, int]) -> None:
-    """Boxes coloured by rank, rank 1 thickest and on top; numbered (all if they fit, else the top ones)."""
+def rank_colours(n: int) -> list[tuple[int, int, int]]:
+    """n RGB colours along RANK_CMAP: rank 1 cyan ... rank n magenta."""
+    return [tuple(round(255 * v) for v in rgba[:3]) for rgba in matplotlib.colormaps[RANK_CMAP](np.linspace(0, 1, n))]
+
+
+def label_font(cell: float, canvas: Image.Image) -> ImageFont.FreeTypeFont:
+    """
+    Rank numbers about half a cell high, but never smaller than 1/90 of the canvas's long side: a fine grid's
+    cells are small, and a shown drawing is scaled down to the page, so numbers keep a legible size.
+    """
+    return font(max(10, round(cell * 0.5), round(max(canvas.size) / 90)))
+
+
+def draw_rank(draw: ImageDraw.ImageDraw, xy: tuple[float, float], rank: int, typeface, anchor: str = "mm") -> None:
+    """A rank number, white with a black outline: it reads on any colour of the heatmap or of a tile."""
+    draw.text(xy, str(rank), font=typeface, anchor=anchor, fill="white",
+              stroke_width=max(1, round(typeface.size / 7)), stroke_fill="black")
+
+
+def draw_saccades(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple[int, int],
+                  numbered: int = TOP_LABELS) -> None:
+    """
+    Every saccade as a thin box coloured by rank (better ranks drawn over worse ones); rank 1 thick inside a
+    white ring; the first `numbered` ranks carry their number. Thin boxes keep a 64x64 or 128x128 grid readable.
+    """
     if not cells:
         return
     draw = ImageDraw.Draw(canvas)
     W, H = canvas.size
     cell = min(W / grid[1], H / grid[0])  # px per cell side
-    colours = [tuple(round(255 * v) for v in rgba[:3])
-               for rgba in matplotlib.colormaps[RANK_CMAP](np.linspace(0, 1, len(cells)))]
+    colours, line = rank_colours(len(cells)), max(1, round(cell / 16))  # 1 px below 24 px cells, 2 px at 28
     for rank in range(len(cells), 1, -1):  # last first, so better ranks are drawn over worse ones
-        draw.rectangle(cell_rect(*cells[rank - 1], grid, canvas.size), outline=colours[rank - 1], width=1)
+        draw.rectangle(cell_rect(*cells[rank - 1], grid, canvas.size), outline=colours[rank - 1], width=line)
     # rank 1: a thick box in its colour inside a white ring, so it stands out among the other top ranks
     x0, y0, x1, y1 = cell_rect(*cells[0], grid, canvas.size)
     width = max(2, round(cell / 8))
     draw.rectangle((x0 - width, y0 - width, x1 + width, y1 + width), outline="white", width=width)
     draw.rectangle((x0, y0, x1, y1), outline=colours[0], width=width)
-    label_font = font(max(8, round(cell * 0.42)))
-    fits_all = draw.textlength(str(len(cells)), font=label_font) <= cell - 2
-    for rank in range(len(cells) if fits_all else min(len(cells), TOP_LABELS), 0, -1):
+    numbers = label_font(cell, canvas)
+    for rank in range(min(len(cells), max(0, int(numbered))), 0, -1):  # rank 1's number on top
         x0, y0, x1, y1 = cell_rect(*cells[rank - 1], grid, canvas.size)
-        # white with a black outline reads on any colour of the heatmap
-        draw.text(((x0 + x1) / 2, (y0 + y1) / 2), str(rank), font=label_font, anchor="mm", fill="white",
-                  stroke_width=max(1, round(cell / 14)), stroke_fill="black")
+        draw_rank(draw, ((x0 + x1) / 2, (y0 + y1) / 2), rank, numbers)
 
 
 def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike = (),
-                    alpha: float = 0.5) -> Image.Image:
+                    alpha: float = 0.5, numbered: int = TOP_LABELS) -> Image.Image:
     """
-    The relevance map (min-max scaled, one flat colour per cell) blended over the image, and the saccades, whose
-    (row, col) are cells of the relevance map's grid, as boxes numbered by rank.
+    The relevance map (min-max scaled, one flat colour per cell) blended over the image at the image's own
+    resolution (see canvas_size), and the saccades, whose (row, col) are cells of the relevance map's grid, as
+    boxes coloured by rank, the first `numbered` of them numbered.
     """
     rel = as_map(relevance)
     base = to_rgb(image)
     size = canvas_size(*base.size)
     heat = colourise(normalise(rel), HEAT_CMAP).resize(size, Image.Resampling.NEAREST)
     out = Image.blend(base.resize(size, Image.Resampling.BICUBIC), heat, alpha)
-    draw_saccades(out, as_cells(saccades), rel.shape)
+    draw_saccades(out, as_cells(saccades), rel.shape, numbered)
     return out
+
+
+def saccade_mosaic(highres: Image.Image, grid: tuple[int, int], saccades: CellsLike, numbered: int = TOP_LABELS,
+                   scale: int = MOSAIC_SCALE, gap: int = MOSAIC_GAP, cols: int | None = None) -> Image.Image:
+    """
+    The selected cells of the high-res (candidate) view, cropped and tiled in rank order (rank 1 top-left,
+    row by row, ceil(sqrt(K)) columns unless `cols` says), each upscaled `scale`x with nearest neighbours:
+    exactly the pixels the vision tower encoded for the saccade block, beside the gestalt. The first
+    `numbered` tiles carry their rank in the top-left corner.
+    """
+    cells = as_cells(saccades)
+    view = to_rgb(highres)
+    cols = cols or max(1, math.ceil(math.sqrt(len(cells))))
+    rows = max(1, math.ceil(len(cells) / cols))
+    rects = [cell_rect(r, c, grid, view.size) for r, c in cells]
+    tile_w = max((x1 - x0 + 1 for x0, _, x1, _ in rects), default=round(view.width / grid[1])) * scale
+    tile_h = max((y1 - y0 + 1 for _, y0, _, y1 in rects), default=round(view.height / grid[0])) * scale
+    out = Image.new("RGB", (cols * tile_w + (cols + 1) * gap, rows * tile_h + (rows + 1) * gap), MOSAIC_BACKGROUND)
+    for k, (x0, y0, x1, y1) in enumerate(rects):
+        tile = view.crop((x0, y0, x1 + 1, y1 + 1)).resize((tile_w, tile_h), Image.Resampling.NEAREST)
+        out.paste(tile, mosaic_origin(k, cols, (tile_w, tile_h), gap))
+    draw, numbers = ImageDraw.Draw(out), font(max(10, round(tile_h * 0.28)))
+    for k in range(min(len(cells), max(0, int(numbered)))):
+        x, y = mosaic_origin(k, cols, (tile_w, tile_h), gap)
+        draw_rank(draw, (x + 2, y + 1), k + 1, numbers, anchor="lt")
+    return out
+
+
+def mosaic_origin(k: int, cols: int, tile: tuple[int, int], gap: int) -> tuple[int, int]:
+    """Top-left pixel of the k-th (0-based) tile of a saccade mosaic."""
+    row, col = divmod(k, cols)
+    return gap + col * (tile[0] + gap), gap + row * (tile[1] + gap)
+
+
+def selection_drawings(views, relevance: MapLike, saccades: CellsLike,
+                       numbered: int = TOP_LABELS) -> tuple[Image.Image, Image.Image]:
+    """The heatmap with the numbered saccades over the image, and the saccade mosaic of the high-res view."""
+    return (heatmap_overlay(views.image, relevance, saccades, numbered=numbered),
+            saccade_mosaic(views.highres, views.candidate_grid, saccades, numbered))
 
 
 def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
@@ -298,25 +365,27 @@ def rank_correlation(rel_a: MapLike, rel_b: MapLike) -> float:
 # ----------------------------------------------------------------------------- files
 
 
-def save_all(result, folder: str | Path, image: Image.Image | None = None) -> list[Path]:
+def save_all(result, folder: str | Path, image: Image.Image | None = None,
+             numbered: int = TOP_LABELS) -> list[Path]:
     """
-    An ARR Answer (or an ARRCOCOutput plus its image) -> heatmap.png, channels.png, scorers.png in `folder`.
-    The image defaults to the answer's own; returns the written paths.
+    An ARR Answer (or an ARRCOCOutput plus its image) -> heatmap.png, mosaic.png (an Answer only: the mosaic
+    needs its high-res view), channels.png, scorers.png in `folder`. The image defaults to the answer's own;
+    returns the written paths.
     """
     out = getattr(result, "arr", result)
     if out is None:
         raise ValueError(f"the {result.pipeline} pipeline has no ARR output to draw; use pipeline='arr'")
+    views = getattr(result, "views", None)
     if image is None:
-        if not hasattr(result, "views"):
+        if views is None:
             raise ValueError("save_all needs the image to draw an ARRCOCOutput over")
-        image = result.views.image
+        image = views.image
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    drawings = {
-        "heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0]),
-        "channels.png": channel_grid(out.textures[0]),
-        "scorers.png": scorer_maps(out),
-    }
+    drawings = {"heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0], numbered=numbered)}
+    if views is not None:
+        drawings["mosaic.png"] = saccade_mosaic(views.highres, views.candidate_grid, out.positions[0], numbered)
+    drawings.update({"channels.png": channel_grid(out.textures[0]), "scorers.png": scorer_maps(out)})
     paths = []
     for name, drawing in drawings.items():
         drawing.save(folder / name)

@@ -7,12 +7,14 @@ while the app stays up. Also the app helpers in arr_coc/ui.py that need no serve
 """
 
 import json
+import math
 import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gradio as gr
+import numpy as np
 import pytest
 import torch
 from gradio_client import Client, handle_file
@@ -29,8 +31,10 @@ from arr_coc.tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CAT = str(ROOT / "assets" / "chelsea.png")
+STREET = str(ROOT / "assets" / "synth_street_sign.png")  # 2400x900: a non-square native grid
 QUESTION = "What colour are the cat's eyes?"
 TOKENS = 4  # new tokens per answer: enough to see streaming, cheap on a CPU
+CELLS = 4096  # the max cells control's default
 
 
 # ----------------------------------------------------------------------------- the server
@@ -47,8 +51,17 @@ def stats(table: dict) -> dict:
     return dict(table["data"])
 
 
-def compare(client: Client, image=CAT, question=QUESTION, baseline="gestalt", tokens=TOKENS, strategy="topk"):
-    return client.predict(handle_file(image), question, baseline, tokens, strategy, api_name="/compare")
+def compare(client: Client, image=CAT, question=QUESTION, baseline="gestalt", tokens=TOKENS, strategy="topk",
+            max_cells=CELLS, numbered=viz.TOP_LABELS):
+    return client.predict(handle_file(image), question, baseline, tokens, strategy, max_cells, numbered,
+                          api_name="/compare")
+
+
+def mosaic_size(k: int) -> tuple[int, int]:
+    """The size of a saccade mosaic of k 28 px cells (ceil(sqrt(k)) columns)."""
+    cols, tile, gap = math.ceil(math.sqrt(k)), 28 * viz.MOSAIC_SCALE, viz.MOSAIC_GAP
+    rows = math.ceil(k / cols)
+    return cols * tile + (cols + 1) * gap, rows * tile + (rows + 1) * gap
 
 
 def save_checkpoint(folder: Path, **config) -> list[str]:
@@ -78,7 +91,8 @@ def test_stop_buttons_cancel_the_running_event(app_url, stop, event):
 
 
 def test_compare_streams_baseline_then_arr_and_reports_stats(client):
-    job = client.submit(handle_file(CAT), QUESTION, "full", TOKENS, "topk", api_name="/compare")
+    job = client.submit(handle_file(CAT), QUESTION, "full", TOKENS, "topk", CELLS, viz.TOP_LABELS,
+                        api_name="/compare")
     final = job.result(timeout=120)
     updates = job.outputs()
     # streaming: the baseline's text grows while ARR's is empty, then ARR's grows
@@ -87,26 +101,48 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
     assert baseline_partial and arr_partial
     assert updates.index(baseline_partial[-1]) < updates.index(arr_partial[0])
 
-    status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights = final
+    status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic = final
     assert status.startswith("Done in") and base_text and arr_text
     views = make_views(Image.open(CAT))
     base, arr = stats(base_stats), stats(arr_stats)
     gh, gw = views.gestalt_grid
-    assert base["visual tokens: total"] == 4 * gh * gw  # full: the high-res view
+    nh, nw = views.native_grid
+    assert base["visual tokens: total"] == nh * nw  # full: the native view
     assert (arr["visual tokens: gestalt"], arr["visual tokens: saccade"], arr["visual tokens: total"]) == \
         (gh * gw, 273, gh * gw + 273)
     for s in (base, arr):
-        assert 1 <= s["new tokens"] <= TOKENS and s["tokens/s"] > 0 and s["peak memory MB"] > 0
+        assert s["image"] == "451 x 300 px" and s["native grid (full)"] == ui.grid_text(views.native_grid)
+        assert 1 <= s["new tokens"] <= TOKENS and s["tokens/s (decode)"] >= 0 and s["peak memory MB"] > 0
         assert s["total ms"] >= s["prefill ms"] + s["decode ms"] > 0
+        assert s["TTFT ms"] == pytest.approx(s["vision ms"] + s["selection ms"] + s["prefill ms"], abs=0.2)
+    assert arr["candidate grid"] == ui.grid_text(views.candidate_grid) and "candidate grid" not in base
     assert arr["selection ms"] > 0 and base["selection ms"] == 0  # the baselines select nothing
     assert Image.open(heatmap).size == viz.canvas_size(*views.image.size)
     assert Image.open(gestalt).size == views.gestalt.size
     assert Image.open(weights).width > Image.open(weights).height
+    assert Image.open(mosaic).size == mosaic_size(273)
+
+
+def test_max_cells_caps_both_pipelines_and_numbers_redraw(client):
+    status, _, base_stats, _, arr_stats, heatmap, _, _, mosaic = compare(
+        client, image=STREET, baseline="full", tokens=1, max_cells=2048, numbered=0)
+    views = make_views(Image.open(STREET), max_cells=2048)
+    base, arr = stats(base_stats), stats(arr_stats)
+    nh, nw = views.native_grid
+    assert nh * nw <= 2048 and nw > 2 * nh  # the wide image keeps its aspect under the smaller cap
+    assert base["visual tokens: total"] == nh * nw and arr["visual tokens: saccade"] == 273
+    assert arr["candidate grid"] == ui.grid_text(views.candidate_grid) and arr["image"] == "2400 x 900 px"
+    assert Image.open(heatmap).size == viz.canvas_size(2400, 900) == (2048, 768)
+    # the numbered saccades redraw from the kept answer, without the VLM
+    renumbered, remosaic = client.predict(30, api_name="/redraw")
+    assert Image.open(renumbered).size == Image.open(heatmap).size
+    assert not np.array_equal(np.asarray(Image.open(renumbered)), np.asarray(Image.open(heatmap)))
+    assert not np.array_equal(np.asarray(Image.open(remosaic)), np.asarray(Image.open(mosaic)))
 
 
 def test_microscope_then_reselect_without_the_vlm(client):
-    channels, scorers, heatmap, summary, saccades = client.predict(
-        handle_file(CAT), QUESTION, "topk", 273, api_name="/microscope")
+    channels, scorers, heatmap, summary, saccades, mosaic = client.predict(
+        handle_file(CAT), QUESTION, "topk", 273, CELLS, viz.TOP_LABELS, api_name="/microscope")
     grid = make_views(Image.open(CAT)).candidate_grid
     assert summary.startswith(f"**273 saccades** · strategy `topk` · {grid[0]}×{grid[1]}")
     rows = saccades["data"]
@@ -115,12 +151,14 @@ def test_microscope_then_reselect_without_the_vlm(client):
     assert scores == sorted(scores, reverse=True)  # most relevant first
     assert Image.open(heatmap).size == viz.canvas_size(*Image.open(CAT).size)
     assert Image.open(channels).height > 300 and Image.open(scorers).width > 3 * Image.open(scorers).height
+    assert Image.open(mosaic).size == mosaic_size(273)
 
-    heatmap, summary, fewer = client.predict("topk", 50, api_name="/reselect")  # no VLM work: the kept scene
+    heatmap, summary, fewer, mosaic = client.predict("topk", 50, 5, api_name="/reselect")  # no VLM work: the kept scene
     assert re.search(r"drawn in \d+ ms", summary)
     assert summary.startswith("**50 saccades**")
     assert fewer["data"] == rows[:50]  # top-k of 50 is the head of top-k of 273
-    _, summary, spread = client.predict("grid", 50, api_name="/reselect")
+    assert Image.open(mosaic).size == mosaic_size(50)
+    _, summary, spread, _ = client.predict("grid", 50, 5, api_name="/reselect")
     assert summary.startswith("**50 saccades** · strategy `grid`")
     assert {tuple(r[1:3]) for r in spread["data"]} != {tuple(r[1:3]) for r in fewer["data"]}
 
@@ -128,7 +166,8 @@ def test_microscope_then_reselect_without_the_vlm(client):
 def test_microscope_states_a_fallback_in_words(client, tmp_path):
     flat = tmp_path / "flat.png"
     Image.new("RGB", (300, 300), (128, 128, 128)).save(flat)
-    *_, summary, _ = client.predict(handle_file(str(flat)), "What is here?", "topk", 273, api_name="/microscope")
+    *_, summary, _, _ = client.predict(handle_file(str(flat)), "What is here?", "topk", 273, CELLS, 0,
+                                       api_name="/microscope")
     assert "semantic void: the relevance map is flat, so the saccades fall back to an even grid" in summary
 
 
@@ -136,7 +175,7 @@ def test_ab_same_layer_agrees_and_a_different_one_does_not(client, tmp_path):
     prior_files = save_checkpoint(tmp_path / "prior")  # a fresh layer is exactly the prior
     heat_a, heat_b, diff, text_a, text_b, summary = client.predict(
         handle_file(CAT), QUESTION, ui.PRIOR, [handle_file(f) for f in prior_files], ui.PRIOR, None, "topk", TOKENS,
-        api_name="/ab")
+        CELLS, api_name="/ab")
     assert "IoU of the selected cells) | 1.000 |" in summary and "(Spearman) | 1.000 |" in summary
     assert "| answers | agree |" in summary and text_a == text_b
     assert Image.open(heat_a).size == Image.open(heat_b).size == viz.canvas_size(*Image.open(CAT).size)
@@ -146,7 +185,7 @@ def test_ab_same_layer_agrees_and_a_different_one_does_not(client, tmp_path):
 
     other_files = save_checkpoint(tmp_path / "other", prior_weights=[0.9, 0.9, 0.05])
     *_, summary = client.predict(handle_file(CAT), QUESTION, ui.PRIOR, None, ui.PRIOR,
-                                 [handle_file(f) for f in other_files], "topk", TOKENS, api_name="/ab")
+                                 [handle_file(f) for f in other_files], "topk", TOKENS, CELLS, api_name="/ab")
     iou = float(re.search(r"IoU of the selected cells\) \| ([\d.]+)", summary).group(1))
     rho = float(re.search(r"\(Spearman\) \| (-?[\d.]+)", summary).group(1))
     assert 0 <= iou < 1 and rho < 1
@@ -156,7 +195,7 @@ def test_ten_concurrent_compares_all_complete(app_url):
     questions = [f"Question {i}: what is in the picture?" for i in range(10)]
     with ThreadPoolExecutor(10) as pool:  # ten users at once: the queue runs them one by one
         results = list(pool.map(lambda q: compare(Client(app_url, verbose=False), question=q, tokens=2), questions))
-    for status, _, _, _, arr_stats, heatmap, _, _ in results:
+    for status, _, _, _, arr_stats, heatmap, _, _, _ in results:
         assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
         assert Path(heatmap).is_file()
 
@@ -173,7 +212,7 @@ def test_odd_images_are_answered(client, tmp_path, mode):
         Image.new("RGB", (1, 1), (200, 10, 10)).save(path)
     else:
         Image.open(CAT).convert(mode).save(path)
-    status, *_, arr_stats, heatmap, _, _ = compare(client, image=str(path), tokens=1)
+    status, *_, arr_stats, heatmap, _, _, _ = compare(client, image=str(path), tokens=1)
     assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
 
 
@@ -202,22 +241,24 @@ def checkpoint_upload(folder: Path) -> list:
 
 
 def ab_args(files_a=None, files_b=None) -> tuple:
-    return handle_file(CAT), QUESTION, ui.PRIOR, files_a, ui.PRIOR, files_b, "topk", 1
+    return handle_file(CAT), QUESTION, ui.PRIOR, files_a, ui.PRIOR, files_b, "topk", 1, CELLS
 
 
 BAD_INPUTS = {  # case: (endpoint, its arguments from the bad files, the message the user must see)
-    "no image": ("/compare", lambda b: (None, QUESTION, "gestalt", 1, "topk"), "no image: upload an image first"),
-    "empty question": ("/compare", lambda b: (handle_file(CAT), "  ", "gestalt", 1, "topk"), "the question is empty"),
-    "long question": ("/compare", lambda b: (handle_file(CAT), "why? " * 1000, "gestalt", 1, "topk"),
+    "no image": ("/compare", lambda b: (None, QUESTION, "gestalt", 1, "topk", CELLS, 0),
+                 "no image: upload an image first"),
+    "empty question": ("/compare", lambda b: (handle_file(CAT), "  ", "gestalt", 1, "topk", CELLS, 0),
+                       "the question is empty"),
+    "long question": ("/compare", lambda b: (handle_file(CAT), "why? " * 1000, "gestalt", 1, "topk", CELLS, 0),
                       "the limit is 4000"),
-    "text file": ("/compare", lambda b: (handle_file(b["notes.txt"]), QUESTION, "gestalt", 1, "topk"),
+    "text file": ("/compare", lambda b: (handle_file(b["notes.txt"]), QUESTION, "gestalt", 1, "topk", CELLS, 0),
                   "notes.txt is not an image"),
-    "truncated image": ("/compare", lambda b: (handle_file(b["cut.png"]), QUESTION, "gestalt", 1, "topk"),
+    "truncated image": ("/compare", lambda b: (handle_file(b["cut.png"]), QUESTION, "gestalt", 1, "topk", CELLS, 0),
                         "cut.png could not be decoded as an image"),
-    "huge image": ("/microscope", lambda b: (handle_file(b["huge.png"]), QUESTION, "topk", 273),
+    "huge image": ("/microscope", lambda b: (handle_file(b["huge.png"]), QUESTION, "topk", 273, CELLS, 0),
                    "huge.png is too large (9000x8000 pixels); the limit is 64 megapixels"),
-    "microscope without image": ("/microscope", lambda b: (None, QUESTION, "topk", 273), "no image"),
-    "re-select before analysing": ("/reselect", lambda b: ("topk", 50), "Analyse an image first"),
+    "microscope without image": ("/microscope", lambda b: (None, QUESTION, "topk", 273, CELLS, 0), "no image"),
+    "re-select before analysing": ("/reselect", lambda b: ("topk", 50, 0), "Analyse an image first"),
     "pickle checkpoint": ("/ab", lambda b: ab_args(files_a=checkpoint_upload(b["pickle"])),
                           "checkpoint A: uploaded/model.safetensors is a pickle/torch.save file"),
     "foreign safetensors": ("/ab", lambda b: ab_args(files_b=checkpoint_upload(b["foreign"])),
@@ -238,7 +279,7 @@ def test_bad_input_gets_a_clear_error(app_url, bad, case):
 
 
 def test_the_app_still_answers_after_bad_inputs(client):
-    status, *_, arr_stats, _, _, _ = compare(client, tokens=1)
+    status, *_, arr_stats, _, _, _, _ = compare(client, tokens=1)
     assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
 
 

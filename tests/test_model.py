@@ -1,5 +1,8 @@
 """ARRCOCQwen end to end on the tiny model: pipelines, the fixed budget, shared weights, failures."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -137,6 +140,25 @@ def test_checkpoint_swaps_without_reloading_the_vlm(arr_model, tmp_path):
     ARRCOCLayer(ARRCOCConfig(hidden_size=1536)).save_pretrained(tmp_path / "for_2b")
     with pytest.raises(CheckpointError, match="hidden size 1536.*hidden size 64"):
         arr_model.load_layer(tmp_path / "for_2b")
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[1] / "checkpoints").glob("tiny-*"))
+
+
+@pytest.mark.parametrize("checkpoint", SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("size, grid", [((1792, 1792), (64, 64)), ((2400, 900), (32, 86))])
+def test_shipped_checkpoints_select_273_cells_on_any_native_grid(arr_model, checkpoint, size, grid):
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert not {"gestalt_max_tokens", "budget_tokens", "prior_layer_fraction"} & config.keys()  # PipelineConfig's
+    layer = arr_model.load_layer(str(checkpoint))
+    image = scene_image(*size)
+    scene = arr_model.prepare(image, QUESTION, layer=layer)
+    out = arr_model.select(scene, layer=layer)
+    assert scene.views.candidate_grid == out.grid == grid  # the native grid: 64x64 at 1792², non-square when wide
+    cells = out.positions[0].tolist()
+    assert len(cells) == len(set(map(tuple, cells))) == 273
+    assert all(0 <= r < grid[0] and 0 <= c < grid[1] for r, c in cells)
+    assert out.fallback == [None] and torch.isfinite(out.relevance).all()
 
 
 def test_non_finite_relevance_falls_back_to_grid_and_says_so(arr_model):

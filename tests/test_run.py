@@ -43,7 +43,7 @@ def test_run_saves_the_microscope_pngs(tmp_path):
                  "--pipelines", "arr", "--max-new-tokens", "1", "--save-dir", str(tmp_path / "png")])
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
-    assert names == ["channels.png", "heatmap.png", "scorers.png"]
+    assert names == ["channels.png", "heatmap.png", "mosaic.png", "scorers.png"]
     assert Image.open(tmp_path / "png" / "heatmap.png").size[0] > 200
 
 

@@ -60,9 +60,10 @@ def test_heatmap_is_hotter_where_relevance_is_high():
     assert hot[0] > hot[2]  # inferno's hot end is yellow-orange: red over blue
 
 
-@pytest.mark.parametrize("size, expected", [((451, 300), (896, 596)), ((1000, 500), (1000, 500)),
-                                            ((4000, 2000), (1280, 640)), ((1, 1), (896, 896))])
-def test_heatmap_keeps_the_aspect_within_the_canvas_limits(size, expected):
+@pytest.mark.parametrize("size, expected", [((451, 300), (768, 511)), ((1000, 500), (1000, 500)),
+                                            ((1792, 1792), (1792, 1792)), ((4000, 2000), (2048, 1024)),
+                                            ((1, 1), (768, 768))])
+def test_heatmap_follows_the_image_within_the_canvas_limits(size, expected):
     out = viz.heatmap_overlay(Image.new("RGB", size), torch.rand(32, 32))
     assert out.size == expected and out.mode == "RGB"
 
@@ -91,16 +92,78 @@ def test_saccade_objects_and_positions_draw_the_same():
     assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("grid, numbered", [((32, 32), 273), ((64, 64), viz.TOP_LABELS)])
-def test_every_saccade_is_numbered_when_the_cells_fit_the_numbers(grid, numbered):
-    image = Image.new("RGB", (896, 896), (0, 0, 0))
-    cells = torch.randperm(grid[0] * grid[1], generator=torch.Generator().manual_seed(1))[:273]
-    positions = torch.stack([cells // grid[1], cells % grid[1]], dim=-1)
-    out = viz.heatmap_overlay(image, torch.zeros(grid), positions)
-    inset = 4  # stay clear of the white ring round rank 1, which reaches into the neighbouring cells
+def lattice(grid, step: int, k: int) -> torch.Tensor:
+    """k cells `step` apart in a random order: labels that overflow their cell cannot reach another selected one."""
+    rows, cols = torch.meshgrid(torch.arange(0, grid[0], step), torch.arange(0, grid[1], step), indexing="ij")
+    cells = torch.stack([rows.flatten(), cols.flatten()], dim=-1)
+    return cells[torch.randperm(len(cells), generator=torch.Generator().manual_seed(1))[:k]]
+
+
+@pytest.mark.parametrize("grid, side, step", [((32, 32), 896, 2), ((64, 64), 1792, 2), ((128, 128), 1792, 4)])
+@pytest.mark.parametrize("numbered", [0, None, 100])
+def test_every_saccade_gets_a_box_and_only_the_top_n_a_number(grid, side, step, numbered):
+    positions = lattice(grid, step, 273)
+    kwargs = {} if numbered is None else {"numbered": numbered}
+    out = viz.heatmap_overlay(Image.new("RGB", (side, side)), torch.zeros(grid), positions, **kwargs)
+    numbered = viz.TOP_LABELS if numbered is None else numbered
     rects = [viz.cell_rect(r, c, grid, out.size) for r, c in positions.tolist()]
+    inset = max(2, (rects[0][2] - rects[0][0]) // 5)  # clear of the boxes and of rank 1's white ring
     labelled = [has_white(out, (x0 + inset, y0 + inset, x1 - inset, y1 - inset)) for x0, y0, x1, y1 in rects]
-    assert labelled[:numbered] == [True] * numbered and not any(labelled[numbered:])
+    assert sum(labelled) == numbered and labelled[:numbered] == [True] * numbered
+    colours = viz.rank_colours(len(rects))
+    for rank, (x0, y0, x1, y1) in enumerate(rects[1:], start=2):  # every box, in its rank's colour
+        if rank > numbered:  # (a number may be wider than a fine grid's cell and cover its box's edge)
+            assert pixel(out, (x0, (y0 + y1) / 2)) == colours[rank - 1]
+
+
+# ----------------------------------------------------------------------------- saccade mosaic
+
+
+def noise_view(grid) -> Image.Image:
+    """A high-res view of random pixels, grid * 28 px: every cell's crop is unique."""
+    rng = np.random.default_rng(0)
+    return Image.fromarray(rng.integers(0, 256, (grid[0] * 28, grid[1] * 28, 3), dtype=np.uint8))
+
+
+def mosaic_tiles(mosaic: Image.Image, k: int, cols: int, tile: int) -> list[np.ndarray]:
+    a = np.asarray(mosaic)
+    origins = [viz.mosaic_origin(i, cols, (tile, tile), viz.MOSAIC_GAP) for i in range(k)]
+    return [a[y:y + tile, x:x + tile] for x, y in origins]
+
+
+def cell_crop(view: Image.Image, row: int, col: int, scale: int = viz.MOSAIC_SCALE) -> np.ndarray:
+    crop = np.asarray(view)[row * 28:(row + 1) * 28, col * 28:(col + 1) * 28]
+    return crop.repeat(scale, axis=0).repeat(scale, axis=1)  # nearest-neighbour upscale
+
+
+def test_mosaic_tile_k_is_the_kth_saccades_cell_in_rank_order():
+    grid = (12, 20)  # non-square, as a wide image's native grid is
+    view = noise_view(grid)
+    positions = lattice(grid, 1, 30)
+    out = viz.saccade_mosaic(view, grid, positions, numbered=0)
+    cols, tile = 6, 28 * viz.MOSAIC_SCALE  # ceil(sqrt(30)) columns, 5 rows
+    gap = viz.MOSAIC_GAP
+    assert out.size == (cols * tile + (cols + 1) * gap, 5 * tile + 6 * gap)
+    for k, (t, (r, c)) in enumerate(zip(mosaic_tiles(out, 30, cols, tile), positions.tolist())):
+        assert np.array_equal(t, cell_crop(view, r, c)), f"tile {k} is not saccade {k + 1}'s cell ({r}, {c})"
+    corners = (0, 0), (out.width - 1, out.height - 1)  # a gap, and the empty place at the end of the last row
+    assert all(pixel(out, xy) == viz.MOSAIC_BACKGROUND for xy in corners)
+
+
+@pytest.mark.parametrize("numbered", [0, 7, 30])
+def test_mosaic_numbers_exactly_the_first_n_tiles(numbered):
+    grid = (8, 8)
+    view, positions = noise_view(grid), lattice(grid, 1, 30)
+    out = viz.saccade_mosaic(view, grid, as_saccades(positions), numbered=numbered, cols=10)
+    tiles = mosaic_tiles(out, 30, 10, 28 * viz.MOSAIC_SCALE)
+    changed = [not np.array_equal(t, cell_crop(view, r, c)) for t, (r, c) in zip(tiles, positions.tolist())]
+    assert changed == [True] * numbered + [False] * (30 - numbered)
+
+
+def test_mosaic_of_no_saccades_is_an_empty_tile():
+    out = viz.saccade_mosaic(noise_view((4, 4)), (4, 4), [])
+    assert out.size == (28 * viz.MOSAIC_SCALE + 2 * viz.MOSAIC_GAP,) * 2
+    assert colour_count(out, viz.MOSAIC_BACKGROUND, 0) == out.width * out.height
 
 
 # ----------------------------------------------------------------------------- charts
@@ -166,6 +229,7 @@ def test_drawings_are_images_and_leave_no_figures():
     out = layer_output(grid=(32, 32))
     image = Image.new("RGB", (900, 700), (50, 100, 150))
     drawings = [lambda: viz.heatmap_overlay(image, out.relevance[0], out.positions[0]),
+                lambda: viz.saccade_mosaic(noise_view((32, 32)), (32, 32), out.positions[0]),
                 lambda: viz.channel_grid(out.textures[0]), lambda: viz.scorer_maps(out),
                 lambda: viz.weights_bar(out.weights[0]),
                 lambda: viz.difference_map(out.relevance[0], out.information[0], out.positions[0], out.positions[0])]
@@ -206,12 +270,15 @@ def test_rank_correlation_is_spearman():
 # ----------------------------------------------------------------------------- files
 
 
-def test_save_all_writes_the_three_drawings(arr_model, tmp_path):
+def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
     image = Image.open("assets/coffee.jpg")
     answer = arr_model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
     paths = viz.save_all(answer, tmp_path / "run")
-    assert [p.name for p in paths] == ["heatmap.png", "channels.png", "scorers.png"]
+    assert [p.name for p in paths] == ["heatmap.png", "mosaic.png", "channels.png", "scorers.png"]
     assert Image.open(paths[0]).size == viz.canvas_size(*image.size)
+    mosaic = Image.open(paths[1]).convert("RGB")
+    expected = viz.saccade_mosaic(answer.views.highres, answer.views.candidate_grid, answer.saccades)
+    assert np.array_equal(np.asarray(mosaic), np.asarray(expected))
     assert all(Image.open(p).width > 400 for p in paths)
     baseline = arr_model.answer(image, "What is on the saucer?", "gestalt", max_new_tokens=1)
     with pytest.raises(ValueError, match="gestalt pipeline has no ARR output"):
