@@ -219,7 +219,7 @@ def main() -> None:
 
     for ex in HIGHRES:
         samples = ex.draw(ex.seed)
-        image = samples[0].image.quantize(ex.colours, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        image = samples[0].image.quantize(ex.colours, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).convert("RGB")
         image.save(args.out / ex.file, optimize=True)
         written.add(ex.file)
         print(f"wrote {args.out / ex.file} ({samples[0].kind}, seed {ex.seed}, {image.width}x{image.height})")
