@@ -282,6 +282,9 @@ def main() -> None:
     model = ARRCOCQwen.from_pretrained(args.model, fallback_to_tiny=True)
     layer_name, checkpoint_notice = ui.install_default_layer(model, args.checkpoint, CHECKPOINTS)
     notices = [n for n in (model.notice, checkpoint_notice) if n]
+    if model.vlm.device.type == "cuda":  # capture the CUDA graphs now, not on the first user's request
+        print("warming up: capturing CUDA graphs for every pipeline ...", flush=True)
+        print(f"warmed up in {model.warmup():.1f} s", flush=True)
     demo = build_app(model, layer_name, notices)
     demo.queue(default_concurrency_limit=1)
     # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason

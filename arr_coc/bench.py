@@ -28,6 +28,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
     p.add_argument("--random-weights", action="store_true", help="full-size Qwen2-VL-2B architecture, random weights")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="weights' dtype (default: bf16 on Ampere+, fp16 on older GPUs such as the T4, fp32 on CPU)")
     p.add_argument("--sizes", type=cli.int_list(56, 8192), default=[448, 896, 1344, 1792],
                    help="comma-separated sides of the square test images in px")
     cli.add_max_cells(p)
@@ -153,10 +155,12 @@ def main(argv=None) -> dict:
     from arr_coc.tiny import qwen2_vl_2b_config, random_vlm
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype) if args.dtype else None
     if args.random_weights:
-        model = ARRCOCQwen(random_vlm(qwen2_vl_2b_config(), str(device), default_dtype(device), "Qwen2-VL-2B (random)"))
+        model = ARRCOCQwen(random_vlm(qwen2_vl_2b_config(), str(device), dtype or default_dtype(device),
+                                      "Qwen2-VL-2B (random)"))
     else:
-        model = ARRCOCQwen.from_pretrained(args.model, device=str(device))
+        model = ARRCOCQwen.from_pretrained(args.model, device=str(device), dtype=dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     synchronize(device)
     weights_mb = (torch.cuda.memory_allocated(device) / 2**20) if device.type == "cuda" else peak_memory_mb(device)

@@ -235,6 +235,8 @@ class QwenVL:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.model, self.tokenizer, self.image_processor, self.name = model, tokenizer, image_processor, name
         self.engine = engine  # "fast": the Decoder (static cache + CUDA graphs); "hf": stock generate()
+        if self.language_model.dtype == torch.float16:  # fp16 (T4): the ViT's activations can overflow: keep it fp32
+            self.visual.float()
         cfg = model.config
         self.image_token_id = cfg.image_token_id
         self.hidden_size = cfg.text_config.hidden_size
@@ -258,8 +260,6 @@ class QwenVL:
         dtype = dtype or default_dtype(device)
         model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model = model.to(device).eval().requires_grad_(False)
-        if dtype == torch.float16:  # fp16 (T4): the ViT's activations can overflow, so it stays in fp32
-            model.model.visual.float()
         tokenizer = AutoTokenizer.from_pretrained(path)
         image_processor = AutoImageProcessor.from_pretrained(path)
         return cls(model, tokenizer, image_processor, name, engine)

@@ -17,7 +17,7 @@ def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("grid", [(32, 32), (12, 48), (116, 8)])
+@pytest.mark.parametrize("grid", [(32, 32), (12, 48), (116, 8), (64, 64), (128, 128), (48, 86)])
 def test_exactly_budget_unique_cells_in_relevance_order(strategy, grid):
     relevance = peaked_map(*grid, centre=(grid[0] // 3, grid[1] // 2))
     out = TokenAllocator(273, strategy)(relevance)
