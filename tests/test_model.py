@@ -80,6 +80,7 @@ def test_both_pipelines_run_the_same_weights(arr_model):
     modules = (vlm.visual.patch_embed, vlm.visual.merger, vlm.language_model.layers[0].self_attn.q_proj, vlm.model.lm_head)
     seen = []
     hooks = [m.register_forward_hook(lambda mod, *_: seen.append(id(mod))) for m in modules]
+    vlm.decoder.graphs_enabled = False  # a CUDA-graph replay runs no Python hooks: watch the eager path
     try:
         for engine in ("hf", "fast"):
             vlm.engine = engine
@@ -88,7 +89,7 @@ def test_both_pipelines_run_the_same_weights(arr_model):
                 arr_model.answer(scene_image(), QUESTION, pipeline, max_new_tokens=1)
                 assert set(seen) == {id(m) for m in modules}, (engine, pipeline)
     finally:
-        vlm.engine = "fast"
+        vlm.engine, vlm.decoder.graphs_enabled = "fast", True
         for h in hooks:
             h.remove()
     vlm_params = sum(p.numel() for p in arr_model.vlm.model.parameters())

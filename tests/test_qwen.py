@@ -214,7 +214,8 @@ def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
         embeds = vlm.embed(ids, [gestalt])
         positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
         ours = vlm.gestalt_attention(embeds, positions, span, query_start, 0.5)
-        eager = Qwen2VLForConditionalGeneration.from_pretrained(tiny_model_path(), attn_implementation="eager")
+        eager = Qwen2VLForConditionalGeneration.from_pretrained(tiny_model_path(), attn_implementation="eager",
+                                                                dtype=vlm.dtype).to(vlm.device)
         weights = eager(inputs_embeds=embeds, position_ids=positions, output_attentions=True).attentions[2]  # layer 4 * 0.5
     expected = weights[0, :, query_start:, span[0]:span[1]].mean(dim=(0, 1))  # [Ng]
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-4)
