@@ -230,6 +230,11 @@ class Decoder:
         try:
             return self._generate(*args), False
         except NonFiniteLogits as overflow:
+            # masked slots still enter attention as 0 x value: inf/NaN left in the cache would poison every
+            # later step (and request), so the overflowed run's cache is wiped before the redo
+            for state in self.states.values():
+                for t in state.keys + state.values:
+                    t.zero_()
             self.safe = True
             try:  # the tokens streamed before the overflow were finite: stream only what comes after them
                 return self._generate(*args, streamed=overflow.streamed), True

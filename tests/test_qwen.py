@@ -205,6 +205,8 @@ def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
     from arr_coc.tiny import tiny_model_path
 
     vlm = arr_model.vlm
+    if vlm.dtype != torch.float32:
+        pytest.skip("an exact comparison, in fp32")
     views = make_views(photo())
     with torch.no_grad():
         gestalt = vlm.encode_view(views.gestalt)
