@@ -24,7 +24,7 @@ from transformers import TextIteratorStreamer
 from arr_coc.config import BASELINES, PIPELINES, ARRCOCConfig, PipelineConfig
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
-from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views, mrope_position_ids,
+from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views,
                           raster_block, upsample_map)
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.texture import generate_texture_array
@@ -181,7 +181,7 @@ class ARRCOCQwen:
     def views(self, image, max_cells: int | None = None) -> Views:
         """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap)."""
         p = self.pipeline if max_cells is None else replace(self.pipeline, max_cells=int(max_cells))
-        return make_views(image, p.gestalt_max_tokens, p.budget_tokens, p.max_cells, self.vlm.device)
+        return make_views(image, p.gestalt_max_tokens, p.budget_tokens, p.max_cells, self.vlm.device, self.vlm.cell)
 
     @torch.no_grad()
     def observe(self, image, question: str, watch: Stopwatch | None = None, max_cells: int | None = None) -> Observation:
@@ -196,7 +196,7 @@ class ARRCOCQwen:
             ids = vlm.prompt_ids(question, [gestalt.shape[0]])  # [1, L]
             image_at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
             span = (int(image_at[0]), int(image_at[-1]) + 1)
-            positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
+            positions = vlm.position_ids(ids, [raster_block(views.gestalt_grid)])
             attention = vlm.gestalt_attention(vlm.embed(ids, [gestalt]), positions, span, span[1] + 1,
                                               self.pipeline.prior_layer_fraction)  # [Ng]
             prior = upsample_map(attention, views.gestalt_grid, views.candidate_grid)  # [1, GH, GW]
@@ -268,7 +268,7 @@ class ARRCOCQwen:
                 features.append(vlm.encode_cells(pixels, views.candidate_grid, out.positions[0]))  # [K, D]
                 blocks.append(ImageBlock(views.candidate_grid, out.positions[0].cpu()))
         ids = vlm.prompt_ids(scene.observation.question, [b.positions.shape[0] for b in blocks])
-        positions = mrope_position_ids(ids, vlm.image_token_id, blocks)
+        positions = vlm.position_ids(ids, blocks)
         timer = TimingStreamer(watch, streamer)
         new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=vlm.embed(ids, features),
                            position_ids=positions)
@@ -300,7 +300,7 @@ class ARRCOCQwen:
         if vlm.engine == "fast":
             with watch.section("vision"):
                 features = vlm.encode_view(view)  # [n, D]
-            positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(grid)])
+            positions = vlm.position_ids(ids, [raster_block(grid)])
             timer = TimingStreamer(watch, streamer)
             new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=vlm.embed(ids, [features]),
                                position_ids=positions)

@@ -11,6 +11,7 @@ layout (`get_rope_index`'s, for any subset of cells), and one layer's attention 
     gestalt = vlm.encode_view(views.tensor("gestalt"))       # [Ng, D]
 """
 
+import importlib
 import math
 from dataclasses import dataclass, field
 
@@ -77,16 +78,18 @@ def fit_grid(width: int, height: int, max_tokens: int) -> tuple[int, int]:
     return rows, cols
 
 
-def native_grid(width: int, height: int, max_cells: int) -> tuple[int, int]:
+def native_grid(width: int, height: int, max_cells: int, cell: int = CELL) -> tuple[int, int]:
     """
-    The (rows, cols) grid of 28 px cells that stock Qwen2-VL reads this image at: the image processor's own
-    smart_resize with max_pixels = max_cells cells (aspect kept; beyond MAX_ASPECT squeezed to it).
+    The (rows, cols) grid of cells (one merged token each: 28 px for Qwen2-VL) that stock Qwen reads this image
+    at: the image processor's own smart_resize with max_pixels = max_cells cells (aspect kept; beyond
+    MAX_ASPECT squeezed to it).
     """
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     width, height = min(width, round(height * MAX_ASPECT)), min(height, round(width * MAX_ASPECT))
-    h, w = smart_resize(max(height, 1), max(width, 1), factor=CELL, min_pixels=MIN_PIXELS, max_pixels=max_cells * CELL**2)
-    return h // CELL, w // CELL
+    min_pixels = MIN_PIXELS * (cell // CELL) ** 2
+    h, w = smart_resize(max(height, 1), max(width, 1), factor=cell, min_pixels=min_pixels, max_pixels=max_cells * cell**2)
+    return h // cell, w // cell
 
 
 @dataclass(eq=False)
@@ -102,6 +105,7 @@ class Views:
     native_grid: tuple[int, int]  # (nh, nw) tokens of the native view: what stock Qwen2-VL reads (`full`)
     candidate_grid: tuple[int, int]  # (GH, GW) candidate cells of the high-res view: native, >= 2x the gestalt per side
     budget_grid: tuple[int, int]  # (bh, bw) tokens of the same-budget baseline view (~529 tokens)
+    cell: int = CELL  # px per cell side: one merged token (28 for Qwen2-VL's 14 px patches merged 2x2)
     _cache: dict = field(default_factory=dict, repr=False)
 
     def grid(self, name: str) -> tuple[int, int]:
@@ -111,9 +115,9 @@ class Views:
     def tensor(self, name: str) -> torch.Tensor:
         """The view `name` as [1, 3, grid * 28 px] in [0, 1] on the device, resized once (views of one size are one)."""
         rows, cols = self.grid(name)
-        key = (rows * CELL, cols * CELL)
+        key = (rows * self.cell, cols * self.cell)
         if key not in self._cache:
-            self._cache[key] = resize(self.pixels, (rows, cols))
+            self._cache[key] = resize(self.pixels, (rows, cols), self.cell)
         return self._cache[key]
 
     def pil(self, name: str) -> Image.Image:
@@ -145,20 +149,20 @@ class Views:
         return cover_y[:, None] * cover_x[None, :]
 
 
-def resize(pixels: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+def resize(pixels: torch.Tensor, grid: tuple[int, int], cell: int = CELL) -> torch.Tensor:
     """
-    The one resize path of every pipeline: [1, 3, H, W] (uint8 or [0, 1]) -> [1, 3, grid * 28 px] in [0, 1],
+    The one resize path of every pipeline: [1, 3, H, W] (uint8 or [0, 1]) -> [1, 3, grid * cell px] in [0, 1],
     bicubic with antialiasing (as the image processors do), on the tensor's device; no resampling at the same size.
     """
     x = pixels.float() / 255.0 if pixels.dtype == torch.uint8 else pixels.float()
-    size = (grid[0] * CELL, grid[1] * CELL)
+    size = (grid[0] * cell, grid[1] * cell)
     if tuple(x.shape[-2:]) == size:
         return x
     return F.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
 
 
 def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_cells: int = 4096,
-               device: torch.device | str = "cpu") -> Views:
+               device: torch.device | str = "cpu", cell: int = CELL) -> Views:
     """
     All views of one image. The candidate grid is the native grid (at most max_cells cells), bounded below
     by twice the gestalt grid per side, so even a tiny image offers well over 273 candidates.
@@ -166,12 +170,12 @@ def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_c
     rgb = to_rgb(image)
     gh, gw = fit_grid(rgb.width, rgb.height, gestalt_tokens)
     bh, bw = fit_grid(rgb.width, rgb.height, budget_tokens)
-    nh, nw = native_grid(rgb.width, rgb.height, max_cells)
+    nh, nw = native_grid(rgb.width, rgb.height, max_cells, cell)
     ch, cw = max(nh, 2 * gh), max(nw, 2 * gw)
     if ch * cw > max_cells:  # the two grids round the aspect differently: keep the cap strict
         ch, cw = 2 * gh, 2 * gw
     pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8)).to(device).permute(2, 0, 1).unsqueeze(0)  # [1, 3, H, W]
-    return Views(rgb, pixels, (gh, gw), (nh, nw), (ch, cw), (bh, bw))
+    return Views(rgb, pixels, (gh, gw), (nh, nw), (ch, cw), (bh, bw), cell)
 
 
 def view_tensor(view: Image.Image, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -229,7 +233,23 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
 
 
+FAMILIES = {  # model_type -> "module:Adapter" (imported when first loaded); each adapter names its transformers class
+    "qwen2_vl": "arr_coc.qwen:QwenVL",
+}
+
+
+def adapter_class(model_type: str) -> type:
+    """The adapter for a config's model_type; an unsupported one is a clear error naming the supported families."""
+    if model_type not in FAMILIES:
+        raise InputError(f"unsupported model_type {model_type!r}: ARR-COC supports {', '.join(sorted(FAMILIES))}")
+    module, name = FAMILIES[model_type].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 class QwenVL:
+    """The adapter over one Qwen-VL family (this class: Qwen2-VL); a family overrides what differs."""
+    hf_class = "Qwen2VLForConditionalGeneration"  # the transformers class this adapter wraps
+
     def __init__(self, model, tokenizer, image_processor, name: str, engine: str = "fast"):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -252,21 +272,30 @@ class QwenVL:
     @classmethod
     def from_pretrained(cls, name: str = DEFAULT_MODEL, device: str | None = None,
                         dtype: torch.dtype | None = None, engine: str = "fast") -> "QwenVL":
-        """Load a Qwen2-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder, or "tiny"."""
-        from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
+        """
+        Load a Qwen-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder, or "tiny",
+        with the adapter of its family (the config's model_type): see FAMILIES.
+        """
+        import transformers
 
         path = str(tiny_model_path()) if name == "tiny" else name
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or default_dtype(device)
-        model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        adapter = adapter_class(transformers.AutoConfig.from_pretrained(path).model_type)
+        model = getattr(transformers, adapter.hf_class).from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model = model.to(device).eval().requires_grad_(False)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        image_processor = AutoImageProcessor.from_pretrained(path)
-        return cls(model, tokenizer, image_processor, name, engine)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        image_processor = transformers.AutoImageProcessor.from_pretrained(path)
+        return adapter(model, tokenizer, image_processor, name, engine)
 
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def cell(self) -> int:
+        """px per candidate cell: one merged token (patch_size x merge_size)."""
+        return self.image_processor.patch_size * self.image_processor.merge_size
 
     @property
     def dtype(self) -> torch.dtype:
@@ -368,6 +397,10 @@ class QwenVL:
         """The question's own token embeddings [1, Lq, D] (the participatory scorer's query)."""
         ids = torch.tensor([self.question_ids(question)], device=self.device)
         return self.model.get_input_embeddings()(ids)
+
+    def position_ids(self, input_ids: torch.Tensor, blocks: list[ImageBlock]) -> torch.Tensor:
+        """[1, L] ids -> [3, 1, L] M-RoPE ids, each image block at its cells' true places (get_rope_index's layout)."""
+        return mrope_position_ids(input_ids, self.image_token_id, blocks)
 
     def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:
         """Token embeddings with each image block's pads replaced by its features, in order -> [1, L, D]."""

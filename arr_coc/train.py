@@ -85,7 +85,7 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     import torch
     import torch.nn.functional as F
 
-    from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
+    from arr_coc.qwen import ImageBlock, raster_block
 
     vlm, views = model.vlm, observation.views
     with torch.no_grad():
@@ -100,7 +100,7 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     blocks = [raster_block(views.gestalt_grid), ImageBlock(views.candidate_grid, out.positions[0].cpu())]
     labels = torch.full_like(ids, -100)
     labels[:, prompt.shape[1]:] = target
-    logits = vlm.model(inputs_embeds=vlm.embed(ids, features), position_ids=mrope_position_ids(ids, vlm.image_token_id, blocks)).logits
+    logits = vlm.model(inputs_embeds=vlm.embed(ids, features), position_ids=vlm.position_ids(ids, blocks)).logits
     return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:])
 
 

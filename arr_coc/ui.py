@@ -23,7 +23,7 @@ from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the ha
 from arr_coc.layer import CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError, list_checkpoints
 from arr_coc.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, OutOfMemory, check_question
-from arr_coc.qwen import CELL, InputError, to_rgb
+from arr_coc.qwen import InputError, to_rgb
 from arr_coc.texture import CHANNELS
 from arr_coc.timing import TIMING_KEYS
 from arr_coc.viz import rank_correlation, saccade_overlap
@@ -175,10 +175,10 @@ def channels_markdown() -> str:
     return "| # | channel | meaning |\n| --- | --- | --- |\n" + rows
 
 
-def grid_text(grid: tuple[int, int]) -> str:
+def grid_text(grid: tuple[int, int], cell: int) -> str:
     """A token/cell grid and the view it covers: '64 x 64 cells (1792 x 1792 px)'."""
     rows, cols = grid
-    return f"{rows} x {cols} cells ({cols * CELL} x {rows * CELL} px)"
+    return f"{rows} x {cols} cells ({cols * cell} x {rows * cell} px)"
 
 
 def stats_rows(answer: Answer) -> list[list]:
@@ -187,9 +187,9 @@ def stats_rows(answer: Answer) -> list[list]:
     and memory of one answer, as [metric, value] rows.
     """
     tokens, ms, views = answer.tokens, answer.timings_ms, answer.views
-    grids = [["native grid (full)", grid_text(views.native_grid)]]
+    grids = [["native grid (full)", grid_text(views.native_grid, views.cell)]]
     if answer.arr is not None:
-        grids.append(["candidate grid", grid_text(views.candidate_grid)])
+        grids.append(["candidate grid", grid_text(views.candidate_grid, views.cell)])
     return [
         ["image", f"{views.image.width} x {views.image.height} px"],
         *grids,

@@ -111,11 +111,11 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
     assert (arr["visual tokens: gestalt"], arr["visual tokens: saccade"], arr["visual tokens: total"]) == \
         (gh * gw, 273, gh * gw + 273)
     for s in (base, arr):
-        assert s["image"] == "451 x 300 px" and s["native grid (full)"] == ui.grid_text(views.native_grid)
+        assert s["image"] == "451 x 300 px" and s["native grid (full)"] == ui.grid_text(views.native_grid, views.cell)
         assert 1 <= s["new tokens"] <= TOKENS and s["tokens/s (decode)"] >= 0 and s["peak memory MB"] > 0
         assert s["total ms"] >= s["prefill ms"] + s["decode ms"] > 0
         assert s["TTFT ms"] == pytest.approx(s["vision ms"] + s["selection ms"] + s["prefill ms"], abs=0.2)
-    assert arr["candidate grid"] == ui.grid_text(views.candidate_grid) and "candidate grid" not in base
+    assert arr["candidate grid"] == ui.grid_text(views.candidate_grid, views.cell) and "candidate grid" not in base
     assert arr["selection ms"] > 0 and base["selection ms"] == 0  # the baselines select nothing
     assert Image.open(heatmap).size == viz.canvas_size(*views.image.size)
     assert Image.open(gestalt).size == views.gestalt.size
@@ -131,7 +131,7 @@ def test_max_cells_caps_both_pipelines_and_numbers_redraw(client):
     nh, nw = views.native_grid
     assert nh * nw <= 2048 and nw > 2 * nh  # the wide image keeps its aspect under the smaller cap
     assert base["visual tokens: total"] == nh * nw and arr["visual tokens: saccade"] == 273
-    assert arr["candidate grid"] == ui.grid_text(views.candidate_grid) and arr["image"] == "2400 x 900 px"
+    assert arr["candidate grid"] == ui.grid_text(views.candidate_grid, views.cell) and arr["image"] == "2400 x 900 px"
     assert Image.open(heatmap).size == viz.canvas_size(2400, 900) == (2048, 768)
     # the numbered saccades redraw from the kept answer, without the VLM
     renumbered, remosaic = client.predict(30, api_name="/redraw")

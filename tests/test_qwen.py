@@ -237,3 +237,13 @@ def test_special_tokens_typed_in_the_question_stay_text(arr_model, question):
     assert [t for t in ids if t in special] == [t for t in plain if t in special]  # no extra pads, turns or markers
     assert ids.count(vlm.image_token_id) == 6
     assert question in tok.decode(ids)  # the typed text is all there, as characters
+
+
+def test_an_unsupported_family_is_refused_naming_the_supported_ones(tmp_path):
+    from transformers import LlamaConfig
+
+    from arr_coc.qwen import QwenVL
+
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(InputError, match="unsupported model_type 'llama'.*qwen2_vl"):
+        QwenVL.from_pretrained(str(tmp_path), device="cpu")
