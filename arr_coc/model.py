@@ -28,6 +28,7 @@ from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, 
                           raster_block, upsample_map)
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.texture import generate_texture_array
+from arr_coc.tiny import TINY_MODELS
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
 
 MAX_QUESTION_CHARS = 4000
@@ -133,15 +134,15 @@ class ARRCOCQwen:
         try:
             vlm = QwenVL.from_pretrained(model, device, dtype, engine)
         except Exception as e:  # no network, no cache, bad folder: the offline model keeps the app useful
-            if not fallback_to_tiny or model == "tiny":
+            if not fallback_to_tiny or model in TINY_MODELS:
                 raise
             reason = str(e).splitlines()[0][:200]
             vlm = QwenVL.from_pretrained("tiny", device, dtype, engine)
             notice = (f"Could not load {model} ({type(e).__name__}: {reason}). Running the offline tiny Qwen2-VL "
                       "with random weights: its answers are meaningless, but the views, maps and saccades are real.")
-        if model == "tiny":
-            notice = ("Running the offline tiny Qwen2-VL with random weights (--model tiny): its answers are "
-                      "meaningless, but the views, maps and saccades are real.")
+        if model in TINY_MODELS:
+            notice = (f"Running the offline {model} model ({vlm.family}) with random weights (--model {model}): its "
+                      "answers are meaningless, but the views, maps and saccades are real.")
         self = cls(vlm, notice=notice, pipeline=pipeline)
         if checkpoint:
             self.layer = self.load_layer(checkpoint)

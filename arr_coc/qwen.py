@@ -26,7 +26,7 @@ from arr_coc.config import DEFAULT_MODEL, ENGINES
 from arr_coc.decoder import Decoder
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.texture import minmax
-from arr_coc.tiny import CHAT_TEMPLATE, tiny_model_path
+from arr_coc.tiny import CHAT_TEMPLATE, TINY_MODELS, tiny_model_path
 
 PATCH = 14  # ViT patch side in px
 MERGE = 2  # 2x2 patches merge into one LLM token
@@ -273,12 +273,13 @@ class QwenVL:
     def from_pretrained(cls, name: str = DEFAULT_MODEL, device: str | None = None,
                         dtype: torch.dtype | None = None, engine: str = "fast") -> "QwenVL":
         """
-        Load a Qwen-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder, or "tiny",
+        Load a Qwen-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder, or a tiny
+        offline model's name ("tiny": tiny.TINY_MODELS),
         with the adapter of its family (the config's model_type): see FAMILIES.
         """
         import transformers
 
-        path = str(tiny_model_path()) if name == "tiny" else name
+        path = str(tiny_model_path(name)) if name in TINY_MODELS else name
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or default_dtype(device)
         adapter = adapter_class(transformers.AutoConfig.from_pretrained(path).model_type)

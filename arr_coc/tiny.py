@@ -17,6 +17,8 @@ import hashlib
 import importlib.util
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -133,25 +135,44 @@ def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen
     return QwenVL(model, tokenizer, Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280), name, engine)
 
 
-def build_tiny(path: str | os.PathLike) -> Path:
-    """Write a complete save_pretrained folder (model, tokenizer, processor) for the tiny model."""
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2VLForConditionalGeneration
+def qwen2_vl_image_processor():
+    """Qwen2-VL's image processor settings (the PIL one: a processor/video processor would need torchvision)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    hf_class: str  # the transformers model class
+    config: Callable  # -> the family's config at toy sizes, with the real token ids
+    chat_template: str  # the family's chat template, as its hub repos ship it
+    image_processor: Callable  # -> the family's image processor
+
+
+# the offline tiny models by name; "tiny" is the Qwen2-VL one
+TINY_MODELS = {
+    "tiny": TinyRecipe("Qwen2VLForConditionalGeneration", tiny_config, CHAT_TEMPLATE, qwen2_vl_image_processor),
+}
+
+
+def build_tiny(path: str | os.PathLike, name: str = "tiny") -> Path:
+    """Write a complete save_pretrained folder (model, tokenizer with its chat template, image processor)."""
+    import transformers
+
+    recipe = TINY_MODELS[name]
     path = Path(path)
     torch.manual_seed(TINY_SEED)
-    model = Qwen2VLForConditionalGeneration(tiny_config()).eval()
-    model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643],
-                                               pad_token_id=151643, do_sample=False)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder())
-    tokenizer.chat_template = CHAT_TEMPLATE
-    # Qwen2-VL's image processor settings; no processor/video processor, which would need torchvision
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+    model = getattr(transformers, recipe.hf_class)(recipe.config()).eval()
+    model.generation_config = transformers.GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643],
+                                                            pad_token_id=151643, do_sample=False)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder())
+    tokenizer.chat_template = recipe.chat_template
     tmp = path.with_name(path.name + ".partial")  # write then rename: a killed build leaves no half folder
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    image_processor.save_pretrained(tmp)
+    recipe.image_processor().save_pretrained(tmp)
     (tmp / "TINY_VERSION").write_text(str(TINY_VERSION))
     shutil.rmtree(path, ignore_errors=True)
     tmp.replace(path)
@@ -162,17 +183,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("ARR_COC_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "arr_coc"))
 
 
-def tiny_model_path() -> Path:
-    """The cached tiny model folder, built on first use."""
-    path = cache_root() / f"tiny-qwen2-vl-v{TINY_VERSION}"
+def tiny_model_path(name: str = "tiny") -> Path:
+    """The cached folder of a tiny model (a TINY_MODELS name), built on first use."""
+    folder = "tiny-qwen2-vl" if name == "tiny" else name
+    path = cache_root() / f"{folder}-v{TINY_VERSION}"
     if not (path / "TINY_VERSION").is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        build_tiny(path)
+        build_tiny(path, name)
     return path
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", default="tiny", choices=sorted(TINY_MODELS), help="which tiny model to build")
     parser.add_argument("--out", default=None, help="write the tiny model here instead of the user cache folder")
     args = parser.parse_args()
-    print(build_tiny(args.out) if args.out else tiny_model_path())
+    print(build_tiny(args.out, args.name) if args.out else tiny_model_path(args.name))
