@@ -194,11 +194,7 @@ class ARRCOCQwen:
             views = self.views(image, max_cells)
             gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
         with watch.section("selection"):
-            ids = vlm.prompt_ids(question, [gestalt.shape[0]])  # [1, L]
-            image_at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
-            span = (int(image_at[0]), int(image_at[-1]) + 1)
-            positions = vlm.position_ids(ids, [raster_block(views.gestalt_grid)])
-            attention = vlm.gestalt_attention(vlm.embed(ids, [gestalt]), positions, span, span[1] + 1,
+            attention = vlm.gestalt_attention(question, gestalt, views.gestalt_grid,
                                               self.pipeline.prior_layer_fraction)  # [Ng]
             prior = upsample_map(attention, views.gestalt_grid, views.candidate_grid)  # [1, GH, GW]
             highres = views.tensor("highres")  # [1, 3, H, W]
@@ -261,18 +257,17 @@ class ARRCOCQwen:
         with watch.section("selection"):
             out = self.select(scene, strategy, budget, layer)
         K = out.indices.shape[1]
-        blocks = [raster_block(views.gestalt_grid)]
-        features = [scene.observation.gestalt]
+        images = [(scene.observation.gestalt, raster_block(views.gestalt_grid))]
         with watch.section("vision"):
             if K > 0:
                 pixels, _ = vlm.image_inputs(scene.observation.highres)
-                features.append(vlm.encode_cells(pixels, views.candidate_grid, out.positions[0]))  # [K, D]
-                blocks.append(ImageBlock(views.candidate_grid, out.positions[0].cpu()))
-        ids = vlm.prompt_ids(scene.observation.question, [b.positions.shape[0] for b in blocks])
-        positions = vlm.position_ids(ids, blocks)
+                saccades = vlm.encode_cells(pixels, views.candidate_grid, out.positions[0])  # [K, D]
+                images.append((saccades, ImageBlock(views.candidate_grid, out.positions[0].cpu())))
+        prompt = vlm.prompt(scene.observation.question, images)
+        ids = prompt.ids
         timer = TimingStreamer(watch, streamer)
-        new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=vlm.embed(ids, features),
-                           position_ids=positions)
+        new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=prompt.embeds,
+                           position_ids=prompt.position_ids)
         watch.add("total", (watch.now() - start) * 1000)
         saccades = [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)))
                     for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
@@ -297,15 +292,16 @@ class ARRCOCQwen:
             name = {"full": "native", "gestalt": "gestalt", "budget": "budget"}[pipeline]
             view, grid = views.tensor(name), views.grid(name)  # [1, 3, h, w]
         n = grid[0] * grid[1]
-        ids = vlm.prompt_ids(question, [n])
         if vlm.engine == "fast":
             with watch.section("vision"):
                 features = vlm.encode_view(view)  # [n, D]
-            positions = vlm.position_ids(ids, [raster_block(grid)])
+            prompt = vlm.prompt(question, [(features, raster_block(grid))])
+            ids = prompt.ids
             timer = TimingStreamer(watch, streamer)
-            new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=vlm.embed(ids, [features]),
-                               position_ids=positions)
+            new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=prompt.embeds,
+                               position_ids=prompt.position_ids)
         else:  # transformers' own path end to end: the reference the fast engine is measured against
+            ids = vlm.prompt_ids(question, [n])
             pixels, grid_thw = vlm.image_inputs(view)
             timer = TimingStreamer(watch, streamer)
             before = watch.ms["vision"]

@@ -223,6 +223,15 @@ def mrope_position_ids(input_ids: torch.Tensor, image_token_id: int, blocks: lis
     return out.unsqueeze(1).to(input_ids.device)
 
 
+@dataclass
+class Prompt:
+    """A chat prompt with image blocks, as the LLM reads it."""
+    ids: torch.Tensor  # [1, L] token ids, each image block's pads expanded
+    embeds: torch.Tensor  # [1, L, D] token embeddings, image features in place of the pads
+    position_ids: torch.Tensor  # [3, 1, L] M-RoPE (t, h, w) ids
+    answer_start: int  # where a teacher-forced answer begins (L when there is none)
+
+
 # ----------------------------------------------------------------------------- the adapter
 
 
@@ -403,6 +412,20 @@ class QwenVL:
         """[1, L] ids -> [3, 1, L] M-RoPE ids, each image block at its cells' true places (get_rope_index's layout)."""
         return mrope_position_ids(input_ids, self.image_token_id, blocks)
 
+    def prompt(self, question: str, images: list[tuple[torch.Tensor, ImageBlock]], answer: str | None = None) -> Prompt:
+        """
+        The chat prompt for image blocks (features [n, D] and where their n tokens sit) then the question, and
+        optionally an answer to teacher-force (training): ids, embeddings and M-RoPE ids. Every pipeline builds
+        its LLM input here, so no caller lays out a family's internals itself.
+        """
+        ids = self.prompt_ids(question, [len(features) for features, _ in images])
+        answer_start = ids.shape[1]
+        if answer is not None:
+            target = self.tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            ids = torch.cat([ids, torch.tensor([target], device=ids.device)], dim=1)
+        return Prompt(ids, self.embed(ids, [features for features, _ in images]),
+                      self.position_ids(ids, [block for _, block in images]), answer_start)
+
     def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:
         """Token embeddings with each image block's pads replaced by its features, in order -> [1, L, D]."""
         embeds = self.model.get_input_embeddings()(input_ids)  # [1, L, D]
@@ -415,16 +438,18 @@ class QwenVL:
     # --- the participatory prior ---
 
     @torch.no_grad()
-    def gestalt_attention(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
-                          gestalt_span: tuple[int, int], query_start: int, layer_fraction: float = 0.5) -> torch.Tensor:
+    def gestalt_attention(self, question: str, gestalt: torch.Tensor, grid: tuple[int, int],
+                          layer_fraction: float = 0.5) -> torch.Tensor:
         """
-        "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt + question] and read
-        the attention of the question's tokens (query_start to the end) to the gestalt tokens there, averaged
-        over heads and tokens; the layers above never run. Returns [Ng] attention mass per gestalt token.
+        "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt [Ng, D] + question] and
+        read the attention of the question's tokens (from the one after <|vision_end|> to the end) to the
+        gestalt tokens there, averaged over heads and tokens; the layers above never run -> [Ng] attention mass.
         """
-        L = inputs_embeds.shape[1]
-        attention = self.decoder.prior_attention(inputs_embeds, position_ids, (query_start, L), layer_fraction)
-        return attention[gestalt_span[0]:gestalt_span[1]]
+        prompt = self.prompt(question, [(gestalt, raster_block(grid))])
+        at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]
+        start, end, L = int(at[0]), int(at[-1]) + 1, prompt.ids.shape[1]
+        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (end + 1, L), layer_fraction)
+        return attention[start:end]
 
     # --- generation ---
 

@@ -93,14 +93,12 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
         saccades = vlm.encode_cells(pixels, views.candidate_grid, out.positions[0])  # [K, D], frozen
     s = out.selected_scores[0].unsqueeze(-1).to(saccades.dtype)  # [K, 1]
     saccades = saccades * (1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
-    features = [observation.gestalt, saccades]
-    prompt = vlm.prompt_ids(observation.question, [len(f) for f in features])  # [1, L]
-    target = vlm.tokenizer(answer + "<|im_end|>", add_special_tokens=False, return_tensors="pt")["input_ids"].to(vlm.device)
-    ids = torch.cat([prompt, target], dim=1)
-    blocks = [raster_block(views.gestalt_grid), ImageBlock(views.candidate_grid, out.positions[0].cpu())]
-    labels = torch.full_like(ids, -100)
-    labels[:, prompt.shape[1]:] = target
-    logits = vlm.model(inputs_embeds=vlm.embed(ids, features), position_ids=vlm.position_ids(ids, blocks)).logits
+    images = [(observation.gestalt, raster_block(views.gestalt_grid)),
+              (saccades, ImageBlock(views.candidate_grid, out.positions[0].cpu()))]
+    prompt = vlm.prompt(observation.question, images, answer=answer)  # the answer teacher-forced after the question
+    labels = torch.full_like(prompt.ids, -100)  # [1, L]
+    labels[:, prompt.answer_start:] = prompt.ids[:, prompt.answer_start:]
+    logits = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits
     return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:])
 
 

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from arr_coc.model import PIPELINES
-from arr_coc.qwen import mrope_position_ids, raster_block
+from arr_coc.qwen import raster_block
 
 QUESTION = "What is written on the sign?"
 
@@ -15,12 +15,11 @@ def image(w=448, h=336, seed=0):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
-def stock_prompt(vlm, view):
-    """Embeddings and positions of [prompt + one image + question], as every pipeline builds them."""
-    features = vlm.encode_view(view)
-    rows, cols = view.height // 28, view.width // 28
-    ids = vlm.prompt_ids(QUESTION, [len(features)])
-    return ids, vlm.embed(ids, [features]), mrope_position_ids(ids, vlm.image_token_id, [raster_block((rows, cols))])
+def stock_prompt(vlm, view, question=QUESTION):
+    """Ids, embeddings and positions of [prompt + one image + question], as every pipeline builds them."""
+    grid = (view.height // vlm.cell, view.width // vlm.cell)
+    prompt = vlm.prompt(question, [(vlm.encode_view(view), raster_block(grid))])
+    return prompt.ids, prompt.embeds, prompt.position_ids
 
 
 def test_prefill_logits_equal_the_stock_forward(arr_model):
@@ -92,10 +91,7 @@ def test_back_to_back_requests_of_different_lengths(arr_model):
     """The cache is reused across prompts of different lengths: each answer equals a fresh stock generate."""
     vlm = arr_model.vlm
     for w, question in [(448, "Why?"), (900, QUESTION + " Answer in detail, please, with every word."), (448, "Why?")]:
-        features = vlm.encode_view(image(w, 448).resize(((w // 28) * 28, 448)))
-        ids = vlm.prompt_ids(question, [len(features)])
-        embeds = vlm.embed(ids, [features])
-        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block((16, w // 28))])
+        ids, embeds, positions = stock_prompt(vlm, image(w, 448).resize(((w // 28) * 28, 448)), question)
         ours = vlm.generate(6, inputs_embeds=embeds, position_ids=positions)
         vlm.engine = "hf"
         stock = vlm.generate(6, inputs_embeds=embeds, position_ids=positions)
@@ -108,10 +104,9 @@ def test_fp16_overflow_is_redone_in_safe_mode_on_this_device():
 
     model = overflowing_fp16_model("cuda" if torch.cuda.is_available() else "cpu")
     vlm = model.vlm
-    ids = vlm.prompt_ids(QUESTION, [])
-    positions = torch.arange(ids.shape[1], device=vlm.device).view(1, 1, -1).expand(3, 1, -1)
+    prompt = vlm.prompt(QUESTION, [])
     with torch.no_grad():  # the stock forward overflows: its logits are not finite
-        assert not torch.isfinite(vlm.model(inputs_embeds=vlm.embed(ids, []), position_ids=positions).logits).all()
+        assert not torch.isfinite(vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits).all()
     answer = model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)
     assert answer.safe_mode and answer.new_tokens >= 1 and answer.to_json()["safe_mode"] is True
     plain = model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)

@@ -101,15 +101,14 @@ def test_graphed_arr_equals_eager(cuda_model):
         scene = cuda_model.prepare(big_image(), QUESTION)
         out = cuda_model.select(scene)
         pixels, _ = vlm.image_inputs(scene.observation.highres)
-        from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
+        from arr_coc.qwen import ImageBlock, raster_block
 
         with torch.no_grad():
-            features = [scene.observation.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
-            ids = vlm.prompt_ids(QUESTION, [len(f) for f in features])
-            positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(scene.views.gestalt_grid),
-                                                                     ImageBlock(scene.views.candidate_grid, out.positions[0])])
-            embeds = vlm.embed(ids, features)
-            L = ids.shape[1]
+            saccades = vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])
+            prompt = vlm.prompt(QUESTION, [(scene.observation.gestalt, raster_block(scene.views.gestalt_grid)),
+                                           (saccades, ImageBlock(scene.views.candidate_grid, out.positions[0]))])
+            embeds, positions = prompt.embeds, prompt.position_ids
+            L = prompt.ids.shape[1]
             state = vlm.decoder._state(2048, embeds.dtype)
             padded, padded_ids = vlm.decoder._pad(embeds, positions)
             run = vlm.decoder.graphed_prefill if graphs else vlm.decoder._prefill
@@ -144,11 +143,9 @@ def test_fp16_overflow_is_detected_and_redone_in_safe_mode():
 
     model = overflowing_fp16_model("cuda")
     vlm = model.vlm
-    ids = vlm.prompt_ids(QUESTION, [])
-    embeds = vlm.embed(ids, [])
-    positions = torch.arange(ids.shape[1], device="cuda").view(1, 1, -1).expand(3, 1, -1)
+    prompt = vlm.prompt(QUESTION, [])
     with torch.no_grad():  # the stock forward does overflow: its logits are NaN
-        stock = vlm.model(inputs_embeds=embeds, position_ids=positions).logits
+        stock = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits
     assert not torch.isfinite(stock).all()
     answer = model.answer(image(), QUESTION, "gestalt", max_new_tokens=8)
     assert answer.safe_mode and answer.new_tokens >= 1 and answer.to_json()["safe_mode"] is True

@@ -106,14 +106,13 @@ def test_fp16_arr_path_gives_finite_logits():
     vlm = model.vlm
     out = model.select(scene)
     pixels, _ = vlm.image_inputs(scene.views.highres)
-    from arr_coc.qwen import ImageBlock, mrope_position_ids, raster_block
+    from arr_coc.qwen import ImageBlock, raster_block
 
     with torch.no_grad():
-        features = [scene.observation.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
-        ids = vlm.prompt_ids(QUESTION, [len(f) for f in features])
-        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(scene.views.gestalt_grid),
-                                                                 ImageBlock(scene.views.candidate_grid, out.positions[0])])
-        logits = vlm.model(inputs_embeds=vlm.embed(ids, features), position_ids=positions).logits
+        saccades = vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])
+        prompt = vlm.prompt(QUESTION, [(scene.observation.gestalt, raster_block(scene.views.gestalt_grid)),
+                                       (saccades, ImageBlock(scene.views.candidate_grid, out.positions[0]))])
+        logits = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits
     assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
 
 

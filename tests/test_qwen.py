@@ -101,8 +101,8 @@ def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
     blocks = [raster_block(scene.views.gestalt_grid), ImageBlock(scene.views.candidate_grid, out.positions[0])]
     with torch.no_grad():
         features = [scene.observation.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
-        ids = vlm.prompt_ids(scene.observation.question, [len(f) for f in features])
-        embeds, positions = vlm.embed(ids, features), mrope_position_ids(ids, vlm.image_token_id, blocks)
+        prompt = vlm.prompt(scene.observation.question, list(zip(features, blocks)))
+        ids, embeds, positions = prompt.ids, prompt.embeds, prompt.position_ids
         generated = vlm.model.generate(inputs_embeds=embeds, position_ids=positions, max_new_tokens=6, do_sample=False,
                                        attention_mask=torch.ones_like(ids), eos_token_id=None)[0].tolist()
         manual = []
@@ -210,12 +210,12 @@ def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
     views = make_views(photo())
     with torch.no_grad():
         gestalt = vlm.encode_view(views.gestalt)
+        ours = vlm.gestalt_attention("Where is the cat?", gestalt, views.gestalt_grid, 0.5)
         ids = vlm.prompt_ids("Where is the cat?", [len(gestalt)])
         at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
-        span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2
+        span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2  # the question: after <|vision_end|>
         embeds = vlm.embed(ids, [gestalt])
         positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
-        ours = vlm.gestalt_attention(embeds, positions, span, query_start, 0.5)
         eager = Qwen2VLForConditionalGeneration.from_pretrained(tiny_model_path(), attn_implementation="eager",
                                                                 dtype=vlm.dtype).to(vlm.device)
         weights = eager(inputs_embeds=embeds, position_ids=positions, output_attentions=True).attentions[2]  # layer 4 * 0.5
