@@ -59,7 +59,7 @@ class Qwen25VL(QwenVL):
         patch_order = (order.unsqueeze(1) * 4 + inner).flatten()  # [N]: each cell's 4 patches stay together
         x = visual.patch_embed(patches[patch_order])  # [N, E] in window order
         cos, sin = visual.rotary_pos_emb(x, patch_positions[patch_order])  # [N, hd] each
-        window = window.repeat_interleave(4)  # [N] window id per patch
+        window = window.unsqueeze(1).expand(-1, 4).flatten()  # [N] window id per patch
         N = x.shape[0]
         scale = visual.blocks[0].attn.scaling
         if N <= MASKED_PATCHES:
