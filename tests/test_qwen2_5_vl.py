@@ -167,7 +167,8 @@ def test_a_sparse_set_is_encoded_with_the_full_grids_windows_in_any_order(model)
         window_index, cu = stock_windows(CELLS)
         stock = stock_tower_on_cells(vlm, pixels, grid, CELLS, window_index, cu)
         # wrong windows: the same cells, all in one window (plain global attention everywhere)
-        one = stock_tower_on_cells(vlm, pixels, grid, CELLS, window_index, torch.tensor([0, 4 * len(CELLS)], dtype=torch.int32))
+        one_window = torch.tensor([0, 4 * len(CELLS)], dtype=torch.int32)
+        one = stock_tower_on_cells(vlm, pixels, grid, CELLS, window_index, one_window)
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)  # the stock tower, told the full grid's windows
     torch.testing.assert_close(shuffled, ours[shuffle], atol=1e-5, rtol=0)  # a set, at its positions
     assert (one - stock).abs().max() > 20 * 1e-5  # the windows matter: one window is a different encoding
