@@ -14,13 +14,18 @@ values, patch embedding, merger, the LM head's one row); norms, rotary and softm
 def vision_gflops(vision_config, patches: int) -> float:
     """One vision-tower pass over `patches` 14 px patches in one attention sequence (merged 4 -> 1 at the end)."""
     c = vision_config
-    E = c.embed_dim
-    inner = int(E * c.mlp_ratio)
+    windowed = hasattr(c, "fullatt_block_indexes")  # Qwen2.5-VL: window attention and a gated (3-matrix) MLP
+    E = getattr(c, "embed_dim", c.hidden_size)  # the ViT width (Qwen2-VL's hidden_size is the LLM's)
+    inner = int(E * c.mlp_ratio) if hasattr(c, "mlp_ratio") else c.intermediate_size
+    out = getattr(c, "out_hidden_size", c.hidden_size)  # the LLM width
     patch_in = c.in_channels * c.temporal_patch_size * c.patch_size**2
     merged = patches // c.spatial_merge_size**2
-    per_block = patches * (4 * E * E + 2 * E * inner) + 2 * patches * patches * E  # qkv+proj, MLP, QK^T and AV
-    merger = merged * (4 * E) * (4 * E) + merged * (4 * E) * c.hidden_size
-    return 2 * (patches * patch_in * E + c.depth * per_block + merger) / 1e9
+    window = min(patches, (c.window_size // c.patch_size) ** 2) if windowed else patches  # keys per query
+    full = len(c.fullatt_block_indexes) if windowed else c.depth
+    per_block = patches * (4 * E * E + (3 if windowed else 2) * E * inner)  # qkv+proj, MLP
+    attention = 2 * patches * E * (full * patches + (c.depth - full) * window)  # QK^T and AV
+    merger = merged * (4 * E) * (4 * E) + merged * (4 * E) * out
+    return 2 * (patches * patch_in * E + c.depth * per_block + attention + merger) / 1e9
 
 
 def prefill_gflops(text_config, tokens: int, layers: int | None = None, logits: bool = True) -> float:

@@ -244,6 +244,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 FAMILIES = {  # model_type -> "module:Adapter" (imported when first loaded); each adapter names its transformers class
     "qwen2_vl": "arr_coc.qwen:QwenVL",
+    "qwen2_5_vl": "arr_coc.qwen2_5_vl:Qwen25VL",
 }
 
 

