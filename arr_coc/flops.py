@@ -12,14 +12,20 @@ values, patch embedding, merger, the LM head's one row); norms, rotary and softm
 
 
 def vision_gflops(vision_config, patches: int) -> float:
-    """One vision-tower pass over `patches` 14 px patches in one attention sequence (merged 4 -> 1 at the end)."""
+    """
+    One vision-tower pass over `patches` patches in one attention sequence (merged 4 -> 1 at the end). Qwen2-VL
+    names its width embed_dim (its hidden_size is the output); Qwen3-VL names it hidden_size, and adds a merger
+    per DeepStack block.
+    """
     c = vision_config
-    E = c.embed_dim
-    inner = int(E * c.mlp_ratio)
+    E = getattr(c, "embed_dim", None) or c.hidden_size
+    inner = int(E * c.mlp_ratio) if hasattr(c, "mlp_ratio") else c.intermediate_size
+    out = getattr(c, "out_hidden_size", None) or c.hidden_size
+    mergers = 1 + len(getattr(c, "deepstack_visual_indexes", None) or ())
     patch_in = c.in_channels * c.temporal_patch_size * c.patch_size**2
     merged = patches // c.spatial_merge_size**2
     per_block = patches * (4 * E * E + 2 * E * inner) + 2 * patches * patches * E  # qkv+proj, MLP, QK^T and AV
-    merger = merged * (4 * E) * (4 * E) + merged * (4 * E) * c.hidden_size
+    merger = mergers * (merged * (4 * E) * (4 * E) + merged * (4 * E) * out)
     return 2 * (patches * patch_in * E + c.depth * per_block + merger) / 1e9
 
 
@@ -27,7 +33,8 @@ def prefill_gflops(text_config, tokens: int, layers: int | None = None, logits: 
     """A causal pass of `tokens` tokens through `layers` decoder layers (all by default), plus one row of logits."""
     c = text_config
     D, inner = c.hidden_size, c.intermediate_size
-    kv = c.num_key_value_heads * (D // c.num_attention_heads)
-    per_layer = tokens * (2 * D * D + 2 * D * kv + 3 * D * inner) + tokens * tokens * D  # causal: half of 2 L^2 D
+    hd = getattr(c, "head_dim", None) or D // c.num_attention_heads  # Qwen3 sets it: heads x head_dim may differ from D
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    per_layer = tokens * (2 * D * q + 2 * D * kv + 3 * D * inner) + tokens * tokens * q  # causal: half of 2 L^2 q
     head = D * c.vocab_size if logits else 0
     return 2 * ((c.num_hidden_layers if layers is None else layers) * per_layer + head) / 1e9
