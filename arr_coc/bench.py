@@ -26,7 +26,9 @@ from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
-    p.add_argument("--random-weights", action="store_true", help="full-size Qwen2-VL-2B architecture, random weights")
+    p.add_argument("--random-weights", action="store_true", help="full-size 2B architecture of --family, random weights")
+    p.add_argument("--family", default="qwen2_vl", choices=("qwen2_vl", "qwen3_vl"),
+                   help="with --random-weights: Qwen2-VL-2B or Qwen3-VL-2B")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
                    help="weights' dtype (default: bf16 on Ampere+, fp16 on older GPUs such as the T4, fp32 on CPU)")
@@ -152,13 +154,13 @@ def main(argv=None) -> dict:
     from arr_coc.model import ARRCOCQwen
     from arr_coc.qwen import default_dtype
     from arr_coc.timing import peak_memory_mb, reset_peak_memory, synchronize
-    from arr_coc.tiny import qwen2_vl_2b_config, random_vlm
+    from arr_coc.tiny import FULL_SIZE, random_vlm
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else None
     if args.random_weights:
-        model = ARRCOCQwen(random_vlm(qwen2_vl_2b_config(), str(device), dtype or default_dtype(device),
-                                      "Qwen2-VL-2B (random)"))
+        arch, config = FULL_SIZE[args.family]
+        model = ARRCOCQwen(random_vlm(config(), str(device), dtype or default_dtype(device), f"{arch} (random)"))
     else:
         model = ARRCOCQwen.from_pretrained(args.model, device=str(device), dtype=dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

@@ -235,6 +235,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 FAMILIES = {  # model_type -> "module:Adapter" (imported when first loaded); each adapter names its transformers class
     "qwen2_vl": "arr_coc.qwen:QwenVL",
+    "qwen3_vl": "arr_coc.qwen3_vl:Qwen3VL",
 }
 
 
