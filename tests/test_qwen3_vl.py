@@ -237,6 +237,17 @@ def test_run_cli_with_the_tiny_qwen3_vl(tmp_path):
     assert report["model"] == "tiny-qwen3-vl" and report["pipelines"]["arr"]["tokens"]["saccade"] == 273
 
 
+def test_random_weights_build_the_family_adapter_for_the_bench():
+    from arr_coc.model import ARRCOCQwen
+    from arr_coc.qwen3_vl import Qwen3VL
+    from arr_coc.tiny import FULL_SIZE, QWEN3_VL_CHAT_TEMPLATE, random_vlm, tiny_qwen3_vl_config
+
+    vlm = random_vlm(tiny_qwen3_vl_config(), "cpu", torch.float32, "random tiny Qwen3-VL")
+    assert isinstance(vlm, Qwen3VL) and vlm.cell == 32 and vlm.chat_template == QWEN3_VL_CHAT_TEMPLATE
+    assert ARRCOCQwen(vlm).answer(photo(), QUESTION, "arr", max_new_tokens=2).tokens["saccade"] == 273
+    assert FULL_SIZE["qwen3_vl"][1]().model_type == "qwen3_vl"
+
+
 @pytest.mark.gpu
 def test_graphed_paths_equal_eager_on_cuda():
     """Vision (with pos_embed and DeepStack), prefill with DeepStack, the prior and decode: graphs = eager."""
