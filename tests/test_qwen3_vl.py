@@ -143,7 +143,7 @@ def test_the_prior_equals_the_eager_attention_with_deepstack(q3):
     at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
     span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2
     with torch.no_grad():
-        ours = vlm.gestalt_attention(embeds, positions, span, query_start, 0.5)
+        ours = vlm.gestalt_attention("Where is the cat?", vlm.encode_view(views.gestalt), views.gestalt_grid, 0.5)
         eager = Qwen3VLForConditionalGeneration.from_pretrained(tiny_model_path("tiny-qwen3-vl"), dtype=torch.float32,
                                                                 attn_implementation="eager").to(vlm.device)
         mask = ids == vlm.image_token_id
