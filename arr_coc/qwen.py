@@ -260,6 +260,7 @@ def adapter_class(model_type: str) -> type:
 class QwenVL:
     """The adapter over one Qwen-VL family (this class: Qwen2-VL); a family overrides what differs."""
     hf_class = "Qwen2VLForConditionalGeneration"  # the transformers class this adapter wraps
+    stock_generate_takes_embeds = True  # whether stock generate() runs our embeddings as they are (the hf engine's ARR)
 
     def __init__(self, model, tokenizer, image_processor, name: str, engine: str = "fast"):
         if engine not in ENGINES:

@@ -25,6 +25,7 @@ from arr_coc.qwen import MERGE, QwenVL
 
 class Qwen3VL(QwenVL):
     hf_class = "Qwen3VLForConditionalGeneration"
+    stock_generate_takes_embeds = False  # it would drop their DeepStack features
 
     # --- vision ---
 
