@@ -110,7 +110,7 @@ def test_graphed_arr_equals_eager(cuda_model):
             embeds, positions = prompt.embeds, prompt.position_ids
             L = prompt.ids.shape[1]
             state = vlm.decoder._state(2048, embeds.dtype)
-            padded, padded_ids = vlm.decoder._pad(embeds, positions)
+            padded, padded_ids, _ = vlm.decoder._pad(embeds, positions)
             run = vlm.decoder.graphed_prefill if graphs else vlm.decoder._prefill
             logits = run(padded, padded_ids, torch.tensor([L - 1], device="cuda"), 2048)
         outputs[graphs] = (out.indices.cpu(), scene.observation.prior.float().cpu(), logits.float().cpu(), state)

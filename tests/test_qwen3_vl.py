@@ -265,12 +265,9 @@ def test_graphed_paths_equal_eager_on_cuda():
         with torch.no_grad():
             features = [vlm.encode_view(scene.views.tensor("gestalt")),
                         vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
-            ids = vlm.prompt_ids(QUESTION, [len(f) for f in features])
-            embeds, positions = vlm.embed(ids, features), vlm.position_ids(ids, blocks)
-            at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
-            prior = vlm.gestalt_attention(embeds, positions, (int(at[0]), int(at[0]) + len(features[0])),
-                                          int(at[-1]) + 2)
-            tokens = vlm.generate(12, inputs_embeds=embeds, position_ids=positions)
+            prompt = vlm.prompt(QUESTION, list(zip(features, blocks)))
+            prior = vlm.gestalt_attention(QUESTION, features[0], scene.views.gestalt_grid)
+            tokens = vlm.generate(12, inputs_embeds=prompt.embeds, position_ids=prompt.position_ids)
         results[graphs] = (features[1], features[1].deepstack, features[0].deepstack, prior, tokens)
     vlm.decoder.graphs_enabled = True
     assert len(vlm.graphed_vision.graphs) >= 2 and vlm.decoder.decode_graphs  # the graphed run did use graphs
