@@ -1,9 +1,10 @@
 """
 ARR-COC microscope, the Gradio app: baseline vs ARR-COC answers side by side, the relevance microscope,
-and an A/B of two ARR checkpoints, all over one frozen Qwen2-VL.
+and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
 
     python app.py                            # http://127.0.0.1:7860, Qwen/Qwen2-VL-2B-Instruct
     python app.py --model tiny               # offline tiny model: answers meaningless, maps real
+    python app.py --model tiny-qwen3-vl      # the tiny Qwen3-VL (or tiny-qwen2.5-vl, or any Qwen-VL hub id / folder)
     python app.py --checkpoint NAME --port 8000 --share
 
 Layout and wiring only; the work is in arr_coc/ (model, viz, ui). Every event has an api_name, so
@@ -20,9 +21,9 @@ import gradio as gr
 from PIL import Image
 
 from arr_coc import ui, viz
-from arr_coc.config import MAX_CELLS, MIN_CELLS, STRATEGIES
-from arr_coc.model import BASELINES, Answer, ARRCOCQwen, Scene
-from arr_coc.qwen import DEFAULT_MODEL
+from arr_coc.config import BASELINES, DEFAULT_MODEL, MAX_CELLS, MIN_CELLS, STRATEGIES
+from arr_coc.model import Answer, ARRCOCQwen, Scene
+from arr_coc.vlm.families import FAMILY_NAMES
 
 ROOT = Path(__file__).parent
 CHECKPOINTS = ROOT / "checkpoints"
@@ -148,8 +149,9 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                             column_widths=["50%", "50%"], elem_id=elem_id)
 
     with gr.Blocks(title="ARR-COC microscope") as demo:
-        gr.Markdown(f"# ARR-COC microscope\nQuery-aware visual token selection for Qwen2-VL: a low-res gestalt plus "
-                    f"{config.budget} high-res saccades chosen by relevance. Model `{model.vlm.name}` · "
+        gr.Markdown(f"# ARR-COC microscope\nQuery-aware visual token selection for Qwen-VL: a low-res gestalt plus "
+                    f"{config.budget} high-res saccades chosen by relevance. Model `{model.vlm.name}` "
+                    f"({FAMILY_NAMES.get(model.vlm.family, model.vlm.family)}, {model.vlm.cell} px cells) · "
                     f"ARR layer `{layer_name}`.")
         for notice in notices:
             gr.Markdown(f"> ⚠️ **{notice}**", elem_classes="notice")
@@ -265,8 +267,9 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description="ARR-COC microscope: the Gradio app.")
     p.add_argument("--model", default=os.environ.get("ARR_COC_MODEL", DEFAULT_MODEL),
-                   help="Qwen2-VL hub id or folder, or 'tiny' for the offline tiny model; one that cannot be "
-                        "loaded falls back to tiny with a banner (default: $ARR_COC_MODEL or %(default)s)")
+                   help="Qwen2-VL, Qwen2.5-VL or Qwen3-VL hub id or folder, or an offline tiny model ('tiny', "
+                        "'tiny-qwen2.5-vl', 'tiny-qwen3-vl'); one that cannot be loaded falls back to tiny with a "
+                        "banner (default: $ARR_COC_MODEL or %(default)s)")
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder or a hub repo id (default: the first "
                         "checkpoint under checkpoints/ that fits the model, else the untrained prior)")

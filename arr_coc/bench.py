@@ -80,7 +80,7 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
     """
     import torch
 
-    from arr_coc.texture import generate_texture_array
+    from arr_coc.relevance.texture import generate_texture_array
 
     device = model.vlm.device
     o = model.observe(image, "Where is the red disc?", max_cells=max_cells)
@@ -155,9 +155,9 @@ def main(argv=None) -> dict:
     import transformers
 
     from arr_coc.model import ARRCOCQwen
-    from arr_coc.qwen import default_dtype
     from arr_coc.timing import peak_memory_mb, reset_peak_memory, synchronize
-    from arr_coc.tiny import FULL_SIZE, random_vlm
+    from arr_coc.vlm.families import default_dtype, random_vlm
+    from arr_coc.vlm.tiny import FULL_SIZE
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else None

@@ -27,7 +27,7 @@ def resolve_checkpoint(name: str, root: Path = ROOT) -> str:
 
 def default_checkpoint(model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
     """The first checkpoint under root whose config.json was made for this model (its folder), else None."""
-    from arr_coc.layer import CheckpointError, list_checkpoints, read_checkpoint_config
+    from arr_coc.relevance.layer import CheckpointError, list_checkpoints, read_checkpoint_config
 
     for name in list_checkpoints(root):
         try:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny"')
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help='Qwen-VL hub id or folder, or an offline tiny model ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")')
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "

@@ -21,15 +21,18 @@ import torch
 from PIL import Image
 from transformers import TextIteratorStreamer
 
-from arr_coc.config import BASELINES, PIPELINES, ARRCOCConfig, PipelineConfig
+from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
 from arr_coc.flops import prefill_gflops, vision_gflops
-from arr_coc.layer import ARRCOCLayer, ARRCOCOutput
-from arr_coc.qwen import (DEFAULT_MODEL, ImageBlock, InputError, QwenVL, Views, make_views,
-                          raster_block, upsample_map)
 from arr_coc.graphs import CUDAGraphed
-from arr_coc.texture import generate_texture_array
-from arr_coc.tiny import TINY_MODELS
+from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.relevance.texture import generate_texture_array
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
+from arr_coc.vlm.families import load_vlm
+from arr_coc.vlm.positions import ImageBlock, raster_block
+from arr_coc.vlm.qwen2_vl import QwenVL, upsample_map
+from arr_coc.vlm.tiny import TINY_MODELS
+from arr_coc.vlm.views import InputError, Views, make_views
 
 MAX_QUESTION_CHARS = 4000
 WARMUP_QUESTION = "What is in this image?"  # the warm-up captures the prompt-length bucket of short questions
@@ -132,12 +135,12 @@ class ARRCOCQwen:
         """Load the VLM (hub id, folder or "tiny"); with fallback_to_tiny, an unloadable model becomes the tiny one."""
         notice = None
         try:
-            vlm = QwenVL.from_pretrained(model, device, dtype, engine)
+            vlm = load_vlm(model, device, dtype, engine)
         except Exception as e:  # no network, no cache, bad folder: the offline model keeps the app useful
             if not fallback_to_tiny or model in TINY_MODELS:
                 raise
             reason = str(e).splitlines()[0][:200]
-            vlm = QwenVL.from_pretrained("tiny", device, dtype, engine)
+            vlm = load_vlm("tiny", device, dtype, engine)
             notice = (f"Could not load {model} ({type(e).__name__}: {reason}). Running the offline tiny Qwen2-VL "
                       "with random weights: its answers are meaningless, but the views, maps and saccades are real.")
         if model in TINY_MODELS:

@@ -25,7 +25,8 @@ from arr_coc.data import open_image
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, local folder, or "tiny" for the offline model')
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help='Qwen-VL hub id or folder, or an offline tiny model ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")')
     p.add_argument("--image", required=True, help="path of the image to look at")
     p.add_argument("--question", required=True, type=cli.nonblank, help="the question to ask about the image")
     p.add_argument("--checkpoint", default=None,
@@ -53,7 +54,7 @@ def load_image(path: str):
     """The image as the app would get it (EXIF orientation applied); InputError with the reason if unreadable."""
     from PIL import Image, UnidentifiedImageError
 
-    from arr_coc.qwen import InputError
+    from arr_coc.vlm.views import InputError
 
     try:
         return open_image(path)
@@ -78,9 +79,9 @@ def table(results: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from arr_coc.layer import CheckpointError  # after parsing: --help and bad flags answer without torch
     from arr_coc.model import OutOfMemory, check_question
-    from arr_coc.qwen import InputError
+    from arr_coc.relevance.layer import CheckpointError  # after parsing: --help and bad flags answer without torch
+    from arr_coc.vlm.views import InputError
 
     try:
         question = check_question(args.question)

@@ -42,7 +42,8 @@ def flag(default, help: str, type=None):
 
 @dataclass
 class TrainConfig:
-    model: str = flag("tiny", "VLM to train against (hub id, folder or 'tiny'); it stays frozen")
+    model: str = flag("tiny", "VLM to train against (Qwen-VL hub id or folder, or a tiny model such as 'tiny' or "
+                           "'tiny-qwen2.5-vl'); it stays frozen")
     data: str | None = flag(None, "JSONL dataset folder (arr_coc.data format); default: synthetic scenes")
     kinds: str = flag("text_vs_distractor,distractor_query", "synthetic scene kinds, comma-separated",
                       cli.comma_list(SCENE_KINDS))
@@ -85,7 +86,7 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     import torch
     import torch.nn.functional as F
 
-    from arr_coc.qwen import ImageBlock, raster_block
+    from arr_coc.vlm.positions import ImageBlock, raster_block
 
     vlm, views = model.vlm, observation.views
     with torch.no_grad():

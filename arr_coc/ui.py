@@ -20,13 +20,14 @@ from PIL import Image, UnidentifiedImageError
 
 from arr_coc import checkpoints
 from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
-from arr_coc.layer import CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError, list_checkpoints
 from arr_coc.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, OutOfMemory, check_question
-from arr_coc.qwen import InputError, to_rgb
-from arr_coc.texture import CHANNELS
+from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError,
+                                     list_checkpoints)
+from arr_coc.relevance.texture import CHANNELS
 from arr_coc.timing import TIMING_KEYS
 from arr_coc.viz import rank_correlation, saccade_overlap
+from arr_coc.vlm.views import InputError, to_rgb
 
 log = logging.getLogger("arr_coc.app")
 
@@ -83,7 +84,7 @@ def check_inputs(image, question: str) -> None:
 
 def image_input(**kwargs) -> gr.Image:
     """
-    A PIL gr.Image that passes uploads on in their own mode (16-bit, RGBA, animated: arr_coc.qwen.to_rgb
+    A PIL gr.Image that passes uploads on in their own mode (16-bit, RGBA, animated: arr_coc.vlm.views.to_rgb
     handles them) and fails unreadable ones with a clear gr.Error. Its preprocess is wrapped, not overridden
     in a subclass, because gradio writes a .pyi stub beside the module of every Component subclass.
     """

@@ -32,8 +32,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
-from arr_coc.qwen import to_rgb
-from arr_coc.texture import CHANNELS, minmax
+from arr_coc.relevance.texture import CHANNELS, minmax
+from arr_coc.vlm.views import to_rgb
 
 MapLike = torch.Tensor | np.ndarray  # [gh, gw] (or [1, gh, gw]) map
 CellsLike = torch.Tensor | np.ndarray | Sequence  # (row, col) positions [K, 2], or Saccade objects; rank order

@@ -23,11 +23,11 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from arr_coc import ui, viz
-from arr_coc.config import ARRCOCConfig
-from arr_coc.layer import ARRCOCLayer
 from arr_coc.model import ARRCOCQwen, OutOfMemory
-from arr_coc.qwen import make_views
-from arr_coc.tiny import tiny_config
+from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.layer import ARRCOCLayer
+from arr_coc.vlm.tiny import tiny_config
+from arr_coc.vlm.views import make_views
 
 ROOT = Path(__file__).resolve().parents[1]
 CAT = str(ROOT / "assets" / "chelsea.png")

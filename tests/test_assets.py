@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from arr_coc.qwen import make_views
+from arr_coc.vlm.views import make_views
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EXAMPLES = json.loads((ASSETS / "examples.json").read_text())

@@ -86,7 +86,7 @@ def test_help_and_bad_flags_answer_without_torch(module):
     code = (f"import sys\nfrom arr_coc import {module} as m\nparse = getattr(m, 'parse_args', m.main)\n"
             "for argv in (['--help'], ['--bogus-flag']):\n"
             "    try:\n        parse(argv)\n    except SystemExit as e:\n        assert e.code in (0, 2), e.code\n"
-            "heavy = sorted(n for n in ('torch', 'transformers', 'arr_coc.model', 'arr_coc.qwen') if n in sys.modules)\n"
+            "heavy = sorted(n for n in ('torch', 'transformers', 'arr_coc.model', 'arr_coc.vlm.qwen2_vl') if n in sys.modules)\n"
             "print('HEAVY', heavy)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -3,7 +3,7 @@
 import pytest
 
 from arr_coc.flops import prefill_gflops, vision_gflops
-from arr_coc.tiny import qwen2_vl_2b_config
+from arr_coc.vlm.tiny import qwen2_vl_2b_config
 
 
 @pytest.fixture(scope="module")

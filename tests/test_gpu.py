@@ -51,7 +51,7 @@ def test_a_real_cuda_oom_is_reported_freed_and_survived(cuda_model, monkeypatch)
 
 
 def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
-    from arr_coc.texture import generate_texture_array
+    from arr_coc.relevance.texture import generate_texture_array
 
     layer = cuda_model.layer
     for seed in (0, 1):  # the second image replays the graph captured for the first
@@ -101,7 +101,7 @@ def test_graphed_arr_equals_eager(cuda_model):
         scene = cuda_model.prepare(big_image(), QUESTION)
         out = cuda_model.select(scene)
         pixels, _ = vlm.image_inputs(scene.observation.highres)
-        from arr_coc.qwen import ImageBlock, raster_block
+        from arr_coc.vlm.positions import ImageBlock, raster_block
 
         with torch.no_grad():
             saccades = vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])

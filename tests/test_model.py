@@ -8,10 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.config import ARRCOCConfig
-from arr_coc.layer import ARRCOCLayer, CheckpointError
 from arr_coc.model import ARRCOCQwen, OutOfMemory
-from arr_coc.qwen import InputError
+from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
+from arr_coc.vlm.views import InputError
 
 QUESTION = "What does the gray text say?"
 
@@ -106,7 +106,7 @@ def test_fp16_arr_path_gives_finite_logits():
     vlm = model.vlm
     out = model.select(scene)
     pixels, _ = vlm.image_inputs(scene.views.highres)
-    from arr_coc.qwen import ImageBlock, raster_block
+    from arr_coc.vlm.positions import ImageBlock, raster_block
 
     with torch.no_grad():
         saccades = vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from arr_coc.data import make_dataset
-from arr_coc.layer import ARRCOCLayer
 from arr_coc.model import ARRCOCQwen
+from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.train import TrainConfig, parse_args, relevance_loss, save, train
 
 
@@ -17,7 +17,7 @@ def saccades_on(answer, box) -> int:
 
 
 def test_box_coverage_and_relevance_loss():
-    from arr_coc.qwen import make_views
+    from arr_coc.vlm.views import make_views
     from PIL import Image
 
     views = make_views(Image.new("RGB", (448, 448)))  # 32x32 cells of 14 px

@@ -13,9 +13,9 @@ from matplotlib.colors import to_rgb as hex_to_rgb
 from PIL import Image
 
 from arr_coc import viz
-from arr_coc.config import ARRCOCConfig
-from arr_coc.layer import ARRCOCLayer
 from arr_coc.model import Saccade
+from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.layer import ARRCOCLayer
 
 CYAN, MAGENTA, WHITE = (0, 255, 255), (255, 0, 255), (255, 255, 255)  # rank 1 and last of RANK_CMAP; labels
 

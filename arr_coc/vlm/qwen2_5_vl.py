@@ -11,7 +11,7 @@ window in raster order), encoded, and returned in the caller's order. Up to GRAP
 are a block-diagonal mask built on the device (one sdpa call per block, nothing read back to the host, so it
 can be captured as a CUDA graph); larger views run eagerly, one attention call per window as the stock does.
 
-    vlm = QwenVL.from_pretrained("tiny-qwen2.5-vl")   # or "Qwen/Qwen2.5-VL-3B-Instruct": FAMILIES picks this class
+    vlm = load_vlm("tiny-qwen2.5-vl")   # or "Qwen/Qwen2.5-VL-3B-Instruct": FAMILIES picks this class
     tokens = vlm.encode_cells(pixels, grid, positions)  # [K, D], windows of the full grid
 """
 
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 
-from arr_coc.qwen import GRAPHED_CELLS, MERGE, QwenVL
+from arr_coc.vlm.qwen2_vl import GRAPHED_CELLS, QwenVL
+from arr_coc.vlm.views import MERGE
 
 MASKED_PATCHES = 4 * GRAPHED_CELLS  # up to here windows are an [N, N] mask; beyond it a loop over windows
 WINDOW_ID_STRIDE = 2**20  # window id = window row * this + window column (grids are far narrower)

@@ -1,226 +1,35 @@
 """
-Adapter over transformers' Qwen2VLForConditionalGeneration: views, gestalt and sparse saccade encoding,
-the "gestalt guides gaze" attention prior, M-RoPE position ids for two image blocks, and generation.
+QwenVL, the adapter interface over one Qwen-VL family, and its Qwen2-VL implementation (transformers'
+Qwen2VLForConditionalGeneration): patches, gestalt and sparse saccade encoding, prompts, the "gestalt guides
+gaze" attention prior, and generation. Other families (qwen2_5_vl.py, qwen3_vl.py) override what differs;
+families.py loads the right one.
 
 Everything runs the frozen model's own modules. Three small pieces are re-implemented, each pinned to the
 stock code by a test: the pixel patch layout (the image processor's, but on the device), the position-id
 layout (`get_rope_index`'s, for any subset of cells), and one layer's attention readout for the prior.
 
-    vlm = QwenVL.from_pretrained("tiny")                   # or "Qwen/Qwen2-VL-2B-Instruct", or a folder
+    vlm = load_vlm("tiny")                   # arr_coc.vlm.families; or "Qwen/Qwen2-VL-2B-Instruct", or a folder
     views = make_views(pil_image, device=vlm.device)
     gestalt = vlm.encode_view(views.tensor("gestalt"))       # [Ng, D]
 """
 
-import importlib
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageSequence
-
+from PIL import Image
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
-from arr_coc.config import DEFAULT_MODEL, ENGINES
-from arr_coc.decoder import Decoder
+from arr_coc.config import ENGINES
 from arr_coc.graphs import CUDAGraphed
-from arr_coc.texture import minmax
-from arr_coc.tiny import CHAT_TEMPLATE, TINY_MODELS, tiny_model_path
+from arr_coc.relevance.texture import minmax
+from arr_coc.vlm.decoder import Decoder
+from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
+from arr_coc.vlm.tiny import CHAT_TEMPLATE
+from arr_coc.vlm.views import MERGE, view_tensor
 
-PATCH = 14  # ViT patch side in px
-MERGE = 2  # 2x2 patches merge into one LLM token
-CELL = PATCH * MERGE  # 28 px: one merged token = one candidate cell
-MAX_ASPECT = 32.0  # wider or taller images are squeezed to this aspect ratio (Qwen refuses > 200)
-MIN_PIXELS = 56 * 56  # the image processor's default lower bound (4 cells)
 GRAPHED_CELLS = 1024  # vision calls of at most this many cells replay as CUDA graphs (gestalt, saccades, budget)
 QUESTION_SLOT = "\x00question\x00"  # stands in for the question while the chat template is rendered
-
-
-class InputError(ValueError):
-    """Bad user input (image, question, checkpoint): the message is shown to the user as it is."""
-
-
-# ----------------------------------------------------------------------------- images and views
-
-
-def to_rgb(image) -> Image.Image:
-    """Any PIL image (grayscale, RGBA, palette, 16-bit, float, CMYK, animated) -> 8-bit RGB, first frame."""
-    if image is None:
-        raise InputError("no image: upload an image first")
-    if isinstance(image, np.ndarray):
-        image = Image.fromarray(image)
-    if not isinstance(image, Image.Image):
-        raise InputError(f"expected a PIL image, got {type(image).__name__}")
-    if getattr(image, "is_animated", False):
-        image = next(ImageSequence.Iterator(image)).copy()  # animated: the first frame
-    if image.width < 1 or image.height < 1:
-        raise InputError(f"the image is empty ({image.width}x{image.height})")
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float: rescale its range to 8 bits
-        a = np.asarray(image, dtype=np.float64)
-        lo, hi = float(np.nanmin(a)), float(np.nanmax(a))
-        a = np.nan_to_num((a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)) * 255
-        image = Image.fromarray(a.round().astype(np.uint8), mode="L")
-    if image.mode == "P":
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA", "PA"):  # transparency: composite on white, as a viewer shows it
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(background, rgba)
-    return image.convert("RGB")
-
-
-def fit_grid(width: int, height: int, max_tokens: int) -> tuple[int, int]:
-    """The (rows, cols) token grid with at most max_tokens tokens closest to the image's aspect ratio."""
-    aspect = min(max(width / height, 1 / MAX_ASPECT), MAX_ASPECT)
-    rows = max(1, round(math.sqrt(max_tokens / aspect)))
-    cols = max(1, min(max_tokens // rows, round(rows * aspect)))
-    return rows, cols
-
-
-def native_grid(width: int, height: int, max_cells: int, cell: int = CELL) -> tuple[int, int]:
-    """
-    The (rows, cols) grid of cells (one merged token each: 28 px for Qwen2-VL) that stock Qwen reads this image
-    at: the image processor's own smart_resize with max_pixels = max_cells cells (aspect kept; beyond
-    MAX_ASPECT squeezed to it).
-    """
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
-    width, height = min(width, round(height * MAX_ASPECT)), min(height, round(width * MAX_ASPECT))
-    min_pixels = MIN_PIXELS * (cell // CELL) ** 2
-    h, w = smart_resize(max(height, 1), max(width, 1), factor=cell, min_pixels=min_pixels, max_pixels=max_cells * cell**2)
-    return h // cell, w // cell
-
-
-@dataclass(eq=False)
-class Views:
-    """
-    Every pipeline's view of one image. The original is uploaded once (uint8) and each view is resized on
-    the model's device when first asked for: `tensor(name)` -> [1, 3, h, w] in [0, 1]; the PIL attributes
-    (`gestalt`, `native`, `highres`, `budget`) are for drawing only.
-    """
-    image: Image.Image  # the original image, RGB
-    pixels: torch.Tensor  # [1, 3, H, W] uint8, the original on the device
-    gestalt_grid: tuple[int, int]  # (gh, gw) gestalt tokens: the low-res view
-    native_grid: tuple[int, int]  # (nh, nw) tokens of the native view: what stock Qwen2-VL reads (`full`)
-    candidate_grid: tuple[int, int]  # (GH, GW) candidate cells of the high-res view: native, >= 2x the gestalt per side
-    budget_grid: tuple[int, int]  # (bh, bw) tokens of the same-budget baseline view (~529 tokens)
-    cell: int = CELL  # px per cell side: one merged token (28 for Qwen2-VL's 14 px patches merged 2x2)
-    _cache: dict = field(default_factory=dict, repr=False)
-
-    def grid(self, name: str) -> tuple[int, int]:
-        return {"gestalt": self.gestalt_grid, "native": self.native_grid, "highres": self.candidate_grid,
-                "budget": self.budget_grid}[name]
-
-    def tensor(self, name: str) -> torch.Tensor:
-        """The view `name` as [1, 3, grid * 28 px] in [0, 1] on the device, resized once (views of one size are one)."""
-        rows, cols = self.grid(name)
-        key = (rows * self.cell, cols * self.cell)
-        if key not in self._cache:
-            self._cache[key] = resize(self.pixels, (rows, cols), self.cell)
-        return self._cache[key]
-
-    def pil(self, name: str) -> Image.Image:
-        key = ("pil", name)
-        if key not in self._cache:
-            rgb = self.tensor(name)[0].permute(1, 2, 0).mul(255).round().to(torch.uint8).cpu().numpy()
-            self._cache[key] = Image.fromarray(rgb)
-        return self._cache[key]
-
-    gestalt = property(lambda self: self.pil("gestalt"))
-    native = property(lambda self: self.pil("native"))
-    highres = property(lambda self: self.pil("highres"))
-    budget = property(lambda self: self.pil("budget"))
-
-    def cell_box(self, row: int, col: int) -> list[int]:
-        """Pixel box [x0, y0, x1, y1] of a candidate cell in the original image."""
-        gh, gw = self.candidate_grid
-        sx, sy = self.image.width / gw, self.image.height / gh
-        return [round(col * sx), round(row * sy), round((col + 1) * sx), round((row + 1) * sy)]
-
-    def box_coverage(self, box) -> torch.Tensor:
-        """Fraction of each candidate cell inside a pixel box [x0, y0, x1, y1] of the original image -> [GH, GW]."""
-        gh, gw = self.candidate_grid
-        sx, sy = self.image.width / gw, self.image.height / gh
-        x0, y0, x1, y1 = (float(v) for v in box)
-        cols, rows = torch.arange(gw, dtype=torch.float), torch.arange(gh, dtype=torch.float)
-        cover_x = ((cols + 1) * sx).clamp(max=x1).sub((cols * sx).clamp(min=x0)).clamp(min=0) / sx  # [GW]
-        cover_y = ((rows + 1) * sy).clamp(max=y1).sub((rows * sy).clamp(min=y0)).clamp(min=0) / sy  # [GH]
-        return cover_y[:, None] * cover_x[None, :]
-
-
-def resize(pixels: torch.Tensor, grid: tuple[int, int], cell: int = CELL) -> torch.Tensor:
-    """
-    The one resize path of every pipeline: [1, 3, H, W] (uint8 or [0, 1]) -> [1, 3, grid * cell px] in [0, 1],
-    bicubic with antialiasing (as the image processors do), on the tensor's device; no resampling at the same size.
-    """
-    x = pixels.float() / 255.0 if pixels.dtype == torch.uint8 else pixels.float()
-    size = (grid[0] * cell, grid[1] * cell)
-    if tuple(x.shape[-2:]) == size:
-        return x
-    return F.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
-
-
-def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_cells: int = 4096,
-               device: torch.device | str = "cpu", cell: int = CELL) -> Views:
-    """
-    All views of one image. The candidate grid is the native grid (at most max_cells cells), bounded below
-    by twice the gestalt grid per side, so even a tiny image offers well over 273 candidates.
-    """
-    rgb = to_rgb(image)
-    gh, gw = fit_grid(rgb.width, rgb.height, gestalt_tokens)
-    bh, bw = fit_grid(rgb.width, rgb.height, budget_tokens)
-    nh, nw = native_grid(rgb.width, rgb.height, max_cells, cell)
-    ch, cw = max(nh, 2 * gh), max(nw, 2 * gw)
-    if ch * cw > max_cells:  # the two grids round the aspect differently: keep the cap strict
-        ch, cw = 2 * gh, 2 * gw
-    pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8)).to(device).permute(2, 0, 1).unsqueeze(0)  # [1, 3, H, W]
-    return Views(rgb, pixels, (gh, gw), (nh, nw), (ch, cw), (bh, bw), cell)
-
-
-def view_tensor(view: Image.Image, device: torch.device | str = "cpu") -> torch.Tensor:
-    """PIL RGB -> [1, 3, H, W] float in [0, 1] on `device` (uploaded as uint8, converted there)."""
-    return torch.from_numpy(np.array(view, dtype=np.uint8)).to(device).permute(2, 0, 1).unsqueeze(0).float() / 255.0
-
-
-# ----------------------------------------------------------------------------- position ids
-
-
-@dataclass
-class ImageBlock:
-    """One image block of the LLM sequence, as M-RoPE sees it."""
-    grid: tuple[int, int]  # (rows, cols) of the token grid the block's positions live on
-    positions: torch.Tensor  # [n, 2] (row, col) of each token on that grid, in sequence order
-
-
-def raster_block(grid: tuple[int, int]) -> ImageBlock:
-    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
-    return ImageBlock(grid, torch.stack([rows.flatten(), cols.flatten()], dim=-1))
-
-
-def mrope_position_ids(input_ids: torch.Tensor, image_token_id: int, blocks: list[ImageBlock]) -> torch.Tensor:
-    """
-    [1, L] ids -> [3, 1, L] (t, h, w) positions, laid out as get_rope_index lays out each block:
-    text counts up by one; an image block starting at s puts token (r, c) at (s, s + r, s + c); the text
-    after it continues at s + max(rows, cols). Blocks may hold any subset of their grid, in any order.
-    """
-    ids = input_ids[0]
-    is_image = (ids == image_token_id).tolist()
-    out = torch.zeros(3, ids.numel(), dtype=torch.long)
-    block_iter = iter(blocks)
-    pos, i, L = 0, 0, ids.numel()
-    while i < L:
-        if not is_image[i]:
-            out[:, i] = pos
-            pos, i = pos + 1, i + 1
-            continue
-        block = next(block_iter)
-        n = block.positions.shape[0]
-        out[0, i:i + n] = pos
-        out[1, i:i + n] = pos + block.positions[:, 0]
-        out[2, i:i + n] = pos + block.positions[:, 1]
-        pos, i = pos + max(block.grid), i + n
-    return out.unsqueeze(1).to(input_ids.device)
 
 
 @dataclass
@@ -233,28 +42,6 @@ class Prompt:
 
 
 # ----------------------------------------------------------------------------- the adapter
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on Ampere or newer, fp16 on older GPUs (T4), fp32 on CPU."""
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
-
-
-FAMILIES = {  # model_type -> "module:Adapter" (imported when first loaded); each adapter names its transformers class
-    "qwen2_vl": "arr_coc.qwen:QwenVL",
-    "qwen2_5_vl": "arr_coc.qwen2_5_vl:Qwen25VL",
-    "qwen3_vl": "arr_coc.qwen3_vl:Qwen3VL",
-}
-
-
-def adapter_class(model_type: str) -> type:
-    """The adapter for a config's model_type; an unsupported one is a clear error naming the supported families."""
-    if model_type not in FAMILIES:
-        raise InputError(f"unsupported model_type {model_type!r}: ARR-COC supports {', '.join(sorted(FAMILIES))}")
-    module, name = FAMILIES[model_type].split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 class QwenVL:
@@ -280,26 +67,6 @@ class QwenVL:
         self.safe_mode = False  # whether the last generate() was redone in safe mode (fp16 overflow)
         # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs
         self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool)
-
-    @classmethod
-    def from_pretrained(cls, name: str = DEFAULT_MODEL, device: str | None = None,
-                        dtype: torch.dtype | None = None, engine: str = "fast") -> "QwenVL":
-        """
-        Load a Qwen-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder, or a tiny
-        offline model's name ("tiny": tiny.TINY_MODELS),
-        with the adapter of its family (the config's model_type): see FAMILIES.
-        """
-        import transformers
-
-        path = str(tiny_model_path(name)) if name in TINY_MODELS else name
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = dtype or default_dtype(device)
-        adapter = adapter_class(transformers.AutoConfig.from_pretrained(path).model_type)
-        model = getattr(transformers, adapter.hf_class).from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-        model = model.to(device).eval().requires_grad_(False)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        image_processor = transformers.AutoImageProcessor.from_pretrained(path)
-        return adapter(model, tokenizer, image_processor, name, engine)
 
     @property
     def device(self) -> torch.device:

@@ -2,8 +2,8 @@
 
 import torch
 
-from arr_coc.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
-from arr_coc.texture import generate_texture_array
+from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
+from arr_coc.relevance.texture import generate_texture_array
 
 
 def textured_scene():

@@ -13,7 +13,7 @@ scorer equals its prior exactly and training only improves on it (DESIGN.md §4)
 import torch
 import torch.nn as nn
 
-from arr_coc.texture import CHANNEL_NAMES
+from arr_coc.relevance.texture import CHANNEL_NAMES
 
 DETAIL_CHANNELS = [CHANNEL_NAMES.index(n) for n in ("edge_magnitude", "highpass_energy", "colour_variance")]
 SALIENCY_CHANNELS = [CHANNEL_NAMES.index(n) for n in ("spectral_saliency", "colour_contrast", "colour_rarity")]

@@ -13,14 +13,15 @@ Adapter over transformers' Qwen3VLForConditionalGeneration: what Qwen3-VL does d
 - Interleaved M-RoPE: composed by the text model's own rotary_emb (the Decoder uses it); the position-id
   layout of an image block is Qwen2-VL's (a test pins it to get_rope_index).
 
-    vlm = QwenVL.from_pretrained("tiny-qwen3-vl")          # FAMILIES picks this adapter by model_type
+    vlm = load_vlm("tiny-qwen3-vl")          # FAMILIES picks this adapter by model_type
     gestalt = vlm.encode_view(views.tensor("gestalt"))       # [Ng, D], gestalt.deepstack [k, Ng, D]
 """
 
 import torch
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
-from arr_coc.qwen import MERGE, QwenVL
+from arr_coc.vlm.qwen2_vl import QwenVL
+from arr_coc.vlm.views import MERGE
 
 
 class Qwen3VL(QwenVL):

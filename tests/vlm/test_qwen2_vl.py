@@ -5,8 +5,8 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.qwen import (CELL, ImageBlock, InputError, fit_grid, make_views, mrope_position_ids, raster_block,
-                          to_rgb)
+from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
+from arr_coc.vlm.views import CELL, InputError, fit_grid, make_views, to_rgb
 
 
 def photo(w=400, h=300, seed=0):
@@ -202,7 +202,7 @@ def test_device_patches_equal_the_image_processor(arr_model):
 def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
     from transformers import Qwen2VLForConditionalGeneration
 
-    from arr_coc.tiny import tiny_model_path
+    from arr_coc.vlm.tiny import tiny_model_path
 
     vlm = arr_model.vlm
     if vlm.dtype != torch.float32:
@@ -242,8 +242,8 @@ def test_special_tokens_typed_in_the_question_stay_text(arr_model, question):
 def test_an_unsupported_family_is_refused_naming_the_supported_ones(tmp_path):
     from transformers import LlamaConfig
 
-    from arr_coc.qwen import QwenVL
+    from arr_coc.vlm.families import load_vlm
 
     LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
     with pytest.raises(InputError, match="unsupported model_type 'llama'.*qwen2_vl"):
-        QwenVL.from_pretrained(str(tmp_path), device="cpu")
+        load_vlm(str(tmp_path), device="cpu")

@@ -22,12 +22,12 @@ from huggingface_hub import PyTorchModelHubMixin
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 
-from arr_coc.attending import TokenAllocator
-from arr_coc.balancing import AdaptiveTensionBalancer
-from arr_coc.config import ARRCOCConfig
 from arr_coc.graphs import CUDAGraphed
-from arr_coc.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
-from arr_coc.texture import generate_texture_array, is_flat
+from arr_coc.relevance.attending import TokenAllocator
+from arr_coc.relevance.balancing import AdaptiveTensionBalancer
+from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
+from arr_coc.relevance.texture import generate_texture_array, is_flat
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from arr_coc.model import PIPELINES
-from arr_coc.qwen import raster_block
+from arr_coc.vlm.positions import raster_block
 
 QUESTION = "What is written on the sign?"
 

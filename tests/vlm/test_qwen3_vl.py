@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from arr_coc.qwen import ImageBlock, make_views, raster_block
+from arr_coc.vlm.positions import ImageBlock, raster_block
+from arr_coc.vlm.views import make_views
 
 QUESTION = "What is written on the sign?"
 
@@ -42,7 +43,7 @@ def stock_inputs(vlm, view, question=QUESTION):
 
 
 def test_the_family_and_cell(q3):
-    from arr_coc.qwen3_vl import Qwen3VL
+    from arr_coc.vlm.qwen3_vl import Qwen3VL
 
     assert isinstance(q3.vlm, Qwen3VL) and q3.vlm.family == "qwen3_vl" and q3.vlm.cell == 32
 
@@ -136,7 +137,7 @@ def test_zero_saccades_reproduce_the_stock_logits_with_deepstack(q3):
 def test_the_prior_equals_the_eager_attention_with_deepstack(q3):
     from transformers import Qwen3VLForConditionalGeneration
 
-    from arr_coc.tiny import tiny_model_path
+    from arr_coc.vlm.tiny import tiny_model_path
 
     vlm = q3.vlm
     views, ids, pixels, grid, mm, embeds, positions = gestalt_prompt(vlm, question="Where is the cat?")
@@ -216,7 +217,7 @@ def test_the_hf_engine_refuses_arr_embeddings_it_would_strip_of_deepstack(q3):
 
 
 def test_the_chat_template_comes_from_the_folder(q3):
-    from arr_coc.tiny import QWEN3_VL_CHAT_TEMPLATE, tiny_model_path
+    from arr_coc.vlm.tiny import QWEN3_VL_CHAT_TEMPLATE, tiny_model_path
 
     vlm = q3.vlm
     saved = json.loads((tiny_model_path("tiny-qwen3-vl") / "tokenizer_config.json").read_text()).get("chat_template")
@@ -239,8 +240,9 @@ def test_run_cli_with_the_tiny_qwen3_vl(tmp_path):
 
 def test_random_weights_build_the_family_adapter_for_the_bench():
     from arr_coc.model import ARRCOCQwen
-    from arr_coc.qwen3_vl import Qwen3VL
-    from arr_coc.tiny import FULL_SIZE, QWEN3_VL_CHAT_TEMPLATE, random_vlm, tiny_qwen3_vl_config
+    from arr_coc.vlm.families import random_vlm
+    from arr_coc.vlm.qwen3_vl import Qwen3VL
+    from arr_coc.vlm.tiny import FULL_SIZE, QWEN3_VL_CHAT_TEMPLATE, tiny_qwen3_vl_config
 
     vlm = random_vlm(tiny_qwen3_vl_config(), "cpu", torch.float32, "random tiny Qwen3-VL")
     assert isinstance(vlm, Qwen3VL) and vlm.cell == 32 and vlm.chat_template == QWEN3_VL_CHAT_TEMPLATE

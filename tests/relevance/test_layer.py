@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from arr_coc.config import ARRCOCConfig
-from arr_coc.layer import ARRCOCLayer, CheckpointError
+from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
 
 D = 64
 

@@ -10,8 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc import qwen2_5_vl
-from arr_coc.qwen import QwenVL, make_views, raster_block
+from arr_coc.vlm import qwen2_5_vl
+from arr_coc.vlm.families import load_vlm
+from arr_coc.vlm.positions import raster_block
+from arr_coc.vlm.views import make_views
 
 TINY = "tiny-qwen2.5-vl"
 QUESTION = "What is written on the sign?"
@@ -61,7 +63,7 @@ def stock_tower_on_cells(vlm, pixels, grid, cells, window_index, cu_window_seqle
 
 
 def test_the_tiny_and_its_family_load_through_the_registry(model):
-    from arr_coc.tiny import CHAT_TEMPLATE, QWEN2_5_VL_CHAT_TEMPLATE
+    from arr_coc.vlm.tiny import CHAT_TEMPLATE, QWEN2_5_VL_CHAT_TEMPLATE
 
     vlm = model.vlm
     assert type(vlm) is qwen2_5_vl.Qwen25VL and vlm.family == "qwen2_5_vl"
@@ -74,7 +76,7 @@ def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
     """A folder laid out as Qwen/Qwen2.5-VL-3B-Instruct ships it (flat config with the legacy rope_scaling), at toy sizes."""
     import transformers
 
-    from arr_coc.tiny import CHAT_TEMPLATE, tiny_qwen2_5_vl_config, tokenizer_folder
+    from arr_coc.vlm.tiny import CHAT_TEMPLATE, tiny_qwen2_5_vl_config, tokenizer_folder
 
     torch.manual_seed(0)
     transformers.Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config()).save_pretrained(tmp_path)
@@ -103,7 +105,7 @@ def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
     tokenizer.chat_template = own  # the hub ships the template in tokenizer_config.json (and chat_template.json)
     tokenizer.save_pretrained(tmp_path)
     (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": own}))
-    vlm = QwenVL.from_pretrained(str(tmp_path), device="cpu")
+    vlm = load_vlm(str(tmp_path), device="cpu")
     assert type(vlm) is qwen2_5_vl.Qwen25VL and vlm.chat_template == own
     text = vlm.tokenizer.decode(vlm.prompt_ids("Why?", [3])[0])
     assert text.startswith("<|im_start|>system\nYou are a folder's own assistant.<|im_end|>")
@@ -112,7 +114,8 @@ def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
 
 
 def test_random_weights_build_the_family_adapter():
-    from arr_coc.tiny import FULL_SIZE, random_vlm, tiny_qwen2_5_vl_config
+    from arr_coc.vlm.families import random_vlm
+    from arr_coc.vlm.tiny import FULL_SIZE, tiny_qwen2_5_vl_config
 
     vlm = random_vlm(tiny_qwen2_5_vl_config(), "cpu", torch.float32, "random tiny")
     assert type(vlm) is qwen2_5_vl.Qwen25VL and type(vlm.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
@@ -282,7 +285,7 @@ def test_run_cli_with_the_tiny_qwen2_5_vl(tmp_path, capsys):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_graphed_vision_equals_eager_on_cuda(dtype):
-    vlm = QwenVL.from_pretrained(TINY, device="cuda", dtype=dtype)
+    vlm = load_vlm(TINY, device="cuda", dtype=dtype)
     views = make_views(photo(1200, 700), device="cuda")
     pixels, _ = vlm.image_inputs(views.tensor("highres"))
     grid = views.candidate_grid

@@ -4,7 +4,7 @@ import json
 
 from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
-from arr_coc.tiny import build_tiny, tiny_model_path
+from arr_coc.vlm.tiny import build_tiny, tiny_model_path
 
 
 def test_tiny_is_a_real_save_pretrained_folder(tmp_path):
@@ -47,7 +47,7 @@ def test_tampered_tokenizer_files_are_refused_naming_the_file(tmp_path, monkeypa
 
     import pytest
 
-    from arr_coc import tiny
+    from arr_coc.vlm import tiny
 
     original = tiny.installed_tokenizer_folder()
     assert tiny.tokenizer_folder() == original  # the pinned release passes

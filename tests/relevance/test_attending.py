@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from arr_coc.attending import TokenAllocator
 from arr_coc.config import STRATEGIES
+from arr_coc.relevance.attending import TokenAllocator
 
 
 def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):

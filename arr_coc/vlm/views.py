@@ -1,0 +1,169 @@
+"""
+Images and views: every image a pipeline reads, as the family's cells see it (one cell = one merged visual token,
+28 px for Qwen2-VL and Qwen2.5-VL, 32 px for Qwen3-VL).
+
+The upload is checked and converted once (any mode, animated, 16-bit) and sent to the device as uint8; each
+view is resized there when first asked for. The candidate grid is the image at its native resolution (the
+image processor's own smart_resize, capped at max_cells), bounded below by twice the gestalt grid per side.
+
+    views = make_views(pil_image, max_cells=4096, device="cuda", cell=28)
+    views.tensor("gestalt")      # [1, 3, 448, 448] in [0, 1]
+    views.candidate_grid         # (64, 64) for a 1792 px square
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageSequence
+
+PATCH = 14  # ViT patch side in px (Qwen2-VL, Qwen2.5-VL)
+MERGE = 2  # 2x2 patches merge into one LLM token
+CELL = PATCH * MERGE  # 28 px: one merged token = one candidate cell
+MAX_ASPECT = 32.0  # wider or taller images are squeezed to this aspect ratio (Qwen refuses > 200)
+MIN_PIXELS = 56 * 56  # the image processor's default lower bound (4 cells)
+
+
+class InputError(ValueError):
+    """Bad user input (image, question, checkpoint): the message is shown to the user as it is."""
+
+
+def to_rgb(image) -> Image.Image:
+    """Any PIL image (grayscale, RGBA, palette, 16-bit, float, CMYK, animated) -> 8-bit RGB, first frame."""
+    if image is None:
+        raise InputError("no image: upload an image first")
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    if not isinstance(image, Image.Image):
+        raise InputError(f"expected a PIL image, got {type(image).__name__}")
+    if getattr(image, "is_animated", False):
+        image = next(ImageSequence.Iterator(image)).copy()  # animated: the first frame
+    if image.width < 1 or image.height < 1:
+        raise InputError(f"the image is empty ({image.width}x{image.height})")
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float: rescale its range to 8 bits
+        a = np.asarray(image, dtype=np.float64)
+        lo, hi = float(np.nanmin(a)), float(np.nanmax(a))
+        a = np.nan_to_num((a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)) * 255
+        image = Image.fromarray(a.round().astype(np.uint8), mode="L")
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):  # transparency: composite on white, as a viewer shows it
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(background, rgba)
+    return image.convert("RGB")
+
+
+def fit_grid(width: int, height: int, max_tokens: int) -> tuple[int, int]:
+    """The (rows, cols) token grid with at most max_tokens tokens closest to the image's aspect ratio."""
+    aspect = min(max(width / height, 1 / MAX_ASPECT), MAX_ASPECT)
+    rows = max(1, round(math.sqrt(max_tokens / aspect)))
+    cols = max(1, min(max_tokens // rows, round(rows * aspect)))
+    return rows, cols
+
+
+def native_grid(width: int, height: int, max_cells: int, cell: int = CELL) -> tuple[int, int]:
+    """
+    The (rows, cols) grid of cells (one merged token each: 28 px for Qwen2-VL) that stock Qwen reads this image
+    at: the image processor's own smart_resize with max_pixels = max_cells cells (aspect kept; beyond
+    MAX_ASPECT squeezed to it).
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    width, height = min(width, round(height * MAX_ASPECT)), min(height, round(width * MAX_ASPECT))
+    min_pixels = MIN_PIXELS * (cell // CELL) ** 2
+    h, w = smart_resize(max(height, 1), max(width, 1), factor=cell, min_pixels=min_pixels, max_pixels=max_cells * cell**2)
+    return h // cell, w // cell
+
+
+@dataclass(eq=False)
+class Views:
+    """
+    Every pipeline's view of one image. The original is uploaded once (uint8) and each view is resized on
+    the model's device when first asked for: `tensor(name)` -> [1, 3, h, w] in [0, 1]; the PIL attributes
+    (`gestalt`, `native`, `highres`, `budget`) are for drawing only.
+    """
+    image: Image.Image  # the original image, RGB
+    pixels: torch.Tensor  # [1, 3, H, W] uint8, the original on the device
+    gestalt_grid: tuple[int, int]  # (gh, gw) gestalt tokens: the low-res view
+    native_grid: tuple[int, int]  # (nh, nw) tokens of the native view: what stock Qwen2-VL reads (`full`)
+    candidate_grid: tuple[int, int]  # (GH, GW) candidate cells of the high-res view: native, >= 2x the gestalt per side
+    budget_grid: tuple[int, int]  # (bh, bw) tokens of the same-budget baseline view (~529 tokens)
+    cell: int = CELL  # px per cell side: one merged token (28 for Qwen2-VL's 14 px patches merged 2x2)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def grid(self, name: str) -> tuple[int, int]:
+        return {"gestalt": self.gestalt_grid, "native": self.native_grid, "highres": self.candidate_grid,
+                "budget": self.budget_grid}[name]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The view `name` as [1, 3, grid * 28 px] in [0, 1] on the device, resized once (views of one size are one)."""
+        rows, cols = self.grid(name)
+        key = (rows * self.cell, cols * self.cell)
+        if key not in self._cache:
+            self._cache[key] = resize(self.pixels, (rows, cols), self.cell)
+        return self._cache[key]
+
+    def pil(self, name: str) -> Image.Image:
+        key = ("pil", name)
+        if key not in self._cache:
+            rgb = self.tensor(name)[0].permute(1, 2, 0).mul(255).round().to(torch.uint8).cpu().numpy()
+            self._cache[key] = Image.fromarray(rgb)
+        return self._cache[key]
+
+    gestalt = property(lambda self: self.pil("gestalt"))
+    native = property(lambda self: self.pil("native"))
+    highres = property(lambda self: self.pil("highres"))
+    budget = property(lambda self: self.pil("budget"))
+
+    def cell_box(self, row: int, col: int) -> list[int]:
+        """Pixel box [x0, y0, x1, y1] of a candidate cell in the original image."""
+        gh, gw = self.candidate_grid
+        sx, sy = self.image.width / gw, self.image.height / gh
+        return [round(col * sx), round(row * sy), round((col + 1) * sx), round((row + 1) * sy)]
+
+    def box_coverage(self, box) -> torch.Tensor:
+        """Fraction of each candidate cell inside a pixel box [x0, y0, x1, y1] of the original image -> [GH, GW]."""
+        gh, gw = self.candidate_grid
+        sx, sy = self.image.width / gw, self.image.height / gh
+        x0, y0, x1, y1 = (float(v) for v in box)
+        cols, rows = torch.arange(gw, dtype=torch.float), torch.arange(gh, dtype=torch.float)
+        cover_x = ((cols + 1) * sx).clamp(max=x1).sub((cols * sx).clamp(min=x0)).clamp(min=0) / sx  # [GW]
+        cover_y = ((rows + 1) * sy).clamp(max=y1).sub((rows * sy).clamp(min=y0)).clamp(min=0) / sy  # [GH]
+        return cover_y[:, None] * cover_x[None, :]
+
+
+def resize(pixels: torch.Tensor, grid: tuple[int, int], cell: int = CELL) -> torch.Tensor:
+    """
+    The one resize path of every pipeline: [1, 3, H, W] (uint8 or [0, 1]) -> [1, 3, grid * cell px] in [0, 1],
+    bicubic with antialiasing (as the image processors do), on the tensor's device; no resampling at the same size.
+    """
+    x = pixels.float() / 255.0 if pixels.dtype == torch.uint8 else pixels.float()
+    size = (grid[0] * cell, grid[1] * cell)
+    if tuple(x.shape[-2:]) == size:
+        return x
+    return F.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
+
+
+def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_cells: int = 4096,
+               device: torch.device | str = "cpu", cell: int = CELL) -> Views:
+    """
+    All views of one image. The candidate grid is the native grid (at most max_cells cells), bounded below
+    by twice the gestalt grid per side, so even a tiny image offers well over 273 candidates.
+    """
+    rgb = to_rgb(image)
+    gh, gw = fit_grid(rgb.width, rgb.height, gestalt_tokens)
+    bh, bw = fit_grid(rgb.width, rgb.height, budget_tokens)
+    nh, nw = native_grid(rgb.width, rgb.height, max_cells, cell)
+    ch, cw = max(nh, 2 * gh), max(nw, 2 * gw)
+    if ch * cw > max_cells:  # the two grids round the aspect differently: keep the cap strict
+        ch, cw = 2 * gh, 2 * gw
+    pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8)).to(device).permute(2, 0, 1).unsqueeze(0)  # [1, 3, H, W]
+    return Views(rgb, pixels, (gh, gw), (nh, nw), (ch, cw), (bh, bw), cell)
+
+
+def view_tensor(view: Image.Image, device: torch.device | str = "cpu") -> torch.Tensor:
+    """PIL RGB -> [1, 3, H, W] float in [0, 1] on `device` (uploaded as uint8, converted there)."""
+    return torch.from_numpy(np.array(view, dtype=np.uint8)).to(device).permute(2, 0, 1).unsqueeze(0).float() / 255.0
