@@ -74,6 +74,24 @@ def save_checkpoint(folder: Path, **config) -> list[str]:
 # ----------------------------------------------------------------------------- the tabs
 
 
+@pytest.mark.parametrize("model, family, cell", [("tiny-qwen2.5-vl", "Qwen2.5-VL", 28), ("tiny-qwen3-vl", "Qwen3-VL", 32)])
+def test_the_app_serves_every_family(tmp_path, model, family, cell):
+    from conftest import serve_app
+
+    with serve_app(tmp_path / "app.log", "--model", model) as url:  # the last --model wins
+        config = json.load(urllib.request.urlopen(f"{url}/config", timeout=10))
+        markdown = " ".join(c["props"].get("value") or "" for c in config["components"] if c["type"] == "markdown")
+        assert f"Model `{model}` ({family}, {cell} px cells)" in markdown
+        out = Client(url, verbose=False).predict(handle_file(CAT), QUESTION, "full", 2, "topk", CELLS, 5,
+                                                 api_name="/compare")
+    status, arr = out[0], stats(out[4])
+    assert status.startswith("Done in")
+    assert arr["visual tokens: saccade"] == 273 and arr["candidate grid"].endswith(f"px)")
+    rows, cols = (int(v) for v in arr["candidate grid"].split(" cells")[0].split(" x "))
+    width, height = (int(v) for v in arr["candidate grid"].split("(")[1].split(" px")[0].split(" x "))
+    assert (width, height) == (cols * cell, rows * cell)  # the family's own cell size
+
+
 def test_page_says_the_tiny_models_answers_are_meaningless(app_url):
     config = json.load(urllib.request.urlopen(f"{app_url}/config", timeout=10))
     markdown = [c["props"].get("value") or "" for c in config["components"] if c["type"] == "markdown"]

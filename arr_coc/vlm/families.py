@@ -9,8 +9,11 @@ Unsupported families are refused with the list of supported ones.
 """
 
 import importlib
+import json
+from pathlib import Path
 
 import torch
+from huggingface_hub import hf_hub_download
 
 from arr_coc.config import DEFAULT_MODEL
 from arr_coc.vlm.tiny import TINY_MODELS, tiny_model_path, tokenizer_folder
@@ -56,8 +59,28 @@ def load_vlm(name: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.
     model = getattr(transformers, adapter.hf_class).from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     model = model.to(device).eval().requires_grad_(False)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = tokenizer.chat_template or shipped_chat_template(path)
     image_processor = transformers.AutoImageProcessor.from_pretrained(path)
     return adapter(model, tokenizer, image_processor, name, engine)
+
+
+def shipped_chat_template(path: str) -> str | None:
+    """
+    The chat template a model folder or hub repo ships beside its tokenizer (chat_template.jinja, or the
+    processor's chat_template.json), which the tokenizer alone does not read; None if there is none.
+    """
+    for filename in ("chat_template.jinja", "chat_template.json"):
+        if Path(path).is_dir():
+            file = Path(path) / filename
+        else:
+            try:
+                file = Path(hf_hub_download(path, filename))
+            except Exception:  # not in the repo, or offline: try the next name
+                continue
+        if file.is_file():
+            text = file.read_text(encoding="utf-8")
+            return json.loads(text)["chat_template"] if filename.endswith(".json") else text
+    return None
 
 
 def random_vlm(config, device: str, dtype: torch.dtype, name: str = "random Qwen2-VL", engine: str = "fast"):

@@ -48,6 +48,7 @@ class QwenVL:
     """The adapter over one Qwen-VL family (this class: Qwen2-VL); a family overrides what differs."""
     hf_class = "Qwen2VLForConditionalGeneration"  # the transformers class this adapter wraps
     stock_generate_takes_embeds = True  # whether stock generate() runs our embeddings as they are (the hf engine's ARR)
+    default_chat_template = CHAT_TEMPLATE  # the family's template, for a folder that ships none
 
     def __init__(self, model, tokenizer, image_processor, name: str, engine: str = "fast"):
         if engine not in ENGINES:
@@ -62,7 +63,7 @@ class QwenVL:
         self.family = cfg.model_type
         eos = model.generation_config.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
-        self.chat_template = getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE  # the folder's own, if any
+        self.chat_template = getattr(tokenizer, "chat_template", None) or self.default_chat_template  # the folder's own
         self.decoder = Decoder(model)
         self.safe_mode = False  # whether the last generate() was redone in safe mode (fp16 overflow)
         # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs

@@ -21,12 +21,14 @@ import torch
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 from arr_coc.vlm.qwen2_vl import QwenVL
+from arr_coc.vlm.tiny import QWEN3_VL_CHAT_TEMPLATE
 from arr_coc.vlm.views import MERGE
 
 
 class Qwen3VL(QwenVL):
     hf_class = "Qwen3VLForConditionalGeneration"
     stock_generate_takes_embeds = False  # it would drop their DeepStack features
+    default_chat_template = QWEN3_VL_CHAT_TEMPLATE  # no default system prompt, unlike Qwen2-VL's
 
     # --- vision ---
 

@@ -111,6 +111,11 @@ def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
     assert text.startswith("<|im_start|>system\nYou are a folder's own assistant.<|im_end|>")
     assert vlm.model.config.text_config.rope_parameters["mrope_section"] == [2, 3, 3]
     assert vlm.image_processor.patch_size == 14 and vlm.image_processor.merge_size == 2
+    # a folder whose template sits only in chat_template.json (as processor repos ship it) still gets its own
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    assert load_vlm(str(tmp_path), device="cpu").chat_template == own
 
 
 def test_random_weights_build_the_family_adapter():
