@@ -93,13 +93,16 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
         pixels, _ = vlm.image_inputs(observation.highres)
         saccades = vlm.encode_cells(pixels, views.candidate_grid, out.positions[0])  # [K, D], frozen
     s = out.selected_scores[0].unsqueeze(-1).to(saccades.dtype)  # [K, 1]
-    saccades = saccades * (1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
+    scaled = saccades * (1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
+    if hasattr(saccades, "deepstack"):  # Qwen3-VL: the cells' DeepStack features ride along, unchanged
+        scaled.deepstack = saccades.deepstack
+    saccades = scaled
     images = [(observation.gestalt, raster_block(views.gestalt_grid)),
               (saccades, ImageBlock(views.candidate_grid, out.positions[0].cpu()))]
     prompt = vlm.prompt(observation.question, images, answer=answer)  # the answer teacher-forced after the question
     labels = torch.full_like(prompt.ids, -100)  # [1, L]
     labels[:, prompt.answer_start:] = prompt.ids[:, prompt.answer_start:]
-    logits = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits
+    logits = vlm.decoder.forward(prompt.embeds, prompt.position_ids, vlm.deepstack(prompt.embeds))  # [1, L, V]
     return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:])
 
 

@@ -153,6 +153,17 @@ class Decoder:
             x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
         return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
 
+    def forward(self, embeds, position_ids, deepstack=None) -> torch.Tensor:
+        """
+        The whole LM over embeds [1, L, D] without a cache -> logits [1, L, V] (fp32), differentiable: the
+        training forward (teacher forcing), with DeepStack where the family has it.
+        """
+        cos, sin = self._rope(embeds, position_ids)
+        x = embeds
+        for i, layer in enumerate(self.lm.layers):
+            x = self._add_deepstack(self._layer(layer, x, cos, sin), deepstack, i)
+        return self._logits(x)
+
     def _step(self, state: DecodeState) -> torch.Tensor:
         """One decode step that advances its own state, so a captured graph can be replayed per token."""
         state.mask.index_fill_(-1, state.slot, 0.0)

@@ -112,3 +112,16 @@ def test_fp16_overflow_is_redone_in_safe_mode_on_this_device():
     plain = model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)
     assert plain.text == answer.text  # the redo is deterministic
     assert all(torch.isfinite(t).all() for s in vlm.decoder.states.values() for t in s.keys + s.values)
+
+
+def test_the_training_forward_equals_the_stock_logits_and_passes_gradients(arr_model):
+    vlm = arr_model.vlm
+    ids, embeds, positions = stock_prompt(vlm, image(seed=4))
+    with torch.no_grad():
+        stock = vlm.model(inputs_embeds=embeds, position_ids=positions).logits.float()  # [1, L, V]
+    embeds = embeds.detach().requires_grad_(True)
+    with torch.enable_grad():
+        ours = vlm.decoder.forward(embeds, positions)
+        ours[0, -1].max().backward()
+    torch.testing.assert_close(ours.detach(), stock, atol=1e-5, rtol=1e-5)
+    assert embeds.grad is not None and embeds.grad.abs().sum() > 0

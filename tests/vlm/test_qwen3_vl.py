@@ -276,3 +276,21 @@ def test_graphed_paths_equal_eager_on_cuda():
     for graphed, eager in zip(results[True][:4], results[False][:4]):
         torch.testing.assert_close(graphed, eager, atol=1e-4, rtol=1e-4)
     assert results[True][4].tolist() == results[False][4].tolist()
+
+
+def test_training_runs_on_the_tiny_qwen3_vl(tmp_path):
+    """The answer loss keeps the saccades' DeepStack features and reaches the ARR layer (VLM frozen)."""
+    from arr_coc.train import TrainConfig, train
+
+    cfg = TrainConfig(model="tiny-qwen3-vl", steps=2, n_train=2, n_eval=2, batch_size=2, lm_weight=1.0,
+                      eval_every=1, out=str(tmp_path / "ckpt"))
+    from arr_coc.model import ARRCOCQwen
+
+    model = ARRCOCQwen.from_pretrained("tiny-qwen3-vl", dtype=torch.float32)
+    before = {k: v.clone() for k, v in model.layer.state_dict().items()}
+    vlm_before = {k: v.clone() for k, v in model.vlm.model.state_dict().items() if "layers.0." in k}
+    model, log = train(cfg, model)
+    assert model.vlm.family == "qwen3_vl" and len(log) >= 1
+    assert all(torch.isfinite(torch.tensor(v)) for row in log for k, v in row.items() if isinstance(v, float))
+    assert any(not torch.equal(before[k], v) for k, v in model.layer.state_dict().items())  # the layer learned
+    assert all(torch.equal(vlm_before[k], model.vlm.model.state_dict()[k]) for k in vlm_before)  # the VLM did not
