@@ -1,12 +1,12 @@
 """
-ARRCOCQwen: the baseline and ARR-COC pipelines over one frozen Qwen2-VL.
+ARRCOCQwen: the baseline and ARR-COC pipelines over one frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
 
     model = ARRCOCQwen.from_pretrained("tiny")               # or "Qwen/Qwen2-VL-2B-Instruct", a folder
     answer = model.answer(image, "What does the sign say?", pipeline="arr")
     answer.text, answer.tokens, answer.timings_ms, answer.saccades
 
 Pipelines: "arr" (gestalt + 273 saccades out of the native-resolution candidate grid), and the stock
-baselines "full" (the native view, capped at max_cells tokens: Qwen2-VL as users run it), "gestalt"
+baselines "full" (the native view, capped at max_cells tokens: the model as users run it), "gestalt"
 (low-res view) and "budget" (~529 tokens). All share one copy of the weights and one resize path.
 """
 
