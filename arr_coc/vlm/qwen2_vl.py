@@ -9,7 +9,7 @@ stock code by a test: the pixel patch layout (the image processor's, but on the 
 layout (`get_rope_index`'s, for any subset of cells), and one layer's attention readout for the prior.
 
     vlm = load_vlm("tiny")                   # arr_coc.vlm.families; or "Qwen/Qwen2-VL-2B-Instruct", or a folder
-    views = make_views(pil_image, device=vlm.device)
+    views = make_views(pil_image, device=vlm.device, cell=vlm.cell)   # arr_coc.vlm.views
     gestalt = vlm.encode_view(views.tensor("gestalt"))       # [Ng, D]
 """
 
