@@ -17,7 +17,6 @@ can be captured as a CUDA graph); larger views run eagerly, one attention call p
 
 import torch
 import torch.nn.functional as F
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 
 from arr_coc.vlm.qwen2_vl import GRAPHED_CELLS, QwenVL
 from arr_coc.vlm.views import MERGE
@@ -76,15 +75,6 @@ class Qwen25VL(QwenVL):
                 return torch.cat([F.scaled_dot_product_attention(*qkv, scale=scale) for qkv in segments], dim=2)
         full = set(visual.fullatt_block_indexes)
         for i, block in enumerate(visual.blocks):
-            attn = block.attn
-            q, k, v = attn.qkv(block.norm1(x)).reshape(N, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-            q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # [N, heads, hd] each
-            q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, hd]
-            if i in full:
-                o = F.scaled_dot_product_attention(q, k, v, scale=scale)  # [1, heads, N, hd]
-            else:
-                o = attend_windows(q, k, v)  # [1, heads, N, hd]
-            x = x + attn.proj(o[0].transpose(0, 1).reshape(N, -1))
-            x = x + block.mlp(block.norm2(x))
+            x = self._vision_block(block, x, cos, sin, None if i in full else attend_windows)
         merged = visual.merger(x)  # [K, D] in window order
         return torch.empty_like(merged).index_copy_(0, order, merged)  # [K, D] back in the caller's order

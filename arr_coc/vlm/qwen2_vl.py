@@ -124,13 +124,16 @@ class QwenVL:
         return visual.merger(x)  # [N/4, D]
 
     @staticmethod
-    def _vision_block(block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """One ViT block over one attention sequence x [N, E] (the stock block without cu_seqlens) -> [N, E]."""
+    def _vision_block(block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend=None) -> torch.Tensor:
+        """
+        One ViT block over one attention sequence x [N, E] (the stock block without cu_seqlens) -> [N, E].
+        attend(q, k, v) [1, heads, N, hd] -> [1, heads, N, hd] replaces full attention (Qwen2.5-VL's windows).
+        """
         attn, N = block.attn, x.shape[0]
         q, k, v = attn.qkv(block.norm1(x)).reshape(N, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
         q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # [N, heads, hd] each
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                           v.transpose(0, 1)[None], scale=attn.scaling)  # [1, heads, N, hd]
+        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, N, hd]
+        o = attend(q, k, v) if attend else F.scaled_dot_product_attention(q, k, v, scale=attn.scaling)
         x = x + attn.proj(o[0].transpose(0, 1).reshape(N, -1))
         return x + block.mlp(block.norm2(x))
 
