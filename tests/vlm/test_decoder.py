@@ -63,14 +63,23 @@ def test_eos_stops_and_is_kept(arr_model):
     assert out.tolist() == [[first]]
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen2_5_vl():
+    from arr_coc.model import ARRCOCQwen
+
+    return ARRCOCQwen.from_pretrained("tiny-qwen2.5-vl")
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])  # Qwen3-VL: tests/vlm/test_qwen3_vl.py (DeepStack)
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_every_pipeline_answers_the_same_with_both_engines(arr_model, pipeline):
-    vlm = arr_model.vlm
+def test_every_pipeline_answers_the_same_with_both_engines(request, family, pipeline):
+    model = request.getfixturevalue({"qwen2_vl": "arr_model", "qwen2_5_vl": "tiny_qwen2_5_vl"}[family])
+    vlm = model.vlm
     answers = {}
     try:
         for engine in ("hf", "fast"):
             vlm.engine = engine
-            answers[engine] = arr_model.answer(image(700, 500), QUESTION, pipeline, max_new_tokens=8)
+            answers[engine] = model.answer(image(700, 500), QUESTION, pipeline, max_new_tokens=8)
     finally:
         vlm.engine = "fast"
     assert answers["fast"].text == answers["hf"].text
