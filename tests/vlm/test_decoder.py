@@ -15,6 +15,14 @@ def image(w=448, h=336, seed=0):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen2.5-vl"])
+def family_model(request, arr_model):
+    """The families whose LLM the Decoder runs as it is (Qwen3-VL's DeepStack: tests/vlm/test_qwen3_vl.py)."""
+    from arr_coc.model import ARRCOCQwen
+
+    return arr_model if request.param == "tiny" else ARRCOCQwen.from_pretrained(request.param)
+
+
 def stock_prompt(vlm, view, question=QUESTION):
     """Ids, embeddings and positions of [prompt + one image + question], as every pipeline builds them."""
     grid = (view.height // vlm.cell, view.width // vlm.cell)
@@ -22,8 +30,8 @@ def stock_prompt(vlm, view, question=QUESTION):
     return prompt.ids, prompt.embeds, prompt.position_ids
 
 
-def test_prefill_logits_equal_the_stock_forward(arr_model):
-    vlm = arr_model.vlm
+def test_prefill_logits_equal_the_stock_forward(family_model):
+    vlm = family_model.vlm
     ids, embeds, positions = stock_prompt(vlm, image())
     decoder = vlm.decoder
     with torch.no_grad():
@@ -35,8 +43,8 @@ def test_prefill_logits_equal_the_stock_forward(arr_model):
 
 
 @pytest.mark.parametrize("min_new_tokens", [0, 12])
-def test_greedy_tokens_equal_generate(arr_model, min_new_tokens):
-    vlm = arr_model.vlm
+def test_greedy_tokens_equal_generate(family_model, min_new_tokens):
+    vlm = family_model.vlm
     ids, embeds, positions = stock_prompt(vlm, image(seed=1))
     config = vlm.model.generation_config
     try:
@@ -63,17 +71,9 @@ def test_eos_stops_and_is_kept(arr_model):
     assert out.tolist() == [[first]]
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen2_5_vl():
-    from arr_coc.model import ARRCOCQwen
-
-    return ARRCOCQwen.from_pretrained("tiny-qwen2.5-vl")
-
-
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])  # Qwen3-VL: tests/vlm/test_qwen3_vl.py (DeepStack)
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_every_pipeline_answers_the_same_with_both_engines(request, family, pipeline):
-    model = request.getfixturevalue({"qwen2_vl": "arr_model", "qwen2_5_vl": "tiny_qwen2_5_vl"}[family])
+def test_every_pipeline_answers_the_same_with_both_engines(family_model, pipeline):
+    model = family_model
     vlm = model.vlm
     answers = {}
     try:

@@ -207,42 +207,7 @@ def test_position_ids_follow_get_rope_index_for_one_block(model, view):
     assert torch.equal(vlm.position_ids(ids, [raster_block(grid)]), stock)
 
 
-# ----------------------------------------------------------------------------- the LLM through the Decoder
-
-
-def prompt(vlm, view):
-    features = vlm.encode_view(view)
-    ids = vlm.prompt_ids(QUESTION, [len(features)])
-    grid = (view.height // vlm.cell, view.width // vlm.cell)
-    return ids, vlm.embed(ids, [features]), vlm.position_ids(ids, [raster_block(grid)])
-
-
-def test_decoder_prefill_logits_equal_the_stock_forward(model):
-    vlm = model.vlm
-    ids, embeds, positions = prompt(vlm, photo(448, 336))
-    with torch.no_grad():
-        stock = vlm.model(inputs_embeds=embeds, position_ids=positions).logits[:, -1].float()  # [1, V]
-        vlm.decoder._state(1024, embeds.dtype)
-        ours = vlm.decoder._prefill(embeds, positions, torch.tensor([ids.shape[1] - 1]), 1024)
-    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=1e-5)
-
-
-def test_decoder_greedy_tokens_equal_generate(model):
-    vlm = model.vlm
-    ids, embeds, positions = prompt(vlm, photo(448, 336, seed=1))
-    config = vlm.model.generation_config
-    try:
-        config.min_new_tokens = 12  # exactly 12 tokens: EOS suppressed
-        vlm.engine = "hf"
-        stock = vlm.generate(12, inputs_embeds=embeds, position_ids=positions)
-        vlm.engine = "fast"
-        ours = vlm.generate(12, inputs_embeds=embeds, position_ids=positions)
-    finally:
-        config.min_new_tokens, vlm.engine = None, "fast"
-    assert ours.tolist() == stock.tolist() and ours.shape[1] == 12
-
-
-# ----------------------------------------------------------------------------- pipelines and the CLI
+# ---------------------------------------------- the pipelines (the Decoder for this family: tests/vlm/test_decoder.py)
 
 
 def test_arr_answers_with_273_ordered_unique_saccades(model):
