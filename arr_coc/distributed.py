@@ -7,8 +7,8 @@ on CUDA and gloo on CPU, and gives each process its own GPU; run plainly, it is 
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --model tiny --synthetic 8 --out runs/eval
     python -m arr_coc.evaluate --model tiny --synthetic 8 --out runs/eval     # the same results, one process
 
-When a worker fails, torchrun stops the others with SIGTERM; they exit with a line saying so, and whatever
-each has already written stays on disk, complete line by complete line.
+When a worker fails, the others stop, at their next barrier or at torchrun's SIGTERM, with a line saying
+so; whatever each has already written stays on disk, complete line by complete line.
 """
 
 from __future__ import annotations
@@ -42,11 +42,19 @@ class Process:
         return list(items[self.rank::self.world_size])
 
     def barrier(self) -> None:
-        """Wait until every process gets here (a no-op alone)."""
+        """Wait until every process gets here (a no-op alone); a worker that died on the way stops this one."""
         if self.distributed:
             import torch.distributed as dist
 
-            dist.barrier()
+            try:
+                dist.barrier()
+            except RuntimeError:  # gloo's "connection closed by peer", which can come before torchrun's SIGTERM
+                self.stop_for_failed_worker()
+
+    def stop_for_failed_worker(self) -> None:
+        """Exit with one clear line when another worker has failed (rather than a collective's traceback)."""
+        self.log("stopping: another worker failed (its error is above); everything written so far is kept")
+        sys.exit(1)
 
     def log(self, message: str) -> None:
         """A progress line on stderr, prefixed with the rank when there are several."""
@@ -74,7 +82,7 @@ def start(device: str | None = None) -> Process:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     process = Process(rank, world_size, device)
-    _stop_quietly_on_sigterm(process)
+    signal.signal(signal.SIGTERM, lambda signum, frame: process.stop_for_failed_worker())  # torchrun's stop
     return process
 
 
@@ -86,12 +94,3 @@ def finish(process: Process) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def _stop_quietly_on_sigterm(process: Process) -> None:
-    """torchrun's SIGTERM after another worker failed: one clear line instead of a traceback."""
-    def stop(signum, frame):
-        process.log("stopping: torchrun ended this worker because another worker failed (its error is above); "
-                    "everything written so far is kept")
-        sys.exit(1)
-
-    signal.signal(signal.SIGTERM, stop)

@@ -1,28 +1,45 @@
 """
-Compare the pipelines on a dataset: answer accuracy, saccades on the target box, tokens and latency.
+Compare the pipelines on a dataset: the set's accuracy metric, visual tokens, TTFT, total time and GFLOPs per
+row, box recall where items have target boxes, and (with --faithfulness) whether ARR's answers depend on
+its saccades.
 
-Rows are the stock baselines (full, gestalt, budget) and ARR-COC under each allocation strategy
-(arr:topk, arr:logpolar, arr:grid, arr:random): the design's critical experiment at a fixed budget.
+Rows are the stock baselines (full, gestalt, budget) and ARR-COC under each allocation strategy (arr:topk,
+arr:logpolar, arr:grid, arr:random), all on the same items: the design's critical experiment at a fixed budget.
 
-    python -m arr_coc.evaluate --model tiny --synthetic 16 --json out/eval.json
-    python -m arr_coc.evaluate --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --checkpoint checkpoints/mine
+    python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
+    python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
+    python -m arr_coc.evaluate --dataset data/chartqa --schema chartqa --limit 100 --faithfulness --out runs/chartqa
+    torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
+
+--out holds run.json (the settings), results.jsonl (one line per item and row, in order), report.md,
+report.json and the plots (arr_coc.report). While running, each process appends its finished items to
+part-RANK.jsonl; run the same command again to resume: finished items are skipped. Under torchrun the
+items are shared out by index and the merged results equal a one-process run, item for item.
+
+Exit codes: 0 on success; 2 on bad input (a bad flag, a dataset without the schema's columns, an unreadable
+image), with one line on stderr; the results written so far are kept.
 """
 
 from __future__ import annotations  # type hints name the model without importing torch
 
 import argparse
 import json
-import statistics
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from arr_coc import cli
+from arr_coc.benchmarks import SCHEMAS, Item, Source, open_source, synthetic_source
 from arr_coc.config import BASELINES, DEFAULT_MODEL, STRATEGIES
-from arr_coc.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
-from arr_coc.metrics import box_recall_precision, is_correct
+from arr_coc.data import SCENE_KINDS
+from arr_coc.errors import InputError, OutOfMemory
+from arr_coc.metrics import METRICS
 
 if TYPE_CHECKING:
+    from arr_coc.distributed import Process
     from arr_coc.model import ARRCOCQwen
+
+TIMING_FIELDS = ("ttft_ms", "total_ms")  # the only fields of a result that differ between two identical runs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,12 +50,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
                         "else the prior; the app's rule)")
-    p.add_argument("--data", default=None, help="JSONL dataset folder (arr_coc.data format)")
+    p.add_argument("--dataset", default=None,
+                   help="a hub dataset id, a folder of parquet files, a parquet file, or a folder with data.jsonl "
+                        "(default: --synthetic scenes)")
+    p.add_argument("--split", default="validation", help="the dataset's split")
+    p.add_argument("--config", default=None, help="the hub dataset's configuration name (e.g. DocVQA)")
+    p.add_argument("--schema", choices=SCHEMAS, default=None,
+                   help="the dataset's columns and metric (default: told by the dataset's id or folder name)")
+    p.add_argument("--metric", choices=METRICS, default=None, help="score answers by this (default: the schema's)")
+    p.add_argument("--limit", type=cli.bounded_int(1, 10**9), default=None, help="evaluate the first N items only")
     p.add_argument("--synthetic", type=cli.bounded_int(1, 100_000), default=16,
-                   help="without --data: this many synthetic scenes")
+                   help="without --dataset: this many synthetic scenes")
     p.add_argument("--kinds", type=cli.comma_list(SCENE_KINDS), default=",".join(SCENE_KINDS),
                    help="synthetic scene kinds, comma-separated")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
     p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
                    help="stock baselines to run, comma-separated (\"\" for none)")
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
@@ -47,72 +72,172 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=16,
                    help="answer length limit")
     cli.add_max_cells(p)
-    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
-    p.add_argument("--json", default=None, help="write the per-row summary and per-sample results here")
+    p.add_argument("--faithfulness", action="store_true",
+                   help="for every ARR row, also measure the deletion / random / insertion curves of the "
+                        "reference answer (3 x (steps + 1) teacher-forced forwards per item)")
+    p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
+                   help="points per faithfulness curve, minus one")
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available; cuda:LOCAL_RANK under torchrun)")
+    p.add_argument("--out", default=None, help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); "
+                                               "an existing one is resumed")
     args = p.parse_args(argv)
     if not args.baselines and not args.strategies:
         p.error("argument --baselines: empty, and so is --strategies: nothing to evaluate")
     if args.budget > args.max_cells:
         p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
+    if args.faithfulness and not args.strategies:
+        p.error("argument --faithfulness: needs an ARR row (--strategies)")
+    args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
     return args
 
 
-def evaluate(model: ARRCOCQwen, samples: list[Sample], rows: list[str], budget: int, max_new_tokens: int,
-             max_cells: int = 4096) -> dict:
-    """rows like "full" or "arr:logpolar" -> per-row means and per-sample records."""
+# ----------------------------------------------------------------------------- one item
+
+
+def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str], metric: str,
+                  args: argparse.Namespace) -> list[dict]:
+    """Every row's answer to one item, scored: one result dict per row."""
+    from arr_coc.faithfulness import faithfulness_curves
+    from arr_coc.metrics import box_recall_precision
+
+    image, question = item.open(), source.prompt(item)
+    results = []
+    for row in rows:
+        pipeline, _, strategy = row.partition(":")
+        a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
+                       strategy=strategy or None, budget=args.budget, max_cells=args.max_cells)
+        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
+                      score=METRICS[metric](a.text, item.answers), visual_tokens=a.tokens["total_visual"],
+                      gflops=round(sum(a.gflops.values()), 1), ttft_ms=round(a.ttft_ms, 2),
+                      total_ms=round(a.timings_ms["total"], 2))
+        if a.arr is not None and item.box is not None:
+            recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
+            result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
+        if a.arr is not None and args.faithfulness:
+            curves = faithfulness_curves(model, image, question, item.answers[0], args.faithfulness_steps, args.seed,
+                                         strategy, args.budget, args.max_cells)
+            result["faithfulness"] = curves.to_json()
+        results.append(result)
+    return results
+
+
+# ----------------------------------------------------------------------------- the results folder
+
+
+class ResultsFolder:
+    """--out: the settings, each process's appended results, and the merged results.jsonl."""
+
+    def __init__(self, folder: str, process: Process):
+        self.folder, self.process = Path(folder), process
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.part = self.folder / f"part-{process.rank}.jsonl"
+
+    def check_settings(self, settings: dict) -> None:
+        """Rank 0 records the settings; resuming under others would mix two runs' results, so it is refused."""
+        path = self.folder / "run.json"
+        if path.is_file():
+            before = json.loads(path.read_text())
+            changed = [f"{k}: {before.get(k)!r} there, {v!r} now" for k, v in settings.items() if before.get(k) != v]
+            if changed:
+                raise InputError(f"{self.folder} holds the results of another run ({'; '.join(changed)}); "
+                                 "choose another --out")
+        path.write_text(json.dumps(settings, indent=2))
+
+    def read(self) -> list[dict]:
+        """Every finished result on disk: results.jsonl and all parts (a line cut short by a crash is dropped)."""
+        results = []
+        for path in [self.folder / "results.jsonl", *sorted(self.folder.glob("part-*.jsonl"))]:
+            if path.is_file():
+                for line in path.read_text().splitlines():
+                    try:
+                        results.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue
+        return results
+
+    def append(self, results: list[dict]) -> None:
+        """One item's results, whole lines, flushed: an interruption loses at most the item being evaluated."""
+        with self.part.open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in results))
+
+    def merge(self, rows: list[str]) -> list[dict]:
+        """Rank 0, after every process is done: all results, one per (item, row), in order -> results.jsonl."""
+        unique = {(r["item"], r["row"]): r for r in self.read() if r["row"] in rows}
+        merged = [unique[key] for key in sorted(unique, key=lambda key: (key[0], rows.index(key[1])))]
+        tmp = self.folder / "results.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in merged))
+        tmp.replace(self.folder / "results.jsonl")
+        for part in self.folder.glob("part-*.jsonl"):
+            part.unlink()
+        return merged
+
+
+def pending(items: Iterable[Item], done: set[tuple[int, str]], rows: list[str], process: Process) -> Iterable[Item]:
+    """This process's share of the items (by index) that still lack a row's result."""
+    for item in items:
+        if item.index % process.world_size == process.rank and any((item.index, row) not in done for row in rows):
+            yield item
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch  # after parsing: --help and bad flags answer without torch
     from tqdm.auto import tqdm
 
-    records = []
-    bar = tqdm(total=len(samples) * len(rows), desc="evaluate", unit="answer")
-    for i, sample in enumerate(samples):
-        for row in rows:
-            pipeline, _, strategy = row.partition(":")
-            a = cli.answer(model, sample.image, sample.question, pipeline, max_new_tokens=max_new_tokens,
-                           strategy=strategy or None, budget=budget, max_cells=max_cells)
-            bar.update()
-            record = dict(sample=i, kind=sample.kind, row=row, answer=a.text, correct=is_correct(a.text, sample.answer),
-                          visual_tokens=a.tokens["total_visual"], total_ms=a.timings_ms["total"])
-            if a.arr is not None and sample.box is not None:
-                recall, precision = box_recall_precision(a.views.box_coverage(sample.box), a.arr.indices[0])
-                record.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
-            records.append(record)
-    bar.close()
-    summary = {}
-    for row in rows:
-        mine = [r for r in records if r["row"] == row]
-        summary[row] = {key: statistics.mean(float(r[key]) for r in mine if key in r)
-                        for key in ("correct", "box_recall", "box_precision", "visual_tokens", "total_ms")
-                        if any(key in r for r in mine)}
-    return dict(summary=summary, records=records)
+    from arr_coc import distributed, report
+    from arr_coc.relevance.layer import CheckpointError
 
-
-def format_table(summary: dict) -> str:
-    columns = (("correct", "{:.2f}"), ("box_recall", "{:.2f}"), ("box_precision", "{:.2f}"),
-               ("visual_tokens", "{:.0f}"), ("total_ms", "{:.0f}"))
-    lines = ["| row | accuracy | box recall | box precision | visual tokens | total ms |", "|---|---|---|---|---|---|"]
-    for row, m in summary.items():
-        cells = [fmt.format(m[key]) if key in m else "-" for key, fmt in columns]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    import torch  # after parsing: --help and bad flags answer without loading it
-
-    samples = load_jsonl(args.data) if args.data else make_dataset(args.synthetic, cli.names(args.kinds), seed=args.seed)
-    model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device)
-    rows = cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
-    with torch.no_grad():
-        result = evaluate(model, samples, rows, args.budget, args.max_new_tokens, args.max_cells)
-    result.update(model=model.vlm.name, checkpoint=checkpoint, versions=cli.versions())
-    print(f"{len(samples)} samples, model {model.vlm.name}, checkpoint {checkpoint}")
-    print(format_table(result["summary"]))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    return result
+    process = distributed.start(args.device)
+    folder = ResultsFolder(args.out, process)
+    try:
+        if args.dataset:
+            source = open_source(args.dataset, args.split, args.config, args.schema, args.limit)
+        else:
+            source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed)
+        metric = args.metric or source.metric
+        model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device)
+        rows = cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
+        settings = dict(dataset=source.name, split=args.split if args.dataset else None, config=args.config,
+                        schema=source.schema, metric=metric, model=args.model, checkpoint=checkpoint, rows=rows,
+                        budget=args.budget, max_new_tokens=args.max_new_tokens, max_cells=args.max_cells,
+                        faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
+                        seed=args.seed, synthetic_kinds=None if args.dataset else args.kinds)
+        if process.is_main:
+            folder.check_settings(settings)
+        done = {(r["item"], r["row"]) for r in folder.read()}
+        model.warmup()  # CUDA graphs of the common shapes, captured before the clock starts
+        process.barrier()
+        start = time.perf_counter()
+        with torch.no_grad():
+            for item in tqdm(pending(source.items, done, rows, process), desc="evaluate", unit="item",
+                             disable=not process.is_main):
+                todo = [row for row in rows if (item.index, row) not in done]
+                folder.append(evaluate_item(model, source, item, todo, metric, args))
+    except (InputError, CheckpointError, OutOfMemory) as e:
+        process.log(f"error: {e}")
+        process.log(f"the results finished so far are kept in {args.out}; run the same command again to resume")
+        return 2
+    process.barrier()
+    seconds = time.perf_counter() - start
+    if process.is_main:
+        results = folder.merge(rows)
+        items = len({r["item"] for r in results})
+        fresh = items - len({item for item, _ in done})
+        header = dict(settings, model_name=model.vlm.name, items=items, versions=cli.versions(),
+                      throughput=dict(processes=process.world_size, items=fresh, seconds=round(seconds, 2),
+                                      items_per_s=round(fresh / seconds, 3) if fresh else None))
+        summary = report.summarise(results, rows)
+        paths = report.write_report(args.out, summary, header, results)
+        print(f"{items} items, model {model.vlm.name}, checkpoint {checkpoint}, {process.world_size} process(es): "
+              f"{fresh} evaluated now in {seconds:.1f} s")
+        print(report.markdown_table(summary, metric))
+        print("wrote " + ", ".join(str(p) for p in paths))
+    distributed.finish(process)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -22,6 +22,7 @@ from PIL import Image
 from transformers import TextIteratorStreamer
 
 from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
+from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.relevance.config import ARRCOCConfig
@@ -32,14 +33,10 @@ from arr_coc.vlm.families import load_vlm
 from arr_coc.vlm.positions import ImageBlock, raster_block
 from arr_coc.vlm.qwen2_vl import QwenVL, upsample_map
 from arr_coc.vlm.tiny import TINY_MODELS
-from arr_coc.vlm.views import InputError, Views, make_views
+from arr_coc.vlm.views import Views, make_views
 
 MAX_QUESTION_CHARS = 4000
 WARMUP_QUESTION = "What is in this image?"  # the warm-up captures the prompt-length bucket of short questions
-
-
-class OutOfMemory(RuntimeError):
-    """CUDA ran out of memory; the memory was freed and the model is ready for the next request."""
 
 
 @dataclass

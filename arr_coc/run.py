@@ -21,6 +21,7 @@ from pathlib import Path
 from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL, PIPELINES, STRATEGIES
 from arr_coc.data import open_image
+from arr_coc.errors import InputError, OutOfMemory
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,8 +55,6 @@ def load_image(path: str):
     """The image as the app would get it (EXIF orientation applied); InputError with the reason if unreadable."""
     from PIL import Image, UnidentifiedImageError
 
-    from arr_coc.vlm.views import InputError
-
     try:
         return open_image(path)
     except FileNotFoundError:
@@ -79,9 +78,8 @@ def table(results: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from arr_coc.model import OutOfMemory, check_question
-    from arr_coc.relevance.layer import CheckpointError  # after parsing: --help and bad flags answer without torch
-    from arr_coc.vlm.views import InputError
+    from arr_coc.model import check_question  # after parsing: --help and bad flags answer without torch
+    from arr_coc.relevance.layer import CheckpointError
 
     try:
         question = check_question(args.question)

@@ -7,6 +7,7 @@ Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --sa
 - scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
 - weights_bar       the balancer's three weights
 - difference_map    B - A of two relevance maps, with both saccade sets marked
+- faithfulness_chart  the answer's log-likelihood as saccades are removed (rank order, random) or inserted
 - saccade_overlap, rank_correlation: how much two selections / two maps agree
 
 Every drawing is a PIL RGB image (what gr.Image shows). Cell drawings are plain PIL, so a cell maps to
@@ -49,6 +50,7 @@ MOSAIC_GAP = 2  # px between mosaic tiles
 MOSAIC_BACKGROUND = (32, 32, 32)  # the gaps and the empty places of the last row
 SCORERS = ("information", "perspectival", "participatory")
 SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # one per scorer, in weights_bar
+FAITHFULNESS_STYLES = {"deletion": ("#c44e52", "-"), "random": ("#8c8c8c", "--"), "insertion": ("#4c72b0", "-")}
 A_MARK, B_MARK = (0, 0, 0), (0, 200, 0)  # difference_map: A's saccades black squares, B's green dots
 DPI = 100
 
@@ -330,6 +332,26 @@ def weights_bar(weights: MapLike | Sequence[float]) -> Image.Image:
     for y, v in enumerate(w):
         ax.text(v, y, f" {v:.2f}", va="center", fontsize=9)
     ax.set_title("balancer weights", fontsize=10)
+    return render(fig)
+
+
+def faithfulness_chart(fractions: Sequence[float], curves: dict[str, Sequence[float]], title: str) -> Image.Image:
+    """
+    Log-likelihood curves (arr_coc.faithfulness: deletion, random, insertion) over the fraction of saccades
+    removed or inserted, with their areas in the legend.
+    """
+    fig = Figure(figsize=(6.4, 3.6), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    for name, values in curves.items():
+        colour, line = FAITHFULNESS_STYLES[name]
+        area = float(np.trapezoid(values, fractions))
+        ax.plot(fractions, values, line, color=colour, marker="o", markersize=3, label=f"{name} (area {area:.3f})")
+    ax.set_xlabel("fraction of saccades removed (deletion, random) or inserted (insertion)")
+    ax.set_ylabel("answer log-likelihood / token")
+    ax.set_xlim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
     return render(fig)
 
 

@@ -82,3 +82,36 @@ def app_url(tmp_path_factory) -> str:
     """One app server for the API and browser tests."""
     with serve_app(tmp_path_factory.mktemp("app") / "app.log") as url:
         yield url
+
+
+# Rows of the hub sets' schemas (lmms-lab/DocVQA, lmms-lab/textvqa, HuggingFaceM4/ChartQA): column -> value of item i
+SET_COLUMNS = {
+    "docvqa": lambda i: dict(questionId=f"q{i}", question=f"What is the total of invoice {i}?", answers=[f"{i}00", f"${i}00"]),
+    "textvqa": lambda i: dict(question_id=i, question="What does the sign say?", answers=["stop"] * 7 + ["halt"] * 3),
+    "chartqa": lambda i: dict(query=f"What is the value of bar {i}?", label=[str(10 * i)], human_or_machine=0),
+}
+
+
+def write_parquet_set(folder: Path, schema: str, n: int, split: str = "validation", corrupt: tuple[int, ...] = (),
+                      drop: str | None = None) -> Path:
+    """A local copy of a hub set's schema: folder/data/<split>-00000-of-00001.parquet with n rows of small
+    images (an Image feature); items in `corrupt` get bytes that are no image; `drop` leaves a column out."""
+    import io
+
+    import datasets
+    from PIL import Image
+
+    rows = []
+    for i in range(n):
+        buffer = io.BytesIO()
+        Image.new("RGB", (120 + 10 * i, 90), (40 * i % 255, 120, 200)).save(buffer, format="PNG")
+        image = {"bytes": b"not an image" if i in corrupt else buffer.getvalue(), "path": None}
+        rows.append({**SET_COLUMNS[schema](i), "image": image})
+    columns = {key: [row[key] for row in rows] for key in rows[0] if key != drop}
+    features = datasets.Dataset.from_dict({k: v for k, v in columns.items() if k != "image"}).features
+    if "image" in columns:
+        features["image"] = datasets.Image()
+    path = folder / "data" / f"{split}-00000-of-00001.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    datasets.Dataset.from_dict(columns, features=features).to_parquet(path)
+    return folder

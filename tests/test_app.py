@@ -23,7 +23,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from arr_coc import ui, viz
-from arr_coc.model import ARRCOCQwen, OutOfMemory
+from arr_coc.errors import OutOfMemory
+from arr_coc.model import ARRCOCQwen
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.vlm.tiny import tiny_config
@@ -86,7 +87,7 @@ def test_the_app_serves_every_family(tmp_path, model, family, cell):
                                                  api_name="/compare")
     status, arr = out[0], stats(out[4])
     assert status.startswith("Done in")
-    assert arr["visual tokens: saccade"] == 273 and arr["candidate grid"].endswith(f"px)")
+    assert arr["visual tokens: saccade"] == 273 and arr["candidate grid"].endswith("px)")
     rows, cols = (int(v) for v in arr["candidate grid"].split(" cells")[0].split(" x "))
     width, height = (int(v) for v in arr["candidate grid"].split("(")[1].split(" px")[0].split(" x "))
     assert (width, height) == (cols * cell, rows * cell)  # the family's own cell size

@@ -1,37 +1,143 @@
-"""evaluate.py and bench.py on the tiny model: the rows, the metrics, the report's shape and content."""
+"""
+evaluate.py on the tiny model: the rows, the set's metric, the report, resuming, bad input, and torchrun
+(2 processes on CPU with gloo) giving the one-process results item for item; bench.py's report.
+"""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from conftest import ROOT, write_parquet_set
 
-from arr_coc import bench, evaluate, metrics, ui
+from arr_coc import bench, evaluate
 
-
-def test_correctness_ignores_case_and_punctuation():
-    assert evaluate.is_correct("The total is 4,821.", "4 821")
-    assert evaluate.is_correct("It's RED!", "red") and not evaluate.is_correct("reddish", "red")
-    assert not evaluate.is_correct("anything", "")
+FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--max-new-tokens", "2"]
 
 
-def test_accuracy_and_ab_agreement_share_one_normaliser():
-    assert ui.answers_agree is metrics.answers_agree and evaluate.is_correct is metrics.is_correct
-    assert metrics.answers_agree("The total: 4,821.", "the total 4 821")  # inner punctuation too, as is_correct
-    assert metrics.is_correct("The total: 4,821.", "the total 4 821")
-    assert not metrics.answers_agree("a teaspoon", "a fork") and not metrics.answers_agree("red", "reddish")
+def results(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
 
 
-def test_evaluate_compares_baselines_and_strategies(tmp_path):
-    out = tmp_path / "eval.json"
-    result = evaluate.main(["--model", "tiny", "--synthetic", "2", "--kinds", "text_vs_distractor,noise",
-                            "--max-new-tokens", "2", "--json", str(out)])
-    summary = result["summary"]
-    assert result["model"] == "tiny" and result["checkpoint"] == "tiny-charts-documents"  # the app's default rule
+def without_timings(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in evaluate.TIMING_FIELDS} for r in records]
+
+
+def run_evaluate(*args: str, processes: int = 1) -> subprocess.CompletedProcess:
+    """The command in a fresh process (under torchrun for processes > 1), one thread each, so the arithmetic
+    of one and two processes is the same."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *launcher, "-m", "arr_coc.evaluate", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path):
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", "tiny", "--synthetic", "2", "--kinds", "text_vs_distractor,noise",
+                          "--max-new-tokens", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    summary = report["summary"]
+    assert report["checkpoint"] == "tiny-charts-documents" and report["metric"] == "contains"  # the app's default rule
     assert list(summary) == ["full", "gestalt", "budget", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
+    assert summary["arr:topk"]["gflops"] < summary["full"]["gflops"]
     assert "box_recall" not in summary["full"] and 0 <= summary["arr:topk"]["box_recall"] <= 1
-    noise = [r for r in result["records"] if r["kind"] == "noise"]
+    records = results(out)
+    assert [(r["item"], r["row"]) for r in records] == [(i, row) for i in range(2) for row in summary]
+    noise = [r for r in records if r["kind"] == "noise"]
     assert noise and all("box_recall" not in r for r in noise)  # no target box, no box metric
-    assert json.loads(out.read_text())["summary"] == json.loads(json.dumps(summary))
+
+
+def test_a_parquet_set_gets_its_metric_a_report_and_plots(tmp_path):
+    folder = write_parquet_set(tmp_path / "docvqa", "docvqa", 3)
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--dataset", str(folder), "--limit", "2", "--faithfulness",
+                          "--faithfulness-steps", "3", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["schema"] == "docvqa" and report["metric"] == "anls" and report["items"] == 2
+    assert report["throughput"]["items"] == 2 and report["throughput"]["items_per_s"] > 0
+    records = results(out)
+    assert len(records) == 4 and records[0]["answers"] == ["000", "$000"] and records[0]["id"] == "q0"
+    topk = [r for r in records if r["row"] == "arr:topk"]
+    curves = topk[0]["faithfulness"]
+    assert len(curves["deletion"]) == len(curves["random"]) == len(curves["insertion"]) == 4
+    assert "faithfulness" not in records[0]  # the gestalt row has no saccades to remove
+    # the Markdown table says what the JSON says
+    table = (out / "report.md").read_text().splitlines()
+    head = [c.strip() for c in next(line for line in table if line.startswith("| row")).strip("|").split("|")]
+    for row, means in report["summary"].items():
+        cells = [c.strip() for c in next(line for line in table if line.startswith(f"| {row} |")).strip("|").split("|")]
+        shown = dict(zip(head, cells))
+        assert float(shown["accuracy (anls)"]) == pytest.approx(means["accuracy"], abs=5e-4)
+        assert float(shown["visual tokens"]) == pytest.approx(means["visual_tokens"], abs=0.5)
+        assert float(shown["TTFT ms"]) == pytest.approx(means["ttft_ms"], abs=0.5)
+        assert shown["deletion area"] == ("-" if row == "gestalt" else f"{means['deletion_area']:.3f}")
+    assert means["deletion_area"] == pytest.approx(sum(r["faithfulness"]["areas"]["deletion"] for r in topk) / 2)
+    for plot in ("accuracy_vs_tokens.png", "accuracy_vs_ttft.png", "faithfulness.png"):
+        assert (out / plot).stat().st_size > 10_000
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
+    folder = write_parquet_set(tmp_path / "chartqa", "chartqa", 3)
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--dataset", str(folder), "--limit", "1", "--out", str(out)]) == 0
+    first = results(out)
+    # an interruption: item 1 finished in a part file, item 2 cut off mid-line
+    finished = [dict(r, item=1, id="1", prediction="kept from before") for r in first]
+    (out / "part-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in finished) + '{"item": 2, "row": "ges')
+    assert evaluate.main([*FAST, "--dataset", str(folder), "--out", str(out)]) == 0
+    resumed = results(out)
+    assert [(r["item"], r["row"]) for r in resumed] == [(i, row) for i in range(3) for row in ("gestalt", "arr:topk")]
+    assert resumed[:2] == first and [r["prediction"] for r in resumed[2:4]] == ["kept from before"] * 2
+    assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 1  # only item 2 was new
+    assert not list(out.glob("part-*.jsonl"))  # merged into results.jsonl
+
+
+def test_bad_sets_exit_2_in_one_line_and_keep_the_finished_items(tmp_path, capsys):
+    bad = write_parquet_set(tmp_path / "textvqa", "textvqa", 3, corrupt=(2,))
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--dataset", str(bad), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "error: item 2 (id 2): cannot read its image" in error and "run the same command again to resume" in error
+    kept = [json.loads(line) for line in (out / "part-0.jsonl").read_text().splitlines()]
+    assert [(r["item"], r["row"]) for r in kept] == [(0, "gestalt"), (0, "arr:topk"), (1, "gestalt"), (1, "arr:topk")]
+
+    assert evaluate.main([*FAST, "--dataset", str(bad), "--max-new-tokens", "3", "--out", str(out)]) == 2
+    assert "holds the results of another run (max_new_tokens: 2 there, 3 now)" in capsys.readouterr().err
+    missing = write_parquet_set(tmp_path / "docvqa", "docvqa", 2, drop="question")
+    assert evaluate.main([*FAST, "--dataset", str(missing), "--out", str(tmp_path / "other")]) == 2
+    assert "has no question column" in capsys.readouterr().err
+
+
+def test_torchrun_with_two_processes_equals_one_process(tmp_path):
+    folder = write_parquet_set(tmp_path / "docvqa", "docvqa", 5)
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, processes in ((one, 1), (two, 2)):
+        done = run_evaluate(*FAST, "--dataset", str(folder), "--out", str(out), processes=processes)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["item"] for r in results(two)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert without_timings(results(two)) == without_timings(results(one))
+    assert json.loads((two / "report.json").read_text())["throughput"]["processes"] == 2
+
+
+def test_a_dying_worker_stops_the_other_and_leaves_valid_partial_results(tmp_path):
+    folder = write_parquet_set(tmp_path / "docvqa", "docvqa", 5, corrupt=(3,))  # item 3 is rank 1's
+    out = tmp_path / "eval"
+    done = run_evaluate(*FAST, "--dataset", str(folder), "--out", str(out), processes=2)
+    assert done.returncode != 0
+    assert "[rank 1] error: item 3 (id q3): cannot read its image" in done.stderr
+    assert "[rank 0] stopping: another worker failed" in done.stderr
+    kept = [json.loads(line) for part in out.glob("part-*.jsonl") for line in part.read_text().splitlines()]
+    finished = {r["item"] for r in kept}  # each line whole; rank 0 may have been stopped before its last items
+    assert 1 in finished and finished <= {0, 1, 2, 4}
+    # fixed, the set resumes in one process and evaluates only the items not finished
+    write_parquet_set(tmp_path / "docvqa", "docvqa", 5)
+    assert evaluate.main([*FAST, "--dataset", str(folder), "--out", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 5 - len(finished)
+    assert [r["item"] for r in results(out)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_bench_reports_every_pipeline_and_engine_with_exact_decode_length(tmp_path):
@@ -53,13 +159,3 @@ def test_bench_reports_every_pipeline_and_engine_with_exact_decode_length(tmp_pa
     assert ttft == pytest.approx(big["pipelines"]["arr/fast"]["ttft_ms"] / big["pipelines"]["full/hf"]["ttft_ms"])
     assert "| arr | fast | 529 |" in bench.format_table(big["pipelines"])
     assert json.loads(out.read_text())["sizes"]["1000"]["ratios"] == json.loads(json.dumps(big["ratios"]))
-
-
-def test_box_recall_and_precision():
-    import torch
-
-    coverage = torch.zeros(4, 4)
-    coverage[0, :2] = 1.0  # the box touches cells 0 and 1
-    coverage[1, 0] = 0.25  # and partly cell 4
-    recall, precision = evaluate.box_recall_precision(coverage, torch.tensor([0, 4, 9, 15]))
-    assert recall == 2 / 3 and precision == 2 / 4

@@ -5,7 +5,8 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen, OutOfMemory
+from arr_coc.errors import OutOfMemory
+from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen
 
 pytestmark = pytest.mark.gpu
 QUESTION = "What does the gray text say?"

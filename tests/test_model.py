@@ -8,10 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.model import ARRCOCQwen, OutOfMemory
+from arr_coc.errors import InputError, OutOfMemory
+from arr_coc.model import ARRCOCQwen
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
-from arr_coc.vlm.views import InputError
 
 QUESTION = "What does the gray text say?"
 

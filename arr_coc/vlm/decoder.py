@@ -153,15 +153,18 @@ class Decoder:
             x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
         return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
 
-    def forward(self, embeds, position_ids, deepstack=None) -> torch.Tensor:
+    def forward(self, embeds, position_ids, deepstack=None, at=None) -> torch.Tensor:
         """
-        The whole LM over embeds [1, L, D] without a cache -> logits [1, L, V] (fp32), differentiable: the
-        training forward (teacher forcing), with DeepStack where the family has it.
+        The whole LM over embeds [B, L, D] without a cache -> logits [B, L, V] (fp32), differentiable: the
+        training forward (teacher forcing), with DeepStack where the family has it. With `at` [B, P] only
+        those positions' logits [B, P, V] are computed (a 150k vocabulary makes all L of them costly).
         """
         cos, sin = self._rope(embeds, position_ids)
         x = embeds
         for i, layer in enumerate(self.lm.layers):
             x = self._add_deepstack(self._layer(layer, x, cos, sin), deepstack, i)
+        if at is not None:
+            x = x.gather(1, at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, D]
         return self._logits(x)
 
     def _step(self, state: DecodeState) -> torch.Tensor:

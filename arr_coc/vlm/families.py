@@ -17,7 +17,7 @@ from huggingface_hub import hf_hub_download
 
 from arr_coc.config import DEFAULT_MODEL
 from arr_coc.vlm.tiny import TINY_MODELS, tiny_model_path, tokenizer_folder
-from arr_coc.vlm.views import InputError
+from arr_coc.errors import InputError
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -217,6 +217,37 @@ class QwenVL:
             embeds = embeds.masked_scatter(mask, features)
         return embeds
 
+    def take(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Some rows [n, D] of encoded features [K, D], with what the family carries beside them (Qwen3-VL: DeepStack)."""
+        return features[index]
+
+    @torch.no_grad()
+    def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:
+        """
+        Score each prompt's teacher-forced answer: the mean log-probability of its tokens -> [len(prompts)].
+        Prompts run in batches, right-padded: attention is causal, so no real token ever sees the padding.
+        """
+        scores = []
+        for first in range(0, len(prompts), batch_size):
+            batch = prompts[first:first + batch_size]
+            lengths = [p.ids.shape[1] for p in batch]
+            L, n = max(lengths), max(length - p.answer_start for p, length in zip(batch, lengths))
+            embeds = torch.cat([F.pad(p.embeds, (0, 0, 0, L - p.ids.shape[1])) for p in batch])  # [B, L, D]
+            position_ids = torch.cat([F.pad(p.position_ids, (0, L - p.ids.shape[1])) for p in batch], dim=1)  # [3, B, L]
+            deepstack = [self.deepstack(p.embeds) for p in batch]  # each None or [k, 1, L_i, D]
+            deepstack = None if deepstack[0] is None else torch.cat(
+                [F.pad(d, (0, 0, 0, L - d.shape[2])) for d in deepstack], dim=1)  # [k, B, L, D]
+            # logits at answer_start - 1 .. L_i - 2 predict the answer's tokens answer_start .. L_i - 1
+            at = torch.stack([F.pad(torch.arange(p.answer_start - 1, p.ids.shape[1] - 1, device=self.device),
+                                    (0, n - (p.ids.shape[1] - p.answer_start))) for p in batch])  # [B, n]
+            targets = torch.stack([F.pad(p.ids[0, p.answer_start:], (0, n - (p.ids.shape[1] - p.answer_start)),
+                                         value=-1) for p in batch])  # [B, n], -1 past each answer
+            logits = self.decoder.forward(embeds, position_ids, deepstack, at=at)  # [B, n, V] fp32
+            logp = logits.log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1))[..., 0]  # [B, n]
+            real = targets >= 0
+            scores.append((logp * real).sum(1) / real.sum(1))
+        return torch.cat(scores)
+
     def deepstack(self, inputs_embeds: torch.Tensor) -> torch.Tensor | None:
         """Per-layer additions [k, 1, L, D] to the LLM's first k layers' outputs (Qwen3-VL's DeepStack); None here."""
         return None

@@ -71,6 +71,12 @@ class Qwen3VL(QwenVL):
         features.deepstack = deepstack
         return features
 
+    def take(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Some rows of encoded features, their DeepStack features [k, n, D] with them."""
+        taken = features[index]
+        taken.deepstack = features.deepstack[:, index]
+        return taken
+
     # --- text ---
 
     def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:

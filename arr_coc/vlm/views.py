@@ -19,15 +19,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageSequence
 
+from arr_coc.errors import InputError
+
 PATCH = 14  # ViT patch side in px (Qwen2-VL, Qwen2.5-VL)
 MERGE = 2  # 2x2 patches merge into one LLM token
 CELL = PATCH * MERGE  # 28 px: one merged token = one candidate cell
 MAX_ASPECT = 32.0  # wider or taller images are squeezed to this aspect ratio (Qwen refuses > 200)
 MIN_PIXELS = 56 * 56  # the image processor's default lower bound (4 cells)
-
-
-class InputError(ValueError):
-    """Bad user input (image, question, checkpoint): the message is shown to the user as it is."""
 
 
 def to_rgb(image) -> Image.Image:

@@ -6,7 +6,8 @@ import torch
 from PIL import Image
 
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
-from arr_coc.vlm.views import CELL, InputError, fit_grid, make_views, to_rgb
+from arr_coc.errors import InputError
+from arr_coc.vlm.views import CELL, fit_grid, make_views, to_rgb
 
 
 def photo(w=400, h=300, seed=0):

@@ -1,0 +1,171 @@
+"""
+The evaluation sets: DocVQA, TextVQA and ChartQA through `datasets.load_dataset`, the JSONL format of
+arr_coc.data, and fresh synthetic scenes, all as one stream of Items for evaluate.py.
+
+A source is a hub id ("lmms-lab/DocVQA"), a local folder of parquet files in a hub set's schema, one parquet
+file, or a folder holding data.jsonl. Its schema says which columns hold the question, the reference answers
+and the image, and which metric the set is scored by:
+
+    schema   columns                         metric (arr_coc.metrics)
+    docvqa   question, answers, image        anls
+    textvqa  question, answers (10), image   vqa
+    chartqa  query | question, label | answer, image   relaxed
+    jsonl    image, question, answer, box    contains
+
+    source = open_source("lmms-lab/DocVQA", split="validation", config="DocVQA", limit=100)
+    for item in source.items: item.question, item.answers, item.open()
+
+Images are decoded only when an item is evaluated (`Item.open`), so a resumed or sharded run skips the rest
+cheaply, and an unreadable image is reported with its item's index.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from PIL import Image
+
+from arr_coc.data import Box, Sample, load_jsonl, make_dataset, open_image
+from arr_coc.errors import InputError
+
+SHORT_ANSWER = "Answer the question using a single word or phrase."  # the benchmarks' short-answer prompt
+
+
+@dataclass(frozen=True)
+class Schema:
+    question: tuple[str, ...]  # the question's column: the first of these the set has
+    answers: tuple[str, ...]  # the reference answer(s) column, a string or a list of strings: the first found
+    metric: str  # the set's official metric, a key of arr_coc.metrics.METRICS
+    instruction: str = ""  # appended to every question (the sets expect one short answer)
+    image: str = "image"  # the image's column
+    hub_ids: tuple[str, ...] = ()  # hub datasets known to use this schema (others are told by their name)
+
+
+SCHEMAS = {
+    "docvqa": Schema(("question",), ("answers",), "anls", SHORT_ANSWER,
+                     hub_ids=("lmms-lab/DocVQA", "HuggingFaceM4/DocumentVQA")),
+    "textvqa": Schema(("question",), ("answers",), "vqa", SHORT_ANSWER, hub_ids=("lmms-lab/textvqa", "facebook/textvqa")),
+    "chartqa": Schema(("query", "question"), ("label", "answer"), "relaxed", SHORT_ANSWER,
+                      hub_ids=("HuggingFaceM4/ChartQA", "lmms-lab/ChartQA")),
+    "jsonl": Schema(("question",), ("answer",), "contains"),
+}
+ID_COLUMNS = ("questionId", "question_id", "id")  # a set's own id for an item, kept in the results when present
+
+
+@dataclass
+class Item:
+    index: int  # position in the source (0 .. limit - 1): results are resumed and merged by it
+    id: str  # the set's own id for the item, else the index
+    question: str  # as the set asks it (evaluate adds the schema's instruction)
+    answers: list[str]  # reference answers (TextVQA: the ten human answers)
+    image: object  # a PIL image, a path, or the set's {"bytes", "path"}: decoded by open()
+    box: Box | None = None  # half-open pixel box of the region the question is about, where the set has one
+    kind: str = ""  # the schema, or the synthetic scene kind
+
+    def open(self) -> Image.Image:
+        """The item's image, RGB-ready; InputError naming the item if it cannot be read."""
+        try:
+            if isinstance(self.image, Image.Image):
+                return self.image
+            if isinstance(self.image, dict) and self.image.get("bytes"):
+                return open_image(io.BytesIO(self.image["bytes"]))
+            path = self.image.get("path") if isinstance(self.image, dict) else self.image
+            return open_image(path)
+        except Exception as e:  # PIL raises several types for broken files
+            raise InputError(f"item {self.index} (id {self.id}): cannot read its image "
+                             f"({type(e).__name__}: {str(e)[:120]})") from None
+
+
+@dataclass
+class Source:
+    name: str  # what the user passed: a hub id, a folder, a file, or "synthetic"
+    schema: str  # a key of SCHEMAS
+    items: Iterable[Item]  # streamed: images load when evaluated
+
+    @property
+    def metric(self) -> str:
+        return SCHEMAS[self.schema].metric
+
+    def prompt(self, item: Item) -> str:
+        """The question as the model is asked it: the schema's instruction on its own line."""
+        instruction = SCHEMAS[self.schema].instruction
+        return f"{item.question}\n{instruction}" if instruction else item.question
+
+
+def guess_schema(name: str) -> str:
+    """The schema of a source: data.jsonl -> jsonl, a known hub id, else a schema named in the path or id."""
+    path = Path(name)
+    if path.is_file() and path.suffix == ".jsonl" or (path / "data.jsonl").is_file():
+        return "jsonl"
+    for schema, s in SCHEMAS.items():
+        if name in s.hub_ids or schema in name.lower().replace("-", "").replace("_", ""):
+            return schema
+    raise InputError(f"cannot tell the schema of {name!r}; pass --schema ({', '.join(SCHEMAS)})")
+
+
+def open_source(name: str, split: str = "validation", config: str | None = None, schema: str | None = None,
+                limit: int | None = None) -> Source:
+    """A dataset's items (the first `limit`), streamed; InputError for a set that cannot be read as its schema."""
+    schema = schema or guess_schema(name)
+    if schema == "jsonl":
+        try:
+            samples = load_jsonl(name)
+        except (OSError, ValueError) as e:
+            raise InputError(str(e)) from None
+        return Source(name, schema, from_samples(samples[:limit]))
+    rows = load_rows(name, split, config)
+    return Source(name, schema, from_rows(rows, SCHEMAS[schema], schema, name, limit))
+
+
+def synthetic_source(n: int, kinds: tuple[str, ...], seed: int) -> Source:
+    """Fresh synthetic scenes (arr_coc.data), scored like the JSONL sets."""
+    return Source("synthetic", "jsonl", from_samples(make_dataset(n, kinds, seed=seed)))
+
+
+def from_samples(samples: list[Sample]) -> list[Item]:
+    return [Item(i, str(i), s.question, [s.answer], s.image, s.box, s.kind) for i, s in enumerate(samples)]
+
+
+def load_rows(name: str, split: str, config: str | None):
+    """The split as a stream of rows, images left undecoded; a parquet file or folder loads as parquet."""
+    import datasets
+
+    path = Path(name)
+    try:
+        if path.is_file():
+            rows = datasets.load_dataset("parquet", data_files={split: str(path)}, split=split, streaming=True)
+        else:
+            rows = datasets.load_dataset(name, config, split=split, streaming=True)
+    except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
+        raise InputError(f"cannot load the dataset {name!r} (split {split!r}): {str(e).splitlines()[0][:200]}") from None
+    for column, feature in (rows.features or {}).items():
+        if isinstance(feature, datasets.Image):  # decoded per item by Item.open, only on the rank that needs it
+            rows = rows.cast_column(column, datasets.Image(decode=False))
+    return rows
+
+
+def from_rows(rows, schema: Schema, kind: str, name: str, limit: int | None) -> Iterator[Item]:
+    """Rows -> Items, the columns found by the schema from the first row; InputError now, naming what is missing."""
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        return iter(())
+    question, answers = (next((c for c in options if c in first), None) for options in (schema.question, schema.answers))
+    missing = [wanted for wanted, found in (("|".join(schema.question), question), ("|".join(schema.answers), answers),
+                                            (schema.image, schema.image if schema.image in first else None)) if not found]
+    if missing:
+        raise InputError(f"the dataset {name!r} has no {' or '.join(missing)} column, which the {kind} schema needs "
+                         f"(it has: {', '.join(first)})")
+    id_column = next((c for c in ID_COLUMNS if c in first), None)
+
+    def items() -> Iterator[Item]:
+        for index, row in enumerate(itertools.islice(itertools.chain([first], rows), limit)):
+            refs = row[answers]
+            refs = [refs] if isinstance(refs, str) else [str(a) for a in refs]
+            yield Item(index, str(row[id_column]) if id_column else str(index), row[question], refs, row[schema.image],
+                       kind=kind)
+    return items()
