@@ -8,8 +8,8 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.
     python app.py --checkpoint NAME --port 8000 --share
 
 Layout and wiring only; the work is in arr_coc/ (model, viz, ui). Every event has an api_name, so
-gradio_client can drive it: compare, microscope, reselect, ab, and redraw (renumbers the last
-Compare heatmap and mosaic without the VLM).
+gradio_client can drive it: compare, microscope, reselect, faithfulness, ab, and redraw (renumbers the
+last Compare heatmap and mosaic without the VLM).
 """
 
 import argparse
@@ -22,6 +22,7 @@ from PIL import Image
 
 from arr_coc import ui, viz
 from arr_coc.config import BASELINES, DEFAULT_MODEL, MAX_CELLS, MIN_CELLS, STRATEGIES
+from arr_coc.faithfulness import faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc.vlm.families import FAMILY_NAMES
 
@@ -99,6 +100,18 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
         if scene is None:
             raise gr.Error("Analyse an image first: re-selection reuses its maps.")
         return selection_outputs(scene, strategy, budget, numbered)
+
+    @ui.reports_errors
+    def faithfulness(image: Image.Image | None, question: str, answer: str, strategy: str, budget: int,
+                     max_cells: int, progress=gr.Progress()) -> tuple:
+        """Deletion, random and insertion curves of an answer (empty: ARR's own) over this selection."""
+        ui.check_inputs(image, question)
+        gh, gw = model.views(image, int(max_cells)).candidate_grid
+        progress(0.1, desc="about 30 teacher-forced forward passes")
+        curves = faithfulness_curves(model, image, question, answer.strip() or None, strategy=strategy,
+                                     budget=min(int(budget), gh * gw), max_cells=int(max_cells))
+        chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
+        return chart, ui.faithfulness_summary(curves)
 
     @ui.reports_errors
     def ab(image: Image.Image | None, question: str, choice_a: str, files_a: list[str] | None, choice_b: str,
@@ -202,6 +215,15 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
                     m_mosaic = output_image("saccade mosaic (what the LLM read at full detail)")
                     with gr.Accordion("Saccade list", open=False):
                         m_saccades = output_table("Saccades", ui.SACCADE_HEADERS)
+                    with gr.Accordion("Faithfulness: does the answer depend on these saccades?", open=False):
+                        gr.Markdown("The answer's log-likelihood as the saccades are removed most relevant first "
+                                    "(deletion), in a random order, and added back in rank order (insertion).")
+                        with gr.Row():
+                            m_answer = gr.Textbox(label="Answer to score (empty: ARR's own answer)", scale=3)
+                            m_faithfulness = gr.Button("Measure (~30 forward passes)", scale=1,
+                                                       elem_id="faithfulness-run")
+                        m_curves = output_image("Faithfulness curves", "faithfulness-plot")
+                        m_faithfulness_summary = gr.Markdown(elem_id="faithfulness-summary")
             m_scorers = output_image("Scorer maps, participatory prior and balanced relevance")
             m_channels = output_image("The 13 texture channels (all on a 0..1 scale)")
             gr.Markdown(ui.channels_markdown())
@@ -253,6 +275,8 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
         m_run.click(microscope, [m_image, m_question, m_strategy, m_budget, m_cells, m_numbered],
                     [m_scene, m_channels, m_scorers, m_heatmap, m_summary, m_saccades, m_mosaic],
                     api_name="microscope", concurrency_id=GPU)
+        m_faithfulness.click(faithfulness, [m_image, m_question, m_answer, m_strategy, m_budget, m_cells],
+                             [m_curves, m_faithfulness_summary], api_name="faithfulness", concurrency_id=GPU)
         gr.on([m_strategy.change, m_budget.release, m_numbered.release], reselect,
               [m_scene, m_strategy, m_budget, m_numbered], [m_heatmap, m_summary, m_saccades, m_mosaic],
               api_name="reselect")

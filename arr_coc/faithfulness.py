@@ -9,7 +9,7 @@ log-likelihood (the mean log-probability of its tokens, gestalt always present) 
 A selection the answer depends on makes deletion fall faster than random, and insertion rise fast. The
 areas under the curves (x = the fraction removed or inserted, 0..1) summarise each.
 
-    curves = faithfulness_curves(model, image, "What is the invoice total?", "4821", steps=10)
+    curves = faithfulness_curves(model, image, "What is the invoice total?", "4821", steps=10)  # None: ARR's answer
     curves.deletion, curves.random, curves.insertion    # [steps + 1] log-likelihoods
     curves.areas                                        # {"deletion": ..., "random": ..., "insertion": ...}
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness
@@ -46,9 +46,13 @@ class FaithfulnessCurves:
     random_order: list[int]  # the random removal order
 
     @property
+    def curves(self) -> dict[str, list[float]]:
+        return {name: getattr(self, name) for name in CURVES}
+
+    @property
     def areas(self) -> dict[str, float]:
         """Area under each curve over x in [0, 1] (trapezoids): lower for deletion, higher for insertion is better."""
-        return {name: float(np.trapezoid(getattr(self, name), self.fractions)) for name in CURVES}
+        return {name: float(np.trapezoid(values, self.fractions)) for name, values in self.curves.items()}
 
     def to_json(self) -> dict:
         return dict(asdict(self), areas=self.areas)
@@ -60,11 +64,16 @@ def removal_counts(k: int, steps: int) -> list[int]:
 
 
 @torch.no_grad()
-def faithfulness_curves(model: ARRCOCQwen, image, question: str, answer: str, steps: int = 10, seed: int = 0,
-                        strategy: str | None = None, budget: int | None = None, max_cells: int | None = None,
-                        batch_size: int = 8) -> FaithfulnessCurves:
-    """The three curves for one image, question and answer, over the selection model.answer would make."""
+def faithfulness_curves(model: ARRCOCQwen, image, question: str, answer: str | None = None, steps: int = 10,
+                        seed: int = 0, strategy: str | None = None, budget: int | None = None,
+                        max_cells: int | None = None, max_new_tokens: int = 32, batch_size: int = 8) -> FaithfulnessCurves:
+    """
+    The three curves for one image, question and answer (None: the answer ARR itself gives), over the
+    selection model.answer makes with the same strategy, budget and cap.
+    """
     vlm = model.vlm
+    if answer is None:
+        answer = model.answer(image, question, "arr", max_new_tokens, strategy, budget, max_cells=max_cells).text
     scene = model.prepare(image, question, max_cells=max_cells)
     out = model.select(scene, strategy, budget)
     grid, positions = scene.views.candidate_grid, out.positions[0]  # [K, 2]

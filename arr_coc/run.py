@@ -3,6 +3,11 @@ The headless microscope: one image, one question, every pipeline, a table on std
 
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What colour are the cat's eyes?" \
         --json out/run.json --save-dir out/run
+    python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness --save-dir out/run
+
+--faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.faithfulness): the answer's
+log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
+curves in the JSON and, with --save-dir, faithfulness.png.
 
 The ARR layer follows the app's rule: --checkpoint (a name under checkpoints/, a folder, a hub id, or
 "prior"), else the first checkpoint in checkpoints/ made for the model, else the untrained prior.
@@ -43,11 +48,21 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="answer length limit")
     cli.add_max_cells(p)
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    p.add_argument("--faithfulness", action="store_true",
+                   help="also measure the deletion / random / insertion curves of ARR's answer (needs the arr pipeline)")
+    p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
+                   help="points per faithfulness curve, minus one")
+    p.add_argument("--answer", default=None, type=cli.nonblank,
+                   help="with --faithfulness: score this answer instead of ARR's own (e.g. the reference answer)")
     p.add_argument("--json", default=None, help="write the results here as JSON")
     p.add_argument("--save-dir", default=None, help="write heatmap, channel and scorer PNGs here")
     args = p.parse_args(argv)
     if args.budget > args.max_cells:
         p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
+    if args.faithfulness and "arr" not in cli.names(args.pipelines):
+        p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
+    if args.answer is not None and not args.faithfulness:
+        p.error("argument --answer: only used with --faithfulness")
     return args
 
 
@@ -103,22 +118,35 @@ def main(argv=None) -> int:
                 raise InputError(str(e)) from None
             results[pipeline] = answer.to_json()
             arr_answer = answer if pipeline == "arr" else arr_answer
+        if args.faithfulness:
+            from arr_coc.faithfulness import faithfulness_curves
+
+            cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
+            curves = faithfulness_curves(model, image, question, args.answer or arr_answer.text, args.faithfulness_steps,
+                                         strategy=args.strategy, budget=args.budget, max_cells=args.max_cells)
     except (InputError, CheckpointError, OutOfMemory) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table(results))
     if arr_answer is not None and arr_answer.arr.fallback[0]:
         print(f"note: ARR fell back to an even grid ({arr_answer.arr.fallback[0]})")
+    if args.faithfulness:
+        print(f"faithfulness of {curves.answer!r}: areas " + ", ".join(f"{k} {v:.4f}" for k, v in curves.areas.items())
+              + " (mean log-likelihood per answer token; deletion below random: the answer depends on the saccades)")
     if args.json:
         report = dict(model=args.model, model_name=model.vlm.name, checkpoint=checkpoint, question=question,
                       image=args.image, notice=model.notice, max_cells=args.max_cells, versions=cli.versions(),
-                      pipelines=results)
+                      pipelines=results, faithfulness=curves.to_json() if args.faithfulness else None)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
     if args.save_dir and arr_answer is not None:
-        from arr_coc.viz import save_all
+        from arr_coc import viz
 
-        for path in save_all(arr_answer, args.save_dir, image):
+        paths = viz.save_all(arr_answer, args.save_dir, image)
+        if args.faithfulness:
+            paths.append(Path(args.save_dir) / "faithfulness.png")
+            viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}").save(paths[-1])
+        for path in paths:
             print(f"wrote {path}")
     return 0
 

@@ -22,6 +22,7 @@ from arr_coc import checkpoints
 from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
 from arr_coc.metrics import answers_agree
 from arr_coc.errors import InputError, OutOfMemory
+from arr_coc.faithfulness import FaithfulnessCurves
 from arr_coc.model import ARRCOCQwen, Answer, check_question
 from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError,
                                      list_checkpoints)
@@ -229,6 +230,19 @@ def selection_summary(out: ARRCOCOutput, ms: float) -> str:
 def answer_text(answer: Answer) -> str:
     """The answer, or a note when the generated tokens decode to no visible text."""
     return answer.text or f"(no visible text: the {answer.new_tokens} generated tokens decode to nothing)"
+
+
+def faithfulness_summary(curves: FaithfulnessCurves) -> str:
+    """The scored answer, the three areas, and what the gap between deletion and random says."""
+    areas = curves.areas
+    gap = areas["random"] - areas["deletion"]
+    verdict = (f"removing the most relevant saccades first costs the answer **{gap:.3f}** more log-likelihood per "
+               "token (area) than removing them at random: it depends on the saccades ARR chose" if gap > 0 else
+               "removing the most relevant saccades first costs no more than removing them at random: this answer "
+               "does not depend on ARR's ranking")
+    rows = "\n".join(f"| {name} | {area:.4f} |" for name, area in areas.items())
+    return (f"Answer scored: **{curves.answer!r}** · {curves.counts[-1]} saccades, {len(curves.counts)} points per "
+            f"curve\n\n| curve | area (mean log-likelihood per token) |\n| --- | --- |\n{rows}\n\n{verdict}.")
 
 
 def ab_summary(a: Answer, b: Answer) -> str:

@@ -182,6 +182,15 @@ def test_microscope_then_reselect_without_the_vlm(client):
     assert {tuple(r[1:3]) for r in spread["data"]} != {tuple(r[1:3]) for r in fewer["data"]}
 
 
+def test_faithfulness_curves_of_arrs_answer_or_a_typed_one(client):
+    curves, summary = client.predict(handle_file(CAT), QUESTION, "", "topk", 40, CELLS, api_name="/faithfulness")
+    assert Image.open(curves).width > 300
+    assert re.search(r"Answer scored: \*\*'.*'\*\* · 40 saccades, 11 points per curve", summary)
+    assert all(f"| {name} | -" in summary for name in ("deletion", "random", "insertion"))  # log-likelihoods < 0
+    _, typed = client.predict(handle_file(CAT), QUESTION, "  green  ", "topk", 40, CELLS, api_name="/faithfulness")
+    assert "Answer scored: **'green'**" in typed
+
+
 def test_microscope_states_a_fallback_in_words(client, tmp_path):
     flat = tmp_path / "flat.png"
     Image.new("RGB", (300, 300), (128, 128, 128)).save(flat)
@@ -278,6 +287,9 @@ BAD_INPUTS = {  # case: (endpoint, its arguments from the bad files, the message
                    "huge.png is too large (9000x8000 pixels); the limit is 64 megapixels"),
     "microscope without image": ("/microscope", lambda b: (None, QUESTION, "topk", 273, CELLS, 0), "no image"),
     "re-select before analysing": ("/reselect", lambda b: ("topk", 50, 0), "Analyse an image first"),
+    "faithfulness without image": ("/faithfulness", lambda b: (None, QUESTION, "", "topk", 273, CELLS), "no image"),
+    "faithfulness without question": ("/faithfulness", lambda b: (handle_file(CAT), " ", "", "topk", 273, CELLS),
+                                      "the question is empty"),
     "pickle checkpoint": ("/ab", lambda b: ab_args(files_a=checkpoint_upload(b["pickle"])),
                           "checkpoint A: uploaded/model.safetensors is a pickle/torch.save file"),
     "foreign safetensors": ("/ab", lambda b: ab_args(files_b=checkpoint_upload(b["foreign"])),

@@ -12,6 +12,23 @@ from arr_coc.run import load_image, main
 QUESTION = "What colour are the cat's eyes?"
 
 
+def test_run_measures_faithfulness_of_arrs_answer_or_a_given_one(tmp_path, capsys):
+    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "3",
+            "--pipelines", "arr", "--faithfulness", "--faithfulness-steps", "2", "--budget", "30"]
+    assert main([*args, "--json", str(tmp_path / "own.json"), "--save-dir", str(tmp_path / "png")]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "own.json").read_text())
+    curves = report["faithfulness"]
+    assert curves["answer"] == report["pipelines"]["arr"]["answer"]  # ARR's own answer, by default
+    assert curves["counts"] == [0, 15, 30] and f"deletion {curves['areas']['deletion']:.4f}" in printed
+    assert Image.open(tmp_path / "png" / "faithfulness.png").size[0] > 300
+    assert main([*args, "--answer", "green", "--json", str(tmp_path / "given.json")]) == 0
+    assert json.loads((tmp_path / "given.json").read_text())["faithfulness"]["answer"] == "green"
+    with pytest.raises(SystemExit) as e:
+        main([*args[:-4], "--pipelines", "full", "--faithfulness"])
+    assert e.value.code == 2 and "--faithfulness: needs the arr pipeline" in capsys.readouterr().err
+
+
 def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
     out = tmp_path / "run.json"
     code = main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",

@@ -1,0 +1,100 @@
+"""
+Faithfulness curves: their length and bounds, the removal orders, and the log-likelihood they record pinned
+to transformers' own forward (the gestalt-only point is a stock prompt) for Qwen2-VL and Qwen3-VL.
+"""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc.faithfulness import faithfulness_curves, removal_counts
+from arr_coc.model import ARRCOCQwen
+from arr_coc.vlm.positions import ImageBlock, raster_block
+
+QUESTION = "What does the sign say?"
+ANSWER = "It says stop."
+
+
+def photo(seed=0, size=(420, 300)):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return ARRCOCQwen.from_pretrained("tiny-qwen3-vl")
+
+
+def stock_answer_logprob(vlm, view, question: str, answer: str) -> float:
+    """Transformers' own forward over the stock prompt of one view with the answer appended: its mean log-prob."""
+    pixels, grid = vlm.image_inputs(view)
+    prompt = vlm.prompt_ids(question, [int(grid.prod()) // 4])
+    target = vlm.tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    ids = torch.cat([prompt, torch.tensor([target])], dim=1)
+    with torch.no_grad():
+        logits = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
+                           mm_token_type_ids=(ids == vlm.image_token_id).int()).logits[0].float()
+    logp = logits[prompt.shape[1] - 1:-1].log_softmax(-1)  # the positions that predict the answer's tokens
+    return float(logp.gather(-1, torch.tensor(target)[:, None]).mean())
+
+
+def test_removal_counts_run_from_none_to_all():
+    assert removal_counts(273, 10) == [0, 27, 55, 82, 109, 136, 164, 191, 218, 246, 273]
+    assert removal_counts(3, 4) == [0, 1, 2, 2, 3]
+
+
+@pytest.mark.parametrize("family", ["tiny", "tiny-qwen3-vl"])
+def test_curves_have_the_right_length_bounds_and_shared_ends(family, arr_model, qwen3):
+    model = arr_model if family == "tiny" else qwen3
+    curves = faithfulness_curves(model, photo(), QUESTION, ANSWER, steps=4, budget=40)
+    assert curves.counts == [0, 10, 20, 30, 40] and curves.fractions == [0, 0.25, 0.5, 0.75, 1]
+    for name in ("deletion", "random", "insertion"):
+        values = getattr(curves, name)
+        assert len(values) == 5 and all(np.isfinite(values)) and max(values) <= 0
+    full, gestalt = curves.deletion[0], curves.deletion[-1]  # all saccades / none
+    assert curves.random[0] == curves.insertion[-1] == full and curves.random[-1] == curves.insertion[0] == gestalt
+    assert full != gestalt  # the saccades change the likelihood
+    # the gestalt-only point is a stock prompt: transformers' forward gives the same log-likelihood
+    views = model.views(photo())
+    assert gestalt == pytest.approx(stock_answer_logprob(model.vlm, views.tensor("gestalt"), QUESTION, ANSWER), abs=1e-4)
+    areas = curves.areas
+    assert areas["deletion"] == pytest.approx(np.trapezoid(curves.deletion, curves.fractions))
+    assert set(curves.to_json()) >= {"deletion", "random", "insertion", "areas", "ranks", "answer"}
+
+
+def test_deletion_removes_the_saccades_in_rank_order(arr_model):
+    curves = faithfulness_curves(arr_model, photo(1), QUESTION, ANSWER, steps=3, budget=30, seed=7)
+    answer = arr_model.answer(photo(1), QUESTION, "arr", max_new_tokens=1, budget=30)
+    scores = answer.arr.scores[0]
+    assert curves.ranks == torch.sort(scores, descending=True, stable=True).indices.tolist()  # most relevant first
+    assert sorted(curves.random_order) == list(range(30)) and curves.random_order != curves.ranks
+
+    # the deletion point after 10 removals is the answer with exactly the 20 lowest-ranked saccades kept
+    vlm, views = arr_model.vlm, answer.views
+    scene = arr_model.prepare(photo(1), QUESTION)
+    kept = torch.tensor(sorted(curves.ranks[10:]))
+    pixels, _ = vlm.image_inputs(scene.observation.highres)
+    saccades = vlm.encode_cells(pixels, views.candidate_grid, answer.arr.positions[0][kept])
+    prompt = vlm.prompt(QUESTION, [(scene.observation.gestalt, raster_block(views.gestalt_grid)),
+                                   (saccades, ImageBlock(views.candidate_grid, answer.arr.positions[0][kept]))],
+                        answer=ANSWER)
+    assert curves.deletion[1] == pytest.approx(float(vlm.answer_logprobs([prompt])[0]), abs=1e-5)
+
+
+def test_batched_scoring_equals_one_prompt_at_a_time(arr_model):
+    """Right-padded batches of prompts of different lengths score each prompt as it scores alone."""
+    vlm = arr_model.vlm
+    gestalt = vlm.encode_view(arr_model.views(photo(2)).tensor("gestalt"))
+    grid = arr_model.views(photo(2)).gestalt_grid
+    prompts = [vlm.prompt(q, [(gestalt, raster_block(grid))], answer=a)
+               for q, a in ((QUESTION, ANSWER), ("Colour?", "Red, mostly, with a long tail of words"), ("Why?", "no"))]
+    batched = vlm.answer_logprobs(prompts, batch_size=3)
+    alone = torch.cat([vlm.answer_logprobs([p]) for p in prompts])
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
+
+
+def test_without_an_answer_the_curves_score_arrs_own(arr_model):
+    own = arr_model.answer(photo(3), QUESTION, "arr", max_new_tokens=4, budget=20).text
+    curves = faithfulness_curves(arr_model, photo(3), QUESTION, steps=2, budget=20, max_new_tokens=4)
+    assert curves.answer == own
