@@ -13,12 +13,13 @@ The frozen VLM's part of every sample (gestalt tokens, attention prior, texture)
 Under torchrun it is data-parallel (DistributedDataParallel): every process holds the frozen VLM, observes
 only the samples it will score and scores its slice of each global batch of --batch-size; only the ARR
 layer's gradients are all-reduced, so a step equals the one-process step over the same global batch. Rank 0
-logs and writes the checkpoint.
+logs, writes the checkpoint and pushes it.
 
     python -m arr_coc.train --model tiny --steps 300                  # writes a fresh runs/arr-YYYYmmdd-HHMMSS
     python -m arr_coc.train --model tiny --steps 300 --out checkpoints/tiny-text-vs-distractor --overwrite
     python -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --lm-weight 0.1 --out checkpoints/mine
     torchrun --nproc-per-node 2 -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --out checkpoints/mine
+    python -m arr_coc.train --model tiny --out runs/tiny --push-to-hub you/arr-coc-tiny    # then uploads runs/tiny
 """
 
 from __future__ import annotations  # type hints name torch and the model without importing them
@@ -78,6 +79,8 @@ class TrainConfig:
     out: str | None = flag(None, "checkpoint folder to write (default: a fresh runs/arr-YYYYmmdd-HHMMSS); "
                                  "an existing non-empty folder needs --overwrite")
     overwrite: bool = flag(False, "write into --out even if it already holds files (e.g. a shipped checkpoint)")
+    push_to_hub: str | None = flag(None, "after saving, upload the checkpoint folder (weights, config, model card, "
+                                         "training log) to this hub model repo, e.g. you/arr-coc-mine (needs a login)")
 
 
 def fresh_out() -> str:
@@ -269,6 +272,16 @@ def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict]) -> Path:
     return out
 
 
+def push(folder: Path, repo_id: str) -> str:
+    """Upload the checkpoint folder, model card and training log included, to a hub model repo; returns its URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    url = api.create_repo(repo_id, exist_ok=True)
+    api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message="ARR-COC layer trained with arr_coc.train")
+    return str(url)
+
+
 def parse_args(argv=None) -> TrainConfig:
     """
     The flags are TrainConfig's fields, with their help and type; --batch-size and --out are checked before
@@ -298,12 +311,20 @@ def main(argv=None) -> int:
     process = distributed.start(cfg.device)
     model, log = train(cfg, process=process)
     distributed.finish(process)
-    if not process.is_main:  # rank 0 writes the checkpoint
+    if not process.is_main:  # rank 0 writes and pushes the checkpoint
         return 0
     cli.log(f"trained at {log[-1]['samples_per_s']:.1f} samples/s over {process.world_size} process(es), after "
             f"{log[0]['observe_s']:.1f}s of observation")
     folder = save(model, cfg, log)
     print(f"wrote {folder}")
+    if cfg.push_to_hub:
+        try:
+            print(f"pushed {folder} to {push(folder, cfg.push_to_hub)}")
+        except Exception as e:  # offline, no login, no network, a bad repo id...: the checkpoint is safe on disk
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]  # one line
+            print(f"error: the checkpoint is saved locally at {folder}, but uploading it to {cfg.push_to_hub} "
+                  f"failed ({reason})", file=sys.stderr)
+            return 2
     return 0
 
 

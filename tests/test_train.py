@@ -6,11 +6,13 @@ equals the one-process step.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -21,6 +23,7 @@ from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.train import TrainConfig, batches, main, parse_args, relevance_loss, save, train
 
 ROOT = Path(__file__).resolve().parents[1]
+ONE_STEP = ["--model", "tiny", "--device", "cpu", "--steps", "1", "--batch-size", "2", "--n-train", "2", "--n-eval", "1"]
 
 
 def saccades_on(answer, box) -> int:
@@ -129,3 +132,38 @@ def test_the_global_batch_must_split_evenly_over_the_processes(monkeypatch, tmp_
     with pytest.raises(ValueError, match="only 3 training samples"):  # the batch shrinks to the samples there are
         batches(TrainConfig(batch_size=4), n_train=3, world_size=2)
 
+
+
+# ----------------------------------------------------------------------------- --push-to-hub
+
+
+def test_push_to_hub_uploads_the_checkpoint_folder(tmp_path, monkeypatch):
+    """Against a local folder: the fakes put what the hub would get under tmp_path/hub/<repo id>."""
+    hub, repo_ids = tmp_path / "hub", []
+
+    def create_repo(self, repo_id, exist_ok=False, **kwargs):
+        repo_ids.append(repo_id)
+        (hub / repo_id).mkdir(parents=True, exist_ok=exist_ok)
+        return f"file://{hub / repo_id}"
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        repo_ids.append(repo_id)
+        shutil.copytree(folder_path, hub / repo_id, dirs_exist_ok=True)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    out = tmp_path / "ck"
+    assert main([*ONE_STEP, "--out", str(out), "--push-to-hub", "someone/arr-test"]) == 0
+    assert repo_ids == ["someone/arr-test"] * 2
+    uploaded = hub / "someone" / "arr-test"
+    for name in ("config.json", "model.safetensors", "README.md", "train_log.json"):
+        assert (uploaded / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_push_to_hub_offline_keeps_the_checkpoint_and_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
+    out = tmp_path / "ck"
+    assert main([*ONE_STEP, "--out", str(out), "--push-to-hub", "someone/arr-test"]) == 2
+    reason = capsys.readouterr().err.strip().splitlines()[-1]
+    assert reason.startswith("error:") and f"saved locally at {out}" in reason and "OfflineModeIsEnabled" in reason
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
