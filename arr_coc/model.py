@@ -68,7 +68,7 @@ class Observation:
 class Scene:
     """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
     observation: Observation
-    maps: dict  # ARRCOCLayer.score output: textures, scorer maps, weights, relevance
+    maps: dict  # ARRCOCLayer output (its scoring forward): textures, scorer maps, weights, relevance
 
     @property
     def views(self) -> Views:
