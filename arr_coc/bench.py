@@ -88,7 +88,7 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
 
     @torch.no_grad()
     def eager():
-        maps = layer.score(generate_texture_array(o.highres, grid), o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
+        maps = layer(generate_texture_array(o.highres, grid), o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
         return layer.select(maps, grid)
 
     @torch.no_grad()

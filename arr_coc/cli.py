@@ -102,10 +102,11 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def load_model(name: str, checkpoint: str | None, device: str | None):
+def load_model(name: str, checkpoint: str | None, device: str | None, quiet: bool = False):
     """
-    ARRCOCQwen with its ARR layer, printing a line before and after loading. The layer follows the one rule
-    of arr_coc.checkpoints.choose (as in the app). Returns (model, the checkpoint's name or checkpoints.PRIOR).
+    ARRCOCQwen with its ARR layer, printing a line before and after loading (none when quiet: torchrun's
+    other ranks). The layer follows the one rule of arr_coc.checkpoints.choose (as in the app). Returns
+    (model, the checkpoint's name or checkpoints.PRIOR).
     """
     import torch
     import transformers
@@ -115,13 +116,15 @@ def load_model(name: str, checkpoint: str | None, device: str | None):
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    log(f"loading {name} on {device} ...")
+    if not quiet:
+        log(f"loading {name} on {device} ...")
     start = time.perf_counter()
     model = ARRCOCQwen.from_pretrained(name, device=device)
     folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
     if folder is not None:
         model.layer = model.load_layer(folder)
-    log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
+    if not quiet:
+        log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
     return model, checkpoints.label(folder)
 
 

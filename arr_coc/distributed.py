@@ -17,9 +17,17 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import TYPE_CHECKING, Sequence, TypeVar
+
+if TYPE_CHECKING:  # torch loads in start(), after a command has checked its flags
+    import torch
 
 T = TypeVar("T")
+
+
+def world_size() -> int:
+    """How many processes torchrun started (1 without torchrun); read before torch loads, e.g. to check flags."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,16 @@ class Process:
         self.log("stopping: another worker failed (its error is above); everything written so far is kept")
         sys.exit(1)
 
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over all processes, as a new tensor (itself alone); via this device, as NCCL needs."""
+        if not self.distributed:
+            return tensor
+        import torch.distributed as dist
+
+        total = tensor.to(self.device, copy=True)
+        dist.all_reduce(total)
+        return total.to(tensor.device)
+
     def log(self, message: str) -> None:
         """A progress line on stderr, prefixed with the rank when there are several."""
         prefix = f"[rank {self.rank}] " if self.distributed else ""
@@ -69,9 +87,8 @@ def start(device: str | None = None) -> Process:
     """
     import torch
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if world_size == 1:
+    if world_size() == 1:
         return Process(0, 1, device)
     import torch.distributed as dist
 
@@ -81,7 +98,7 @@ def start(device: str | None = None) -> Process:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    process = Process(rank, world_size, device)
+    process = Process(rank, world_size(), device)
     signal.signal(signal.SIGTERM, lambda signum, frame: process.stop_for_failed_worker())  # torchrun's stop
     return process
 

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ class Observation:
 class Scene:
     """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
     observation: Observation
-    maps: dict  # ARRCOCLayer.score output: textures, scorer maps, weights, relevance
+    maps: dict  # ARRCOCLayer output (its scoring forward): textures, scorer maps, weights, relevance
 
     @property
     def views(self) -> Views:
@@ -208,16 +209,18 @@ class ARRCOCQwen:
         watch = watch or Stopwatch(self.vlm.device)
         observation = self.observe(image, question, watch, max_cells)
         with watch.section("selection"):
-            maps = self.score(observation, layer)
+            maps = self.score(observation, (layer or self.layer).graphed_score)
         return Scene(observation, maps)
 
-    def score(self, observation: Observation, layer: ARRCOCLayer | None = None) -> dict:
+    def score(self, observation: Observation, scorer: Callable[..., dict] | None = None) -> dict:
         """
-        Run an ARR layer's scorers and balancer over an observation. Differentiable when gradients are on
-        (training); under no_grad on CUDA it replays a CUDA graph per layer and input shape.
+        Run an ARR layer's scorers and balancer over an observation. `scorer` is called like the layer: by
+        default this model's layer.graphed_score (under no_grad on CUDA, a CUDA graph replay per input shape;
+        eager and differentiable when gradients are on); training passes its DDP-wrapped layer.
         """
         o = observation
-        return (layer or self.layer).graphed_score(o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
+        scorer = scorer or self.layer.graphed_score
+        return scorer(o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
 
     def select(self, scene: Scene, strategy: str | None = None, budget: int | None = None,
                layer: ARRCOCLayer | None = None) -> ARRCOCOutput:

@@ -10,9 +10,16 @@ Two losses, both reaching every ARR parameter:
 
 The frozen VLM's part of every sample (gestalt tokens, attention prior, texture) is computed once.
 
+Under torchrun it is data-parallel (DistributedDataParallel): every process holds the frozen VLM, observes
+only the samples it will score and scores its slice of each global batch of --batch-size; only the ARR
+layer's gradients are all-reduced, so a step equals the one-process step over the same global batch. Rank 0
+logs, writes the checkpoint and pushes it.
+
     python -m arr_coc.train --model tiny --steps 300                  # writes a fresh runs/arr-YYYYmmdd-HHMMSS
     python -m arr_coc.train --model tiny --steps 300 --out checkpoints/tiny-text-vs-distractor --overwrite
     python -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --lm-weight 0.1 --out checkpoints/mine
+    torchrun --nproc-per-node 2 -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --out checkpoints/mine
+    python -m arr_coc.train --model tiny --out runs/tiny --push-to-hub you/arr-coc-tiny    # then uploads runs/tiny
 """
 
 from __future__ import annotations  # type hints name torch and the model without importing them
@@ -20,19 +27,23 @@ from __future__ import annotations  # type hints name torch and the model withou
 import argparse
 import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from arr_coc import cli
+from arr_coc import cli, distributed
 from arr_coc.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
 from arr_coc.metrics import box_recall_precision
 
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
     import torch
 
+    from arr_coc.distributed import Process
     from arr_coc.model import ARRCOCQwen, Observation
+
+    Observed = tuple[Sample, Observation, torch.Tensor]  # a sample, the frozen VLM's view of it, its box's coverage
 
 
 def flag(default, help: str, type=None):
@@ -52,7 +63,8 @@ class TrainConfig:
     scene_size: int = flag(448, "synthetic scene side in px (views are resized to the model's grids anyway)",
                            cli.bounded_int(64, 8192))
     steps: int = flag(300, "optimisation steps", cli.bounded_int(1, 10_000_000))
-    batch_size: int = flag(8, "samples per step", cli.bounded_int(1, 4096))
+    batch_size: int = flag(8, "samples per step, over all processes (under torchrun a multiple of their number)",
+                           cli.bounded_int(1, 4096))
     lr: float = flag(3e-3, "AdamW learning rate", cli.bounded_float(0.0, 10.0, above=True))
     weight_decay: float = flag(1e-4, "AdamW weight decay", cli.bounded_float(0.0, 10.0))
     temperature: float = flag(0.5, "softmax temperature of the relevance loss", cli.bounded_float(0.0, above=True))
@@ -62,10 +74,13 @@ class TrainConfig:
                                   "instead of the untrained prior")
     eval_every: int = flag(50, "steps between held-out evaluations", cli.bounded_int(1, 10_000_000))
     seed: int = flag(0, "seed of data order and synthetic scenes", int)
-    device: str | None = flag(None, "cuda / cpu (default: cuda when available)")
+    device: str | None = flag(None, "cuda / cpu (default: cuda when available; under torchrun each process takes "
+                                    "cuda:LOCAL_RANK)")
     out: str | None = flag(None, "checkpoint folder to write (default: a fresh runs/arr-YYYYmmdd-HHMMSS); "
                                  "an existing non-empty folder needs --overwrite")
     overwrite: bool = flag(False, "write into --out even if it already holds files (e.g. a shipped checkpoint)")
+    push_to_hub: str | None = flag(None, "after saving, upload the checkpoint folder (weights, config, model card, "
+                                         "training log) to this hub model repo, e.g. you/arr-coc-mine (needs a login)")
 
 
 def fresh_out() -> str:
@@ -119,67 +134,126 @@ def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
             boxed(make_dataset(cfg.n_eval, kinds, seed=cfg.seed + 10_000, size=cfg.scene_size)))
 
 
-def evaluate(model: ARRCOCQwen, data: list[tuple[Sample, Observation, torch.Tensor]], cfg: TrainConfig) -> dict:
-    """Mean relevance loss and the fraction of saccades on the target box, per scene kind."""
-    import torch
-
-    hits: dict[str, list[float]] = {}
-    losses = []
-    with torch.no_grad():
-        for sample, observation, coverage in data:
-            maps = model.score(observation)
-            losses.append(float(relevance_loss(maps["relevance"][0], coverage, cfg.temperature)))
-            out = model.layer.select(maps, observation.views.candidate_grid)
-            hits.setdefault(sample.kind, []).append(box_recall_precision(coverage, out.indices[0])[1])  # precision
-    return dict(loss=sum(losses) / len(losses), **{f"hits/{k}": sum(v) / len(v) for k, v in hits.items()})
+def batches(cfg: TrainConfig, n_train: int, world_size: int) -> list[list[int]]:
+    """
+    Every step's global batch, as training-sample indices, drawn up front from the seed: every process knows
+    them all, and they are the batches one process alone draws.
+    """
+    size = min(cfg.batch_size, n_train)
+    if size % world_size:
+        raise ValueError(f"only {n_train} training samples: a global batch of {size} does not split evenly over "
+                         f"{world_size} processes")
+    order = random.Random(cfg.seed)
+    return [order.sample(range(n_train), size) for _ in range(cfg.steps)]
 
 
-def observe_all(model: ARRCOCQwen, samples: list[Sample]) -> list[tuple[Sample, Observation, torch.Tensor]]:
+def observe_all(model: ARRCOCQwen, samples: list[Sample], show: bool = True) -> list[Observed]:
     """The frozen VLM's view of each sample, and its target box as cell coverage: computed once."""
     from tqdm.auto import tqdm
 
     observed = []
-    for sample in tqdm(samples, desc="observe", unit="sample"):
+    for sample in tqdm(samples, desc="observe", unit="sample", disable=not show):
         observation = model.observe(sample.image, sample.question)
         observed.append((sample, observation, observation.views.box_coverage(sample.box).to(model.vlm.device)))
     return observed
 
 
-def train(cfg: TrainConfig, model: ARRCOCQwen | None = None) -> tuple[ARRCOCQwen, list[dict]]:
-    """Train model.layer in place (the VLM never changes) and return the model and the log."""
+def observe_shares(model: ARRCOCQwen, train_samples: list[Sample], eval_samples: list[Sample],
+                   schedule: list[list[int]], process: Process) -> tuple[dict[int, Observed], list[Observed]]:
+    """
+    This process's share of the frozen-VLM work: the training samples its slices of the schedule use (by
+    index), and its shard of the held-out samples.
+    """
+    mine = sorted({i for batch in schedule for i in process.shard(batch)})
+    train_data = dict(zip(mine, observe_all(model, [train_samples[i] for i in mine], process.is_main)))
+    return train_data, observe_all(model, process.shard(eval_samples), process.is_main)
+
+
+def batch_loss(model: ARRCOCQwen, scorer: Callable[..., dict], batch: list[Observed], cfg: TrainConfig) -> torch.Tensor:
+    """
+    The mean loss over a batch (this process's slice of the global batch). `scorer` is the layer, or its
+    DDP wrapper: scoring through the wrapper's forward is what makes backward all-reduce the gradients.
+    """
     import torch
+
+    loss = torch.zeros((), device=model.vlm.device)
+    for sample, observation, coverage in batch:
+        maps = model.score(observation, scorer)
+        loss = loss + relevance_loss(maps["relevance"][0], coverage, cfg.temperature) / len(batch)
+        if cfg.lm_weight > 0:
+            out = model.layer.select(maps, observation.views.candidate_grid)
+            loss = loss + cfg.lm_weight * answer_loss(model, observation, out, sample.answer) / len(batch)
+    return loss
+
+
+def evaluate(model: ARRCOCQwen, data: list[Observed], kinds: list[str], cfg: TrainConfig, process: Process) -> dict:
+    """
+    Mean relevance loss and the fraction of saccades on the target box, per scene kind, over all processes'
+    shards of the held-out samples: each process scores its own, and the sums are all-reduced.
+    """
+    import torch
+
+    sums = torch.zeros(len(kinds), 3, dtype=torch.float64)  # [kinds, (samples, relevance loss, box precision)]
+    with torch.no_grad():
+        for sample, observation, coverage in data:
+            maps = model.score(observation)
+            out = model.layer.select(maps, observation.views.candidate_grid)
+            loss = float(relevance_loss(maps["relevance"][0], coverage, cfg.temperature))
+            precision = box_recall_precision(coverage, out.indices[0])[1]
+            sums[kinds.index(sample.kind)] += torch.tensor([1.0, loss, precision], dtype=torch.float64)
+    count, loss, precision = process.sum(sums).unbind(1)  # [kinds] each
+    return dict(loss=float(loss.sum() / count.sum()),
+                **{f"hits/{kind}": float(p / n) for kind, p, n in zip(kinds, precision, count)})
+
+
+def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
+          process: Process | None = None) -> tuple[ARRCOCQwen, list[dict]]:
+    """
+    Train model.layer in place (the VLM never changes) and return the model and the log, the same on every
+    process. `process` is this torchrun rank (default: distributed.start(), alone without torchrun).
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
     from tqdm.auto import tqdm
 
+    from arr_coc.timing import Stopwatch
+
+    process = process or distributed.start(cfg.device)
     torch.manual_seed(cfg.seed)
     if model is None:
-        model, _ = cli.load_model(cfg.model, cfg.init or "prior", cfg.device)
+        model, _ = cli.load_model(cfg.model, cfg.init or "prior", process.device, quiet=not process.is_main)
     vlm_state = {k: v.clone() for k, v in list(model.vlm.model.state_dict().items())[:3]}  # spot-check frozen
     train_samples, eval_samples = load_samples(cfg)
-    t0 = time.time()
-    train_data, eval_data = observe_all(model, train_samples), observe_all(model, eval_samples)
-    cli.log(f"observed {len(train_data)} training and {len(eval_data)} held-out samples in {time.time() - t0:.1f}s")
+    schedule = batches(cfg, len(train_samples), process.world_size)  # [steps][global batch]
+    watch = Stopwatch(model.vlm.device)
+    with watch.section("observe"):
+        train_data, eval_data = observe_shares(model, train_samples, eval_samples, schedule, process)
+        process.barrier()  # observation lasts until the slowest process is done
+    if process.is_main:
+        process.log(f"observed {len(train_data)} training and {len(eval_data)} held-out samples in "
+                    f"{watch.ms['observe'] / 1000:.1f}s")
 
     layer = model.layer.train()
+    scorer = DistributedDataParallel(layer) if process.distributed else layer
     optimizer = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    order = random.Random(cfg.seed)
-    log = [dict(step=0, **evaluate(model, eval_data, cfg))]
-    tqdm.write(json.dumps(log[-1]))
-    for step in tqdm(range(1, cfg.steps + 1), desc="train", unit="step"):
-        batch = order.sample(train_data, min(cfg.batch_size, len(train_data)))
-        loss = torch.zeros((), device=model.vlm.device)
-        for sample, observation, coverage in batch:
-            maps = model.score(observation)
-            loss = loss + relevance_loss(maps["relevance"][0], coverage, cfg.temperature) / len(batch)
-            if cfg.lm_weight > 0:
-                out = layer.select(maps, observation.views.candidate_grid)
-                loss = loss + cfg.lm_weight * answer_loss(model, observation, out, sample.answer) / len(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
-        optimizer.step()
+    kinds = list(dict.fromkeys(s.kind for s in eval_samples))  # every process reports every kind, in this order
+    log = [dict(step=0, observe_s=watch.ms["observe"] / 1000, **evaluate(model, eval_data, kinds, cfg, process))]
+    if process.is_main:
+        tqdm.write(json.dumps(log[-1]))
+    for step, batch in enumerate(tqdm(schedule, desc="train", unit="step", disable=not process.is_main), start=1):
+        with watch.section("train"):  # the optimisation alone, for the throughput: no observation, no evaluation
+            loss = batch_loss(model, scorer, [train_data[i] for i in process.shard(batch)], cfg)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # under DDP the gradients arrive averaged over processes: the global batch's mean
+            torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)  # after the all-reduce, so alike everywhere
+            optimizer.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            log.append(dict(step=step, train_loss=loss.item(), **evaluate(model, eval_data, cfg)))
-            tqdm.write(json.dumps(log[-1]))
+            train_loss = float(process.sum(loss.detach())) / process.world_size
+            samples_per_s = step * len(batch) / (watch.ms["train"] / 1000)
+            log.append(dict(step=step, train_loss=train_loss, samples_per_s=samples_per_s,
+                            **evaluate(model, eval_data, kinds, cfg, process)))
+            if process.is_main:
+                tqdm.write(json.dumps(log[-1]))
     layer.eval()
     assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in vlm_state.items()), "the VLM changed"
     return model, log
@@ -198,8 +272,22 @@ def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict]) -> Path:
     return out
 
 
+def push(folder: Path, repo_id: str) -> str:
+    """Upload the checkpoint folder, model card and training log included, to a hub model repo; returns its URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    url = api.create_repo(repo_id, exist_ok=True)
+    api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message="ARR-COC layer trained with arr_coc.train")
+    return str(url)
+
+
 def parse_args(argv=None) -> TrainConfig:
-    """The flags are TrainConfig's fields, with their help and type; --out is checked before anything loads."""
+    """
+    The flags are TrainConfig's fields, with their help and type; --batch-size and --out are checked before
+    anything loads. Under torchrun every process checks --out before any writes: rank 0 writes only after
+    training, which every process joins first.
+    """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in fields(TrainConfig):
         name = f"--{f.name.replace('_', '-')}"
@@ -212,15 +300,33 @@ def parse_args(argv=None) -> TrainConfig:
     if Path(cfg.out).is_file() or (Path(cfg.out).is_dir() and any(Path(cfg.out).iterdir()) and not cfg.overwrite):
         p.error(f"argument --out: {cfg.out} already exists and is not empty; pass --overwrite to write into it, "
                 "or choose another folder")
+    if cfg.batch_size % distributed.world_size():
+        p.error(f"argument --batch-size: {cfg.batch_size} does not split evenly over the {distributed.world_size()} "
+                "processes torchrun started; choose a multiple of their number")
     return cfg
 
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    model, log = train(cfg)
-    print(f"wrote {save(model, cfg, log)}")
+    process = distributed.start(cfg.device)
+    model, log = train(cfg, process=process)
+    distributed.finish(process)
+    if not process.is_main:  # rank 0 writes and pushes the checkpoint
+        return 0
+    cli.log(f"trained at {log[-1]['samples_per_s']:.1f} samples/s over {process.world_size} process(es), after "
+            f"{log[0]['observe_s']:.1f}s of observation")
+    folder = save(model, cfg, log)
+    print(f"wrote {folder}")
+    if cfg.push_to_hub:
+        try:
+            print(f"pushed {folder} to {push(folder, cfg.push_to_hub)}")
+        except Exception as e:  # offline, no login, no network, a bad repo id...: the checkpoint is safe on disk
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]  # one line
+            print(f"error: the checkpoint is saved locally at {folder}, but uploading it to {cfg.push_to_hub} "
+                  f"failed ({reason})", file=sys.stderr)
+            return 2
     return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,14 +1,29 @@
-"""Training the ARR layer against the frozen tiny VLM makes selection query-aware."""
+"""
+Training the ARR layer against the frozen tiny VLM makes selection query-aware; under torchrun a step
+equals the one-process step.
 
+    .venv/bin/python -m pytest tests/test_train.py -q
+"""
+
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import fields
+from pathlib import Path
 
+import huggingface_hub
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from arr_coc.data import make_dataset
 from arr_coc.model import ARRCOCQwen
 from arr_coc.relevance.layer import ARRCOCLayer
-from arr_coc.train import TrainConfig, parse_args, relevance_loss, save, train
+from arr_coc.train import TrainConfig, batches, main, parse_args, relevance_loss, save, train
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_STEP = ["--model", "tiny", "--device", "cpu", "--steps", "1", "--batch-size", "2", "--n-train", "2", "--n-eval", "1"]
 
 
 def saccades_on(answer, box) -> int:
@@ -73,3 +88,82 @@ def test_every_flag_has_help_and_maps_to_the_config(capsys, tmp_path):
     for f in fields(TrainConfig):
         flag = f"--{f.name.replace('_', '-')}"
         assert flag in usage and " ".join(f.metadata["help"].split())[:40] in usage, flag
+
+
+# ----------------------------------------------------------------------------- DistributedDataParallel
+
+DDP_RUNS = {  # two steps of the relevance loss (a parameter without gradient would fail DDP's second step),
+    # and one step with the answer loss, whose gradient reaches the layer through the straight-through product
+    "relevance": ["--steps", "2", "--batch-size", "4", "--n-train", "6"],
+    "answer": ["--steps", "1", "--batch-size", "2", "--n-train", "2", "--lm-weight", "0.5"],
+}
+
+
+@pytest.mark.parametrize("flags", DDP_RUNS.values(), ids=DDP_RUNS.keys())
+def test_a_ddp_step_equals_the_one_process_step(flags, tmp_path):
+    flags = ["--model", "tiny", "--device", "cpu", "--n-eval", "2", *flags]  # gloo on CPU, on any machine
+    torchrun = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "arr_coc.train", *flags,
+         "--out", str(tmp_path / "ddp")],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    assert main([*flags, "--out", str(tmp_path / "one")]) == 0  # the one-process run, meanwhile
+    output = torchrun.communicate(timeout=300)[0]
+    assert torchrun.returncode == 0, output[-3000:]
+    assert output.count("wrote ") == 1 and "[rank 1]" not in output  # rank 0 alone writes and talks
+
+    ddp, one = (load_file(tmp_path / run / "model.safetensors") for run in ("ddp", "one"))
+    assert ddp.keys() == one.keys()
+    for name in one:
+        torch.testing.assert_close(ddp[name], one[name], msg=name)
+    torch.manual_seed(0)  # where training started: --seed 0, then the model and its prior layer
+    prior = ARRCOCQwen.from_pretrained("tiny").layer.state_dict()
+    assert any(not torch.allclose(one[name], prior[name]) for name in one), "the step changed nothing"
+
+
+def test_the_global_batch_must_split_evenly_over_the_processes(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc-per-node 2 sets it
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--batch-size", "3", "--out", str(tmp_path / "ck")])
+    assert exit.value.code == 2
+    reason = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --batch-size: 3 does not split evenly over the 2 processes" in reason, reason
+    assert parse_args(["--batch-size", "4", "--out", str(tmp_path / "ck")]).batch_size == 4
+    with pytest.raises(ValueError, match="only 3 training samples"):  # the batch shrinks to the samples there are
+        batches(TrainConfig(batch_size=4), n_train=3, world_size=2)
+
+
+
+# ----------------------------------------------------------------------------- --push-to-hub
+
+
+def test_push_to_hub_uploads_the_checkpoint_folder(tmp_path, monkeypatch):
+    """Against a local folder: the fakes put what the hub would get under tmp_path/hub/<repo id>."""
+    hub, repo_ids = tmp_path / "hub", []
+
+    def create_repo(self, repo_id, exist_ok=False, **kwargs):
+        repo_ids.append(repo_id)
+        (hub / repo_id).mkdir(parents=True, exist_ok=exist_ok)
+        return f"file://{hub / repo_id}"
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        repo_ids.append(repo_id)
+        shutil.copytree(folder_path, hub / repo_id, dirs_exist_ok=True)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    out = tmp_path / "ck"
+    assert main([*ONE_STEP, "--out", str(out), "--push-to-hub", "someone/arr-test"]) == 0
+    assert repo_ids == ["someone/arr-test"] * 2
+    uploaded = hub / "someone" / "arr-test"
+    for name in ("config.json", "model.safetensors", "README.md", "train_log.json"):
+        assert (uploaded / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_push_to_hub_offline_keeps_the_checkpoint_and_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
+    out = tmp_path / "ck"
+    assert main([*ONE_STEP, "--out", str(out), "--push-to-hub", "someone/arr-test"]) == 2
+    reason = capsys.readouterr().err.strip().splitlines()[-1]
+    assert reason.startswith("error:") and f"saved locally at {out}" in reason and "OfflineModeIsEnabled" in reason
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()

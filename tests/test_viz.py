@@ -16,6 +16,7 @@ from arr_coc import viz
 from arr_coc.model import Saccade
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer
+from arr_coc.relevance.texture import generate_texture_array
 
 CYAN, MAGENTA, WHITE = (0, 255, 255), (255, 0, 255), (255, 255, 255)  # rank 1 and last of RANK_CMAP; labels
 
@@ -43,7 +44,9 @@ def layer_output(grid=(8, 8), prior: bool = True):
     layer = ARRCOCLayer(ARRCOCConfig(hidden_size=16, budget=10)).eval()
     images = torch.rand(1, 3, grid[0] * 28, grid[1] * 28, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        return layer(images, grid, torch.randn(1, 5, 16), participatory_prior=torch.rand(1, *grid) if prior else None)
+        maps = layer(generate_texture_array(images, grid), torch.randn(1, 5, 16),
+                     participatory_prior=torch.rand(1, *grid) if prior else None)
+        return layer.select(maps, grid)
 
 
 # ----------------------------------------------------------------------------- heatmap

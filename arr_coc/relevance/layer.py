@@ -6,7 +6,9 @@ with no file. Checkpoints are data, never code: a folder of config.json + model.
 card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded strictly.
 
     layer = ARRCOCLayer(ARRCOCConfig(hidden_size=1536))
-    out = layer(images, (32, 32), query_embeds)           # -> ARRCOCOutput
+    textures = generate_texture_array(images, (32, 32))   # [B, 13, 32, 32], not learned
+    maps = layer(textures, query_embeds)                  # the differentiable part: scorer maps and relevance
+    out = layer.select(maps, (32, 32))                    # -> ARRCOCOutput
     layer.save_pretrained("checkpoints/mine")
     layer = ARRCOCLayer.from_pretrained("checkpoints/mine", expect_hidden_size=1536)
 """
@@ -27,7 +29,7 @@ from arr_coc.relevance.attending import TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
-from arr_coc.relevance.texture import generate_texture_array, is_flat
+from arr_coc.relevance.texture import is_flat
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -64,12 +66,12 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         self.perspectival = PerspectivalScorer(C, config.persp_hidden)
         self.participatory = ParticipatoryScorer(C, config.hidden_size, config.partic_dim)
         self.balancer = AdaptiveTensionBalancer(config.hidden_size, config.balancer_hidden, config.prior_weights)
-        self.graphed_score = CUDAGraphed(self.score)  # inference on CUDA: one graph replay per input shape
+        self.graphed_score = CUDAGraphed(self.forward)  # inference on CUDA: one graph replay per input shape
 
     def _apply(self, *args, **kwargs):
         """Moving or casting the layer makes new tensors: graphs captured on the old ones must go."""
         out = super()._apply(*args, **kwargs)
-        self.graphed_score = CUDAGraphed(self.score)
+        self.graphed_score = CUDAGraphed(self.forward)
         return out
 
     def allocator(self, budget: int | None = None, strategy: str | None = None) -> TokenAllocator:
@@ -77,7 +79,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         return TokenAllocator(c.budget if budget is None else budget, strategy or c.strategy, c.seed,
                               c.logpolar_rho, c.logpolar_theta, c.void_tolerance)
 
-    def score(
+    def forward(
         self,
         textures: torch.Tensor,  # [B, 13, gh, gw] from generate_texture_array
         query_embeds: torch.Tensor,  # [B, L, D] question token embeddings
@@ -85,7 +87,10 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         gestalt_embeds: torch.Tensor | None = None,  # [B, Ng, D]
         participatory_prior: torch.Tensor | None = None,  # [B, gh, gw]
     ) -> dict:
-        """Everything but the selection: the three maps, the weights and the relevance map."""
+        """
+        Everything but the selection: the three maps, the weights and the relevance map. It is the module's
+        forward because it is the differentiable part that uses every parameter: what DDP wraps in training.
+        """
         param = next(self.parameters())
         textures = textures.to(param.device, param.dtype)
         information = self.information(textures)  # [B, gh, gw]
@@ -106,13 +111,6 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         return ARRCOCOutput(indices=allocation.indices, positions=allocation.positions, scores=allocation.scores,
                             selected_scores=selected, fallback=allocation.fallback, strategy=allocator.strategy,
                             grid=tuple(grid), **maps)
-
-    def forward(self, images, grid, query_embeds, query_mask=None, gestalt_embeds=None, participatory_prior=None,
-                budget: int | None = None, strategy: str | None = None) -> ARRCOCOutput:
-        """images [B, 3, H, W] in [0, 1] (the high-res view) -> ARRCOCOutput on the (gh, gw) candidate grid."""
-        textures = generate_texture_array(images, grid)  # [B, 13, gh, gw], no grad: not learned
-        maps = self.score(textures, query_embeds, query_mask, gestalt_embeds, participatory_prior)
-        return self.select(maps, grid, budget, strategy)
 
     # --- checkpoints: safetensors + JSON only ---
 

@@ -8,13 +8,16 @@ from safetensors.torch import save_file
 
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
+from arr_coc.relevance.texture import generate_texture_array
 
 D = 64
 
 
-def run(layer, seed=0, **kw):
+def run(layer, seed=0, budget=None, strategy=None, **kw):
     torch.manual_seed(seed)
-    return layer(torch.rand(2, 3, 448, 448), (32, 32), torch.randn(2, 5, D), gestalt_embeds=torch.randn(2, 16, D), **kw)
+    textures = generate_texture_array(torch.rand(2, 3, 448, 448), (32, 32))  # [2, 13, 32, 32]
+    maps = layer(textures, torch.randn(2, 5, D), gestalt_embeds=torch.randn(2, 16, D), **kw)
+    return layer.select(maps, (32, 32), budget, strategy)
 
 
 def test_output_holds_everything_the_microscope_shows():
