@@ -198,7 +198,7 @@ def main(argv=None) -> int:
         else:
             source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed)
         metric = args.metric or source.metric
-        model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device)
+        model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main)
         rows = cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
         settings = dict(dataset=source.name, split=args.split if args.dataset else None, config=args.config,
                         schema=source.schema, metric=metric, model=args.model, checkpoint=checkpoint, rows=rows,

@@ -115,10 +115,10 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     images = [(observation.gestalt, raster_block(views.gestalt_grid)),
               (saccades, ImageBlock(views.candidate_grid, out.positions[0].cpu()))]
     prompt = vlm.prompt(observation.question, images, answer=answer)  # the answer teacher-forced after the question
-    labels = torch.full_like(prompt.ids, -100)  # [1, L]
-    labels[:, prompt.answer_start:] = prompt.ids[:, prompt.answer_start:]
-    logits = vlm.decoder.forward(prompt.embeds, prompt.position_ids, vlm.deepstack(prompt.embeds))  # [1, L, V]
-    return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:])
+    L = prompt.ids.shape[1]
+    at = torch.arange(prompt.answer_start - 1, L - 1, device=prompt.ids.device)[None]  # [1, n]: predict the answer
+    logits = vlm.decoder.forward(prompt.embeds, prompt.position_ids, vlm.deepstack(prompt.embeds), at=at)  # [1, n, V]
+    return F.cross_entropy(logits[0], prompt.ids[0, prompt.answer_start:])
 
 
 def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:

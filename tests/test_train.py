@@ -102,14 +102,14 @@ DDP_RUNS = {  # two steps of the relevance loss (a parameter without gradient wo
 @pytest.mark.parametrize("flags", DDP_RUNS.values(), ids=DDP_RUNS.keys())
 def test_a_ddp_step_equals_the_one_process_step(flags, tmp_path):
     flags = ["--model", "tiny", "--device", "cpu", "--n-eval", "2", *flags]  # gloo on CPU, on any machine
-    torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "arr_coc.train", *flags,
-         "--out", str(tmp_path / "ddp")],
-        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
-    assert main([*flags, "--out", str(tmp_path / "one")]) == 0  # the one-process run, meanwhile
-    output = torchrun.communicate(timeout=300)[0]
-    assert torchrun.returncode == 0, output[-3000:]
+    launchers = {"ddp": ["-m", "torch.distributed.run", "--nproc-per-node", "2"], "one": []}
+    runs = {name: subprocess.Popen([sys.executable, *launcher, "-m", "arr_coc.train", *flags, "--out", str(tmp_path / name)],
+                                   cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},  # one thread: the same sums
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for name, launcher in launchers.items()}
+    outputs = {name: run.communicate(timeout=300)[0] for name, run in runs.items()}
+    assert all(run.returncode == 0 for run in runs.values()), outputs
+    output = outputs["ddp"]
     assert output.count("wrote ") == 1 and "[rank 1]" not in output  # rank 0 alone writes and talks
 
     ddp, one = (load_file(tmp_path / run / "model.safetensors") for run in ("ddp", "one"))
