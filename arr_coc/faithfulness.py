@@ -14,8 +14,9 @@ areas under the curves (x = the fraction removed or inserted, 0..1) summarise ea
     curves.areas                                        # {"deletion": ..., "random": ..., "insertion": ...}
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness
 
-A point is one LLM forward over the gestalt, the kept saccades (at their true positions) and the answer;
-the 3 x (steps + 1) points share their two ends, and run in right-padded batches.
+A point is one LLM forward over the gestalt, the kept saccades (at their true positions) and the answer.
+The saccades are encoded once, all together, so removing some changes the LLM's input and nothing else.
+The 3 x (steps + 1) points share their two ends, and run in right-padded batches.
 """
 
 from __future__ import annotations  # type hints name the model without importing it at module load
