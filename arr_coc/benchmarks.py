@@ -112,11 +112,7 @@ def open_source(name: str, split: str = "validation", config: str | None = None,
     """A dataset's items (the first `limit`), streamed; InputError for a set that cannot be read as its schema."""
     schema = schema or guess_schema(name)
     if schema == "jsonl":
-        try:
-            samples = load_jsonl(name)
-        except (OSError, ValueError) as e:
-            raise InputError(str(e)) from None
-        return Source(name, schema, from_samples(samples[:limit]))
+        return Source(name, schema, from_samples(load_jsonl(name)[:limit]))
     rows = load_rows(name, split, config)
     return Source(name, schema, from_rows(rows, SCHEMAS[schema], schema, name, limit))
 

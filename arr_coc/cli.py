@@ -112,6 +112,7 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     import transformers
 
     from arr_coc import checkpoints
+    from arr_coc.errors import InputError
     from arr_coc.model import ARRCOCQwen
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
@@ -119,7 +120,13 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     if not quiet:
         log(f"loading {name} on {device} ...")
     start = time.perf_counter()
-    model = ARRCOCQwen.from_pretrained(name, device=device)
+    try:
+        model = ARRCOCQwen.from_pretrained(name, device=device)
+    except (OSError, ValueError) as e:  # no such folder, not on the hub (or offline), not a Qwen-VL
+        if isinstance(e, InputError):
+            raise
+        raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}); "
+                         "--model tiny runs the offline model") from None
     folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
     if folder is not None:
         model.layer = model.load_layer(folder)

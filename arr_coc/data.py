@@ -40,6 +40,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from arr_coc import cli
+from arr_coc.errors import InputError
 
 Box = tuple[int, int, int, int]
 
@@ -367,10 +368,10 @@ def _parse_box(value, where: str) -> Box | None:
     ok = isinstance(value, list) and len(value) == 4 and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
     if not ok:
-        raise ValueError(f"{where}: 'box' must be null or [x0, y0, x1, y1] numbers, got {value!r}")
+        raise InputError(f"{where}: 'box' must be null or [x0, y0, x1, y1] numbers, got {value!r}")
     x0, y0, x1, y1 = (int(round(v)) for v in value)
     if not (x0 < x1 and y0 < y1):
-        raise ValueError(f"{where}: 'box' must have x0 < x1 and y0 < y1, got {value!r}")
+        raise InputError(f"{where}: 'box' must have x0 < x1 and y0 < y1, got {value!r}")
     return (x0, y0, x1, y1)
 
 
@@ -379,28 +380,28 @@ def _parse_record(line: str, root: Path, where: str) -> Sample:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+        raise InputError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for key in ("image", "question", "answer"):
         if not isinstance(record.get(key), str):
-            raise ValueError(f"{where}: missing or non-string {key!r}")
+            raise InputError(f"{where}: missing or non-string {key!r}")
     kind = record.get("kind", "unknown")
     if not isinstance(kind, str):
-        raise ValueError(f"{where}: 'kind' must be a string, got {kind!r}")
+        raise InputError(f"{where}: 'kind' must be a string, got {kind!r}")
     box = _parse_box(record.get("box"), where)
 
     image_path = root / record["image"]
     if not image_path.is_file():
-        raise ValueError(f"{where}: image file not found: {image_path}")
+        raise InputError(f"{where}: image file not found: {image_path}")
     try:
         image = open_image(image_path).convert("RGB")
     except Exception as e:  # PIL raises several types for broken files
-        raise ValueError(f"{where}: cannot read image {image_path}: {e}") from e
+        raise InputError(f"{where}: cannot read image {image_path}: {e}") from e
     if box is not None:
         w, h = image.size
         if box[0] < 0 or box[1] < 0 or box[2] > w or box[3] > h:
-            raise ValueError(f"{where}: box {list(box)} lies outside the {w}x{h} image {image_path}")
+            raise InputError(f"{where}: box {list(box)} lies outside the {w}x{h} image {image_path}")
     return Sample(image, record["question"], record["answer"], box, kind)
 
 
@@ -411,7 +412,7 @@ def load_jsonl(path: str | Path) -> list[Sample]:
     if path.is_dir():
         path = path / "data.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"no such dataset file: {path}")
+        raise InputError(f"no such dataset file: {path}")
     samples = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):

@@ -16,8 +16,8 @@ report.json and the plots (arr_coc.report). While running, each process appends 
 part-RANK.jsonl; run the same command again to resume: finished items are skipped. Under torchrun the
 items are shared out by index and the merged results equal a one-process run, item for item.
 
-Exit codes: 0 on success; 2 on bad input (a bad flag, a dataset without the schema's columns, an unreadable
-image), with one line on stderr; the results written so far are kept.
+Exit codes: 0 on success; 2 on bad input (a bad flag, a model or dataset that cannot be loaded, a dataset
+without the schema's columns, an unreadable image), with one line on stderr; the results written so far are kept.
 """
 
 from __future__ import annotations  # type hints name the model without importing torch

@@ -14,8 +14,8 @@ The ARR layer follows the app's rule: --checkpoint (a name under checkpoints/, a
 Progress lines and notes go to stderr; the table to stdout. The JSON records the model, the checkpoint,
 the question, any notice about the model and the package versions, beside each pipeline's results.
 
-Exit codes: 0 on success; 2 on bad input (a bad flag, unreadable image, empty question, bad checkpoint),
-with a one-line reason on stderr.
+Exit codes: 0 on success; 2 on bad input (a bad flag, unreadable image, empty question, bad checkpoint, a
+model that cannot be loaded), with a one-line reason on stderr.
 """
 
 import argparse
@@ -99,14 +99,7 @@ def main(argv=None) -> int:
     try:
         question = check_question(args.question)
         image = load_image(args.image)
-        try:
-            model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device)
-        except (OSError, ValueError) as e:
-            if isinstance(e, (InputError, CheckpointError)):
-                raise
-            print(f"error: cannot load the model {args.model!r} ({str(e).splitlines()[0][:200]}); "
-                  "--model tiny runs the offline model", file=sys.stderr)
-            return 1
+        model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device)
         if model.notice:
             cli.log(f"note: {model.notice}")
         results, arr_answer = {}, None

@@ -20,6 +20,9 @@ logs, writes the checkpoint and pushes it.
     python -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --lm-weight 0.1 --out checkpoints/mine
     torchrun --nproc-per-node 2 -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --out checkpoints/mine
     python -m arr_coc.train --model tiny --out runs/tiny --push-to-hub you/arr-coc-tiny    # then uploads runs/tiny
+
+Exit codes: 0 on success; 2 on bad input (a bad flag, a model, dataset or --init checkpoint that cannot be
+loaded, a failed upload), with one line on stderr.
 """
 
 from __future__ import annotations  # type hints name torch and the model without importing them
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Callable
 
 from arr_coc import cli, distributed
 from arr_coc.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
+from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.metrics import box_recall_precision
 
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
@@ -308,8 +312,14 @@ def parse_args(argv=None) -> TrainConfig:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
+    from arr_coc.relevance.layer import CheckpointError  # after parsing: --help answers without torch
+
     process = distributed.start(cfg.device)
-    model, log = train(cfg, process=process)
+    try:
+        model, log = train(cfg, process=process)
+    except (InputError, CheckpointError, OutOfMemory) as e:  # a bad --model, --data or --init: one line, exit 2
+        process.log(f"error: {e}")
+        return 2
     distributed.finish(process)
     if not process.is_main:  # rank 0 writes and pushes the checkpoint
         return 0

@@ -194,3 +194,15 @@ def test_a_report_returning_main_exits_0(monkeypatch):
     assert cli.evaluate() == 0
     monkeypatch.setattr(run, "main", lambda: 2)
     assert cli.run() == 2
+
+
+@pytest.mark.parametrize("command", ["run", "evaluate", "train"])
+def test_a_model_or_dataset_that_cannot_load_exits_2_in_one_line(command, tmp_path, capsys):
+    main = {"run": run.main, "evaluate": evaluate.main, "train": train.main}[command]
+    own = {"run": RUN, "evaluate": ["--out", str(tmp_path / "eval")], "train": ["--out", str(tmp_path / "ck")]}[command]
+    assert main(["--model", str(tmp_path / "no-such-model"), *own]) == 2
+    error = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error: "))
+    assert f"cannot load the model '{tmp_path / 'no-such-model'}'" in error and "--model tiny" in error
+    if command == "train":  # a dataset folder without data.jsonl
+        assert main(["--model", "tiny", "--data", str(tmp_path), "--out", str(tmp_path / "ck2")]) == 2
+        assert "no such dataset file" in capsys.readouterr().err

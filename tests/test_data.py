@@ -23,6 +23,7 @@ from arr_coc.data import (
     make_scene,
     save_jsonl,
 )
+from arr_coc.errors import InputError
 
 SIZE = 224  # small images keep the suite fast
 
@@ -256,7 +257,7 @@ def test_minimal_records_and_blank_lines_load(tmp_path):
     first, second = load_jsonl(path)
     assert first.box == (1, 2, 10, 12) and first.kind == "x"
     assert second.box is None and second.kind == "unknown"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(InputError, match="no such dataset file"):
         load_jsonl(tmp_path / "nope.jsonl")
 
 
