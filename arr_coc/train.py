@@ -145,7 +145,7 @@ def batches(cfg: TrainConfig, n_train: int, world_size: int) -> list[list[int]]:
     """
     size = min(cfg.batch_size, n_train)
     if size % world_size:
-        raise ValueError(f"only {n_train} training samples: a global batch of {size} does not split evenly over "
+        raise InputError(f"only {n_train} training samples: a global batch of {size} does not split evenly over "
                          f"{world_size} processes")
     order = random.Random(cfg.seed)
     return [order.sample(range(n_train), size) for _ in range(cfg.steps)]

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from arr_coc.data import make_dataset
+from arr_coc.errors import InputError
 from arr_coc.model import ARRCOCQwen
 from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.train import TrainConfig, batches, main, parse_args, relevance_loss, save, train
@@ -129,7 +130,7 @@ def test_the_global_batch_must_split_evenly_over_the_processes(monkeypatch, tmp_
     reason = capsys.readouterr().err.strip().splitlines()[-1]
     assert "argument --batch-size: 3 does not split evenly over the 2 processes" in reason, reason
     assert parse_args(["--batch-size", "4", "--out", str(tmp_path / "ck")]).batch_size == 4
-    with pytest.raises(ValueError, match="only 3 training samples"):  # the batch shrinks to the samples there are
+    with pytest.raises(InputError, match="only 3 training samples"):  # the batch shrinks to the samples there are
         batches(TrainConfig(batch_size=4), n_train=3, world_size=2)
 
 
