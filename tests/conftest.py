@@ -50,6 +50,13 @@ def overflowing_fp16_model(device: str):
     return model
 
 
+def stock_inputs(vlm, view, question: str = "What is here?"):
+    """The stock model's inputs for one view and a question: prompt ids, pixel patches, grid_thw, mm_token_type_ids."""
+    pixels, grid = vlm.image_inputs(view)
+    ids = vlm.prompt_ids(question, [int(grid.prod()) // 4])
+    return ids, pixels, grid, (ids == vlm.image_token_id).int()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

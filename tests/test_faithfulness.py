@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import stock_inputs
 
 from arr_coc.faithfulness import faithfulness_curves, removal_counts
 from arr_coc.model import ARRCOCQwen
@@ -28,8 +29,7 @@ def qwen3():
 
 def stock_answer_logprob(vlm, view, question: str, answer: str) -> float:
     """Transformers' own forward over the stock prompt of one view with the answer appended: its mean log-prob."""
-    pixels, grid = vlm.image_inputs(view)
-    prompt = vlm.prompt_ids(question, [int(grid.prod()) // 4])
+    prompt, pixels, grid, _ = stock_inputs(vlm, view, question)
     target = vlm.tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
     ids = torch.cat([prompt, torch.tensor([target], device=prompt.device)], dim=1)
     with torch.no_grad():

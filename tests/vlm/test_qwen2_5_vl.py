@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import stock_inputs
 
 from arr_coc.vlm import qwen2_5_vl
 from arr_coc.vlm.families import load_vlm
@@ -28,12 +29,6 @@ def model():
     from arr_coc.model import ARRCOCQwen
 
     return ARRCOCQwen.from_pretrained(TINY)
-
-
-def stock_inputs(vlm, view, question="What is here?"):
-    pixels, grid = vlm.image_inputs(view)
-    ids = vlm.prompt_ids(question, [int(grid.prod()) // 4])
-    return ids, pixels, grid, (ids == vlm.image_token_id).int()
 
 
 def stock_windows(cells: list[tuple[int, int]], w: int = 4):

@@ -4,21 +4,16 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import stock_inputs
 
-from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from arr_coc.errors import InputError
+from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from arr_coc.vlm.views import CELL, fit_grid, make_views, to_rgb
 
 
 def photo(w=400, h=300, seed=0):
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
-
-
-def stock_inputs(vlm, view, question="What is here?"):
-    pixels, grid = vlm.image_inputs(view)
-    ids = vlm.prompt_ids(question, [int(grid.prod()) // 4])
-    return ids, pixels, grid, (ids == vlm.image_token_id).int()
 
 
 def test_zero_saccades_reproduce_the_stock_logits(arr_model):

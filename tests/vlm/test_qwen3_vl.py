@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from conftest import stock_inputs
 
 from arr_coc.vlm.positions import ImageBlock, raster_block
 from arr_coc.vlm.views import make_views
@@ -34,12 +35,6 @@ def q3():
 
 def views_of(vlm, image, **kwargs):
     return make_views(image, device=vlm.device, cell=vlm.cell, **kwargs)
-
-
-def stock_inputs(vlm, view, question=QUESTION):
-    pixels, grid = vlm.image_inputs(view)
-    ids = vlm.prompt_ids(question, [int(grid.prod()) // 4])
-    return ids, pixels, grid, (ids == vlm.image_token_id).int()
 
 
 def test_the_family_and_cell(q3):
@@ -106,7 +101,7 @@ def test_position_ids_follow_qwen3_get_rope_index(q3, view):
     vlm = q3.vlm
     views = views_of(vlm, photo(1400, 500))
     grid = {"gestalt": views.gestalt_grid, "highres": views.candidate_grid}[view]
-    ids, pixels, thw, mm = stock_inputs(vlm, getattr(views, view))
+    ids, pixels, thw, mm = stock_inputs(vlm, getattr(views, view), QUESTION)
     stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=thw)
     assert torch.equal(vlm.position_ids(ids, [raster_block(grid)]), stock)
 
