@@ -31,6 +31,7 @@ CHECKPOINTS = ROOT / "checkpoints"
 EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
 MAX_NEW_TOKENS = 256
+FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 
 
 def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Blocks:
@@ -104,12 +105,14 @@ def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Bloc
     @ui.reports_errors
     def faithfulness(image: Image.Image | None, question: str, answer: str, strategy: str, budget: int,
                      max_cells: int, progress=gr.Progress()) -> tuple:
-        """Deletion, random and insertion curves of an answer (empty: ARR's own) over this selection."""
+        """Deletion, random and insertion curves of an answer (empty: ARR's own) over ARR's selection."""
         ui.check_inputs(image, question)
-        gh, gw = model.views(image, int(max_cells)).candidate_grid
-        progress(0.1, desc="about 30 teacher-forced forward passes")
-        curves = faithfulness_curves(model, image, question, answer.strip() or None, strategy=strategy,
-                                     budget=min(int(budget), gh * gw), max_cells=int(max_cells))
+        gh, gw = model.views(image, int(max_cells)).candidate_grid  # the budget slider allows the largest grid
+        progress(0.05, desc="ARR's answer and selection")
+        arr = model.answer(image, question, "arr", FAITHFULNESS_ANSWER_TOKENS, strategy, min(int(budget), gh * gw),
+                           max_cells=int(max_cells))
+        progress(0.3, desc="about 30 teacher-forced forward passes")
+        curves = faithfulness_curves(model, arr.observation, arr.arr, answer.strip() or arr.text)
         chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
         return chart, ui.faithfulness_summary(curves)
 

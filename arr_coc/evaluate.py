@@ -114,8 +114,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
             recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
         if a.arr is not None and args.faithfulness:
-            curves = faithfulness_curves(model, image, question, item.answers[0], args.faithfulness_steps, args.seed,
-                                         strategy, args.budget, args.max_cells)
+            curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
     return results

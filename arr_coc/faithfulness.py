@@ -1,7 +1,7 @@
 """
 Faithfulness: does the answer depend on the saccades ARR chose?
 
-For one image, question and answer, ARR selects its saccades once. Then the answer's teacher-forced
+For one image, question and answer, ARR selects its saccades once (an ARR Answer's selection). Then the answer's teacher-forced
 log-likelihood (the mean log-probability of its tokens, gestalt always present) is recorded while:
 - deletion: the saccades are removed in rank order, most relevant first;
 - random: they are removed in a random order (the baseline deletion should beat);
@@ -9,7 +9,8 @@ log-likelihood (the mean log-probability of its tokens, gestalt always present) 
 A selection the answer depends on makes deletion fall faster than random, and insertion rise fast. The
 areas under the curves (x = the fraction removed or inserted, 0..1) summarise each.
 
-    curves = faithfulness_curves(model, image, "What is the invoice total?", "4821", steps=10)  # None: ARR's answer
+    arr = model.answer(image, "What is the invoice total?", "arr")
+    curves = faithfulness_curves(model, arr.observation, arr.arr, "4821", steps=10)   # or arr.text, ARR's own answer
     curves.deletion, curves.random, curves.insertion    # [steps + 1] log-likelihoods
     curves.areas                                        # {"deletion": ..., "random": ..., "insertion": ...}
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness
@@ -27,10 +28,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from arr_coc.vlm.positions import ImageBlock, raster_block
-
 if TYPE_CHECKING:
-    from arr_coc.model import ARRCOCQwen
+    from arr_coc.model import ARRCOCQwen, Observation
+    from arr_coc.relevance.layer import ARRCOCOutput
 
 CURVES = ("deletion", "random", "insertion")
 
@@ -65,42 +65,33 @@ def removal_counts(k: int, steps: int) -> list[int]:
 
 
 @torch.no_grad()
-def faithfulness_curves(model: ARRCOCQwen, image, question: str, answer: str | None = None, steps: int = 10,
-                        seed: int = 0, strategy: str | None = None, budget: int | None = None,
-                        max_cells: int | None = None, max_new_tokens: int = 32, batch_size: int = 8) -> FaithfulnessCurves:
+def faithfulness_curves(model: ARRCOCQwen, observation: Observation, selection: ARRCOCOutput, answer: str,
+                        steps: int = 10, seed: int = 0, batch_size: int = 8) -> FaithfulnessCurves:
     """
-    The three curves for one image, question and answer (None: the answer ARR itself gives), over the
-    selection model.answer makes with the same strategy, budget and cap.
+    The three curves of one answer over one ARR selection of one observation: an ARR Answer's
+    (answer.observation, answer.arr), with its own text or a reference answer.
     """
     vlm = model.vlm
-    if answer is None:
-        answer = model.answer(image, question, "arr", max_new_tokens, strategy, budget, max_cells=max_cells).text
-    scene = model.prepare(image, question, max_cells=max_cells)
-    out = model.select(scene, strategy, budget)
-    grid, positions = scene.views.candidate_grid, out.positions[0]  # [K, 2]
-    pixels, _ = vlm.image_inputs(scene.observation.highres)
-    saccades = vlm.encode_cells(pixels, grid, positions)  # [K, D]
-    gestalt = (scene.observation.gestalt, raster_block(scene.views.gestalt_grid))
+    positions = selection.positions[0]  # [K, 2]
+    saccades = model.encode_saccades(observation, positions)  # [K, D]
 
     k = len(positions)
-    ranks = torch.sort(out.scores[0].cpu(), descending=True, stable=True).indices  # [K] most relevant first
+    ranks = torch.sort(selection.scores[0].cpu(), descending=True, stable=True).indices  # [K] most relevant first
     random_order = torch.randperm(k, generator=torch.Generator().manual_seed(seed))  # [K]
     counts = removal_counts(k, steps)
     kept = dict(deletion=[ranks[c:] for c in counts], random=[random_order[c:] for c in counts],
                 insertion=[ranks[:c] for c in counts])
 
-    def prompt(keep: torch.Tensor):
+    def prompt(keep: tuple[int, ...]):
         """The question with the gestalt and the kept saccades (in selection order, at their own positions)."""
-        keep = keep.sort().values
-        images = [gestalt] + ([(vlm.take(saccades, keep.to(saccades.device)), ImageBlock(grid, positions[keep].cpu()))]
-                              if len(keep) else [])
-        return vlm.prompt(question, images, answer=answer)
+        index = torch.tensor(keep, dtype=torch.long)
+        features = vlm.take(saccades, index.to(saccades.device)) if keep else None
+        return model.arr_prompt(observation, features, positions[index], answer)
 
-    # every distinct kept set once: the full set and the gestalt alone end all three curves
-    distinct = {tuple(sorted(keep.tolist())): keep for sets in kept.values() for keep in sets}
-    keys = list(distinct)
-    scores = vlm.answer_logprobs([prompt(distinct[key]) for key in keys], batch_size).tolist()
-    score = dict(zip(keys, scores))
-    curve = {name: [score[tuple(sorted(keep.tolist()))] for keep in sets] for name, sets in kept.items()}
+    # each kept set as sorted indices, each distinct one scored once: the full set and none end all three curves
+    sets = {name: [tuple(sorted(keep.tolist())) for keep in keeps] for name, keeps in kept.items()}
+    distinct = list(dict.fromkeys(s for keeps in sets.values() for s in keeps))
+    score = dict(zip(distinct, vlm.answer_logprobs([prompt(s) for s in distinct], batch_size).tolist()))
+    curve = {name: [score[s] for s in keeps] for name, keeps in sets.items()}
     return FaithfulnessCurves(answer, [c / max(k, 1) for c in counts], counts, curve["deletion"], curve["random"],
                               curve["insertion"], ranks.tolist(), random_order.tolist())

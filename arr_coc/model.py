@@ -32,7 +32,7 @@ from arr_coc.relevance.texture import generate_texture_array
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory, timed_module
 from arr_coc.vlm.families import load_vlm
 from arr_coc.vlm.positions import ImageBlock, raster_block
-from arr_coc.vlm.qwen2_vl import QwenVL, upsample_map
+from arr_coc.vlm.qwen2_vl import Prompt, QwenVL, upsample_map
 from arr_coc.vlm.tiny import TINY_MODELS
 from arr_coc.vlm.views import Views, make_views
 
@@ -85,6 +85,7 @@ class Answer:
     saccades: list[Saccade] = field(default_factory=list)  # relevance-ordered (arr only)
     safe_mode: bool = False  # the answer was redone with an fp32 residual stream after fp16 overflowed
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
+    observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
 
     @property
     def tokens_per_s(self) -> float:
@@ -227,6 +228,25 @@ class ARRCOCQwen:
         """Re-select saccades from a prepared scene (no VLM work)."""
         return (layer or self.layer).select(scene.maps, scene.views.candidate_grid, budget, strategy)
 
+    # --- ARR's LLM input: every caller (answer, training, faithfulness) builds it here ---
+
+    def encode_saccades(self, observation: Observation, positions: torch.Tensor) -> torch.Tensor:
+        """The high-res view's cells at `positions` [K, 2] through the vision tower, at their true places -> [K, D]."""
+        pixels, _ = self.vlm.image_inputs(observation.highres)
+        return self.vlm.encode_cells(pixels, observation.views.candidate_grid, positions)
+
+    def arr_prompt(self, observation: Observation, saccades: torch.Tensor | None, positions: torch.Tensor,
+                   answer: str | None = None) -> Prompt:
+        """
+        The gestalt block, the saccades [K, D] at `positions` [K, 2] as a second block (none when K = 0), the
+        question, and optionally an answer to teacher-force.
+        """
+        views = observation.views
+        images = [(observation.gestalt, raster_block(views.gestalt_grid))]
+        if len(positions):
+            images.append((saccades, ImageBlock(views.candidate_grid, positions.cpu())))
+        return self.vlm.prompt(observation.question, images, answer=answer)
+
     # --- answering ---
 
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
@@ -260,13 +280,9 @@ class ARRCOCQwen:
         with watch.section("selection"):
             out = self.select(scene, strategy, budget, layer)
         K = out.indices.shape[1]
-        images = [(scene.observation.gestalt, raster_block(views.gestalt_grid))]
         with watch.section("vision"):
-            if K > 0:
-                pixels, _ = vlm.image_inputs(scene.observation.highres)
-                saccades = vlm.encode_cells(pixels, views.candidate_grid, out.positions[0])  # [K, D]
-                images.append((saccades, ImageBlock(views.candidate_grid, out.positions[0].cpu())))
-        prompt = vlm.prompt(scene.observation.question, images)
+            saccades = self.encode_saccades(scene.observation, out.positions[0]) if K else None  # [K, D]
+        prompt = self.arr_prompt(scene.observation, saccades, out.positions[0])
         ids = prompt.ids
         timer = TimingStreamer(watch, streamer)
         new = vlm.generate(max_new_tokens, streamer=timer, inputs_embeds=prompt.embeds,
@@ -281,7 +297,8 @@ class ARRCOCQwen:
                       prefill=prefill_gflops(config.text_config, ids.shape[1] - (K + 2 if K else 0), prior_layers, False)
                       + prefill_gflops(config.text_config, ids.shape[1]))
         return Answer("arr", vlm.decode(new), self._tokens(ids, n_gestalt, K), _split(watch.ms),
-                      peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades, vlm.safe_mode, gflops)
+                      peak_memory_mb(vlm.device), timer.new_tokens, views, out, saccades, vlm.safe_mode, gflops,
+                      scene.observation)
 
     @torch.no_grad()
     def _answer_stock(self, image, question, pipeline, max_new_tokens, streamer, max_cells) -> Answer:

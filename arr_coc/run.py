@@ -115,8 +115,8 @@ def main(argv=None) -> int:
             from arr_coc.faithfulness import faithfulness_curves
 
             cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
-            curves = faithfulness_curves(model, image, question, args.answer or arr_answer.text, args.faithfulness_steps,
-                                         strategy=args.strategy, budget=args.budget, max_cells=args.max_cells)
+            curves = faithfulness_curves(model, arr_answer.observation, arr_answer.arr, args.answer or arr_answer.text,
+                                         args.faithfulness_steps)
     except (InputError, CheckpointError, OutOfMemory) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -105,20 +105,14 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     import torch
     import torch.nn.functional as F
 
-    from arr_coc.vlm.positions import ImageBlock, raster_block
-
-    vlm, views = model.vlm, observation.views
+    vlm = model.vlm
     with torch.no_grad():
-        pixels, _ = vlm.image_inputs(observation.highres)
-        saccades = vlm.encode_cells(pixels, views.candidate_grid, out.positions[0])  # [K, D], frozen
+        saccades = model.encode_saccades(observation, out.positions[0])  # [K, D], frozen
     s = out.selected_scores[0].unsqueeze(-1).to(saccades.dtype)  # [K, 1]
     scaled = saccades * (1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
     if hasattr(saccades, "deepstack"):  # Qwen3-VL: the cells' DeepStack features ride along, unchanged
         scaled.deepstack = saccades.deepstack
-    saccades = scaled
-    images = [(observation.gestalt, raster_block(views.gestalt_grid)),
-              (saccades, ImageBlock(views.candidate_grid, out.positions[0].cpu()))]
-    prompt = vlm.prompt(observation.question, images, answer=answer)  # the answer teacher-forced after the question
+    prompt = model.arr_prompt(observation, scaled, out.positions[0], answer)  # the answer teacher-forced at the end
     L = prompt.ids.shape[1]
     at = torch.arange(prompt.answer_start - 1, L - 1, device=prompt.ids.device)[None]  # [1, n]: predict the answer
     logits = vlm.decoder.forward(prompt.embeds, prompt.position_ids, vlm.deepstack(prompt.embeds), at=at)  # [1, n, V]

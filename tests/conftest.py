@@ -1,4 +1,5 @@
-"""Shared fixtures: the offline tiny ARRCOCQwen, and `python app.py --model tiny` served once per session."""
+"""Shared fixtures and helpers: the offline tiny ARRCOCQwen, the stock model's inputs and logits, both engines' answers,
+local parquet copies of the hub sets, and `python app.py --model tiny` served once per session."""
 
 import os
 import socket
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from arr_coc.vlm.positions import raster_block
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 180
@@ -55,6 +58,29 @@ def stock_inputs(vlm, view, question: str = "What is here?"):
     pixels, grid = vlm.image_inputs(view)
     ids = vlm.prompt_ids(question, [int(grid.prod()) // 4])
     return ids, pixels, grid, (ids == vlm.image_token_id).int()
+
+
+def gestalt_logits(vlm, views):
+    """Logits of the stock forward (pixels in) and of ours (the gestalt encoded by the adapter, its M-RoPE ids)
+    over the same prompt of one gestalt view: with zero saccades ARR must reproduce the stock model."""
+    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
+    with torch.no_grad():
+        stock = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
+        ours = vlm.model(inputs_embeds=vlm.embed(ids, [vlm.encode_view(views.gestalt)]),
+                         position_ids=vlm.position_ids(ids, [raster_block(views.gestalt_grid)])).logits
+    return stock, ours
+
+
+def answers_by_engine(model, image, question: str, pipeline: str, max_new_tokens: int = 8) -> dict:
+    """{"hf": stock generate()'s Answer, "fast": the fast engine's} to one request; the model is left on "fast"."""
+    answers = {}
+    try:
+        for engine in ("hf", "fast"):
+            model.vlm.engine = engine
+            answers[engine] = model.answer(image, question, pipeline, max_new_tokens=max_new_tokens)
+    finally:
+        model.vlm.engine = "fast"
+    return answers
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from conftest import stock_inputs
 
 from arr_coc.faithfulness import faithfulness_curves, removal_counts
 from arr_coc.model import ARRCOCQwen
-from arr_coc.vlm.positions import ImageBlock, raster_block
+from arr_coc.vlm.positions import raster_block
 
 QUESTION = "What does the sign say?"
 ANSWER = "It says stop."
@@ -39,6 +39,12 @@ def stock_answer_logprob(vlm, view, question: str, answer: str) -> float:
     return float(logp.gather(-1, torch.tensor(target, device=logp.device)[:, None]).mean())
 
 
+def arr_curves(model, image, budget: int, **kwargs):
+    """An ARR answer to QUESTION with `budget` saccades, and the curves of ANSWER over its selection."""
+    arr = model.answer(image, QUESTION, "arr", max_new_tokens=1, budget=budget)
+    return arr, faithfulness_curves(model, arr.observation, arr.arr, ANSWER, **kwargs)
+
+
 def test_removal_counts_run_from_none_to_all():
     assert removal_counts(273, 10) == [0, 27, 55, 82, 109, 136, 164, 191, 218, 246, 273]
     assert removal_counts(3, 4) == [0, 1, 2, 2, 3]
@@ -47,7 +53,7 @@ def test_removal_counts_run_from_none_to_all():
 @pytest.mark.parametrize("family", ["tiny", "tiny-qwen3-vl"])
 def test_curves_have_the_right_length_bounds_and_shared_ends(family, arr_model, qwen3):
     model = arr_model if family == "tiny" else qwen3
-    curves = faithfulness_curves(model, photo(), QUESTION, ANSWER, steps=4, budget=40)
+    _, curves = arr_curves(model, photo(), 40, steps=4)
     assert curves.counts == [0, 10, 20, 30, 40] and curves.fractions == [0, 0.25, 0.5, 0.75, 1]
     for name in ("deletion", "random", "insertion"):
         values = getattr(curves, name)
@@ -64,22 +70,17 @@ def test_curves_have_the_right_length_bounds_and_shared_ends(family, arr_model, 
 
 
 def test_deletion_removes_the_saccades_in_rank_order(arr_model):
-    curves = faithfulness_curves(arr_model, photo(1), QUESTION, ANSWER, steps=3, budget=30, seed=7)
-    answer = arr_model.answer(photo(1), QUESTION, "arr", max_new_tokens=1, budget=30)
+    answer, curves = arr_curves(arr_model, photo(1), 30, steps=3, seed=7)
     scores = answer.arr.scores[0]
     assert curves.ranks == torch.sort(scores, descending=True, stable=True).indices.tolist()  # most relevant first
     assert sorted(curves.random_order) == list(range(30)) and curves.random_order != curves.ranks
 
     # the deletion point after 10 removals is the answer with the tokens of exactly the 20 lowest-ranked saccades
     # left (as all 30 encoded them: removal changes the LLM's input, not the others' encodings)
-    vlm, views = arr_model.vlm, answer.views
-    scene = arr_model.prepare(photo(1), QUESTION)
+    vlm, positions, observation = arr_model.vlm, answer.arr.positions[0], answer.observation
     kept = torch.tensor(sorted(curves.ranks[10:]))
-    pixels, _ = vlm.image_inputs(scene.observation.highres)
-    saccades = vlm.encode_cells(pixels, views.candidate_grid, answer.arr.positions[0])[kept.to(vlm.device)]
-    prompt = vlm.prompt(QUESTION, [(scene.observation.gestalt, raster_block(views.gestalt_grid)),
-                                   (saccades, ImageBlock(views.candidate_grid, answer.arr.positions[0][kept].cpu()))],
-                        answer=ANSWER)
+    saccades = arr_model.encode_saccades(observation, positions)[kept.to(vlm.device)]
+    prompt = arr_model.arr_prompt(observation, saccades, positions[kept], ANSWER)
     assert curves.deletion[1] == pytest.approx(float(vlm.answer_logprobs([prompt])[0]), abs=1e-4)
 
 
@@ -94,8 +95,3 @@ def test_batched_scoring_equals_one_prompt_at_a_time(arr_model):
     alone = torch.cat([vlm.answer_logprobs([p]) for p in prompts])
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
 
-
-def test_without_an_answer_the_curves_score_arrs_own(arr_model):
-    own = arr_model.answer(photo(3), QUESTION, "arr", max_new_tokens=4, budget=20).text
-    curves = faithfulness_curves(arr_model, photo(3), QUESTION, steps=2, budget=20, max_new_tokens=4)
-    assert curves.answer == own

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import answers_by_engine
 
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen
@@ -82,13 +83,7 @@ def big_image(w=1792, h=1344, seed=3):
 @pytest.mark.parametrize("pipeline", ["arr", "full", "gestalt", "budget"])
 def test_graphed_decode_equals_stock_generate(fp32_cuda_model, pipeline):
     vlm = fp32_cuda_model.vlm
-    answers = {}
-    try:
-        for engine in ("hf", "fast"):
-            vlm.engine = engine
-            answers[engine] = fp32_cuda_model.answer(big_image(), QUESTION, pipeline, max_new_tokens=16)
-    finally:
-        vlm.engine = "fast"
+    answers = answers_by_engine(fp32_cuda_model, big_image(), QUESTION, pipeline, max_new_tokens=16)
     assert answers["fast"].text == answers["hf"].text and answers["fast"].new_tokens == answers["hf"].new_tokens
     assert vlm.decoder.decode_graphs  # the fast answer replayed a captured decode step
 
@@ -101,13 +96,9 @@ def test_graphed_arr_equals_eager(cuda_model):
         vlm.decoder.graphs_enabled = graphs
         scene = cuda_model.prepare(big_image(), QUESTION)
         out = cuda_model.select(scene)
-        pixels, _ = vlm.image_inputs(scene.observation.highres)
-        from arr_coc.vlm.positions import ImageBlock, raster_block
-
         with torch.no_grad():
-            saccades = vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])
-            prompt = vlm.prompt(QUESTION, [(scene.observation.gestalt, raster_block(scene.views.gestalt_grid)),
-                                           (saccades, ImageBlock(scene.views.candidate_grid, out.positions[0]))])
+            saccades = cuda_model.encode_saccades(scene.observation, out.positions[0])
+            prompt = cuda_model.arr_prompt(scene.observation, saccades, out.positions[0])
             embeds, positions = prompt.embeds, prompt.position_ids
             L = prompt.ids.shape[1]
             state = vlm.decoder._state(2048, embeds.dtype)

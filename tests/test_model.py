@@ -105,13 +105,9 @@ def test_fp16_arr_path_gives_finite_logits():
     assert torch.isfinite(scene.maps["relevance"]).all()
     vlm = model.vlm
     out = model.select(scene)
-    pixels, _ = vlm.image_inputs(scene.views.highres)
-    from arr_coc.vlm.positions import ImageBlock, raster_block
-
     with torch.no_grad():
-        saccades = vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])
-        prompt = vlm.prompt(QUESTION, [(scene.observation.gestalt, raster_block(scene.views.gestalt_grid)),
-                                       (saccades, ImageBlock(scene.views.candidate_grid, out.positions[0]))])
+        saccades = model.encode_saccades(scene.observation, out.positions[0])
+        prompt = model.arr_prompt(scene.observation, saccades, out.positions[0])
         logits = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits
     assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
 

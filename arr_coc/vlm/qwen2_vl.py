@@ -231,17 +231,17 @@ class QwenVL:
         for first in range(0, len(prompts), batch_size):
             batch = prompts[first:first + batch_size]
             lengths = [p.ids.shape[1] for p in batch]
-            L, n = max(lengths), max(length - p.answer_start for p, length in zip(batch, lengths))
-            embeds = torch.cat([F.pad(p.embeds, (0, 0, 0, L - p.ids.shape[1])) for p in batch])  # [B, L, D]
-            position_ids = torch.cat([F.pad(p.position_ids, (0, L - p.ids.shape[1])) for p in batch], dim=1)  # [3, B, L]
+            answers = [p.ids[0, p.answer_start:] for p in batch]  # each [n_i], the tokens to score
+            L, n = max(lengths), max(len(a) for a in answers)
+            embeds = torch.cat([F.pad(p.embeds, (0, 0, 0, L - l)) for p, l in zip(batch, lengths)])  # [B, L, D]
+            position_ids = torch.cat([F.pad(p.position_ids, (0, L - l)) for p, l in zip(batch, lengths)], dim=1)  # [3, B, L]
             deepstack = [self.deepstack(p.embeds) for p in batch]  # each None or [k, 1, L_i, D]
             deepstack = None if deepstack[0] is None else torch.cat(
-                [F.pad(d, (0, 0, 0, L - d.shape[2])) for d in deepstack], dim=1)  # [k, B, L, D]
+                [F.pad(d, (0, 0, 0, L - l)) for d, l in zip(deepstack, lengths)], dim=1)  # [k, B, L, D]
             # logits at answer_start - 1 .. L_i - 2 predict the answer's tokens answer_start .. L_i - 1
-            at = torch.stack([F.pad(torch.arange(p.answer_start - 1, p.ids.shape[1] - 1, device=self.device),
-                                    (0, n - (p.ids.shape[1] - p.answer_start))) for p in batch])  # [B, n]
-            targets = torch.stack([F.pad(p.ids[0, p.answer_start:], (0, n - (p.ids.shape[1] - p.answer_start)),
-                                         value=-1) for p in batch])  # [B, n], -1 past each answer
+            at = torch.stack([F.pad(torch.arange(p.answer_start - 1, l - 1, device=self.device), (0, n - len(a)))
+                              for p, l, a in zip(batch, lengths, answers)])  # [B, n]
+            targets = torch.stack([F.pad(a, (0, n - len(a)), value=-1) for a in answers])  # [B, n], -1 past each answer
             logits = self.decoder.forward(embeds, position_ids, deepstack, at=at)  # [B, n, V] fp32
             logp = logits.log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1))[..., 0]  # [B, n]
             real = targets >= 0

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import answers_by_engine
 
 from arr_coc.model import PIPELINES
 from arr_coc.vlm.positions import raster_block
@@ -73,15 +74,7 @@ def test_eos_stops_and_is_kept(arr_model):
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_every_pipeline_answers_the_same_with_both_engines(family_model, pipeline):
-    model = family_model
-    vlm = model.vlm
-    answers = {}
-    try:
-        for engine in ("hf", "fast"):
-            vlm.engine = engine
-            answers[engine] = model.answer(image(700, 500), QUESTION, pipeline, max_new_tokens=8)
-    finally:
-        vlm.engine = "fast"
+    answers = answers_by_engine(family_model, image(700, 500), QUESTION, pipeline)
     assert answers["fast"].text == answers["hf"].text
     assert answers["fast"].new_tokens == answers["hf"].new_tokens
     assert answers["fast"].tokens == answers["hf"].tokens

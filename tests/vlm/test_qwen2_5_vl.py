@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import stock_inputs
+from conftest import answers_by_engine, gestalt_logits, stock_inputs
 
 from arr_coc.vlm import qwen2_5_vl
 from arr_coc.vlm.families import load_vlm
@@ -131,11 +131,7 @@ def test_random_weights_build_the_family_adapter():
 def test_zero_saccades_reproduce_the_stock_logits(model):
     vlm = model.vlm
     views = make_views(photo())
-    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
-    with torch.no_grad():
-        stock = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
-        ours = vlm.model(inputs_embeds=vlm.embed(ids, [vlm.encode_view(views.gestalt)]),
-                         position_ids=vlm.position_ids(ids, [raster_block(views.gestalt_grid)])).logits
+    stock, ours = gestalt_logits(vlm, views)
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
 
 
@@ -260,9 +256,6 @@ def test_graphed_arr_answer_equals_stock_generate_on_cuda():
     from arr_coc.model import ARRCOCQwen
 
     model = ARRCOCQwen.from_pretrained(TINY, device="cuda", dtype=torch.float32)
-    answers = {}
-    for engine in ("hf", "fast"):
-        model.vlm.engine = engine
-        answers[engine] = model.answer(photo(700, 500), QUESTION, "arr", max_new_tokens=8)
+    answers = answers_by_engine(model, photo(700, 500), QUESTION, "arr")
     assert answers["fast"].text == answers["hf"].text and answers["fast"].tokens["saccade"] == 273
     assert model.vlm.graphed_vision.graphs and model.vlm.decoder.decode_graphs  # the fast answer replayed graphs

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import stock_inputs
+from conftest import gestalt_logits, stock_inputs
 
 from arr_coc.errors import InputError
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
@@ -19,12 +19,7 @@ def photo(w=400, h=300, seed=0):
 def test_zero_saccades_reproduce_the_stock_logits(arr_model):
     vlm = arr_model.vlm
     views = make_views(photo())
-    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
-    with torch.no_grad():
-        stock = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
-        gestalt = vlm.encode_view(views.gestalt)
-        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
-        ours = vlm.model(inputs_embeds=vlm.embed(ids, [gestalt]), position_ids=positions).logits
+    stock, ours = gestalt_logits(vlm, views)
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from conftest import stock_inputs
+from conftest import answers_by_engine, stock_inputs
 
 from arr_coc.vlm.positions import ImageBlock, raster_block
 from arr_coc.vlm.views import make_views
@@ -187,14 +187,7 @@ def test_zero_saccades_answer_as_the_stock_gestalt_baseline(q3):
 
 @pytest.mark.parametrize("pipeline", ["full", "gestalt", "budget"])
 def test_baselines_answer_the_same_with_both_engines(q3, pipeline):
-    vlm = q3.vlm
-    answers = {}
-    try:
-        for engine in ("hf", "fast"):
-            vlm.engine = engine
-            answers[engine] = q3.answer(photo(700, 500), QUESTION, pipeline, max_new_tokens=8)
-    finally:
-        vlm.engine = "fast"
+    answers = answers_by_engine(q3, photo(700, 500), QUESTION, pipeline)
     assert answers["fast"].text == answers["hf"].text and answers["fast"].tokens == answers["hf"].tokens
 
 
