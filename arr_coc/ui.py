@@ -237,9 +237,9 @@ def faithfulness_summary(curves: FaithfulnessCurves) -> str:
     areas = curves.areas
     gap = areas["random"] - areas["deletion"]
     verdict = (f"removing the most relevant saccades first costs the answer **{gap:.3f}** more log-likelihood per "
-               "token (area) than removing them at random: it depends on the saccades ARR chose" if gap > 0 else
-               "removing the most relevant saccades first costs no more than removing them at random: this answer "
-               "does not depend on ARR's ranking")
+               "token (area) than removing them at random" if gap > 0 else
+               f"removing the most relevant saccades first costs the answer no more than removing them at random "
+               f"(**{-gap:.3f}** less log-likelihood per token, area): ARR's ranking does not show in this answer")
     rows = "\n".join(f"| {name} | {area:.4f} |" for name, area in areas.items())
     return (f"Answer scored: **{curves.answer!r}** · {curves.counts[-1]} saccades, {len(curves.counts)} points per "
             f"curve\n\n| curve | area (mean log-likelihood per token) |\n| --- | --- |\n{rows}\n\n{verdict}.")

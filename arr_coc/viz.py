@@ -21,6 +21,7 @@ globally: nothing leaks and Gradio's worker threads cannot race on pyplot's stat
 """
 
 import math
+import textwrap
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -50,6 +51,7 @@ MOSAIC_GAP = 2  # px between mosaic tiles
 MOSAIC_BACKGROUND = (32, 32, 32)  # the gaps and the empty places of the last row
 SCORERS = ("information", "perspectival", "participatory")
 SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # one per scorer, in weights_bar
+FAITHFULNESS_TITLE_CHARS = 56  # a long answer in the chart's title is cut to fit the chart's width
 FAITHFULNESS_STYLES = {"deletion": ("#c44e52", "-"), "random": ("#8c8c8c", "--"), "insertion": ("#4c72b0", "-")}
 A_MARK, B_MARK = (0, 0, 0), (0, 200, 0)  # difference_map: A's saccades black squares, B's green dots
 DPI = 100
@@ -351,7 +353,7 @@ def faithfulness_chart(fractions: Sequence[float], curves: dict[str, Sequence[fl
     ax.set_xlim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.shorten(title, FAITHFULNESS_TITLE_CHARS, placeholder=" …"), fontsize=10)  # long answers
     return render(fig)
 
 

@@ -75,6 +75,10 @@ def test_every_tab_in_the_browser(app_url):
         page.locator("#microscope-question textarea").fill(QUESTION)
         page.get_by_role("button", name="Analyse").click()
         expect(page.get_by_text("273 saccades")).to_be_visible(timeout=TIMEOUT_MS)
+        page.get_by_text("Faithfulness: does the answer depend").click()
+        page.locator("#faithfulness-run").click()
+        expect(page.locator("#faithfulness-summary")).to_contain_text("Answer scored", timeout=TIMEOUT_MS)
+        assert page.locator("#faithfulness-plot img").evaluate("img => img.naturalWidth") > 0
         shots.append(screenshot(page, "microscope"))
 
         page.get_by_role("tab", name="Checkpoint A/B").click()
