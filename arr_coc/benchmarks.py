@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from arr_coc.data import Box, Sample, load_jsonl, make_dataset, open_image
 from arr_coc.errors import InputError
@@ -75,9 +75,11 @@ class Item:
                 return open_image(io.BytesIO(self.image["bytes"]))
             path = self.image.get("path") if isinstance(self.image, dict) else self.image
             return open_image(path)
+        except UnidentifiedImageError:  # its message would name the in-memory file by its repr
+            reason = "not an image format PIL can read"
         except Exception as e:  # PIL raises several types for broken files
-            raise InputError(f"item {self.index} (id {self.id}): cannot read its image "
-                             f"({type(e).__name__}: {str(e)[:120]})") from None
+            reason = f"{type(e).__name__}: {str(e)[:120]}"
+        raise InputError(f"item {self.index} (id {self.id}): cannot read its image ({reason})")
 
 
 @dataclass
