@@ -1,0 +1,313 @@
+"""
+The fine-print suite: procedural pages on which detail matters, for training and testing the pocket model.
+
+Three kinds of page, each a pure function of (kind, seed, width, height, style), drawn with Pillow's bundled
+font (`ImageFont.load_default(size=...)`) so every machine renders the same pixels:
+
+    fine_print    8-32 fields "KEY: NNNN" in dark ink, font 10-17 px.  Q: What is the value of KEY?   A: NNNN
+    box_word      3-8 rectangles with thick coloured borders, one small word in each.
+                                                                      Q: What word is in the COLOUR box?  A: the word
+    shape_colour  2-4 large filled shapes in distinct colours.        Q: What colour is the SHAPE?    A: the colour
+
+Pages sit on a light background with faint rules and small gray filler text as clutter. The layouts vary
+(scattered, tabular, columns, anywhere on the page) so that a model learns to read, not to memorise places.
+A page carries every question it can answer (`Page.questions`), each with the box of its target; a Sample
+(arr_coc.data) is one of them. The print of the first two kinds is unreadable at the gestalt's view of a
+1792 px page (a quarter of the native resolution: 2.5-4 px glyphs) and readable at native resolution.
+
+`PageStyle` holds the ranges; `SPEC` is the suite as specified, and arr_coc.vlm.pocket trains through easier
+styles first (larger glyphs, fewer fields, less clutter).
+
+    python -m arr_coc.fineprint --kind fine_print --seed 3 --size 896 --out /tmp/page.png   # draw one page
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+from PIL import Image, ImageDraw, ImageFont
+
+Box = tuple[int, int, int, int]
+
+PAGE_KINDS = ("fine_print", "box_word", "shape_colour")
+
+KEYS = ("TOTAL TAX DATE CODE ROOM GATE SEAT FLOOR PRICE WEIGHT HEIGHT WIDTH DEPTH SPEED POWER VOLTS ORDER BATCH "
+        "SERIAL MODEL PAGE LINE ZONE UNIT LEVEL SCORE RANK COUNT LIMIT RATE CLASS TRACK").split()
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 220), "orange": (245, 140, 20),
+    "purple": (140, 50, 180), "pink": (240, 100, 180), "brown": (130, 80, 30), "cyan": (20, 190, 210),
+}
+
+BOX_WORDS = ("apple river stone cloud tiger piano lemon cabin ocean maple robot candle garden rocket violet silver "
+             "planet forest bridge castle dragon falcon harbor island jungle kettle ladder meadow needle orange "
+             "pepper quartz saddle tunnel velvet walnut yellow zebra anchor basket copper desert engine feather "
+             "glacier hammer mirror puzzle").split()
+
+SHAPES = ("circle", "square", "triangle", "diamond")
+
+# filler for the clutter: short lowercase syllables and numbers, never a KEY nor a box word
+FILLER = ("lorem ipsum dolor sit amet ref no per via qty net sub memo item note copy rev ok see ps id acct "
+          "misc ctr vol est tbd n/a dept attn").split()
+
+
+@dataclass(frozen=True)
+class PageStyle:
+    """The ranges a page is drawn from (inclusive). SPEC is the suite as specified; training starts easier."""
+    fields: tuple[int, int] = (8, 32)  # fine_print: how many "KEY: NNNN" fields
+    field_font: tuple[int, int] = (10, 17)  # fine_print: font size in px (cap height ~7-12 px)
+    boxes: tuple[int, int] = (3, 8)  # box_word: how many coloured boxes
+    word_font: tuple[int, int] = (11, 17)  # box_word: font size of the word in a box
+    border: tuple[int, int] = (4, 8)  # box_word: border width in px
+    shapes: tuple[int, int] = (2, 4)  # shape_colour: how many shapes
+    shape_size: tuple[float, float] = (0.15, 0.28)  # shape_colour: extent as a fraction of the page's short side
+    clutter: float = 1.0  # density of filler text and rules (0 = a clean page)
+
+
+SPEC = PageStyle()
+
+
+@dataclass
+class Question:
+    question: str  # e.g. "What is the value of TOTAL?"
+    answer: str  # e.g. "0427"
+    box: Box  # half-open pixel box of the target: (x0, y0, x1, y1)
+
+
+@dataclass
+class Page:
+    image: Image.Image  # RGB, width x height
+    kind: str  # one of PAGE_KINDS
+    questions: list[Question]  # every question the page answers, in drawing order
+
+
+@lru_cache(maxsize=64)
+def font(px: int) -> ImageFont.FreeTypeFont:
+    """Pillow's bundled scalable font (Aileron) at `px` pixels."""
+    return ImageFont.load_default(size=px)
+
+
+def _grow(box: Box, gap: int) -> Box:
+    return (box[0] - gap, box[1] - gap, box[2] + gap, box[3] + gap)
+
+
+def _free(box: Box, taken: list[Box], width: int, height: int) -> bool:
+    """True if box lies inside the page and overlaps none of `taken`."""
+    if box[0] < 0 or box[1] < 0 or box[2] > width or box[3] > height:
+        return False
+    return not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken)
+
+
+class Canvas:
+    """A light page with its occupied boxes; targets are drawn first, then clutter fills what is left."""
+
+    def __init__(self, rng: random.Random, width: int, height: int):
+        self.rng, self.width, self.height = rng, width, height
+        tint = [rng.randint(238, 255) for _ in range(3)]
+        self.background = tuple(tint)
+        self.image = Image.new("RGB", (width, height), self.background)
+        self.draw = ImageDraw.Draw(self.image)
+        self.taken: list[Box] = []  # target boxes, grown by a gap: clutter stays out of them
+        self.ink = tuple([rng.randint(0, 60)] * 3) if rng.random() < 0.7 else (rng.randint(0, 40), rng.randint(0, 40), rng.randint(60, 110))
+
+    def text_size(self, text: str, px: int) -> tuple[int, int, int, int]:
+        return self.draw.textbbox((0, 0), text, font=font(px))
+
+    def text(self, text: str, px: int, left: int, top: int, fill) -> Box:
+        """Draw text with its ink box's top-left at (left, top); return the ink box."""
+        l, t, _, _ = self.text_size(text, px)
+        xy = (left - l, top - t)
+        self.draw.text(xy, text, font=font(px), fill=fill)
+        x0, y0, x1, y1 = self.draw.textbbox(xy, text, font=font(px))
+        return (max(0, int(x0)), max(0, int(y0)), min(self.width, int(x1) + 1), min(self.height, int(y1) + 1))
+
+    def spot(self, w: int, h: int, gap: int, region: Box | None = None, tries: int = 200) -> Box | None:
+        """A free w x h box (at least `gap` from every target) inside `region`, or None."""
+        x0, y0, x1, y1 = region or (0, 0, self.width, self.height)
+        for _ in range(tries):
+            if x1 - x0 - w < 0 or y1 - y0 - h < 0:
+                return None
+            left, top = self.rng.randint(x0, x1 - w), self.rng.randint(y0, y1 - h)
+            box = (left, top, left + w, top + h)
+            if _free(_grow(box, gap), self.taken, self.width, self.height) or (
+                    gap and _free(box, [_grow(t, gap) for t in self.taken], self.width, self.height)):
+                return box
+        return None
+
+    def rules(self, density: float):
+        """Faint horizontal (and sometimes vertical) rules behind everything, as on forms and ledgers."""
+        rng = self.rng
+        if rng.random() > 0.8 * density:
+            return
+        pitch = rng.randint(22, 60)
+        gray = rng.randint(212, 232)
+        for y in range(rng.randint(0, pitch), self.height, pitch):
+            self.draw.line([(0, y), (self.width, y)], fill=(gray, gray, gray), width=1)
+        if rng.random() < 0.3:
+            for x in range(rng.randint(0, 4 * pitch), self.width, 4 * pitch):
+                self.draw.line([(x, 0), (x, self.height)], fill=(gray, gray, gray), width=1)
+
+    def clutter(self, density: float):
+        """Small gray filler words wherever no target is, up to ~density x 1 word per 9000 px^2."""
+        rng = self.rng
+        n = int(density * self.width * self.height / 9000 * rng.uniform(0.3, 1.0))
+        for _ in range(n):
+            px = rng.randint(7, 10)
+            words = " ".join(rng.choice(FILLER) if rng.random() < 0.8 else str(rng.randint(1, 99))
+                             for _ in range(rng.randint(1, 4)))
+            l, t, r, b = self.text_size(words, px)
+            box = self.spot(r - l, b - t, 3, tries=3)
+            if box is not None:
+                gray = rng.randint(150, 195)
+                self.text(words, px, box[0], box[1], (gray, gray, gray))
+
+    def finish(self, kind: str, questions: list[Question], style: PageStyle) -> Page:
+        self.clutter(style.clutter)
+        return Page(self.image, kind, questions)
+
+
+def _background(canvas: Canvas, style: PageStyle):
+    """Rules go under the targets, so they are drawn first."""
+    canvas.rules(style.clutter)
+
+
+# -----------------------------------------------------------------------------
+# the three kinds
+
+
+def _field_slots(canvas: Canvas, n: int, w: int, h: int, layout: str) -> list[Box]:
+    """Up to n free w x h slots for fields, in the page's layout."""
+    rng, W, H = canvas.rng, canvas.width, canvas.height
+    gap = max(4, h // 2)
+    if layout == "scattered":
+        slots = []
+        for _ in range(n):
+            box = canvas.spot(w, h, gap)
+            if box is not None:
+                slots.append(box)
+                canvas.taken.append(_grow(box, gap))
+        return slots
+    # tabular or columns: a grid of cols x rows over a random sub-rectangle of the page
+    cols = rng.randint(1, max(1, min(4, W // (w + 2 * gap)))) if layout == "table" else rng.randint(1, max(1, min(3, W // (w + 3 * gap))))
+    pitch_x = w + rng.randint(2 * gap, 6 * gap)
+    pitch_y = int(h * rng.uniform(1.6, 2.6))
+    rows = max(1, -(-n // cols))
+    rows = min(rows, max(1, (H - 2 * gap) // pitch_y))
+    left = rng.randint(gap, max(gap, W - cols * pitch_x))
+    top = rng.randint(gap, max(gap, H - rows * pitch_y))
+    slots = []
+    for r in range(rows):
+        for c in range(cols):
+            x, y = left + c * pitch_x, top + r * pitch_y
+            box = (x, y, x + w, y + h)
+            if len(slots) < n and _free(box, canvas.taken, W, H):
+                slots.append(box)
+                canvas.taken.append(_grow(box, gap))
+    rng.shuffle(slots)
+    return slots
+
+
+def fine_print(rng: random.Random, width: int, height: int, style: PageStyle) -> Page:
+    canvas = Canvas(rng, width, height)
+    _background(canvas, style)
+    px = rng.randint(*style.field_font)
+    keys = rng.sample(KEYS, min(len(KEYS), rng.randint(*style.fields)))
+    l, t, r, b = canvas.text_size("WEIGHT: 0000", px)  # the widest field (pads every slot alike)
+    while px > 8 and r - l > width - 16:  # a narrow page gets a smaller font rather than no field
+        px -= 1
+        l, t, r, b = canvas.text_size("WEIGHT: 0000", px)
+    layout = rng.choice(("scattered", "scattered", "table", "columns"))
+    slots = _field_slots(canvas, len(keys), r - l, b - t, layout)
+    questions = []
+    for key, slot in zip(keys, slots):
+        value = f"{rng.randrange(10000):04d}"
+        box = canvas.text(f"{key}: {value}", px, slot[0], slot[1], canvas.ink)
+        questions.append(Question(f"What is the value of {key}?", value, box))
+    return canvas.finish("fine_print", questions, style)
+
+
+def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> Page:
+    canvas = Canvas(rng, width, height)
+    _background(canvas, style)
+    n = rng.randint(*style.boxes)
+    colours = rng.sample(sorted(COLOURS), min(n, len(COLOURS)))
+    words = rng.sample(BOX_WORDS, len(colours))
+    questions = []
+    for colour, word in zip(colours, words):
+        px, border = rng.randint(*style.word_font), rng.randint(*style.border)
+        l, t, r, b = canvas.text_size(word, px)
+        pad_x, pad_y = int(px * rng.uniform(0.5, 2.5)), int(px * rng.uniform(0.4, 1.5))
+        w, h = r - l + 2 * (pad_x + border), b - t + 2 * (pad_y + border)
+        box = canvas.spot(w, h, 8)
+        if box is None:
+            continue
+        canvas.taken.append(_grow(box, 8))
+        canvas.draw.rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=canvas.background,
+                              outline=COLOURS[colour], width=border)
+        jx = rng.randint(-pad_x // 2, pad_x // 2)
+        jy = rng.randint(-pad_y // 2, pad_y // 2)
+        canvas.text(word, px, box[0] + border + pad_x + jx, box[1] + border + pad_y + jy, canvas.ink)
+        questions.append(Question(f"What word is in the {colour} box?", word, box))
+    return canvas.finish("box_word", questions, style)
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: Box, fill):
+    x0, y0, x1, y1 = box[0], box[1], box[2] - 1, box[3] - 1
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+    if shape == "circle":
+        draw.ellipse([x0, y0, x1, y1], fill=fill)
+    elif shape == "square":
+        draw.rectangle([x0, y0, x1, y1], fill=fill)
+    elif shape == "triangle":
+        draw.polygon([(cx, y0), (x1, y1), (x0, y1)], fill=fill)
+    else:  # diamond
+        draw.polygon([(cx, y0), (x1, cy), (cx, y1), (x0, cy)], fill=fill)
+
+
+def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) -> Page:
+    canvas = Canvas(rng, width, height)
+    _background(canvas, style)
+    n = rng.randint(*style.shapes)
+    shapes, colours = rng.sample(SHAPES, n), rng.sample(sorted(COLOURS), n)
+    questions = []
+    for shape, colour in zip(shapes, colours):
+        side = int(rng.uniform(*style.shape_size) * min(width, height))
+        box = canvas.spot(side, side, max(4, side // 10))
+        if box is None:
+            continue
+        canvas.taken.append(_grow(box, 4))
+        _draw_shape(canvas.draw, shape, box, COLOURS[colour])
+        questions.append(Question(f"What colour is the {shape}?", colour, box))
+    return canvas.finish("shape_colour", questions, style)
+
+
+_KINDS = {"fine_print": fine_print, "box_word": box_word, "shape_colour": shape_colour}
+assert tuple(_KINDS) == PAGE_KINDS
+
+
+def make_page(kind: str, seed: int, width: int, height: int | None = None, style: PageStyle = SPEC) -> Page:
+    """One page of `kind`: a pure function of its arguments. Redrawn (next sub-seed) if nothing fit on it."""
+    if kind not in _KINDS:
+        raise ValueError(f"unknown page kind {kind!r}; expected one of {', '.join(PAGE_KINDS)}")
+    height = width if height is None else height
+    for attempt in range(100):
+        page = _KINDS[kind](random.Random(f"arr_coc:fineprint:{kind}:{int(seed)}:{attempt}"), width, height, style)
+        if page.questions:
+            return page
+    raise ValueError(f"no {kind} target fits on a {width}x{height} page")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", default="fine_print", choices=PAGE_KINDS, help="which kind of page to draw")
+    parser.add_argument("--seed", type=int, default=0, help="the page's seed")
+    parser.add_argument("--size", type=int, default=896, help="page side in px (square)")
+    parser.add_argument("--out", default="page.png", help="where to write the PNG")
+    args = parser.parse_args()
+    page = make_page(args.kind, args.seed, args.size)
+    page.image.save(args.out)
+    for q in page.questions:
+        print(f"{q.question}  ->  {q.answer}  at {list(q.box)}")

@@ -1,0 +1,494 @@
+"""
+pocket-qwen2-vl: a small stock Qwen2-VL trained here, from scratch, to read the fine-print suite (arr_coc.fineprint).
+
+It is the stock `Qwen2VLForConditionalGeneration` at a pocket size (ViT 6x256, LLM 4x256, ~10M parameters)
+with its own byte-level BPE tokenizer (Qwen's special tokens and chat template, a vocabulary sized to the task),
+trained as a normal VLM is: whole pages through the stock image processor at mixed native sizes, multi-turn
+conversations whose answers carry the loss. No sparse cells and no ARR: ARR meets it as it meets the real Qwen.
+Its answers are real on fine-print scenes and meaningless elsewhere.
+
+Training follows a curriculum (CURRICULUM): large glyphs, few fields and small pages first, then the suite as
+specified (fineprint.SPEC) at 448-1792 px. Pages are drawn by many CPU workers (a DataLoader over an iterable
+of whole batches); batch i is a pure function of (seed, i), so a resumed run continues the same stream.
+Held-out accuracy (new seeds, square 896 and 1792 px pages, per kind, native and gestalt views) is teacher-forced
+exact match: every answer token is the argmax, which is exactly when greedy decoding produces the answer.
+
+    python -m arr_coc.vlm.pocket --out runs/pocket --minutes 8 --resume      # train (one GPU), resumable
+    python -m arr_coc.vlm.pocket --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
+    python -m arr_coc.vlm.pocket --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
+
+The exported folder loads with stock transformers alone: AutoTokenizer (with its chat template),
+AutoImageProcessor and Qwen2VLForConditionalGeneration.from_pretrained(folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from arr_coc.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
+
+POCKET_FOLDER = Path(__file__).resolve().parent.parent.parent / "models" / "pocket-qwen2-vl"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+SYSTEM_PROMPT = "You are a helpful assistant."
+EVAL_SEED = 10**9  # held-out pages use seeds from here on; training seeds stay far below
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the curriculum."""
+    until: int  # the stage lasts until this training step
+    sides: tuple[int, int]  # page side range in px (each side drawn separately; aspect kept within 3:4..4:3)
+    style: PageStyle  # what the pages hold
+    turns: int  # at most this many questions per page (a multi-turn conversation)
+
+
+CURRICULUM = (
+    Stage(3000, (168, 336), PageStyle(fields=(1, 3), field_font=(18, 28), boxes=(1, 3), word_font=(18, 28),
+                                      shapes=(1, 3), clutter=0.1), turns=3),
+    Stage(8000, (224, 560), PageStyle(fields=(2, 8), field_font=(14, 24), boxes=(2, 5), word_font=(14, 24),
+                                      clutter=0.4), turns=6),
+    Stage(16000, (336, 896), PageStyle(fields=(4, 16), field_font=(11, 20), boxes=(3, 8), word_font=(12, 20),
+                                       clutter=0.8), turns=8),
+    Stage(26000, (448, 1344), SPEC, turns=8),
+    Stage(10**9, (448, 1792), SPEC, turns=8),
+)
+
+
+@dataclass
+class PocketConfig:
+    """The pocket model's architecture (stock Qwen2-VL at a pocket size)."""
+    vision_depth: int = 6  # ViT blocks
+    vision_dim: int = 256  # ViT width
+    vision_heads: int = 4  # ViT attention heads
+    hidden_size: int = 256  # LLM width (the merger projects the ViT to it)
+    layers: int = 4  # LLM decoder layers
+    heads: int = 4  # LLM query heads (head_dim 64)
+    kv_heads: int = 2  # LLM key/value heads (GQA, as Qwen2-VL)
+    intermediate: int = 1024  # LLM MLP width
+    vocab: int = 1024  # BPE vocabulary incl. special tokens
+
+
+@dataclass
+class TrainConfig:
+    """One training run (resumable)."""
+    out: str = "runs/pocket"  # run folder: weights, optimizer, state.json (resume point)
+    seed: int = 0  # the data stream's seed
+    steps: int = 10**9  # stop after this many steps in total ...
+    minutes: float = 8.0  # ... or after this many minutes of this run, whichever comes first
+    lr: float = 1e-3  # peak AdamW learning rate
+    warmup: int = 300  # linear warm-up steps (after a resume too: the optimizer may be fresh)
+    weight_decay: float = 0.05  # AdamW weight decay (matrices only)
+    image_tokens: int = 8192  # image tokens per batch: B = image_tokens // tokens per page (bucketed sizes) ...
+    max_pages: int = 48  # ... but at most this many pages (small batches early: more steps per page drawn)
+    workers: int = 14  # page-drawing processes
+    eval_every: int = 1000  # held-out evaluation every this many steps (and at the end)
+    eval_pages: int = 32  # held-out pages per kind and size
+    eval_sizes: tuple[int, ...] = (896, 1792)  # held-out square page sides
+    device: str = "cuda"  # where to train
+
+
+# -----------------------------------------------------------------------------
+# tokenizer and model
+
+
+def tokenizer_corpus() -> list[str]:
+    """The text the pocket tokenizer is fitted on: every question and answer form, the chat frame, filler."""
+    lines = [SYSTEM_PROMPT, "system", "user", "assistant", "What is in this image?", "Describe the image."]
+    lines += [f"What is the value of {k}?" for k in KEYS] + [f"{k}: " for k in KEYS]
+    lines += [f"What word is in the {c} box?" for c in COLOURS] + list(BOX_WORDS)
+    lines += [f"What colour is the {s}?" for s in SHAPES] + list(COLOURS)
+    lines += [" ".join(FILLER), "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,:;!?'\"()-"]
+    return lines * 4
+
+
+def build_tokenizer(vocab: int = PocketConfig.vocab):
+    """A byte-level BPE (digits split one by one, as Qwen2's) with Qwen's special tokens and chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from arr_coc.vlm.tiny import CHAT_TEMPLATE
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(tokenizer_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   unk_token=None, model_max_length=32768)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def model_config(tokenizer, arch: PocketConfig = PocketConfig()):
+    """The stock Qwen2VLConfig at pocket size; every special id comes from the pocket tokenizer."""
+    from transformers import Qwen2VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = arch.hidden_size // arch.heads
+    section = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]  # t, h, w halves: as Qwen's 16/24/24 of 64
+    return Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=arch.hidden_size, intermediate_size=arch.intermediate,
+                         num_hidden_layers=arch.layers, num_attention_heads=arch.heads,
+                         num_key_value_heads=arch.kv_heads, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=section),
+                         tie_word_embeddings=True, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                         pad_token_id=ids["<|endoftext|>"]),
+        vision_config=dict(depth=arch.vision_depth, embed_dim=arch.vision_dim, num_heads=arch.vision_heads,
+                           mlp_ratio=4, hidden_size=arch.hidden_size, hidden_act="quick_gelu", patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True)
+
+
+def image_processor():
+    """Qwen2-VL's stock image processor (the PIL one: no torchvision needed), capped like the hub's at 16384 tokens."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 16384)
+
+
+# -----------------------------------------------------------------------------
+# conversations -> tensors
+
+
+def conversation(questions: list[tuple[str, str]]) -> list[dict]:
+    """One image, then question/answer turns (the image goes with the first question)."""
+    messages = []
+    for i, (q, a) in enumerate(questions):
+        content = [{"type": "image"}, {"type": "text", "text": q}] if i == 0 else q
+        messages += [{"role": "user", "content": content}, {"role": "assistant", "content": a}]
+    return messages
+
+
+def encode(tokenizer, questions: list[tuple[str, str]], n_image_tokens: int) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation with its image block expanded, and labels on the answers (+ <|im_end|>) only."""
+    text = tokenizer.apply_chat_template(conversation(questions), tokenize=False)
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * n_image_tokens, 1)
+    spans, at = [], 0
+    for _, a in questions:  # each answer's characters and its <|im_end|>, in order
+        start = text.index("<|im_start|>assistant\n" + a + "<|im_end|>", at) + len("<|im_start|>assistant\n")
+        at = start + len(a) + len("<|im_end|>")
+        spans.append((start, at))
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    labels = [t if any(s <= o0 and o1 <= e for s, e in spans) and o1 > o0 else IGNORE
+              for t, (o0, o1) in zip(enc["input_ids"], enc["offset_mapping"])]
+    return enc["input_ids"], labels
+
+
+def collate(tokenizer, processor, images, conversations) -> dict:
+    """Pages (PIL) + their conversations -> one right-padded batch for Qwen2VLForConditionalGeneration."""
+    vision = processor(images=images, return_tensors="pt")
+    merge = processor.merge_size ** 2
+    rows = [encode(tokenizer, qa, int(thw.prod()) // merge) for qa, thw in zip(conversations, vision["image_grid_thw"])]
+    length = max(len(ids) for ids, _ in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
+    labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, (ids, lab) in enumerate(rows):
+        input_ids[i, :len(ids)], labels[i, :len(lab)], attention[i, :len(ids)] = torch.tensor(ids), torch.tensor(lab), 1
+    return dict(input_ids=input_ids, attention_mask=attention, labels=labels, pixel_values=vision["pixel_values"],
+                image_grid_thw=vision["image_grid_thw"])
+
+
+def stage_at(step: int) -> Stage:
+    return next(s for s in CURRICULUM if step < s.until)
+
+
+def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
+    """A (width, height) in multiples of 28 px within `sides`, aspect between 3:4 and 4:3."""
+    lo, hi = sides[0] // 28, sides[1] // 28
+    w = rng.randint(lo, hi)
+    h = rng.randint(max(lo, math.ceil(w * 3 / 4)), min(hi, max(lo, math.floor(w * 4 / 3))))
+    return w * 28, h * 28
+
+
+def batch_pages(index: int, seed: int, image_tokens: int, max_pages: int = TrainConfig.max_pages):
+    """The pages and conversations of training batch `index`: a pure function of (seed, index)."""
+    rng = random.Random(f"arr_coc:pocket:{seed}:{index}")
+    stage = stage_at(index)
+    w, h = page_size(rng, stage.sides)
+    n = min(max_pages, max(2, image_tokens // (w * h // 784)))
+    images, conversations = [], []
+    for _ in range(n):
+        page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, stage.style)
+        k = rng.randint(1, min(stage.turns, len(page.questions)))
+        images.append(page.image)
+        conversations.append([(q.question, q.answer) for q in rng.sample(page.questions, k)])
+    return images, conversations
+
+
+class PageStream(torch.utils.data.IterableDataset):
+    """Batches start, start+1, ... drawn by the DataLoader's workers (worker k draws every k-th batch)."""
+
+    def __init__(self, folder: str, seed: int, start: int, image_tokens: int):
+        self.folder, self.seed, self.start, self.image_tokens = folder, seed, start, image_tokens
+
+    def __iter__(self):
+        from transformers import AutoTokenizer
+
+        info = torch.utils.data.get_worker_info()
+        k, n = (info.id, info.num_workers) if info else (0, 1)
+        tokenizer, processor = AutoTokenizer.from_pretrained(self.folder), image_processor()
+        index = self.start + k
+        while True:
+            yield collate(tokenizer, processor, *batch_pages(index, self.seed, self.image_tokens))
+            index += n
+
+
+# -----------------------------------------------------------------------------
+# held-out evaluation
+
+
+def gestalt_view(image, max_tokens: int = 256):
+    """The image resized (aspect kept, multiples of 28) to at most max_tokens merged tokens: ARR's gestalt."""
+    from PIL import Image
+
+    from arr_coc.vlm.views import fit_grid
+
+    gh, gw = fit_grid(image.width, image.height, max_tokens)
+    return image.resize((gw * 28, gh * 28), Image.BICUBIC)
+
+
+def heldout(kind: str, size: int, n: int) -> list[tuple]:
+    """n held-out (image, question, answer) of one kind at size x size (spec style, new seeds)."""
+    out = []
+    for i in range(n):
+        page = make_page(kind, EVAL_SEED + size * 1000 + i, size)
+        q = random.Random(f"arr_coc:pocket:eval:{kind}:{size}:{i}").choice(page.questions)
+        out.append((page.image, q.question, q.answer))
+    return out
+
+
+@torch.no_grad()
+def exact_match(model, tokenizer, processor, items, device, batch: int = 8) -> float:
+    """Share of items whose every answer token (and <|im_end|>) is the argmax under teacher forcing."""
+    correct = 0
+    for i in range(0, len(items), batch):
+        chunk = items[i:i + batch]
+        inputs = collate(tokenizer, processor, [im for im, _, _ in chunk], [[(q, a)] for _, q, a in chunk])
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        labels = inputs.pop("labels")
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == model.config.image_token_id).int()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(**inputs).logits  # [B, L, V]
+        pred = logits[:, :-1].argmax(-1)  # [B, L-1] prediction of token t+1
+        target = labels[:, 1:]
+        ok = ((pred == target) | (target == IGNORE)).all(dim=1)
+        correct += int(ok.sum())
+    return correct / max(len(items), 1)
+
+
+def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896, 1792)) -> dict:
+    """{size: {view: {kind: accuracy}}} on held-out pages, native and gestalt views."""
+    model.eval()
+    result = {}
+    for size in sizes:
+        result[size] = {}
+        for view in ("full", "gestalt"):
+            result[size][view] = {}
+            for kind in PAGE_KINDS:
+                items = heldout(kind, size, pages)
+                if view == "gestalt":
+                    items = [(gestalt_view(im), q, a) for im, q, a in items]
+                result[size][view][kind] = exact_match(model, tokenizer, processor, items, device,
+                                                       batch=4 if size > 1000 and view == "full" else 16)
+    model.train()
+    return result
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def lr_at(step: int, resumed_at: int, cfg: TrainConfig) -> float:
+    """Linear warm-up from each (re)start, then a constant rate (the run length is not known in advance)."""
+    return cfg.lr * min(1.0, (step - resumed_at + 1) / cfg.warmup)
+
+
+def save_state(model, optimizer, folder: Path, state: dict):
+    """Weights (fp32), optimizer moments and state.json: the in-run resume point (safetensors + JSON only)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder / "weights")
+    moments = {}
+    names = {p: n for n, p in model.named_parameters()}
+    for p, s in optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            moments[f"{names[p]}.{key}"] = s[key].contiguous()
+        moments[f"{names[p]}.step"] = torch.as_tensor(s["step"], dtype=torch.float32).reshape(1)
+    save_file(moments, folder / "optimizer.safetensors")
+    (folder / "state.json").write_text(json.dumps(state, indent=1))
+
+
+def load_state(model, optimizer, folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    path = folder / "optimizer.safetensors"
+    if path.is_file():
+        moments = load_file(path)
+        for n, p in model.named_parameters():
+            if f"{n}.exp_avg" in moments:
+                optimizer.state[p] = dict(exp_avg=moments[f"{n}.exp_avg"].to(p.device),
+                                          exp_avg_sq=moments[f"{n}.exp_avg_sq"].to(p.device),
+                                          step=moments[f"{n}.step"].reshape(()).to(p.device))
+    return json.loads((folder / "state.json").read_text())
+
+
+def make_optimizer(model, cfg: TrainConfig):
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([dict(params=decay, weight_decay=cfg.weight_decay), dict(params=rest, weight_decay=0.0)],
+                             lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device == "cuda")
+
+
+def load_or_init(folder: Path, resume: bool, device):
+    """(model, tokenizer, state): the run's weights if resuming, else the exported pocket folder, else fresh."""
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    tok_folder = folder / "weights" if (folder / "weights" / "tokenizer.json").is_file() else POCKET_FOLDER
+    tokenizer = AutoTokenizer.from_pretrained(tok_folder)
+    if resume and (folder / "state.json").is_file():
+        model = Qwen2VLForConditionalGeneration.from_pretrained(folder / "weights", dtype=torch.float32)
+        state = json.loads((folder / "state.json").read_text())
+    elif resume and (POCKET_FOLDER / "config.json").is_file():  # a new machine: continue from the shipped model
+        model = Qwen2VLForConditionalGeneration.from_pretrained(POCKET_FOLDER, dtype=torch.float32)
+        state = json.loads((POCKET_FOLDER / "training_state.json").read_text())
+    else:
+        torch.manual_seed(0)
+        model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer), dtype=torch.float32)
+        state = dict(step=0, gpu_seconds=0.0, samples=0, curve=[], runs=[])
+    model.config._attn_implementation = "sdpa"
+    return model.to(device).train(), tokenizer, state
+
+
+def train(cfg: TrainConfig, resume: bool) -> dict:
+    device = torch.device(cfg.device)
+    folder = Path(cfg.out)
+    model, tokenizer, state = load_or_init(folder, resume, device)
+    optimizer = make_optimizer(model, cfg)
+    if resume and (folder / "optimizer.safetensors").is_file():
+        load_state(model, optimizer, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder / "weights")
+    processor = image_processor()
+    start_step, t0 = state["step"], time.time()
+    print(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {start_step}, "
+          f"{state['gpu_seconds'] / 60:.1f} GPU-minutes so far", flush=True)
+    stream = PageStream(str(folder / "weights"), cfg.seed, start_step, cfg.image_tokens)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers, prefetch_factor=4,
+                                         pin_memory=device.type == "cuda", persistent_workers=False)
+    step, losses, seen = start_step, [], 0
+    for batch in loader:
+        if step >= cfg.steps or time.time() - t0 > cfg.minutes * 60:
+            break
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch["mm_token_type_ids"] = (batch["input_ids"] == model.config.image_token_id).int()
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step, start_step, cfg)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        seen += batch["input_ids"].shape[0]
+        step += 1
+        if step % 100 == 0:
+            rate = seen / (time.time() - t0)
+            print(f"step {step} loss {sum(losses) / len(losses):.4f} lr {lr_at(step, start_step, cfg):.2e} "
+                  f"stage {CURRICULUM.index(stage_at(step))} {rate:.0f} pages/s", flush=True)
+            state["curve"].append(dict(step=step, loss=round(sum(losses) / len(losses), 4)))
+            losses = []
+        if step % cfg.eval_every == 0:
+            _evaluate(model, tokenizer, processor, device, cfg, state, step)
+    elapsed = time.time() - t0
+    state.update(step=step, gpu_seconds=state["gpu_seconds"] + elapsed, samples=state["samples"] + seen)
+    if step % cfg.eval_every:
+        _evaluate(model, tokenizer, processor, device, cfg, state, step)
+    state["runs"].append(dict(steps=step - start_step, seconds=round(elapsed, 1),
+                              device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"))
+    save_state(model, optimizer, folder, state)
+    return state
+
+
+def _evaluate(model, tokenizer, processor, device, cfg, state, step):
+    accuracy = evaluate_heldout(model, tokenizer, processor, device, cfg.eval_pages, cfg.eval_sizes)
+    state.setdefault("heldout", []).append(dict(step=step, accuracy=accuracy))
+    print(f"eval step {step}: {json.dumps(accuracy)}", flush=True)
+
+
+# -----------------------------------------------------------------------------
+# export
+
+
+def export(run: Path, out: Path):
+    """The run's weights as a hub folder: bf16 safetensors in <16 MB shards, tokenizer, processor, card."""
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(run / "weights", dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(run / "weights")
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.pad_token_id, pad_token_id=tokenizer.pad_token_id,
+                                               eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+                                               do_sample=False)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size="15MB")
+    tokenizer.save_pretrained(out)
+    image_processor().save_pretrained(out)
+    state = json.loads((run / "state.json").read_text())
+    (out / "training_state.json").write_text(json.dumps(state, indent=1))
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=TrainConfig.out, help="run folder (weights, optimizer, state.json)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out, else from the shipped models/pocket-qwen2-vl, else start fresh")
+    parser.add_argument("--minutes", type=float, default=TrainConfig.minutes, help="stop after this many minutes")
+    parser.add_argument("--steps", type=int, default=TrainConfig.steps, help="stop at this total step count")
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
+    parser.add_argument("--image-tokens", type=int, default=TrainConfig.image_tokens, help="image tokens per batch")
+    parser.add_argument("--workers", type=int, default=TrainConfig.workers, help="page-drawing worker processes")
+    parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every, help="held-out eval interval (steps)")
+    parser.add_argument("--eval-pages", type=int, default=TrainConfig.eval_pages, help="held-out pages per kind and size")
+    parser.add_argument("--eval-sizes", default="896,1792", help="held-out square page sides, comma-separated")
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed, help="the training data stream's seed")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    parser.add_argument("--export", default=None, help="after training, write the hub folder here")
+    parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
+    args = parser.parse_args(argv)
+    if args.tokenizer_only:
+        build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
+        return
+    cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
+                      image_tokens=args.image_tokens, workers=args.workers, eval_every=args.eval_every,
+                      eval_pages=args.eval_pages, device=args.device,
+                      eval_sizes=tuple(int(v) for v in args.eval_sizes.split(",")))
+    if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
+        state = train(cfg, args.resume)
+        print(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all", flush=True)
+    if args.export:
+        print(f"exported to {export(Path(args.out), Path(args.export))}")
+
+
+if __name__ == "__main__":
+    main()
