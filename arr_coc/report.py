@@ -2,8 +2,9 @@
 The evaluation report: per-row summaries of evaluate.py's results, as a Markdown table, JSON and plots.
 
 A row is a stock baseline ("full") or ARR under one strategy ("arr:topk"). Per row: the set's metric
-averaged over items, visual tokens, TTFT, total time and GFLOPs; box recall and precision where items have
-target boxes; faithfulness areas where they were measured.
+averaged over the items that have reference answers (the others are counted as unscored), the lenient
+`contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
+precision where items have target boxes; faithfulness areas where they were measured.
 
     summary = summarise(records, rows)
     paths = write_report("runs/eval", summary, header)   # report.md, report.json, accuracy_vs_tokens.png,
@@ -23,7 +24,9 @@ from arr_coc.faithfulness import CURVES
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
 COLUMNS = (
     ("items", "items", "{:.0f}"),
+    ("unscored", "unscored (no answers)", "{:.0f}"),
     ("accuracy", "accuracy", "{:.3f}"),
+    ("contains", "contains (lenient)", "{:.3f}"),
     ("visual_tokens", "visual tokens", "{:.0f}"),
     ("ttft_ms", "TTFT ms", "{:.0f}"),
     ("total_ms", "total ms", "{:.0f}"),
@@ -35,13 +38,18 @@ COLUMNS = (
 
 
 def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
-    """Means per row over its records (a key only where the row's records have it)."""
+    """Means per row over its records (a key only where the row's records have a value for it); records scored
+    None (items without reference answers) are counted under "unscored"."""
     summary = {}
     for row in rows:
         mine = [r for r in records if r["row"] == row]
         means = {"items": float(len(mine))}
-        for key in ("score", "visual_tokens", "ttft_ms", "total_ms", "gflops", "box_recall", "box_precision"):
-            values = [r[key] for r in mine if key in r]
+        unscored = sum(r.get("score", 0) is None for r in mine)
+        if unscored:
+            means["unscored"] = float(unscored)
+        for key in ("score", "contains", "visual_tokens", "ttft_ms", "total_ms", "gflops", "box_recall",
+                    "box_precision"):
+            values = [r[key] for r in mine if r.get(key) is not None]
             if values:
                 means["accuracy" if key == "score" else key] = statistics.fmean(values)
         for name in CURVES:
@@ -64,11 +72,13 @@ def markdown_table(summary: dict[str, dict], metric: str) -> str:
 
 
 def accuracy_plot(summary: dict[str, dict], x: str, x_label: str, metric: str, path: Path) -> None:
-    """Accuracy against a cost (visual tokens, TTFT), one labelled point per row."""
+    """Accuracy against a cost (visual tokens, TTFT), one labelled point per row that has an accuracy."""
     fig = Figure(figsize=(6, 4), dpi=110, layout="constrained")
     ax = fig.subplots()
     labels: dict[tuple[float, float], list[str]] = {}  # rows on the same point share one label
     for row, means in summary.items():
+        if "accuracy" not in means:  # every item unscored (a test split)
+            continue
         marker = "o" if row.startswith("arr") else "s"  # ARR rows round, stock baselines square
         ax.scatter(means[x], means["accuracy"], marker=marker, s=40)
         labels.setdefault((means[x], means["accuracy"]), []).append(row)
@@ -107,8 +117,9 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     paths = [folder / "report.md", folder / "report.json"]
     for x, label, name in (("visual_tokens", "visual tokens per image", "accuracy_vs_tokens.png"),
                            ("ttft_ms", "time to first token (ms)", "accuracy_vs_ttft.png")):
-        accuracy_plot(summary, x, label, metric, folder / name)
-        paths.append(folder / name)
+        if any("accuracy" in means for means in summary.values()):
+            accuracy_plot(summary, x, label, metric, folder / name)
+            paths.append(folder / name)
     if faithfulness_plot(records, folder / "faithfulness.png"):
         paths.append(folder / "faithfulness.png")
     return paths
