@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, write_parquet_set
 
-from arr_coc import bench, evaluate, metrics
+from arr_coc import bench, evaluate, metrics, report
 
 FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--max-new-tokens", "2"]
 
@@ -113,6 +113,16 @@ def test_items_without_answers_are_answered_counted_and_left_out_of_the_mean(tmp
     assert gestalt["unscored"] == 2 and gestalt["accuracy"] == records[2]["score"]  # the mean of item 1 alone
     assert "| unscored (no answers) |" in (out / "report.md").read_text()
     assert "2 of 3 items have no reference answers" in capsys.readouterr().out
+
+
+def test_a_wholly_unscored_split_reports_without_accuracy_or_plots(tmp_path):
+    records = [dict(item=i, row="full", score=None, visual_tokens=100, ttft_ms=5.0, total_ms=9.0, gflops=1.0)
+               for i in range(3)]
+    summary = report.summarise(records, ["full"])
+    assert summary["full"]["unscored"] == 3 and "accuracy" not in summary["full"]
+    paths = report.write_report(tmp_path, summary, dict(metric="vqa", unscored_items=3), records)
+    assert [p.name for p in paths] == ["report.md", "report.json"]  # nothing to plot accuracy against
+    assert "| full | 3 | 3 | 100 |" in (tmp_path / "report.md").read_text()
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
