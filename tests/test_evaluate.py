@@ -61,6 +61,7 @@ def test_a_parquet_set_gets_its_metric_a_report_and_plots(tmp_path):
     assert report["throughput"]["items"] == 2 and report["throughput"]["items_per_s"] > 0
     assert report["prompt"] == "{question}\nAnswer the question using a single word or phrase."  # what was asked
     assert "lmms-eval docvqa_val" in report["prompt_reference"] and report["unscored_items"] == 0
+    assert "prompt `{question}\\nAnswer the question using a single word or phrase.`" in (out / "report.md").read_text()
     records = results(out)
     assert len(records) == 4 and records[0]["answers"] == ["000", "$000"] and records[0]["id"] == "q0"
     assert all(r["contains"] == metrics.contains(r["prediction"], r["answers"]) for r in records)  # the lenient extra
