@@ -103,10 +103,12 @@ def test_items_without_answers_are_answered_counted_and_left_out_of_the_mean(tmp
     answers = pa.array([None, ["stop"] * 10, []], type=table.schema.field("answers").type)
     pq.write_table(table.set_column(table.schema.get_field_index("answers"), "answers", answers), path)
     out = tmp_path / "eval"
-    assert evaluate.main([*FAST, "--dataset", str(folder), "--out", str(out)]) == 0
+    assert evaluate.main([*FAST, "--dataset", str(folder), "--faithfulness", "--faithfulness-steps", "1",
+                          "--out", str(out)]) == 0
     records = results(out)
     assert [r["score"] is None for r in records] == [True, True, False, False, True, True]
     assert all(("contains" in r) == (r["item"] == 1) for r in records)
+    assert [r["item"] for r in records if "faithfulness" in r] == [1]  # no reference answer to follow elsewhere
     report = json.loads((out / "report.json").read_text())
     assert report["items"] == 3 and report["unscored_items"] == 2
     assert report["prompt"] == "{question.capitalize()}\nAnswer the question using a single word or phrase."
