@@ -44,7 +44,7 @@ def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
     for row in rows:
         mine = [r for r in records if r["row"] == row]
         means = {"items": float(len(mine))}
-        unscored = sum(r.get("score", 0) is None for r in mine)
+        unscored = sum(r["score"] is None for r in mine)
         if unscored:
             means["unscored"] = float(unscored)
         for key in ("score", "contains", "visual_tokens", "ttft_ms", "total_ms", "gflops", "box_recall",
