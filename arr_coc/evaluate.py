@@ -99,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str], metric: str,
                   args: argparse.Namespace) -> list[dict]:
     """Every row's answer to one item, scored: one result dict per row. An item without reference answers (a test
-    split) is answered with score None; a benchmark metric also gets the lenient one as an extra field."""
+    split) is answered with score None and no faithfulness curves; a benchmark metric also gets the lenient one
+    as an extra field."""
     from arr_coc.faithfulness import faithfulness_curves
     from arr_coc.metrics import box_recall_precision
 
@@ -118,7 +119,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
         if a.arr is not None and item.box is not None:
             recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
-        if a.arr is not None and args.faithfulness:
+        if a.arr is not None and args.faithfulness and item.answers:  # the curves follow the first reference
             curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)

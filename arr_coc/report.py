@@ -110,7 +110,8 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     folder = Path(folder)
     metric = header["metric"]
     (folder / "report.json").write_text(json.dumps(dict(header, summary=summary), indent=2))
-    settings = ", ".join(f"{k} `{v}`" for k, v in header.items() if v is not None and not isinstance(v, dict))
+    settings = ", ".join(f"{k} `{v}`".replace("\n", "\\n")  # the prompt's line break shown, not rendered as a space
+                         for k, v in header.items() if v is not None and not isinstance(v, dict))
     (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_table(summary, metric)}\n")
     paths = [folder / "report.md", folder / "report.json"]
     for x, label, name in (("visual_tokens", "visual tokens per image", "accuracy_vs_tokens.png"),
