@@ -6,11 +6,14 @@ A source is a hub id ("lmms-lab/DocVQA"), a local folder of parquet files in a h
 file, or a folder holding data.jsonl. Its schema says which columns hold the question, the reference answers
 and the image, and which metric the set is scored by:
 
-    schema   columns                         metric (arr_coc.metrics)
-    docvqa   question, answers, image        anls
-    textvqa  question, answers (10), image   vqa
-    chartqa  query | question, label | answer, image   relaxed
-    jsonl    image, question, answer, box    contains
+    schema   columns                                   metric (arr_coc.metrics)   new tokens
+    docvqa   question, answers, image                  anls                       32
+    textvqa  question, answers (10), image             vqa                        128
+    chartqa  query | question, label | answer, image   relaxed                    16
+    jsonl    image, question, answer, box              contains                   16
+
+The hub sets are asked as lmms-eval asks Qwen2-VL (its tasks' `default` prompt kwargs and generation limits):
+the question (TextVQA's through str.capitalize()), then the set's one-line instruction.
 
     source = open_source("lmms-lab/DocVQA", split="validation", config="DocVQA", limit=100)
     for item in source.items: item.question, item.answers, item.open()
@@ -32,7 +35,8 @@ from PIL import Image, UnidentifiedImageError
 from arr_coc.data import Box, Sample, load_jsonl, make_dataset, open_image
 from arr_coc.errors import InputError
 
-SHORT_ANSWER = "Answer the question using a single word or phrase."  # the benchmarks' short-answer prompt
+SHORT_ANSWER = "Answer the question using a single word or phrase."  # lmms-eval's DocVQA and TextVQA instruction
+SINGLE_WORD = "Answer the question with a single word."  # lmms-eval's ChartQA instruction
 
 
 @dataclass(frozen=True)
@@ -40,18 +44,26 @@ class Schema:
     question: tuple[str, ...]  # the question's column: the first of these the set has
     answers: tuple[str, ...]  # the reference answer(s) column, a string or a list of strings: the first found
     metric: str  # the set's official metric, a key of arr_coc.metrics.METRICS
-    instruction: str = ""  # appended to every question (the sets expect one short answer)
+    instruction: str = ""  # on its own line after every question (the sets expect one short answer)
+    capitalize: bool = False  # the question goes through str.capitalize() first (lmms-eval's TextVQA does)
+    max_new_tokens: int = 16  # evaluate's answer length limit unless --max-new-tokens says otherwise
+    reference: str = ""  # where the prompt and the limit come from, recorded in evaluate's run.json
     image: str = "image"  # the image's column
     hub_ids: tuple[str, ...] = ()  # hub datasets known to use this schema (others are told by their name)
 
 
-SCHEMAS = {
-    "docvqa": Schema(("question",), ("answers",), "anls", SHORT_ANSWER,
+SCHEMAS = {  # prompts and limits verified in lmms-eval's tasks/{docvqa,textvqa,chartqa} and models/simple/qwen2_vl.py
+    "docvqa": Schema(("question",), ("answers",), "anls", SHORT_ANSWER, max_new_tokens=32,
+                     reference="lmms-eval docvqa_val: default post_prompt, max_new_tokens 32",
                      hub_ids=("lmms-lab/DocVQA", "HuggingFaceM4/DocumentVQA")),
-    "textvqa": Schema(("question",), ("answers",), "vqa", SHORT_ANSWER, hub_ids=("lmms-lab/textvqa", "facebook/textvqa")),
-    "chartqa": Schema(("query", "question"), ("label", "answer"), "relaxed", SHORT_ANSWER,
+    "textvqa": Schema(("question",), ("answers",), "vqa", SHORT_ANSWER, capitalize=True, max_new_tokens=128,
+                      reference="lmms-eval textvqa_val: question.capitalize(), default post_prompt; no "
+                                "max_new_tokens, so its Qwen2-VL model's default of 128",
+                      hub_ids=("lmms-lab/textvqa", "facebook/textvqa")),
+    "chartqa": Schema(("query", "question"), ("label", "answer"), "relaxed", SINGLE_WORD, max_new_tokens=16,
+                      reference="lmms-eval chartqa: default post_prompt, max_new_tokens 16",
                       hub_ids=("HuggingFaceM4/ChartQA", "lmms-lab/ChartQA")),
-    "jsonl": Schema(("question",), ("answer",), "contains"),
+    "jsonl": Schema(("question",), ("answer",), "contains", reference="ARR-COC's own sets: the question as written"),
 }
 ID_COLUMNS = ("questionId", "question_id", "id")  # a set's own id for an item, kept in the results when present
 
@@ -61,7 +73,7 @@ class Item:
     index: int  # position in the source (0 .. limit - 1): results are resumed and merged by it
     id: str  # the set's own id for the item, else the index
     question: str  # as the set asks it (evaluate adds the schema's instruction)
-    answers: list[str]  # reference answers (TextVQA: the ten human answers)
+    answers: list[str]  # reference answers (TextVQA: the ten human answers); none in a test split
     image: object  # a PIL image, a path, or the set's {"bytes", "path"}: decoded by open()
     box: Box | None = None  # half-open pixel box of the region the question is about, where the set has one
     kind: str = ""  # the schema, or the synthetic scene kind
@@ -93,9 +105,17 @@ class Source:
         return SCHEMAS[self.schema].metric
 
     def prompt(self, item: Item) -> str:
-        """The question as the model is asked it: the schema's instruction on its own line."""
+        """The question as the model is asked it: capitalised where the schema says, its instruction on its own line."""
+        return self.ask(item.question.capitalize() if SCHEMAS[self.schema].capitalize else item.question)
+
+    @property
+    def prompt_template(self) -> str:
+        """What every item is asked, for run.json: "{question}" (or "{question.capitalize()}") and the instruction."""
+        return self.ask("{question.capitalize()}" if SCHEMAS[self.schema].capitalize else "{question}")
+
+    def ask(self, question: str) -> str:
         instruction = SCHEMAS[self.schema].instruction
-        return f"{item.question}\n{instruction}" if instruction else item.question
+        return f"{question}\n{instruction}" if instruction else question
 
 
 def guess_schema(name: str) -> str:
@@ -162,8 +182,8 @@ def from_rows(rows, schema: Schema, kind: str, name: str, limit: int | None) -> 
 
     def items() -> Iterator[Item]:
         for index, row in enumerate(itertools.islice(itertools.chain([first], rows), limit)):
-            refs = row[answers]
-            refs = [refs] if isinstance(refs, str) else [str(a) for a in refs]
+            refs = row[answers]  # None or [] in a test split: the item is answered but not scored
+            refs = [refs] if isinstance(refs, str) else [str(a) for a in refs or ()]
             yield Item(index, str(row[id_column]) if id_column else str(index), row[question], refs, row[schema.image],
                        kind=kind)
     return items()

@@ -11,7 +11,8 @@ arr:logpolar, arr:grid, arr:random), all on the same items: the design's critica
     python -m arr_coc.evaluate --dataset data/chartqa --schema chartqa --limit 100 --faithfulness --out runs/chartqa
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
 
---out holds run.json (the settings), results.jsonl (one line per item and row, in order), report.md,
+--out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
+(one line per item and row, in order; an item without reference answers has score null), report.md,
 report.json and the plots (arr_coc.report). While running, each process appends its finished items to
 part-RANK.jsonl; run the same command again to resume: finished items are skipped. Under torchrun the
 items are shared out by index and the merged results equal a one-process run, item for item.
@@ -33,7 +34,7 @@ from arr_coc.benchmarks import SCHEMAS, Item, Source, open_source, synthetic_sou
 from arr_coc.config import BASELINES, DEFAULT_MODEL, STRATEGIES
 from arr_coc.data import SCENE_KINDS
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.metrics import METRICS
+from arr_coc.metrics import LENIENT, METRICS
 
 if TYPE_CHECKING:
     from arr_coc.distributed import Process
@@ -69,8 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
                    help="ARR strategies to run, comma-separated (\"\" for none)")
     p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=273, help="saccades per image")
-    p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=16,
-                   help="answer length limit")
+    p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
+                   help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
+                        "chartqa 16; 16 for JSONL sets and synthetic scenes)")
     cli.add_max_cells(p)
     p.add_argument("--faithfulness", action="store_true",
                    help="for every ARR row, also measure the deletion / random / insertion curves of the "
@@ -96,7 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str], metric: str,
                   args: argparse.Namespace) -> list[dict]:
-    """Every row's answer to one item, scored: one result dict per row."""
+    """Every row's answer to one item, scored: one result dict per row. An item without reference answers (a test
+    split) is answered with score None and no faithfulness curves; a benchmark metric also gets the lenient one
+    as an extra field."""
     from arr_coc.faithfulness import faithfulness_curves
     from arr_coc.metrics import box_recall_precision
 
@@ -107,13 +111,15 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                        strategy=strategy or None, budget=args.budget, max_cells=args.max_cells)
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
-                      score=METRICS[metric](a.text, item.answers), visual_tokens=a.tokens["total_visual"],
-                      gflops=round(sum(a.gflops.values()), 1), ttft_ms=round(a.ttft_ms, 2),
-                      total_ms=round(a.timings_ms["total"], 2))
+                      score=METRICS[metric](a.text, item.answers) if item.answers else None,
+                      visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
+                      ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2))
+        if metric != LENIENT and item.answers:
+            result[LENIENT] = METRICS[LENIENT](a.text, item.answers)
         if a.arr is not None and item.box is not None:
             recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
-        if a.arr is not None and args.faithfulness:
+        if a.arr is not None and args.faithfulness and item.answers:  # the curves follow the first reference
             curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
@@ -197,10 +203,12 @@ def main(argv=None) -> int:
         else:
             source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed)
         metric = args.metric or source.metric
+        args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main)
         rows = cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
         settings = dict(dataset=source.name, split=args.split if args.dataset else None, config=args.config,
                         schema=source.schema, metric=metric, model=args.model, checkpoint=checkpoint, rows=rows,
+                        prompt=source.prompt_template, prompt_reference=SCHEMAS[source.schema].reference,
                         budget=args.budget, max_new_tokens=args.max_new_tokens, max_cells=args.max_cells,
                         faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
                         seed=args.seed, synthetic_kinds=None if args.dataset else args.kinds)
@@ -224,8 +232,10 @@ def main(argv=None) -> int:
     if process.is_main:
         results = folder.merge(rows)
         items = len({r["item"] for r in results})
+        unscored = len({r["item"] for r in results if r["score"] is None})
         fresh = items - len({item for item, _ in done})
-        header = dict(settings, model_name=model.vlm.name, items=items, versions=cli.versions(),
+        header = dict(settings, model_name=model.vlm.name, items=items, unscored_items=unscored,
+                      versions=cli.versions(),
                       throughput=dict(processes=process.world_size, items=fresh, seconds=round(seconds, 2),
                                       items_per_s=round(fresh / seconds, 3) if fresh else None))
         summary = report.summarise(results, rows)
@@ -233,6 +243,9 @@ def main(argv=None) -> int:
         print(f"{items} items, model {model.vlm.name}, checkpoint {checkpoint}, {process.world_size} process(es): "
               f"{fresh} evaluated now in {seconds:.1f} s")
         print(report.markdown_table(summary, metric))
+        if unscored:
+            print(f"{unscored} of {items} items have no reference answers: answered but not scored, "
+                  "and left out of the accuracy")
         print("wrote " + ", ".join(str(p) for p in paths))
     distributed.finish(process)
     return 0

@@ -2,23 +2,31 @@
 How answers and selections are scored, in one place for evaluate.py, train.py and the app's A/B tab.
 
 Each answer metric takes the model's prediction and the dataset's reference answers and returns a score in
-[0, 1]; METRICS names them for `evaluate --metric`:
+[0, 1]; METRICS names them for `evaluate --metric`. The three benchmark metrics follow the reference
+evaluations step by step, so their numbers sit beside published ones:
 
-    anls("Invoice 4821", ["invoice 4,821"])          # DocVQA: 1 - normalised edit distance, 0 below 0.5 similarity
-    vqa_accuracy("two", ["2"] * 3 + ["3"] * 7)      # TextVQA: min(1, humans who agree / 3), averaged over 10 leave-one-outs
-    relaxed_accuracy("41.5%", ["42"])               # ChartQA: numbers within 5 %, other answers exact
-    contains("The total is 4,821.", ["4 821"])      # the synthetic and JSONL sets: the answer's words appear
+    anls("Invoice 4821", ["invoice 4821"])           # DocVQA: the official ANLS (1 - normalised edit distance,
+                                                     #   0 below a similarity of 0.5)
+    vqa_accuracy("two", ["2"] * 3 + ["3"] * 7)       # TextVQA: the EvalAI answer processor, then mmf's average of
+                                                     #   min(1, agreeing humans / 3) over the leave-one-outs
+    relaxed_accuracy("41.5", ["42"])                 # ChartQA: pix2struct's relaxed_correctness (numbers within 5 %,
+                                                     #   "%" read as / 100, other answers exact up to case)
+    contains("The total is 4,821.", ["4 821"])       # lenient: the answer's words appear; the synthetic and JSONL
+                                                     #   sets' metric, and an extra column of benchmark runs
     recall, precision = box_recall_precision(coverage, indices)
+
+The benchmark metrics need at least one reference answer (ValueError otherwise); evaluate.py leaves an item
+without answers (a test split) unscored and counts it.
 """
 
 import re
+import statistics
 
-ARTICLES = {"a", "an", "the"}
-NUMBER_WORDS = {w: str(i) for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+ARTICLES = ("a", "an", "the")
 
 
 def normalise(text: str) -> str:
-    """Lower case, every run of non-alphanumerics one space: the one normaliser every comparison uses."""
+    """Lower case, every run of non-alphanumerics one space: the lenient normaliser of `contains` and A/B agreement."""
     return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
 
 
@@ -33,8 +41,17 @@ def answers_agree(a: str, b: str) -> bool:
 
 
 def contains(prediction: str, answers: list[str]) -> float:
-    """1 when any reference answer appears in the prediction as whole words (is_correct), else 0."""
+    """Lenient (no reference evaluation): 1 when any reference answer appears in the prediction as whole words
+    (is_correct), else 0. The synthetic and JSONL sets' metric; on benchmark sets an extra column only."""
     return float(any(is_correct(prediction, a) for a in answers))
+
+
+def require_answers(answers: list[str]) -> None:
+    if not answers:
+        raise ValueError("no reference answers to score against (evaluate leaves such items unscored)")
+
+
+# ----------------------------------------------------------------------------- ANLS (DocVQA)
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -49,55 +66,132 @@ def edit_distance(a: str, b: str) -> int:
 
 
 def anls(prediction: str, answers: list[str], threshold: float = 0.5) -> float:
-    """Average Normalised Levenshtein Similarity (DocVQA): the best 1 - distance / length over the answers,
-    counted as 0 when the normalised distance reaches the threshold. Case and outer spaces are ignored."""
-    p = " ".join(prediction.lower().split())
-    best = 0.0
+    """ANLS as the official DocVQA evaluation computes it (the Robust Reading Competition's script, which
+    Qwen-VL's eval_mm/infographicsvqa_eval.py and lmms-eval's `anls` metric reproduce):
+
+    - per reference, the edit distance between the two strings stripped, lower-cased, whitespace runs as one space;
+    - divided by the longer of the two RAW strings' lengths after upper-casing (a distance of 0 when both are empty);
+    - the item scores 1 - the smallest of these, and 0 when that is below the threshold: a similarity of exactly
+      0.5 keeps its 0.5 ("12" against "13")."""
+    require_answers(answers)
+    predicted = " ".join(prediction.strip().lower().split())
+    distances = []
     for answer in answers:
-        a = " ".join(answer.lower().split())
-        distance = edit_distance(p, a) / max(len(p), len(a), 1)
-        best = max(best, 1.0 - distance if distance < threshold else 0.0)
-    return best
+        reference = " ".join(answer.strip().lower().split())
+        length = max(len(answer.upper()), len(prediction.upper()))
+        distances.append(0.0 if length == 0 else edit_distance(reference, predicted) / length)
+    score = 1 - min(distances)
+    return 0.0 if score < threshold else score
 
 
-def vqa_normalise(text: str) -> str:
-    """The VQA evaluation's normalisation: lower case, punctuation out, number words as digits, articles out."""
-    words = re.sub(r"[^\w\s]", " ", text.lower().replace("'s", "")).split()
-    return " ".join(NUMBER_WORDS.get(w, w) for w in words if w not in ARTICLES)
+# ----------------------------------------------------------------------------- VQA accuracy (TextVQA)
+
+# The EvalAI answer processor's tables (mmf's EvalAIAnswerProcessor, the VQA challenge's own evaluation).
+VQA_PUNCTUATION = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",",
+                   "?", "!")  # no "'", ":", "$", "%", "." or curly quotes: those stay
+VQA_DIGIT_COMMA = re.compile(r"(?<=\d),+(?=\d)")  # "1,000": then punctuation is deleted, not turned into spaces
+# The reference writes this "(?!<=\d)(\.)(?!\d)"; its first group is a look-ahead for the text "<=" that never
+# matches at a period, so the rule is: a period not followed by a digit goes ("3.5" keeps its period).
+VQA_PERIOD = re.compile(r"\.(?!\d)")
+VQA_PERIOD_COUNT = 32  # the reference passes re.UNICODE (= 32) where re.sub takes its count: 32 periods at most go
+VQA_NUMBERS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+               "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+VQA_CONTRACTIONS = {  # the words a processed answer may hold -> their apostrophed form (the reference's table,
+    # odd entries included: "somebody'd" -> "somebodyd"; its capitalised keys never match a lower-cased word)
+    "aint": "ain't", "arent": "aren't", "cant": "can't", "couldve": "could've", "couldnt": "couldn't",
+    "couldn'tve": "couldn't've", "couldnt've": "couldn't've", "didnt": "didn't", "doesnt": "doesn't", "dont": "don't",
+    "hadnt": "hadn't", "hadnt've": "hadn't've", "hadn'tve": "hadn't've", "hasnt": "hasn't", "havent": "haven't",
+    "hed": "he'd", "hed've": "he'd've", "he'dve": "he'd've", "hes": "he's", "howd": "how'd", "howll": "how'll",
+    "hows": "how's", "Id've": "I'd've", "I'dve": "I'd've", "Im": "I'm", "Ive": "I've", "isnt": "isn't",
+    "itd": "it'd", "itd've": "it'd've", "it'dve": "it'd've", "itll": "it'll", "let's": "let's", "maam": "ma'am",
+    "mightnt": "mightn't", "mightnt've": "mightn't've", "mightn'tve": "mightn't've", "mightve": "might've",
+    "mustnt": "mustn't", "mustve": "must've", "neednt": "needn't", "notve": "not've", "oclock": "o'clock",
+    "oughtnt": "oughtn't", "ow's'at": "'ow's'at", "'ows'at": "'ow's'at", "'ow'sat": "'ow's'at", "shant": "shan't",
+    "shed've": "she'd've", "she'dve": "she'd've", "she's": "she's", "shouldve": "should've",
+    "shouldnt": "shouldn't", "shouldnt've": "shouldn't've", "shouldn'tve": "shouldn't've",
+    "somebody'd": "somebodyd", "somebodyd've": "somebody'd've", "somebody'dve": "somebody'd've",
+    "somebodyll": "somebody'll", "somebodys": "somebody's", "someoned": "someone'd", "someoned've": "someone'd've",
+    "someone'dve": "someone'd've", "someonell": "someone'll", "someones": "someone's", "somethingd": "something'd",
+    "somethingd've": "something'd've", "something'dve": "something'd've", "somethingll": "something'll",
+    "thats": "that's", "thered": "there'd", "thered've": "there'd've", "there'dve": "there'd've",
+    "therere": "there're", "theres": "there's", "theyd": "they'd", "theyd've": "they'd've", "they'dve": "they'd've",
+    "theyll": "they'll", "theyre": "they're", "theyve": "they've", "twas": "'twas", "wasnt": "wasn't",
+    "wed've": "we'd've", "we'dve": "we'd've", "weve": "we've", "werent": "weren't", "whatll": "what'll",
+    "whatre": "what're", "whats": "what's", "whatve": "what've", "whens": "when's", "whered": "where'd",
+    "wheres": "where's", "whereve": "where've", "whod": "who'd", "whod've": "who'd've", "who'dve": "who'd've",
+    "wholl": "who'll", "whos": "who's", "whove": "who've", "whyll": "why'll", "whyre": "why're", "whys": "why's",
+    "wont": "won't", "wouldve": "would've", "wouldnt": "wouldn't", "wouldnt've": "wouldn't've",
+    "wouldn'tve": "wouldn't've", "yall": "y'all", "yall'll": "y'all'll", "y'allll": "y'all'll",
+    "yall'd've": "y'all'd've", "y'alld've": "y'all'd've", "y'all'dve": "y'all'd've", "youd": "you'd",
+    "youd've": "you'd've", "you'dve": "you'd've", "youll": "you'll", "youre": "you're", "youve": "you've",
+}
+
+
+def vqa_punctuation(text: str) -> str:
+    """The processor's punctuation step: each mark of VQA_PUNCTUATION is deleted where it touches a space in the
+    text (or anywhere, if the text has a digit-comma-digit), else turned into a space; then periods not before a
+    digit are deleted."""
+    out = text
+    digit_comma = VQA_DIGIT_COMMA.search(text) is not None
+    for mark in VQA_PUNCTUATION:
+        spaced = mark + " " in text or " " + mark in text
+        out = out.replace(mark, "" if spaced or digit_comma else " ")
+    return VQA_PERIOD.sub("", out, count=VQA_PERIOD_COUNT)
+
+
+def vqa_answer(text: str) -> str:
+    """An answer as the EvalAI answer processor leaves it (mmf's EvalAIAnswerProcessor, which lmms-eval's TextVQA
+    task runs), step by step: lower case; commas and "?" deleted, "'s" split off as " 's"; newlines and tabs as
+    spaces; vqa_punctuation; then per word: number words as digits ("none" -> "0"), articles dropped, and
+    contractions given their apostrophe ("dont" -> "don't")."""
+    text = text.lower().replace(",", "").replace("?", "").replace("'s", " 's").strip()
+    text = vqa_punctuation(text.replace("\n", " ").replace("\t", " ").strip())
+    words = [VQA_NUMBERS.get(w, w) for w in text.lower().split()]
+    return " ".join(VQA_CONTRACTIONS.get(w, w) for w in words if w not in ARTICLES)
 
 
 def vqa_accuracy(prediction: str, answers: list[str]) -> float:
-    """VQA accuracy (TextVQA): for each of the n human answers left out in turn, min(1, matches among the other
-    n - 1 / 3); the mean of those. With 10 answers, 3 or more agreeing humans give 1."""
-    p = vqa_normalise(prediction)
-    matches = [vqa_normalise(a) == p for a in answers]
-    if len(answers) == 1:
-        return float(matches[0])
-    return sum(min(1.0, (sum(matches) - m) / 3) for m in matches) / len(matches)
+    """VQA accuracy as mmf's TextVQAAccuracyEvaluator and lmms-eval's TextVQA task compute it: prediction and
+    human answers through vqa_answer; for each human answer left out in turn, min(1, the others equal to the
+    prediction / 3); the mean over the leave-one-outs. With 10 answers, 3 agreeing humans give 0.9 and 4 give 1;
+    a single reference has no others to agree with, so it scores 0, as in the reference."""
+    require_answers(answers)
+    predicted = vqa_answer(prediction)
+    agree = [vqa_answer(a) == predicted for a in answers]
+    return statistics.fmean(min(1.0, (sum(agree) - left_out) / 3) for left_out in agree)
 
 
-def as_number(text: str) -> float | None:
-    """'1,234.5', '42%' or '$7' -> a float; None for anything that is not one number."""
+# ----------------------------------------------------------------------------- relaxed accuracy (ChartQA)
+
+
+def chart_number(text: str) -> float | None:
+    """pix2struct's reading of an answer as a number: Python's float() of the text, one ending in "%" divided by
+    100; None where float() refuses ("1,000", "$5", "−5" with a unicode minus)."""
     try:
-        return float(text.strip().rstrip("%").lstrip("$").replace(",", ""))
+        return float(text.rstrip("%")) / 100.0 if text.endswith("%") else float(text)
     except ValueError:
         return None
 
 
-def relaxed_accuracy(prediction: str, answers: list[str], tolerance: float = 0.05) -> float:
-    """ChartQA's relaxed accuracy: a number within 5 % of a numeric answer (exact for 0), else the same text."""
-    p = prediction.strip().rstrip(".")
-    for answer in answers:
-        target, value = as_number(answer), as_number(p)
-        if target is not None and value is not None:
-            if abs(value - target) <= tolerance * abs(target):
-                return 1.0
-        elif normalise(p) == normalise(answer):
-            return 1.0
-    return 0.0
+def relaxed_correctness(prediction: str, target: str, max_relative_change: float = 0.05) -> bool:
+    """pix2struct's relaxed_correctness (google-research/pix2struct metrics.py; lmms-eval's ChartQA metric): when
+    both read as numbers and the target is not zero, |prediction - target| / |target| <= 5 %; otherwise (text,
+    or a zero target) the two strings equal up to case, nothing stripped."""
+    value, reference = chart_number(prediction), chart_number(target)
+    if value is not None and reference:  # a zero target is falsy: compared as text, as the reference does
+        return abs(value - reference) / abs(reference) <= max_relative_change
+    return prediction.lower() == target.lower()
+
+
+def relaxed_accuracy(prediction: str, answers: list[str], max_relative_change: float = 0.05) -> float:
+    """ChartQA's relaxed accuracy: relaxed_correctness against the best reference (pix2struct's aggregate_metrics
+    takes the max over targets; ChartQA items have one)."""
+    require_answers(answers)
+    return float(any(relaxed_correctness(prediction, a, max_relative_change) for a in answers))
 
 
 METRICS = {"anls": anls, "vqa": vqa_accuracy, "relaxed": relaxed_accuracy, "contains": contains}
+LENIENT = "contains"  # the lenient metric: reported beside a benchmark's own metric as an extra column
 
 
 def box_recall_precision(coverage, indices) -> tuple[float, float]:

@@ -2,8 +2,9 @@
 The evaluation report: per-row summaries of evaluate.py's results, as a Markdown table, JSON and plots.
 
 A row is a stock baseline ("full") or ARR under one strategy ("arr:topk"). Per row: the set's metric
-averaged over items, visual tokens, TTFT, total time and GFLOPs; box recall and precision where items have
-target boxes; faithfulness areas where they were measured.
+averaged over the items that have reference answers (the others are counted as unscored), the lenient
+`contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
+precision where items have target boxes; faithfulness areas where they were measured.
 
     summary = summarise(records, rows)
     paths = write_report("runs/eval", summary, header)   # report.md, report.json, accuracy_vs_tokens.png,
@@ -23,7 +24,9 @@ from arr_coc.faithfulness import CURVES
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
 COLUMNS = (
     ("items", "items", "{:.0f}"),
+    ("unscored", "unscored (no answers)", "{:.0f}"),
     ("accuracy", "accuracy", "{:.3f}"),
+    ("contains", "contains (lenient)", "{:.3f}"),
     ("visual_tokens", "visual tokens", "{:.0f}"),
     ("ttft_ms", "TTFT ms", "{:.0f}"),
     ("total_ms", "total ms", "{:.0f}"),
@@ -35,13 +38,18 @@ COLUMNS = (
 
 
 def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
-    """Means per row over its records (a key only where the row's records have it)."""
+    """Means per row over its records (a key only where the row's records have a value for it); records scored
+    None (items without reference answers) are counted under "unscored"."""
     summary = {}
     for row in rows:
         mine = [r for r in records if r["row"] == row]
         means = {"items": float(len(mine))}
-        for key in ("score", "visual_tokens", "ttft_ms", "total_ms", "gflops", "box_recall", "box_precision"):
-            values = [r[key] for r in mine if key in r]
+        unscored = sum(r["score"] is None for r in mine)
+        if unscored:
+            means["unscored"] = float(unscored)
+        for key in ("score", "contains", "visual_tokens", "ttft_ms", "total_ms", "gflops", "box_recall",
+                    "box_precision"):
+            values = [r[key] for r in mine if r.get(key) is not None]
             if values:
                 means["accuracy" if key == "score" else key] = statistics.fmean(values)
         for name in CURVES:
@@ -102,13 +110,15 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     folder = Path(folder)
     metric = header["metric"]
     (folder / "report.json").write_text(json.dumps(dict(header, summary=summary), indent=2))
-    settings = ", ".join(f"{k} `{v}`" for k, v in header.items() if v is not None and not isinstance(v, dict))
+    settings = ", ".join(f"{k} `{v}`".replace("\n", "\\n")  # the prompt's line break shown, not rendered as a space
+                         for k, v in header.items() if v is not None and not isinstance(v, dict))
     (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_table(summary, metric)}\n")
     paths = [folder / "report.md", folder / "report.json"]
     for x, label, name in (("visual_tokens", "visual tokens per image", "accuracy_vs_tokens.png"),
                            ("ttft_ms", "time to first token (ms)", "accuracy_vs_ttft.png")):
-        accuracy_plot(summary, x, label, metric, folder / name)
-        paths.append(folder / name)
+        if any("accuracy" in means for means in summary.values()):  # not when every item is unscored (a test split)
+            accuracy_plot(summary, x, label, metric, folder / name)
+            paths.append(folder / name)
     if faithfulness_plot(records, folder / "faithfulness.png"):
         paths.append(folder / "faithfulness.png")
     return paths

@@ -21,7 +21,29 @@ def test_each_hub_schema_loads_from_a_local_parquet_folder(tmp_path, schema, met
     item = items[1]
     assert (item.index, item.id, item.question, item.answers) == (1, item_id, question, answers)
     assert item.open().size == (130, 90) and item.box is None
-    assert source.prompt(item) == f"{question}\n{benchmarks.SHORT_ANSWER}"
+
+
+# lmms-eval's prompts and limits for Qwen2-VL (tasks/<set>/*.yaml `default` kwargs, models/simple/qwen2_vl.py)
+@pytest.mark.parametrize("schema, question, prompt, max_new_tokens", [
+    ("docvqa", "What is the DATE?", "What is the DATE?\nAnswer the question using a single word or phrase.", 32),
+    ("textvqa", "what does the SIGN say?", "What does the sign say?\nAnswer the question using a single word or phrase.",
+     128),  # str.capitalize(): the first letter up, the rest down
+    ("chartqa", "Which bar is HIGHEST?", "Which bar is HIGHEST?\nAnswer the question with a single word.", 16),
+    ("jsonl", "what colour is the Dot?", "what colour is the Dot?", 16),
+])
+def test_each_set_is_asked_as_lmms_eval_asks_qwen2_vl(schema, question, prompt, max_new_tokens):
+    source = benchmarks.Source("a set", schema, [])
+    assert source.prompt(benchmarks.Item(0, "0", question, ["x"], None)) == prompt
+    assert benchmarks.SCHEMAS[schema].max_new_tokens == max_new_tokens and benchmarks.SCHEMAS[schema].reference
+    question_in_run_json = "{question.capitalize()}" if schema == "textvqa" else "{question}"
+    assert source.prompt_template == prompt.replace(prompt.split("\n")[0], question_in_run_json)
+
+
+def test_items_without_answers_load_with_none():
+    rows = [dict(question="q?", answers=None, image=None), dict(question="q?", answers=[], image=None),
+            dict(question="q?", answers=["a"], image=None)]
+    items = list(benchmarks.from_rows(rows, benchmarks.SCHEMAS["docvqa"], "docvqa", "a test split", None))
+    assert [item.answers for item in items] == [[], [], ["a"]]
 
 
 def test_a_parquet_file_a_schema_flag_and_a_limit(tmp_path):

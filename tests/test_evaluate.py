@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, write_parquet_set
 
-from arr_coc import bench, evaluate
+from arr_coc import bench, evaluate, metrics, report
 
 FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--max-new-tokens", "2"]
 
@@ -59,8 +59,12 @@ def test_a_parquet_set_gets_its_metric_a_report_and_plots(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["schema"] == "docvqa" and report["metric"] == "anls" and report["items"] == 2
     assert report["throughput"]["items"] == 2 and report["throughput"]["items_per_s"] > 0
+    assert report["prompt"] == "{question}\nAnswer the question using a single word or phrase."  # what was asked
+    assert "lmms-eval docvqa_val" in report["prompt_reference"] and report["unscored_items"] == 0
+    assert "prompt `{question}\\nAnswer the question using a single word or phrase.`" in (out / "report.md").read_text()
     records = results(out)
     assert len(records) == 4 and records[0]["answers"] == ["000", "$000"] and records[0]["id"] == "q0"
+    assert all(r["contains"] == metrics.contains(r["prediction"], r["answers"]) for r in records)  # the lenient extra
     topk = [r for r in records if r["row"] == "arr:topk"]
     curves = topk[0]["faithfulness"]
     assert len(curves["deletion"]) == len(curves["random"]) == len(curves["insertion"]) == 4
@@ -72,12 +76,56 @@ def test_a_parquet_set_gets_its_metric_a_report_and_plots(tmp_path):
         cells = [c.strip() for c in next(line for line in table if line.startswith(f"| {row} |")).strip("|").split("|")]
         shown = dict(zip(head, cells))
         assert float(shown["accuracy (anls)"]) == pytest.approx(means["accuracy"], abs=5e-4)
+        assert float(shown["contains (lenient)"]) == pytest.approx(means["contains"], abs=5e-4)
         assert float(shown["visual tokens"]) == pytest.approx(means["visual_tokens"], abs=0.5)
         assert float(shown["TTFT ms"]) == pytest.approx(means["ttft_ms"], abs=0.5)
         assert shown["deletion area"] == ("-" if row == "gestalt" else f"{means['deletion_area']:.3f}")
     assert means["deletion_area"] == pytest.approx(sum(r["faithfulness"]["areas"]["deletion"] for r in topk) / 2)
     for plot in ("accuracy_vs_tokens.png", "accuracy_vs_ttft.png", "faithfulness.png"):
         assert (out / plot).stat().st_size > 10_000
+
+
+def test_the_answer_limit_defaults_to_the_sets_own(tmp_path):
+    folder = write_parquet_set(tmp_path / "docvqa", "docvqa", 1)
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", "tiny", "--baselines", "gestalt", "--strategies", "", "--dataset", str(folder),
+                          "--out", str(out)]) == 0
+    assert json.loads((out / "run.json").read_text())["max_new_tokens"] == 32  # lmms-eval's DocVQA limit
+
+
+def test_items_without_answers_are_answered_counted_and_left_out_of_the_mean(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = write_parquet_set(tmp_path / "textvqa", "textvqa", 3)
+    path = next(folder.rglob("*.parquet"))
+    table = pq.read_table(path)  # a test split's items: answers None or empty; item 1 keeps its ten
+    answers = pa.array([None, ["stop"] * 10, []], type=table.schema.field("answers").type)
+    pq.write_table(table.set_column(table.schema.get_field_index("answers"), "answers", answers), path)
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--dataset", str(folder), "--faithfulness", "--faithfulness-steps", "1",
+                          "--out", str(out)]) == 0
+    records = results(out)
+    assert [r["score"] is None for r in records] == [True, True, False, False, True, True]
+    assert all(("contains" in r) == (r["item"] == 1) for r in records)
+    assert [r["item"] for r in records if "faithfulness" in r] == [1]  # no reference answer to follow elsewhere
+    report = json.loads((out / "report.json").read_text())
+    assert report["items"] == 3 and report["unscored_items"] == 2
+    assert report["prompt"] == "{question.capitalize()}\nAnswer the question using a single word or phrase."
+    gestalt = report["summary"]["gestalt"]
+    assert gestalt["unscored"] == 2 and gestalt["accuracy"] == records[2]["score"]  # the mean of item 1 alone
+    assert "| unscored (no answers) |" in (out / "report.md").read_text()
+    assert "2 of 3 items have no reference answers" in capsys.readouterr().out
+
+
+def test_a_wholly_unscored_split_reports_without_accuracy_or_plots(tmp_path):
+    records = [dict(item=i, row="full", score=None, visual_tokens=100, ttft_ms=5.0, total_ms=9.0, gflops=1.0)
+               for i in range(3)]
+    summary = report.summarise(records, ["full"])
+    assert summary["full"]["unscored"] == 3 and "accuracy" not in summary["full"]
+    paths = report.write_report(tmp_path, summary, dict(metric="vqa", unscored_items=3), records)
+    assert [p.name for p in paths] == ["report.md", "report.json"]  # nothing to plot accuracy against
+    assert "| full | 3 | 3 | 100 |" in (tmp_path / "report.md").read_text()
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
