@@ -75,6 +75,7 @@ class Question:
     question: str  # e.g. "What is the value of TOTAL?"
     answer: str  # e.g. "0427"
     box: Box  # half-open pixel box of the target: (x0, y0, x1, y1)
+    text: str  # the target as a reader would transcribe it, e.g. "TOTAL: 0427", "red: tiger", "red circle"
 
 
 @dataclass
@@ -82,6 +83,12 @@ class Page:
     image: Image.Image  # RGB, width x height
     kind: str  # one of PAGE_KINDS
     questions: list[Question]  # every question the page answers, in drawing order
+
+    @property
+    def transcript(self) -> str:
+        """Every target's text in reading order (rows of 28 px, top to bottom, then left to right)."""
+        ordered = sorted(self.questions, key=lambda q: ((q.box[1] + q.box[3]) // 56, q.box[0]))
+        return "\n".join(q.text for q in ordered)
 
 
 @lru_cache(maxsize=64)
@@ -225,7 +232,7 @@ def fine_print(rng: random.Random, width: int, height: int, style: PageStyle) ->
     for key, slot in zip(keys, slots):
         value = f"{rng.randrange(10000):04d}"
         box = canvas.text(f"{key}: {value}", px, slot[0], slot[1], canvas.ink)
-        questions.append(Question(f"What is the value of {key}?", value, box))
+        questions.append(Question(f"What is the value of {key}?", value, box, f"{key}: {value}"))
     return canvas.finish("fine_print", questions, style)
 
 
@@ -250,7 +257,7 @@ def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> P
         jx = rng.randint(-pad_x // 2, pad_x // 2)
         jy = rng.randint(-pad_y // 2, pad_y // 2)
         canvas.text(word, px, box[0] + border + pad_x + jx, box[1] + border + pad_y + jy, canvas.ink)
-        questions.append(Question(f"What word is in the {colour} box?", word, box))
+        questions.append(Question(f"What word is in the {colour} box?", word, box, f"{colour}: {word}"))
     return canvas.finish("box_word", questions, style)
 
 
@@ -280,7 +287,7 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
             continue
         canvas.taken.append(_grow(box, 4))
         _draw_shape(canvas.draw, shape, box, COLOURS[colour])
-        questions.append(Question(f"What colour is the {shape}?", colour, box))
+        questions.append(Question(f"What colour is the {shape}?", colour, box, f"{colour} {shape}"))
     return canvas.finish("shape_colour", questions, style)
 
 

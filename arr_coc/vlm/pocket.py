@@ -40,6 +40,7 @@ POCKET_FOLDER = Path(__file__).resolve().parent.parent.parent / "models" / "pock
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 SYSTEM_PROMPT = "You are a helpful assistant."
+READ_PAGE = "Read the page."  # the transcription question: dense supervision of every glyph, as OCR pre-training
 EVAL_SEED = 10**9  # held-out pages use seeds from here on; training seeds stay far below
 IGNORE = -100
 
@@ -51,17 +52,18 @@ class Stage:
     sides: tuple[int, int]  # page side range in px (each side drawn separately; aspect kept within 3:4..4:3)
     style: PageStyle  # what the pages hold
     turns: int  # at most this many questions per page (a multi-turn conversation)
+    read: float  # share of conversations that open with READ_PAGE (the page's transcript)
 
 
 CURRICULUM = (
     Stage(3000, (168, 336), PageStyle(fields=(1, 3), field_font=(18, 28), boxes=(1, 3), word_font=(18, 28),
-                                      shapes=(1, 3), clutter=0.1), turns=3),
+                                      shapes=(1, 3), clutter=0.1), turns=3, read=0.6),
     Stage(8000, (224, 560), PageStyle(fields=(2, 8), field_font=(14, 24), boxes=(2, 5), word_font=(14, 24),
-                                      clutter=0.4), turns=6),
+                                      clutter=0.4), turns=6, read=0.4),
     Stage(16000, (336, 896), PageStyle(fields=(4, 16), field_font=(11, 20), boxes=(3, 8), word_font=(12, 20),
-                                       clutter=0.8), turns=8),
-    Stage(26000, (448, 1344), SPEC, turns=8),
-    Stage(10**9, (448, 1792), SPEC, turns=8),
+                                       clutter=0.8), turns=8, read=0.25),
+    Stage(26000, (448, 1344), SPEC, turns=8, read=0.15),
+    Stage(10**9, (448, 1792), SPEC, turns=8, read=0.1),
 )
 
 
@@ -86,7 +88,7 @@ class TrainConfig:
     seed: int = 0  # the data stream's seed
     steps: int = 10**9  # stop after this many steps in total ...
     minutes: float = 8.0  # ... or after this many minutes of this run, whichever comes first
-    lr: float = 1e-3  # peak AdamW learning rate
+    lr: float = 6e-4  # peak AdamW learning rate
     warmup: int = 300  # linear warm-up steps (after a resume too: the optimizer may be fresh)
     weight_decay: float = 0.05  # AdamW weight decay (matrices only)
     image_tokens: int = 8192  # image tokens per batch: B = image_tokens // tokens per page (bucketed sizes) ...
@@ -229,8 +231,9 @@ def batch_pages(index: int, seed: int, image_tokens: int, max_pages: int = Train
     for _ in range(n):
         page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, stage.style)
         k = rng.randint(1, min(stage.turns, len(page.questions)))
+        turns = [(q.question, q.answer) for q in rng.sample(page.questions, k)]
         images.append(page.image)
-        conversations.append([(q.question, q.answer) for q in rng.sample(page.questions, k)])
+        conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < stage.read else turns)
     return images, conversations
 
 
@@ -243,6 +246,7 @@ class PageStream(torch.utils.data.IterableDataset):
     def __iter__(self):
         from transformers import AutoTokenizer
 
+        torch.set_num_threads(1)  # many workers: one thread each, or they thrash the cores
         info = torch.utils.data.get_worker_info()
         k, n = (info.id, info.num_workers) if info else (0, 1)
         tokenizer, processor = AutoTokenizer.from_pretrained(self.folder), image_processor()
@@ -407,13 +411,18 @@ def train(cfg: TrainConfig, resume: bool) -> dict:
             loss = model(**batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):  # a bf16 blow-up: skip the step, keep the weights
+            state["skipped"] = state.get("skipped", 0) + 1
+            step += 1
+            continue
         optimizer.step()
         losses.append(loss.item())
         seen += batch["input_ids"].shape[0]
         step += 1
         if step % 100 == 0:
             rate = seen / (time.time() - t0)
+            losses = losses or [float("nan")]
             print(f"step {step} loss {sum(losses) / len(losses):.4f} lr {lr_at(step, start_step, cfg):.2e} "
                   f"stage {CURRICULUM.index(stage_at(step))} {rate:.0f} pages/s", flush=True)
             state["curve"].append(dict(step=step, loss=round(sum(losses) / len(losses), 4)))
