@@ -206,27 +206,32 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     import transformers
 
     from arr_coc import checkpoints
-    from arr_coc.errors import InputError
-    from arr_coc.model import ARRCOCQwen
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not quiet:
         log(f"loading {name} on {device} ...")
     start = time.perf_counter()
+    model = load_vlm(name, device)
+    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
+    model.layer = model.load_layer(folder) if folder is not None else model.prior_layer()
+    if not quiet:
+        log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
+    return model, checkpoints.label(folder)
+
+
+def load_vlm(name: str, device: str):
+    """ARRCOCQwen on the VLM `name` (its layer is load_model's to set); InputError naming it if it cannot load."""
+    from arr_coc.errors import InputError
+    from arr_coc.model import ARRCOCQwen
+
     try:
-        model = ARRCOCQwen.from_pretrained(name, device=device)
+        return ARRCOCQwen.from_pretrained(name, device=device)
     except (OSError, ValueError) as e:  # no such folder, not on the hub (or offline), not a Qwen-VL
         if isinstance(e, InputError):
             raise
         raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}); "
                          "--model tiny runs the offline model") from None
-    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
-    if folder is not None:
-        model.layer = model.load_layer(folder)
-    if not quiet:
-        log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
-    return model, checkpoints.label(folder)
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,

@@ -340,6 +340,7 @@ def test_a_report_returning_main_exits_0(monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["run", "evaluate", "train"])
+@pytest.mark.usefixtures("tiny_loaded_once")
 def test_a_model_or_dataset_that_cannot_load_exits_2_in_one_line(command, tmp_path, capsys):
     main = {"run": run.main, "evaluate": evaluate.main, "train": train.main}[command]
     own = {"run": RUN, "evaluate": ["--out", str(tmp_path / "eval")], "train": ["--out", str(tmp_path / "ck")]}[command]

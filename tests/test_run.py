@@ -9,6 +9,8 @@ from PIL import Image
 
 from arr_coc.run import load_image, main
 
+pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
+
 QUESTION = "What colour are the cat's eyes?"
 
 
