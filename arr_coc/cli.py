@@ -172,13 +172,6 @@ def input_file(what: str):
     return parse
 
 
-def input_path(text: str) -> str:
-    """An argparse type: an existing file or folder (a dataset, say)."""
-    if not Path(text).exists():
-        raise argparse.ArgumentTypeError(f"{text} does not exist")
-    return text
-
-
 def names(text: str) -> list[str]:
     """A comma_list value -> its names ("" -> [])."""
     return [n for n in text.split(",") if n]

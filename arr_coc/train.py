@@ -59,8 +59,7 @@ def flag(default, help: str, type=None):
 class TrainConfig:
     model: str = flag("tiny", "VLM to train against (Qwen-VL hub id or folder, or a tiny model such as 'tiny' or "
                            "'tiny-qwen2.5-vl'); it stays frozen")
-    data: str | None = flag(None, "JSONL dataset folder (arr_coc.data format); default: synthetic scenes",
-                            cli.input_path)
+    data: str | None = flag(None, "JSONL dataset folder (arr_coc.data format); default: synthetic scenes")
     kinds: str = flag("text_vs_distractor,distractor_query", "synthetic scene kinds, comma-separated",
                       cli.comma_list(SCENE_KINDS))
     n_train: int = flag(48, "number of synthetic training samples", cli.bounded_int(1, 1_000_000))
