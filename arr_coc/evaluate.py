@@ -14,8 +14,8 @@ arr:logpolar, arr:grid, arr:random), all on the same items: the design's critica
 --out holds run.json (the settings), results.jsonl (one line per item and row, in order), report.md,
 report.json and the plots (arr_coc.report). While running, each process appends its finished items to
 part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
-(every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out by index and
-the merged results equal a one-process run, item for item.
+(every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out
+by index and the merged results equal a one-process run, item for item.
 
 Exit codes: 0 on success; 2 on bad input (a bad flag, a model or dataset that cannot be loaded, a dataset
 without the schema's columns, an unreadable image, an --out made with other settings), with one line on
@@ -154,7 +154,6 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 synthetic_kinds=args.kinds if synthetic else None, seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), budget=args.budget, max_new_tokens=args.max_new_tokens,
                 max_cells=args.max_cells, faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
-
 
 
 class ResultsFolder:
