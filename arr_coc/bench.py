@@ -5,7 +5,7 @@ Latency and memory do not depend on weight values, so on a GPU the full-size Qwe
 (or Qwen2.5-VL-3B: --family qwen2_5_vl) with random weights stands in for the real model (--random-weights).
 Timings are medians of CUDA-synchronised runs after warm-up; every decode generates exactly --new-tokens tokens.
 
-    python -m arr_coc.bench --model tiny                              # CPU smoke run
+    python -m arr_coc.bench --model tiny                              # CPU smoke run (on a CPU, the only kind)
     python -m arr_coc.bench --random-weights --json out/bench.json    # on a GPU: the numbers in the README
     python -m arr_coc.bench --random-weights --family qwen2_5_vl      # the Qwen2.5-VL-3B architecture
 """
@@ -25,12 +25,12 @@ from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
     p.add_argument("--random-weights", action="store_true", help="full-size architecture of --family, random weights")
     p.add_argument("--family", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
                    help="with --random-weights: Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-2B")
-    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    p.add_argument("--device", type=cli.device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
                    help="weights' dtype (default: bf16 on Ampere+, fp16 on older GPUs such as the T4, fp32 on CPU)")
     p.add_argument("--sizes", type=cli.int_list(56, 8192), default=[448, 896, 1344, 1792],
@@ -44,8 +44,29 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated pipelines to time")
     p.add_argument("--engines", type=cli.comma_list(ENGINES), default="fast,hf",
                    help="comma-separated engines: fast (static cache + CUDA graphs) and hf (stock generate)")
-    p.add_argument("--json", default=None, help="write all numbers here")
-    return p.parse_args(argv)
+    p.add_argument("--json", type=cli.output_file, default=None, help="write all numbers here (a file path)")
+    args = p.parse_args(argv)
+    if on_cpu(args.device) and (args.random_weights or args.model not in tiny_models()):
+        flag = "--random-weights" if args.random_weights else "--model"
+        p.error(f"argument {flag}: no GPU, and on a CPU only the offline tiny models are benched (a full-size "
+                "Qwen-VL is ~10 GB of fp32 weights and takes hours); pass --model tiny, or run on a GPU")
+    return args
+
+
+def on_cpu(device: str | None) -> bool:
+    """Whether the bench will run on the CPU: asked for, or no CUDA GPU to default to."""
+    if device is not None:
+        return device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def tiny_models() -> tuple[str, ...]:
+    """The offline tiny models' names ("tiny", ...), the only ones benched on a CPU."""
+    from arr_coc.vlm.tiny import TINY_MODELS
+
+    return tuple(TINY_MODELS)
 
 
 def test_image(size: int) -> Image.Image:

@@ -8,11 +8,26 @@ size), else the untrained prior.
 
     folder = choose(None, model.vlm.family, model.vlm.hidden_size)   # None: the untrained prior
     model.layer = model.load_layer(folder) if folder else model.prior_layer()
+
+The shipped checkpoints are the repo's checkpoints/ folder, or after `pip install .` the copy inside the
+package (setup.py installs it as arr_coc/shipped/checkpoints): `shipped(name)` finds either, from any folder.
 """
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "checkpoints"  # the repo's shipped checkpoints
+PACKAGE = Path(__file__).resolve().parent  # arr_coc/, in the repo or where pip installed it
+
+
+def shipped(name: str, package: Path = PACKAGE) -> Path:
+    """
+    A folder the repo ships beside the package ("checkpoints", "models"): the copy `pip install .` put inside
+    the package (setup.py's SHIPPED), else the repo's own, beside arr_coc/.
+    """
+    installed = package / "shipped" / name
+    return installed if installed.is_dir() else package.parent / name
+
+
+ROOT = shipped("checkpoints")  # the shipped checkpoints, found by name (--checkpoint tiny-text-vs-distractor)
 PRIOR = "prior (untrained)"  # how the untrained layer is shown; "prior" also asks for it
 PRIOR_NAMES = ("prior", PRIOR)
 

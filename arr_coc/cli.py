@@ -1,10 +1,13 @@
 """
-What the `python -m arr_coc.X` commands share: flag validators, the model-loading lines, the package
-versions, and the console-script entry points that `pip install .` puts on the PATH.
+What the `python -m arr_coc.X` commands share: their argument parser, flag validators, the model-loading
+lines, the package versions, and the console-script entry points that `pip install .` puts on the PATH.
 
 Validators are argparse `type=` callables, so a bad flag is refused at parse time, before torch or a model
-loads: argparse prints the usage and one line naming the flag, and exits 2.
+loads: one line on stderr names the flag and the reason and points to --help, and the exit code is 2.
+Paths are checked there too (an --image that is missing, a --json that is a folder), and so is --device
+(torch loads only to ask whether a CUDA device is there, and only when one is asked for).
 
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget", type=bounded_int(1, 16384), default=273, help="number of saccades")
     model, checkpoint = load_model("tiny", checkpoint=None, device=None)   # prints "loading ..." / "loaded in ..."
 
@@ -17,10 +20,33 @@ import math
 import sys
 import time
 from importlib import metadata
+from pathlib import Path
 
 from arr_coc.config import MAX_CELLS, MIN_CELLS, PipelineConfig
 
 MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
+
+
+def command_name() -> str:
+    """How the user started this command, for messages: "python -m arr_coc.run", "arr-coc-run", "app.py"."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("arr_coc."):  # python -m: argv[0] is the module's file
+        return f"python -m {spec.name}"
+    return Path(sys.argv[0]).name
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """
+    argparse's parser, whose errors are one line: the reason (which names the flag), then where the flags are
+    listed. argparse's own puts the whole usage block first, burying the reason under it.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("prog", command_name())
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def bounded_int(lo: int, hi: int):
@@ -85,6 +111,67 @@ def nonblank(text: str) -> str:
     return text
 
 
+def device(text: str) -> str:
+    """
+    An argparse type: "cpu", "cuda" or "cuda:N", refused unless this machine has it. Torch loads only to ask
+    about CUDA, so --device cpu and no --device stay torch-free at parse time.
+    """
+    name = text.strip().lower()
+    kind, colon, index = name.partition(":")
+    if name == "cpu":
+        return name
+    if kind != "cuda" or (colon and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; choose cpu, cuda or cuda:N")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"no CUDA GPU on this machine (torch {torch.__version__} finds none) for "
+                                         f"{text!r}; use --device cpu, or leave --device out")
+    if colon and int(index) >= count:
+        raise argparse.ArgumentTypeError(f"no {text!r} on this machine: it has {count} CUDA GPU(s), cuda:0 .. "
+                                         f"cuda:{count - 1}")
+    return name
+
+
+def blocking_file(path: Path) -> Path | None:
+    """The first of path's parent folders that is a file (so path cannot be written), else None."""
+    return next((parent for parent in reversed(path.parents) if parent.exists() and not parent.is_dir()), None)
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file to write (its folder is made): not an existing folder, not under a file."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it, e.g. {path / 'results.json'}")
+    if blocker := blocking_file(path):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {blocker} is a file, not a folder")
+    return text
+
+
+def output_folder(text: str) -> str:
+    """An argparse type: a folder to write into (made if needed): not an existing file, not under a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    if blocker := blocking_file(path):
+        raise argparse.ArgumentTypeError(f"cannot make the folder {text}: {blocker} is a file")
+    return text
+
+
+def input_file(what: str):
+    """An argparse type: an existing file (an image, say), named as `what` in the messages."""
+    def parse(text: str) -> str:
+        path = Path(text)
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+        if not path.exists():
+            raise argparse.ArgumentTypeError(f"no such {what}: {text}")
+        return text
+    parse.__name__ = what
+    return parse
+
+
 def names(text: str) -> list[str]:
     """A comma_list value -> its names ("" -> [])."""
     return [n for n in text.split(",") if n]
@@ -112,27 +199,32 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     import transformers
 
     from arr_coc import checkpoints
-    from arr_coc.errors import InputError
-    from arr_coc.model import ARRCOCQwen
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not quiet:
         log(f"loading {name} on {device} ...")
     start = time.perf_counter()
+    model = load_vlm(name, device)
+    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
+    model.layer = model.load_layer(folder) if folder is not None else model.prior_layer()
+    if not quiet:
+        log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
+    return model, checkpoints.label(folder)
+
+
+def load_vlm(name: str, device: str):
+    """ARRCOCQwen on the VLM `name` (its layer is load_model's to set); InputError naming it if it cannot load."""
+    from arr_coc.errors import InputError
+    from arr_coc.model import ARRCOCQwen
+
     try:
-        model = ARRCOCQwen.from_pretrained(name, device=device)
+        return ARRCOCQwen.from_pretrained(name, device=device)
     except (OSError, ValueError) as e:  # no such folder, not on the hub (or offline), not a Qwen-VL
         if isinstance(e, InputError):
             raise
         raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}); "
                          "--model tiny runs the offline model") from None
-    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
-    if folder is not None:
-        model.layer = model.load_layer(folder)
-    if not quiet:
-        log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
-    return model, checkpoints.label(folder)
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,

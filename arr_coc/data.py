@@ -426,7 +426,7 @@ def load_jsonl(path: str | Path) -> list[Sample]:
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (created if needed)")
     parser.add_argument("--n", type=cli.bounded_int(0, 10_000_000), default=100, help="number of samples to write")
     parser.add_argument("--kinds", type=cli.comma_list(SCENE_KINDS), default="text_vs_distractor,distractor_query",

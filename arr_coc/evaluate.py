@@ -14,11 +14,14 @@ arr:logpolar, arr:grid, arr:random), all on the same items: the design's critica
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
 (one line per item and row, in order; an item without reference answers has score null), report.md,
 report.json and the plots (arr_coc.report). While running, each process appends its finished items to
-part-RANK.jsonl; run the same command again to resume: finished items are skipped. Under torchrun the
-items are shared out by index and the merged results equal a one-process run, item for item.
+part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
+(every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out
+by index and the merged results equal a one-process run, item for item.
 
 Exit codes: 0 on success; 2 on bad input (a bad flag, a model or dataset that cannot be loaded, a dataset
-without the schema's columns, an unreadable image), with one line on stderr; the results written so far are kept.
+without the schema's columns, an unreadable image, an --out made with other settings), with one line on
+stderr; the results written so far are kept. A --dataset path that does not exist, an unusable --device and
+an --out that is a file are refused before anything loads; --out is made only once there is something to write.
 """
 
 from __future__ import annotations  # type hints name the model without importing torch
@@ -43,15 +46,25 @@ if TYPE_CHECKING:
 TIMING_FIELDS = ("ttft_ms", "total_ms")  # the only fields of a result that differ between two identical runs
 
 
+def dataset(text: str) -> str:
+    """An argparse type: a local file or folder that exists, or a hub id (name or owner/name, fetched on load)."""
+    path = Path(text)
+    looks_local = (text.startswith(("/", ".", "~")) or text.count("/") > 1 or path.suffix in (".parquet", ".jsonl")
+                   or (path.parent != Path(".") and path.parent.is_dir()))  # data/chartqa: under a local folder
+    if looks_local and not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist; a hub dataset id looks like owner/name")
+    return text
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help='Qwen-VL hub id or folder, or an offline tiny model ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")')
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
                         "else the prior; the app's rule)")
-    p.add_argument("--dataset", default=None,
+    p.add_argument("--dataset", type=dataset, default=None,
                    help="a hub dataset id, a folder of parquet files, a parquet file, or a folder with data.jsonl "
                         "(default: --synthetic scenes)")
     p.add_argument("--split", default="validation", help="the dataset's split")
@@ -79,9 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "reference answer (3 x (steps + 1) teacher-forced forwards per item)")
     p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
                    help="points per faithfulness curve, minus one")
-    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available; cuda:LOCAL_RANK under torchrun)")
-    p.add_argument("--out", default=None, help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); "
-                                               "an existing one is resumed")
+    p.add_argument("--device", type=cli.device, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when available; cuda:LOCAL_RANK under torchrun)")
+    p.add_argument("--out", type=cli.output_folder, default=None,
+                   help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is resumed")
     args = p.parse_args(argv)
     if not args.baselines and not args.strategies:
         p.error("argument --baselines: empty, and so is --strategies: nothing to evaluate")
@@ -129,12 +143,31 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
 # ----------------------------------------------------------------------------- the results folder
 
 
+def row_names(args: argparse.Namespace) -> list[str]:
+    """The rows to evaluate: the stock baselines, then ARR under each strategy ("arr:topk", ...)."""
+    return cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
+
+
+def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoint: str) -> dict:
+    """
+    Everything that decides the results in --out: every flag but --device and --out (where the run happens),
+    with the dataset's schema, the metric and the checkpoint as resolved. Resuming under other settings is
+    refused, naming the ones that differ.
+    """
+    synthetic = not args.dataset
+    return dict(dataset=source.name, split=None if synthetic else args.split, config=args.config,
+                schema=source.schema, metric=metric, limit=args.limit, synthetic=args.synthetic if synthetic else None,
+                synthetic_kinds=args.kinds if synthetic else None, seed=args.seed, model=args.model,
+                checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
+                prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget, max_new_tokens=args.max_new_tokens,
+                max_cells=args.max_cells, faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+
+
 class ResultsFolder:
     """--out: the settings, each process's appended results, and the merged results.jsonl."""
 
     def __init__(self, folder: str, process: Process):
-        self.folder, self.process = Path(folder), process
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.process = Path(folder), process  # made when the first thing is written, not before
         self.part = self.folder / f"part-{process.rank}.jsonl"
 
     def check_settings(self, settings: dict) -> None:
@@ -142,10 +175,12 @@ class ResultsFolder:
         path = self.folder / "run.json"
         if path.is_file():
             before = json.loads(path.read_text())
-            changed = [f"{k}: {before.get(k)!r} there, {v!r} now" for k, v in settings.items() if before.get(k) != v]
+            changed = [f"{k}: {before.get(k)!r} there, {settings.get(k)!r} now"
+                       for k in dict.fromkeys([*before, *settings]) if before.get(k) != settings.get(k)]
             if changed:
                 raise InputError(f"{self.folder} holds the results of another run ({'; '.join(changed)}); "
                                  "choose another --out")
+        self.folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=2))
 
     def read(self) -> list[dict]:
@@ -162,6 +197,7 @@ class ResultsFolder:
 
     def append(self, results: list[dict]) -> None:
         """One item's results, whole lines, flushed: an interruption loses at most the item being evaluated."""
+        self.folder.mkdir(parents=True, exist_ok=True)
         with self.part.open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in results))
 
@@ -205,13 +241,8 @@ def main(argv=None) -> int:
         metric = args.metric or source.metric
         args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main)
-        rows = cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
-        settings = dict(dataset=source.name, split=args.split if args.dataset else None, config=args.config,
-                        schema=source.schema, metric=metric, model=args.model, checkpoint=checkpoint, rows=rows,
-                        prompt=source.prompt_template, prompt_reference=SCHEMAS[source.schema].reference,
-                        budget=args.budget, max_new_tokens=args.max_new_tokens, max_cells=args.max_cells,
-                        faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
-                        seed=args.seed, synthetic_kinds=None if args.dataset else args.kinds)
+        rows = row_names(args)
+        settings = run_settings(args, source, metric, checkpoint)
         if process.is_main:
             folder.check_settings(settings)
         done = {(r["item"], r["row"]) for r in folder.read()}
@@ -225,7 +256,8 @@ def main(argv=None) -> int:
                 folder.append(evaluate_item(model, source, item, todo, metric, args))
     except (InputError, CheckpointError, OutOfMemory) as e:
         process.log(f"error: {e}")
-        process.log(f"the results finished so far are kept in {args.out}; run the same command again to resume")
+        if folder.read():
+            process.log(f"the results finished so far are kept in {args.out}; run the same command again to resume")
         return 2
     process.barrier()
     seconds = time.perf_counter() - start

@@ -15,7 +15,8 @@ Progress lines and notes go to stderr; the table to stdout. The JSON records the
 the question, any notice about the model and the package versions, beside each pipeline's results.
 
 Exit codes: 0 on success; 2 on bad input (a bad flag, unreadable image, empty question, bad checkpoint, a
-model that cannot be loaded), with a one-line reason on stderr.
+model that cannot be loaded), with a one-line reason on stderr. Bad flags, a missing --image, an unusable
+--device and a --json that is a folder are refused before anything loads.
 """
 
 import argparse
@@ -30,10 +31,10 @@ from arr_coc.errors import InputError, OutOfMemory
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help='Qwen-VL hub id or folder, or an offline tiny model ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")')
-    p.add_argument("--image", required=True, help="path of the image to look at")
+    p.add_argument("--image", required=True, type=cli.input_file("image"), help="path of the image to look at")
     p.add_argument("--question", required=True, type=cli.nonblank, help="the question to ask about the image")
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
@@ -47,15 +48,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
                    help="answer length limit")
     cli.add_max_cells(p)
-    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    p.add_argument("--device", type=cli.device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--faithfulness", action="store_true",
                    help="also measure the deletion / random / insertion curves of ARR's answer (needs the arr pipeline)")
     p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
                    help="points per faithfulness curve, minus one")
     p.add_argument("--answer", default=None, type=cli.nonblank,
                    help="with --faithfulness: score this answer instead of ARR's own (e.g. the reference answer)")
-    p.add_argument("--json", default=None, help="write the results here as JSON")
-    p.add_argument("--save-dir", default=None, help="write heatmap, channel and scorer PNGs here")
+    p.add_argument("--json", type=cli.output_file, default=None, help="write the results here as JSON (a file path)")
+    p.add_argument("--save-dir", type=cli.output_folder, default=None,
+                   help="write heatmap, channel and scorer PNGs into this folder")
     args = p.parse_args(argv)
     if args.budget > args.max_cells:
         p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")

@@ -78,8 +78,8 @@ class TrainConfig:
                                   "instead of the untrained prior")
     eval_every: int = flag(50, "steps between held-out evaluations", cli.bounded_int(1, 10_000_000))
     seed: int = flag(0, "seed of data order and synthetic scenes", int)
-    device: str | None = flag(None, "cuda / cpu (default: cuda when available; under torchrun each process takes "
-                                    "cuda:LOCAL_RANK)")
+    device: str | None = flag(None, "cpu, cuda or cuda:N (default: cuda when available; under torchrun each process "
+                                    "takes cuda:LOCAL_RANK)", cli.device)
     out: str | None = flag(None, "checkpoint folder to write (default: a fresh runs/arr-YYYYmmdd-HHMMSS); "
                                  "an existing non-empty folder needs --overwrite")
     overwrite: bool = flag(False, "write into --out even if it already holds files (e.g. a shipped checkpoint)")
@@ -286,7 +286,7 @@ def parse_args(argv=None) -> TrainConfig:
     anything loads. Under torchrun every process checks --out before any writes: rank 0 writes only after
     training, which every process joins first.
     """
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in fields(TrainConfig):
         name = f"--{f.name.replace('_', '-')}"
         if f.default is False:

@@ -34,6 +34,25 @@ def arr_model():
     return ARRCOCQwen.from_pretrained("tiny")
 
 
+@pytest.fixture
+def tiny_loaded_once(arr_model, monkeypatch):
+    """
+    The commands' loads of "tiny" on arr_model's device (cli.load_vlm) served by the session's arr_model, so a
+    command's test skips the load; the command still sets the layer its flags ask for, and arr_model's own
+    layer is put back after. Other models load as ever.
+    """
+    from arr_coc import cli
+
+    load, layer = cli.load_vlm, arr_model.layer
+
+    def load_once(name: str, device: str):
+        return arr_model if (name, device) == ("tiny", str(arr_model.vlm.device)) else load(name, device)
+
+    monkeypatch.setattr(cli, "load_vlm", load_once)
+    yield arr_model
+    arr_model.layer = layer
+
+
 def overflowing_fp16_model(device: str):
     """
     The tiny model in fp16, edited so that its residual stream overflows at every text token in layer 0:

@@ -7,9 +7,12 @@ and the console scripts that pyproject.toml declares.
 """
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,7 +35,7 @@ BAD_FLAGS = [
     (run.parse_args, [*RUN, "--pipelines", "arr,magic"], "--pipelines"),
     (run.parse_args, [*RUN, "--pipelines", ","], "--pipelines"),
     (run.parse_args, [*RUN, "--strategy", "best"], "--strategy"),
-    (run.parse_args, ["--image", "x.png", "--question", "  "], "--question"),
+    (run.parse_args, ["--image", "assets/chelsea.png", "--question", "  "], "--question"),
     (train.parse_args, ["--steps", "0"], "--steps"),
     (train.parse_args, ["--batch-size", "-2"], "--batch-size"),
     (train.parse_args, ["--lr", "0"], "--lr"),
@@ -66,15 +69,82 @@ BAD_FLAGS = [
     (bench.parse_args, ["--max-cells", "100"], "--max-cells"),
     (bench.parse_args, ["--pipelines", "arr,fast"], "--pipelines"),
 ]
+TINY_BENCH = ["--model", "tiny"]  # bench's flags that pass its CPU check, on any machine
+# paths and devices, refused at parse time too, before any model loads: (parse, arguments, flag, reason)
+BAD_PATHS = [
+    (run.parse_args, ["--image", "nowhere.png", "--question", "hi"], "--image", "no such image: nowhere.png"),
+    (run.parse_args, ["--image", "assets", "--question", "hi"], "--image", "assets is a folder, not a file"),
+    (run.parse_args, [*RUN, "--json", "assets"], "--json", "assets is a folder"),
+    (run.parse_args, [*RUN, "--json", "pyproject.toml/run.json"], "--json",
+     "cannot write pyproject.toml/run.json: pyproject.toml is a file"),
+    (run.parse_args, [*RUN, "--save-dir", "pyproject.toml"], "--save-dir", "pyproject.toml is a file"),
+    (run.parse_args, [*RUN, "--device", "tpu"], "--device", "unknown device 'tpu'"),
+    (run.parse_args, [*RUN, "--device", "cuda:first"], "--device", "unknown device 'cuda:first'"),
+    (evaluate.parse_args, ["--device", "tpu"], "--device", "unknown device 'tpu'"),
+    (evaluate.parse_args, ["--dataset", "/nonexistent"], "--dataset", "/nonexistent does not exist"),
+    (evaluate.parse_args, ["--dataset", "assets/chartqa"], "--dataset", "assets/chartqa does not exist"),
+    (evaluate.parse_args, ["--out", "pyproject.toml"], "--out", "pyproject.toml is a file"),
+    (train.parse_args, ["--device", "tpu"], "--device", "unknown device 'tpu'"),
+    (bench.parse_args, [*TINY_BENCH, "--device", "tpu"], "--device", "unknown device 'tpu'"),
+    (bench.parse_args, [*TINY_BENCH, "--json", "assets"], "--json", "assets is a folder"),
+]
 
 
-@pytest.mark.parametrize("parse, argv, flag", BAD_FLAGS)
-def test_bad_flags_exit_2_naming_the_flag(parse, argv, flag, capsys):
+def one_line_refusal(parse, argv, capsys) -> str:
+    """The parser's refusal of argv: exit 2 and one line on stderr (no usage block) that points to --help."""
     with pytest.raises(SystemExit) as exit:
         parse(argv)
     assert exit.value.code == 2
-    reason = capsys.readouterr().err.strip().splitlines()[-1]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "usage:" not in err[0], err
+    assert err[0].endswith(" --help)"), err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("parse, argv, flag", BAD_FLAGS)
+def test_bad_flags_exit_2_naming_the_flag_in_one_line(parse, argv, flag, capsys):
+    reason = one_line_refusal(parse, argv, capsys)
     assert f"error: argument {flag}" in reason, reason
+
+
+@pytest.mark.parametrize("parse, argv, flag, message", BAD_PATHS)
+def test_bad_paths_and_devices_are_refused_at_parse_time(parse, argv, flag, message, capsys):
+    reason = one_line_refusal(parse, argv, capsys)
+    assert f"error: argument {flag}: {message}" in reason, reason
+
+
+def test_an_unknown_or_missing_flag_is_one_line_pointing_to_help(capsys):
+    assert "unrecognized arguments: --bogus" in one_line_refusal(run.parse_args, [*RUN, "--bogus"], capsys)
+    assert "required: --image, --question" in one_line_refusal(run.parse_args, [], capsys)
+    assert one_line_refusal(data.main, ["--n", "3"], capsys).startswith(f"{cli.command_name()}: error: ")
+
+
+@pytest.mark.parametrize("parse, argv", [(run.parse_args, RUN), (evaluate.parse_args, []), (train.parse_args, []),
+                                         (bench.parse_args, TINY_BENCH)])
+def test_cuda_is_refused_where_there_is_none(parse, argv, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert "no CUDA GPU on this machine" in one_line_refusal(parse, [*argv, "--device", "cuda"], capsys)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert "it has 2 CUDA GPU(s), cuda:0 .. cuda:1" in one_line_refusal(parse, [*argv, "--device", "cuda:2"], capsys)
+    assert parse([*argv, "--device", "CUDA:1"]).device == "cuda:1"
+    assert parse([*argv, "--device", "cpu"]).device == "cpu"
+
+
+def test_bench_on_a_cpu_benches_only_the_tiny_models(monkeypatch, capsys):
+    import torch
+
+    for argv in (["--device", "cpu"], ["--device", "cpu", "--model", "Qwen/Qwen2-VL-2B-Instruct"],
+                 ["--device", "cpu", "--random-weights"]):
+        reason = one_line_refusal(bench.parse_args, argv, capsys)
+        assert "no GPU" in reason and "pass --model tiny" in reason, reason
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "error: argument --model: no GPU" in one_line_refusal(bench.parse_args, [], capsys)  # no --device: the CPU
+    for tiny in ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl"):
+        assert bench.parse_args(["--model", tiny]).model == tiny
 
 
 def test_good_flags_parse():
@@ -83,15 +153,23 @@ def test_good_flags_parse():
     assert run.parse_args(RUN).max_cells == 4096 and evaluate.parse_args([]).max_cells == 4096
     assert evaluate.parse_args(["--max-cells", "16384"]).max_cells == 16384
     assert cli.names(evaluate.parse_args(["--baselines", ""]).baselines) == []
-    assert bench.parse_args(["--pipelines", "arr"]).pipelines == "arr"  # bench splits the string itself
+    assert bench.parse_args([*TINY_BENCH, "--pipelines", "arr"]).pipelines == "arr"  # bench splits the string itself
 
 
-@pytest.mark.parametrize("module", ["run", "train", "evaluate", "data"])
-def test_help_and_bad_flags_answer_without_torch(module):
-    """Parsing imports no torch, transformers or model module: --help is instant, a bad flag fails at once."""
+@pytest.mark.parametrize("module, bad", [
+    ("run", [["--image", "nowhere.png", "--question", "hi"], ["--image", "assets", "--question", "hi"],
+             [*RUN, "--device", "tpu"], [*RUN, "--json", "assets"]]),
+    ("train", [["--device", "tpu"]]),
+    ("evaluate", [["--dataset", "/nonexistent"], ["--device", "tpu"]]),
+    ("bench", [["--device", "tpu"], ["--json", "assets"]]),
+    ("data", []),
+])
+def test_help_and_bad_flags_answer_without_torch(module, bad):
+    """Parsing imports no torch, transformers or model module: --help is instant, a bad flag or path fails at once."""
     code = (f"import sys\nfrom arr_coc import {module} as m\nparse = getattr(m, 'parse_args', m.main)\n"
-            "for argv in (['--help'], ['--bogus-flag']):\n"
-            "    try:\n        parse(argv)\n    except SystemExit as e:\n        assert e.code in (0, 2), e.code\n"
+            f"for argv, code in [(['--help'], 0), (['--bogus-flag'], 2), *((argv, 2) for argv in {bad!r})]:\n"
+            "    try:\n        parse(argv)\n    except SystemExit as e:\n        assert e.code == code, (argv, e.code)\n"
+            "    else:\n        raise AssertionError(f'{argv} was accepted')\n"
             "heavy = sorted(n for n in ('torch', 'transformers', 'arr_coc.model', 'arr_coc.vlm.qwen2_vl') if n in sys.modules)\n"
             "print('HEAVY', heavy)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -176,6 +254,70 @@ def test_the_default_is_the_first_checkpoint_made_for_the_model(tmp_path):
 # ----------------------------------------------------------------------------- packaging
 
 
+SOURCES = ("arr_coc", "checkpoints", "setup.py", "pyproject.toml", "README.md", "requirements.txt")  # what a build reads
+
+
+def build_wheel(tmp_path: Path) -> Path:
+    """The wheel `pip install .` installs, built from a copy of the repo that also has a models/ folder to ship."""
+    pytest.importorskip("setuptools", minversion="77")  # the build backend pyproject.toml names
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, source / name)
+    (source / "models" / "pocket-test" / "weights").mkdir(parents=True)  # a nested offline model, as the repo will ship
+    (source / "models" / "pocket-test" / "weights" / "model.safetensors").write_bytes(b"weights")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
+                           "-q", "-w", str(tmp_path / "dist")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return next((tmp_path / "dist").glob("arr_coc-*.whl"))
+
+
+def test_pip_install_ships_the_checkpoints_and_models_found_from_any_folder(tmp_path):
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        files = set(archive.namelist())
+        archive.extractall(tmp_path / "site")  # what pip puts in site-packages
+    for folder in (ROOT / "checkpoints").iterdir():
+        for name in ("config.json", "model.safetensors"):
+            assert f"arr_coc/shipped/checkpoints/{folder.name}/{name}" in files, sorted(files)
+    assert "arr_coc/shipped/models/pocket-test/weights/model.safetensors" in files
+    assert not any(f.startswith(("app.py", "tests/", "assets/", "checkpoints/", "models/")) for f in files)
+    # run from another folder, the installed package finds its own copy by name
+    code = ("from arr_coc import checkpoints\nprint(checkpoints.resolve_checkpoint('tiny-text-vs-distractor'))\n"
+            "print(checkpoints.shipped('models'))")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stderr
+    found, models = proc.stdout.split()
+    installed = tmp_path / "site" / "arr_coc" / "shipped"
+    assert Path(found) == installed / "checkpoints" / "tiny-text-vs-distractor" and (Path(found) / "config.json").is_file()
+    assert Path(models) == installed / "models"
+
+
+def test_shipped_folders_are_the_installed_copy_else_the_repos(tmp_path):
+    package = tmp_path / "repo" / "arr_coc"
+    (tmp_path / "repo" / "checkpoints").mkdir(parents=True)
+    package.mkdir()
+    assert checkpoints.shipped("checkpoints", package) == tmp_path / "repo" / "checkpoints"  # a clone
+    (package / "shipped" / "checkpoints").mkdir(parents=True)
+    assert checkpoints.shipped("checkpoints", package) == package / "shipped" / "checkpoints"  # pip installed
+    assert checkpoints.ROOT == ROOT / "checkpoints"  # these tests run in the repo
+
+
+def test_what_the_readme_steps_leave_behind_is_ignored():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    left = ["data/docvqa/x.parquet", "build/lib/arr_coc/cli.py", "arr_coc.egg-info/PKG-INFO", "runs/eval/report.md"]
+    proc = subprocess.run(["git", "check-ignore", *left], cwd=ROOT, capture_output=True, text=True)
+    assert proc.stdout.split() == left
+    assert subprocess.run(["git", "check-ignore", "-q", "arr_coc/data.py"], cwd=ROOT).returncode == 1  # code is not
+
+
 def test_console_scripts_point_at_callables():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     scripts = project["scripts"]
@@ -197,6 +339,7 @@ def test_a_report_returning_main_exits_0(monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["run", "evaluate", "train"])
+@pytest.mark.usefixtures("tiny_loaded_once")
 def test_a_model_or_dataset_that_cannot_load_exits_2_in_one_line(command, tmp_path, capsys):
     main = {"run": run.main, "evaluate": evaluate.main, "train": train.main}[command]
     own = {"run": RUN, "evaluate": ["--out", str(tmp_path / "eval")], "train": ["--out", str(tmp_path / "ck")]}[command]

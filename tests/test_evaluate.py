@@ -7,12 +7,17 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, write_parquet_set
 
 from arr_coc import bench, evaluate, metrics, report
+from arr_coc.benchmarks import Source
+
+pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
 
 FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--max-new-tokens", "2"]
 
@@ -49,6 +54,57 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     assert [(r["item"], r["row"]) for r in records] == [(i, row) for i in range(2) for row in summary]
     noise = [r for r in records if r["kind"] == "noise"]
     assert noise and all("box_recall" not in r for r in noise)  # no target box, no box metric
+
+
+def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--synthetic", "2", "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert evaluate.main([*FAST, "--synthetic", "1", "--seed", "7", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "holds the results of another run (synthetic: 2 there, 1 now; seed: 1234 there, 7 now)" in error
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing evaluated, nothing rewritten
+    assert evaluate.main([*FAST, "--synthetic", "2", "--out", str(out)]) == 0  # the same command: resumed, all done
+    assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 0
+
+
+# an evaluate flag -> (the flags of the run it changes, another value); every flag but --device and --out
+OTHER_VALUES = {
+    "model": ([], ["--model", "tiny-qwen3-vl"]), "checkpoint": ([], ["--checkpoint", "prior"]),
+    "dataset": (["--dataset", "lmms-lab/textvqa"], ["--dataset", "lmms-lab/DocVQA"]),
+    "split": (["--dataset", "lmms-lab/textvqa"], ["--split", "test"]),
+    "config": (["--dataset", "lmms-lab/textvqa"], ["--config", "other"]),
+    "schema": (["--dataset", "lmms-lab/textvqa"], ["--schema", "docvqa"]), "metric": ([], ["--metric", "anls"]),
+    "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]),
+    "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
+    "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
+    "max_cells": ([], ["--max-cells", "2048"]), "faithfulness": ([], ["--faithfulness"]),
+    "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
+}
+
+
+def settings_of(argv: list[str]) -> dict:
+    """run_settings for these flags, the dataset's schema, the metric and the checkpoint resolved as given."""
+    args = evaluate.parse_args(argv)
+    source = Source(args.dataset or "synthetic", args.schema or ("textvqa" if args.dataset else "jsonl"), [])
+    return evaluate.run_settings(args, source, args.metric or source.metric, args.checkpoint or "default")
+
+
+@pytest.mark.parametrize("flag", OTHER_VALUES)
+def test_every_flag_but_where_it_runs_counts_in_the_settings(flag):
+    run_flags, other = OTHER_VALUES[flag]
+    assert settings_of([*run_flags, *other]) != settings_of(run_flags)
+    assert settings_of([*run_flags, "--device", "cpu", "--out", "elsewhere"]) == settings_of(run_flags)
+
+
+def test_the_settings_check_knows_every_flag(capsys):
+    """A new evaluate flag must be listed above (it changes the results) or be one that says where they run."""
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--help"])
+    usage = capsys.readouterr().out.partition("\n\n")[0]  # "usage: ... [--model MODEL] ..."
+    flags = {word.strip("[]").removeprefix("--").replace("-", "_") for word in usage.split() if word.startswith(("--", "[--"))}
+    assert flags == set(OTHER_VALUES) | {"device", "out"}
 
 
 def test_a_parquet_set_gets_its_metric_a_report_and_plots(tmp_path):
@@ -131,17 +187,32 @@ def test_a_wholly_unscored_split_reports_without_accuracy_or_plots(tmp_path):
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
     folder = write_parquet_set(tmp_path / "chartqa", "chartqa", 3)
     out = tmp_path / "eval"
-    assert evaluate.main([*FAST, "--dataset", str(folder), "--limit", "1", "--out", str(out)]) == 0
+    command = [*FAST, "--dataset", str(folder), "--out", str(out)]
+    assert evaluate.main(command) == 0
     first = results(out)
-    # an interruption: item 1 finished in a part file, item 2 cut off mid-line
-    finished = [dict(r, item=1, id="1", prediction="kept from before") for r in first]
+    # an interruption: item 0 finished in results.jsonl, item 1 in a part file, item 2 cut off mid-line
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first[:2]))
+    finished = [dict(r, prediction="kept from before") for r in first[2:4]]
     (out / "part-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in finished) + '{"item": 2, "row": "ges')
-    assert evaluate.main([*FAST, "--dataset", str(folder), "--out", str(out)]) == 0
+    assert evaluate.main(command) == 0
     resumed = results(out)
     assert [(r["item"], r["row"]) for r in resumed] == [(i, row) for i in range(3) for row in ("gestalt", "arr:topk")]
-    assert resumed[:2] == first and [r["prediction"] for r in resumed[2:4]] == ["kept from before"] * 2
+    assert resumed[:2] == first[:2] and [r["prediction"] for r in resumed[2:4]] == ["kept from before"] * 2
+    assert without_timings(resumed[4:]) == without_timings(first[4:])  # item 2, evaluated again
     assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 1  # only item 2 was new
     assert not list(out.glob("part-*.jsonl"))  # merged into results.jsonl
+
+
+def test_a_dataset_that_is_not_there_creates_nothing(tmp_path, capsys):
+    out = tmp_path / "eval"
+    with pytest.raises(SystemExit) as exit:
+        evaluate.main([*FAST, "--dataset", str(tmp_path / "nonexistent"), "--out", str(out)])
+    assert exit.value.code == 2 and f"{tmp_path / 'nonexistent'} does not exist" in capsys.readouterr().err
+    (tmp_path / "unnamed").mkdir()  # there, but no schema to tell: refused after parsing, still nothing made
+    assert evaluate.main([*FAST, "--dataset", str(tmp_path / "unnamed"), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "cannot tell the schema" in error and "kept" not in error
+    assert not out.exists()
 
 
 def test_bad_sets_exit_2_in_one_line_and_keep_the_finished_items(tmp_path, capsys):
@@ -160,12 +231,24 @@ def test_bad_sets_exit_2_in_one_line_and_keep_the_finished_items(tmp_path, capsy
     assert "has no question column" in capsys.readouterr().err
 
 
+@contextmanager
+def one_thread():
+    """Torch on one thread here, as each torchrun worker is (OMP_NUM_THREADS=1): the same arithmetic."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_torchrun_with_two_processes_equals_one_process(tmp_path):
     folder = write_parquet_set(tmp_path / "docvqa", "docvqa", 5)
     one, two = tmp_path / "one", tmp_path / "two"
-    for out, processes in ((one, 1), (two, 2)):
-        done = run_evaluate(*FAST, "--dataset", str(folder), "--out", str(out), processes=processes)
-        assert done.returncode == 0, done.stderr[-3000:]
+    with one_thread():
+        assert evaluate.main([*FAST, "--dataset", str(folder), "--out", str(one)]) == 0
+    done = run_evaluate(*FAST, "--dataset", str(folder), "--out", str(two), processes=2)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert [r["item"] for r in results(two)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert without_timings(results(two)) == without_timings(results(one))
     assert json.loads((two / "report.json").read_text())["throughput"]["processes"] == 2

@@ -9,6 +9,8 @@ from PIL import Image
 
 from arr_coc.run import load_image, main
 
+pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
+
 QUESTION = "What colour are the cat's eyes?"
 
 
@@ -64,8 +66,7 @@ def test_run_saves_the_microscope_pngs(tmp_path):
     assert Image.open(tmp_path / "png" / "heatmap.png").size[0] > 200
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--image", "nowhere.png", "--question", "hi"], "no such image"),
+@pytest.mark.parametrize("args, message", [  # a missing image is refused at parse time (tests/test_cli.py)
     (["--image", "pyproject.toml", "--question", "hi"], "cannot read pyproject.toml as an image"),
     (["--image", "assets/chelsea.png", "--question", "hi", "--checkpoint", "assets"], "config.json"),
 ])
@@ -94,8 +95,16 @@ def test_load_image_applies_the_exif_orientation(tmp_path):
     assert load_image(str(path)).size == (200, 300)
 
 
-def test_no_traceback_from_the_command_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "arr_coc.run", "--model", "tiny", "--image", "nowhere.png",
-                           "--question", "hi"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "error: no such image: nowhere.png"
+@pytest.mark.parametrize("flags, reason", [
+    (["--image", "nowhere.png"], "argument --image: no such image: nowhere.png"),
+    (["--image", "assets"], "argument --image: assets is a folder, not a file"),
+    (["--image", "assets/chelsea.png", "--device", "tpu"], "argument --device: unknown device 'tpu'"),
+    (["--image", "assets/chelsea.png", "--json", "assets"], "argument --json: assets is a folder"),
+])
+def test_a_bad_path_or_device_is_one_line_before_the_model_loads(flags, reason):
+    proc = subprocess.run([sys.executable, "-m", "arr_coc.run", "--model", "tiny", *flags, "--question", "hi"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.splitlines()  # one: no "loading tiny" line before it, no traceback
+    assert len(lines) == 1 and lines[0].startswith(f"python -m arr_coc.run: error: {reason}"), lines
+    assert lines[0].endswith("(see python -m arr_coc.run --help)")
