@@ -10,6 +10,7 @@ from PIL import Image
 
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.model import ARRCOCQwen
+from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
 
@@ -106,8 +107,8 @@ def test_fp16_arr_path_gives_finite_logits():
     vlm = model.vlm
     out = model.select(scene)
     with torch.no_grad():
-        saccades = model.encode_saccades(scene.observation, out.positions[0])
-        prompt = model.arr_prompt(scene.observation, saccades, out.positions[0])
+        saccades = encode_saccades(vlm, scene.observation, out.positions[0])
+        prompt = arr_prompt(vlm, scene.observation, saccades)
         logits = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits
     assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
 

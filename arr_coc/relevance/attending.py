@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arr_coc.config import STRATEGIES
+from arr_coc.relevance.config import STRATEGIES
 
 
 @dataclass
