@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from arr_coc import cli
-from arr_coc.config import DEFAULT_MODEL, PIPELINES, STRATEGIES
+from arr_coc.config import DEFAULT_BUDGET, DEFAULT_MODEL, PIPELINES, STRATEGIES
 from arr_coc.data import open_image
 from arr_coc.errors import InputError, OutOfMemory
 
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
                         "else the prior; the app's rule)")
     p.add_argument("--strategy", default="topk", choices=STRATEGIES, help="saccade allocation strategy")
-    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=273,
+    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET,
                    help="number of saccades (at most the candidate grid's cells)")
     p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
                    help=f"comma-separated subset of {','.join(PIPELINES)}")

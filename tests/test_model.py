@@ -198,12 +198,13 @@ def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
     assert arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1).tokens["saccade"] == 273
 
 
-def test_stream_yields_growing_text_then_the_answer(arr_model):
+def test_stream_ends_with_the_answer_a_plain_call_gives(arr_model):
+    """(the text growing token by token: tests/vlm/test_decoder.py, on a scripted sentence)"""
     parts = list(arr_model.stream(scene_image(), QUESTION, "gestalt", max_new_tokens=4))
-    final = parts[-1]
-    texts = parts[:-1]
-    assert final.pipeline == "gestalt" and all(isinstance(t, str) for t in texts)
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    final, texts = parts[-1], parts[:-1]
+    plain = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=4)
+    assert final.pipeline == "gestalt" and (final.text, final.new_tokens) == (plain.text, plain.new_tokens)
+    assert all(isinstance(t, str) for t in texts) and texts[-1].strip() == final.text
     with pytest.raises(InputError):
         list(arr_model.stream(scene_image(), "", "arr"))
 
