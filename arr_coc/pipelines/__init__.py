@@ -26,6 +26,11 @@ PIPELINES = tuple(REGISTRY)
 BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baseline)
 
 
+def describe(names: tuple[str, ...] = PIPELINES) -> str:
+    """One line naming each pipeline and what it reads (the flags' help)."""
+    return "; ".join(f"{name}: {REGISTRY[name][2]}" for name in names)
+
+
 def load(name: str) -> ModuleType:
     """The module of a registered pipeline (imported on first use); it defines answer(model, image, question, request)."""
     if name not in REGISTRY:

@@ -30,7 +30,8 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
     n = grid[0] * grid[1]
     if vlm.engine == "fast":
         with watch.section("vision"):
-            inputs = vlm.prompt(question, [vlm.encode_view(view)])
+            tokens = vlm.encode_view(view)  # [n, D]
+        inputs = vlm.prompt(question, [tokens])
         generation, new_tokens = generate(vlm, inputs, watch, request)
     else:
         inputs = vlm.stock_inputs(question, view)

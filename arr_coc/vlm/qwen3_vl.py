@@ -152,6 +152,7 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 
 
 class Qwen3VL(QwenVL):
+    """The Qwen3-VL adapter: QwenVL with 32 px cells, the interpolated pos_embed and DeepStack features."""
     hf_class = "Qwen3VLForConditionalGeneration"
     stock_generate_takes_embeds = False  # it would drop their DeepStack features
     default_chat_template = CHAT_TEMPLATE  # no default system prompt, unlike Qwen2-VL's
