@@ -15,7 +15,6 @@ import gc
 import queue
 import threading
 import time
-from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -29,7 +28,7 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Request, Saccade, Scene,  # noqa: F401
-                                      check_question, check_request)
+                                      check_question, check_request, views_for)
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.texture import generate_texture_array
@@ -37,7 +36,7 @@ from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM
 from arr_coc.vlm.families import load_vlm
 from arr_coc.vlm.tiny import TINY_MODELS
-from arr_coc.vlm.views import Views, make_views
+from arr_coc.vlm.views import Views
 
 WARMUP_QUESTION = "What is in this image?"  # the warm-up captures the prompt-length bucket of short questions
 
@@ -107,9 +106,7 @@ class ARRCOCQwen:
 
     def views(self, image, max_cells: int | None = None) -> Views:
         """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap)."""
-        p = self.pipeline if max_cells is None else replace(self.pipeline, max_cells=int(max_cells))
-        return make_views(image, p.gestalt_max_tokens, p.budget_tokens, p.max_cells, self.vlm.device, self.vlm.cell,
-                          self.vlm.min_pixels)
+        return views_for(self.vlm, self.pipeline, image, max_cells)
 
     @torch.no_grad()
     def observe(self, image, question: str, watch: Stopwatch | None = None, max_cells: int | None = None) -> Observation:

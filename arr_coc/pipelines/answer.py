@@ -7,15 +7,16 @@ timed generation, the Answer's assembly).
     answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.to_json()
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from arr_coc.config import PipelineConfig
 from arr_coc.errors import InputError
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
-from arr_coc.vlm.views import Views
+from arr_coc.vlm.views import Views, make_views
 
 MAX_QUESTION_CHARS = 4000
 MAX_NEW_TOKENS = 1024
@@ -119,6 +120,12 @@ def check_request(request: Request) -> Request:
     if not 1 <= int(request.max_new_tokens) <= MAX_NEW_TOKENS:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
     return request
+
+
+def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None = None) -> Views:
+    """Every pipeline's views of an image, at the VLM's cell and min_pixels, from the settings (max_cells overrides the cap)."""
+    s = settings if max_cells is None else replace(settings, max_cells=int(max_cells))  # checks the bounds
+    return make_views(image, s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
 
 
 def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request) -> tuple[Generation, int]:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import Answer, Observation, Request, Saccade, finish, generate, token_counts
+from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, finish, generate, token_counts,
+                                      views_for)
 from arr_coc.relevance.layer import ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
 from arr_coc.timing import Stopwatch, reset_peak_memory
@@ -32,7 +33,7 @@ def observe(model: ARRCOCQwen, image, question: str, watch: Stopwatch, max_cells
     """Views, the gestalt's tokens, the question's gaze on them (the prior) and the texture array: all ARR reads."""
     vlm = model.vlm
     with watch.section("vision"):
-        views = model.views(image, max_cells)
+        views = views_for(vlm, model.pipeline, image, max_cells)
         gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
     with watch.section("selection"):
         attention = vlm.prior_attention(question, gestalt, model.pipeline.prior_layer_fraction)  # [Ng]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from arr_coc.pipelines.answer import Answer, Request, finish, generate, token_counts
+from arr_coc.pipelines.answer import Answer, Request, finish, generate, token_counts, views_for
 from arr_coc.timing import Stopwatch, reset_peak_memory, timed_module
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
     reset_peak_memory(vlm.device)
     start = watch.now()
     with watch.section("vision"):
-        views = model.views(image, request.max_cells)
+        views = views_for(vlm, model.pipeline, image, request.max_cells)
         view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
     n = grid[0] * grid[1]
     if vlm.engine == "fast":
