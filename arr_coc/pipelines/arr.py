@@ -69,17 +69,18 @@ def saccade_list(observation: Observation, out: ARRCOCOutput) -> list[Saccade]:
 
 @torch.no_grad()
 def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
+    """One ARR answer, the image walking down once (the module docstring's diagram)."""
     vlm, layer = model.vlm, request.layer or model.layer
     watch = Stopwatch(vlm.device)
     reset_peak_memory(vlm.device)
     start = watch.now()
-    observation = observe(model, image, question, watch, request.max_cells)
-    with watch.section("selection"):
+    observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
+    with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score)
         out = layer.select(maps, observation.views.candidate_grid, request.budget, request.strategy)
-    with watch.section("vision"):
+    with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
-    prompt = arr_prompt(vlm, observation, saccades)
+    prompt = arr_prompt(vlm, observation, saccades)  # VLM: gestalt + saccades + question -> answer
     generation, new_tokens = generate(vlm, prompt, watch, request)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     prior_tokens = prompt.length - (K + 2 if K else 0)  # the prior read the prompt without the saccade block

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import TextIteratorStreamer
 
 from arr_coc.vlm.base import Generation, VisualTokens
 from arr_coc.vlm.decoder import MAX_CACHES, Decoder
