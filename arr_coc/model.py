@@ -142,8 +142,8 @@ class ARRCOCQwen:
                strategy: str | None = None, budget: int | None = None, layer: ARRCOCLayer | None = None,
                streamer=None, max_cells: int | None = None) -> Answer:
         """Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed."""
-        if pipeline not in PIPELINES:
-            raise InputError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
+        if pipeline not in pipelines.REGISTRY:
+            raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
         question = check_question(question)
         request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells))
         try:

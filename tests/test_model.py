@@ -215,3 +215,22 @@ def test_unloadable_model_falls_back_to_tiny_with_a_notice(tmp_path):
     assert "meaningless" in ARRCOCQwen.from_pretrained("tiny").notice  # asked for, and still said
     with pytest.raises(OSError):
         ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"))
+
+
+def test_a_new_pipeline_is_one_module_and_one_registry_line(arr_model, monkeypatch):
+    """The façade dispatches by the registry: a module with answer() and its line there make a pipeline."""
+    import sys
+    import types
+
+    from arr_coc import pipelines
+    from arr_coc.pipelines.stock import answer_view
+
+    module = types.ModuleType("echo_pipeline")
+    module.answer = lambda model, image, question, request: answer_view(model, "echo", "gestalt", image, question, request)
+    monkeypatch.setitem(sys.modules, "echo_pipeline", module)
+    monkeypatch.setitem(pipelines.REGISTRY, "echo", ("echo_pipeline", True, "stock: the gestalt view, once more"))
+    echo = arr_model.answer(scene_image(), QUESTION, "echo", max_new_tokens=2)
+    gestalt = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=2)
+    assert echo.pipeline == "echo" and (echo.text, echo.tokens) == (gestalt.text, gestalt.tokens)
+    with pytest.raises(InputError, match="pipeline must be one of"):
+        arr_model.answer(scene_image(), QUESTION, "nonesuch")
