@@ -109,7 +109,8 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
 
     @torch.no_grad()
     def eager():
-        maps = layer(generate_texture_array(o.highres, grid), o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
+        maps = layer(generate_texture_array(o.highres, grid), o.question_embeds, None, o.gestalt.features.unsqueeze(0),
+                     o.prior)
         return layer.select(maps, grid)
 
     @torch.no_grad()
@@ -123,25 +124,34 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
 
 def bench_pipelines(model, image: Image.Image, pipelines: list[str], engines: list[str],
                     new_tokens: int, repeats: int, max_cells: int) -> dict:
-    """Median latency split, TTFT, tokens and peak memory of each pipeline with each engine, on one image."""
-    model.vlm.model.generation_config.min_new_tokens = new_tokens  # exact length: EOS is suppressed until then
-    results = {}
-    for engine in engines:
-        model.vlm.engine = engine
-        for pipeline in pipelines:
-            if pipeline == "arr" and engine == "hf" and not model.vlm.stock_generate_takes_embeds:
-                continue  # stock generate() cannot run this family's ARR embeddings (Qwen3-VL's DeepStack)
-            runs = [model.answer(image, "Describe the image in detail.", pipeline, max_new_tokens=new_tokens,
-                                 max_cells=max_cells) for _ in range(repeats + 2)][2:]  # two warm-up runs
-            timings = {k: statistics.median(r.timings_ms[k] for r in runs) for k in runs[0].timings_ms}
-            results[f"{pipeline}/{engine}"] = dict(
-                pipeline=pipeline, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
+    """
+    Median latency split, TTFT, tokens and peak memory of each pipeline with each engine, on one image. The
+    engine and min_new_tokens it sets on the shared model are restored afterwards, even on an error.
+    """
+    vlm = model.vlm
+    saved = vlm.engine, vlm.model.generation_config.min_new_tokens
+    try:
+        vlm.model.generation_config.min_new_tokens = new_tokens  # exact length: EOS is suppressed until then
+        # stock generate() cannot run a DeepStack family's ARR embeddings (Qwen3-VL): arr/hf is left out there
+        return {f"{pipeline}/{engine}": bench_pipeline(model, image, pipeline, engine, new_tokens, repeats, max_cells)
+                for engine in engines for pipeline in pipelines
+                if not (pipeline == "arr" and engine == "hf" and not vlm.stock_generate_takes_embeds)}
+    finally:
+        vlm.engine, vlm.model.generation_config.min_new_tokens = saved
+
+
+def bench_pipeline(model, image: Image.Image, pipeline: str, engine: str, new_tokens: int, repeats: int,
+                   max_cells: int) -> dict:
+    """One pipeline with one engine: medians over `repeats` runs after two warm-up runs."""
+    model.vlm.engine = engine
+    runs = [model.answer(image, "Describe the image in detail.", pipeline, max_new_tokens=new_tokens,
+                         max_cells=max_cells) for _ in range(repeats + 2)][2:]  # two warm-up runs
+    timings = {k: statistics.median(r.timings_ms[k] for r in runs) for k in runs[0].timings_ms}
+    return dict(pipeline=pipeline, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
                 ttft_ms=statistics.median(r.ttft_ms for r in runs), new_tokens=runs[0].new_tokens,
                 decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
                 peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid),
                 gflops=runs[0].gflops)
-    model.vlm.engine = engines[0]
-    return results
 
 
 def ratios(results: dict) -> dict:

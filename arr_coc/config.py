@@ -2,7 +2,7 @@
 The pipelines' settings and names. PipelineConfig says how the pipelines look at an image (gestalt size,
 native-resolution cap, the prior's layer); it belongs to the running app or command, never to an ARR checkpoint
 (whose knobs are arr_coc.relevance.config.ARRCOCConfig), so A/B compares two layers on identical views.
-The names live here, apart from torch, so the commands check their flags before anything heavy loads.
+The names (the pipelines' registry, engines, strategies) are here, apart from torch, so the commands check their flags before anything heavy loads.
 
     from arr_coc.config import PipelineConfig
     pipe = PipelineConfig(max_cells=16384)
@@ -10,10 +10,10 @@ The names live here, apart from torch, so the commands check their flags before 
 
 from dataclasses import dataclass
 
-from arr_coc.relevance.config import STRATEGIES  # noqa: F401  (re-exported: the commands' --strategy choices)
+from arr_coc.pipelines import BASELINES, PIPELINES  # noqa: F401  (re-exported: the registry's names, torch-free)
+from arr_coc.relevance.config import ARRCOCConfig, STRATEGIES  # noqa: F401  (re-exported: --strategy choices)
 
-PIPELINES = ("arr", "full", "gestalt", "budget")  # here, not in model.py, so the commands check flags without torch
-BASELINES = ("full", "gestalt", "budget")
+DEFAULT_BUDGET = ARRCOCConfig.budget  # saccades per image: the flags' default is the layer's
 DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 ENGINES = ("fast", "hf")  # generation: our static cache + CUDA graphs, or transformers' own generate()
 MIN_CELLS, MAX_CELLS = 1024, 16384  # bounds of PipelineConfig.max_cells (1024 = 2x a 256-token gestalt per side)

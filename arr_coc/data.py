@@ -3,7 +3,8 @@ Datasets for ARR-COC: a synthetic scene generator and a JSONL format for (image,
 
 A Sample is one image with one question about it, the expected answer, and the pixel box of the region
 the question is about (None where no region is). The synthetic kinds are built to probe query-aware
-token selection on the 896x896 high-res view (DESIGN.md sections 1 and 6):
+token selection at native resolution (DESIGN.md sections 1 and 6; any side works: each pipeline resizes to
+its model's grids):
 
     text_vs_distractor  low-contrast gray text + a bright saturated shape; the question asks for the text
     distractor_query    the SAME image as text_vs_distractor with the same seed; the question asks for the
@@ -433,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
                         help=f"comma-separated scene kinds, cycled in order; any of: {','.join(SCENE_KINDS)}")
     parser.add_argument("--seed", type=int, default=0, help="dataset seed; the same seed gives the same dataset")
     parser.add_argument("--size", type=cli.bounded_int(64, 8192), default=896,
-                        help="image side in pixels (896 = the ARR high-res view)")
+                        help="image side in pixels (the pipelines read it at its native resolution, capped at max_cells)")
     args = parser.parse_args(argv)
 
     kinds = tuple(cli.names(args.kinds))

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from arr_coc import cli
 from arr_coc.benchmarks import SCHEMAS, Item, Source, open_source, synthetic_source
-from arr_coc.config import BASELINES, DEFAULT_MODEL, STRATEGIES
+from arr_coc.config import BASELINES, DEFAULT_BUDGET, DEFAULT_MODEL, STRATEGIES
 from arr_coc.data import SCENE_KINDS
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.metrics import LENIENT, METRICS
@@ -82,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="stock baselines to run, comma-separated (\"\" for none)")
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
                    help="ARR strategies to run, comma-separated (\"\" for none)")
-    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=273, help="saccades per image")
+    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET, help="saccades per image")
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+
 if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen, Observation
     from arr_coc.relevance.layer import ARRCOCOutput
@@ -73,7 +75,7 @@ def faithfulness_curves(model: ARRCOCQwen, observation: Observation, selection: 
     """
     vlm = model.vlm
     positions = selection.positions[0]  # [K, 2]
-    saccades = model.encode_saccades(observation, positions)  # [K, D]
+    saccades = encode_saccades(vlm, observation, positions)  # [K, D]
 
     k = len(positions)
     ranks = torch.sort(selection.scores[0].cpu(), descending=True, stable=True).indices  # [K] most relevant first
@@ -84,9 +86,7 @@ def faithfulness_curves(model: ARRCOCQwen, observation: Observation, selection: 
 
     def prompt(keep: tuple[int, ...]):
         """The question with the gestalt and the kept saccades (in selection order, at their own positions)."""
-        index = torch.tensor(keep, dtype=torch.long)
-        features = vlm.take(saccades, index.to(saccades.device)) if keep else None
-        return model.arr_prompt(observation, features, positions[index], answer)
+        return arr_prompt(vlm, observation, saccades.take(torch.tensor(keep, dtype=torch.long)) if keep else None, answer)
 
     # each kept set as sorted indices, each distinct one scored once: the full set and none end all three curves
     sets = {name: [tuple(sorted(keep.tolist())) for keep in keeps] for name, keeps in kept.items()}

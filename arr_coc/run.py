@@ -24,8 +24,8 @@ import json
 import sys
 from pathlib import Path
 
-from arr_coc import cli
-from arr_coc.config import DEFAULT_MODEL, PIPELINES, STRATEGIES
+from arr_coc import cli, pipelines
+from arr_coc.config import DEFAULT_BUDGET, DEFAULT_MODEL, PIPELINES, STRATEGIES
 from arr_coc.data import open_image
 from arr_coc.errors import InputError, OutOfMemory
 
@@ -41,10 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
                         "else the prior; the app's rule)")
     p.add_argument("--strategy", default="topk", choices=STRATEGIES, help="saccade allocation strategy")
-    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=273,
+    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET,
                    help="number of saccades (at most the candidate grid's cells)")
     p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
-                   help=f"comma-separated subset of {','.join(PIPELINES)}")
+                   help=f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()})")
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
                    help="answer length limit")
     cli.add_max_cells(p)

@@ -101,22 +101,22 @@ def relevance_loss(relevance: torch.Tensor, coverage: torch.Tensor, temperature:
 
 
 def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -> torch.Tensor:
-    """The frozen VLM's cross-entropy on the answer, with gradient to the selected scores (straight-through)."""
+    """
+    The frozen VLM's cross-entropy on the answer (minus its mean log-likelihood per token, by the scorer
+    faithfulness uses too), with gradient to the selected scores (straight-through).
+    """
     import torch
-    import torch.nn.functional as F
+
+    from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
     vlm = model.vlm
     with torch.no_grad():
-        saccades = model.encode_saccades(observation, out.positions[0])  # [K, D], frozen
-    s = out.selected_scores[0].unsqueeze(-1).to(saccades.dtype)  # [K, 1]
-    scaled = saccades * (1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
-    if hasattr(saccades, "deepstack"):  # Qwen3-VL: the cells' DeepStack features ride along, unchanged
-        scaled.deepstack = saccades.deepstack
-    prompt = model.arr_prompt(observation, scaled, out.positions[0], answer)  # the answer teacher-forced at the end
-    L = prompt.ids.shape[1]
-    at = torch.arange(prompt.answer_start - 1, L - 1, device=prompt.ids.device)[None]  # [1, n]: predict the answer
-    logits = vlm.decoder.forward(prompt.embeds, prompt.position_ids, vlm.deepstack(prompt.embeds), at=at)  # [1, n, V]
-    return F.cross_entropy(logits[0], prompt.ids[0, prompt.answer_start:])
+        saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D], frozen
+    if saccades is not None:
+        s = out.selected_scores[0].unsqueeze(-1)  # [K, 1]
+        saccades = saccades.scaled(1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
+    prompt = arr_prompt(vlm, observation, saccades, answer)  # the answer teacher-forced at the end
+    return -vlm.answer_logprobs([prompt])[0]
 
 
 def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:

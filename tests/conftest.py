@@ -1,5 +1,6 @@
-"""Shared fixtures and helpers: the offline tiny ARRCOCQwen, the stock model's inputs and logits, both engines' answers,
-local parquet copies of the hub sets, and `python app.py --model tiny` served once per session."""
+"""Shared fixtures and helpers: the offline tiny ARRCOCQwen, one fixture over every family's tiny model, the stock
+model's inputs and logits, both engines' answers, local parquet copies of the hub sets, and `python app.py --model
+tiny` served once per session."""
 
 import os
 import socket
@@ -11,8 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from arr_coc.vlm.positions import raster_block
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 180
@@ -26,12 +25,29 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def arr_model():
-    """ARRCOCQwen on the tiny model, fp32 CPU (or the GPU when there is one)."""
+FAMILIES = ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")  # one tiny model per family: Qwen2-VL, Qwen2.5-VL, Qwen3-VL
+_LOADED = {}  # the session's models by name: each family's tiny model is loaded once
+
+
+def tiny_arr_model(name: str):
+    """ARRCOCQwen on a tiny model, fp32, on the GPU when there is one (loaded once per session)."""
     from arr_coc.model import ARRCOCQwen
 
-    return ARRCOCQwen.from_pretrained("tiny")
+    if name not in _LOADED:
+        _LOADED[name] = ARRCOCQwen.from_pretrained(name, dtype=torch.float32)
+    return _LOADED[name]
+
+
+@pytest.fixture(scope="session")
+def arr_model():
+    """ARRCOCQwen on the tiny Qwen2-VL, fp32 CPU (or the GPU when there is one)."""
+    return tiny_arr_model("tiny")
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    """ARRCOCQwen on each family's tiny model in turn: a test written once runs on Qwen2-VL, Qwen2.5-VL and Qwen3-VL."""
+    return tiny_arr_model(request.param)
 
 
 @pytest.fixture
@@ -74,19 +90,20 @@ def overflowing_fp16_model(device: str):
 
 def stock_inputs(vlm, view, question: str = "What is here?"):
     """The stock model's inputs for one view and a question: prompt ids, pixel patches, grid_thw, mm_token_type_ids."""
-    pixels, grid = vlm.image_inputs(view)
-    ids = vlm.prompt_ids(question, [int(grid.prod()) // 4])
-    return ids, pixels, grid, (ids == vlm.image_token_id).int()
+    s = vlm.stock_inputs(question, view)
+    return s.input_ids, s.pixel_values, s.image_grid_thw, s.mm_token_type_ids
 
 
-def gestalt_logits(vlm, views):
-    """Logits of the stock forward (pixels in) and of ours (the gestalt encoded by the adapter, its M-RoPE ids)
-    over the same prompt of one gestalt view: with zero saccades ARR must reproduce the stock model."""
-    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt)
+def gestalt_logits(vlm, views, question: str = "What is here?"):
+    """Logits of the stock forward (pixels in) and of ours (the gestalt encoded by the adapter, its prompt, the
+    Decoder's training forward, DeepStack included) over the same prompt of one gestalt view: with zero
+    saccades ARR must reproduce the stock model."""
+    ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt, question)
     with torch.no_grad():
         stock = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
-        ours = vlm.model(inputs_embeds=vlm.embed(ids, [vlm.encode_view(views.gestalt)]),
-                         position_ids=vlm.position_ids(ids, [raster_block(views.gestalt_grid)])).logits
+        prompt = vlm.prompt(question, [vlm.encode_view(views.gestalt)])
+        assert torch.equal(prompt.ids, ids)
+        ours = vlm.decoder.forward(prompt.embeds, prompt.position_ids, prompt.deepstack)
     return stock, ours
 
 

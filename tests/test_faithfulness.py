@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import stock_inputs
+from conftest import stock_inputs, tiny_arr_model
 
 from arr_coc.faithfulness import faithfulness_curves, removal_counts
-from arr_coc.model import ARRCOCQwen
-from arr_coc.vlm.positions import raster_block
+from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 QUESTION = "What does the sign say?"
 ANSWER = "It says stop."
@@ -24,7 +23,7 @@ def photo(seed=0, size=(420, 300)):
 
 @pytest.fixture(scope="module")
 def qwen3():
-    return ARRCOCQwen.from_pretrained("tiny-qwen3-vl")
+    return tiny_arr_model("tiny-qwen3-vl")
 
 
 def stock_answer_logprob(vlm, view, question: str, answer: str) -> float:
@@ -79,8 +78,9 @@ def test_deletion_removes_the_saccades_in_rank_order(arr_model):
     # left (as all 30 encoded them: removal changes the LLM's input, not the others' encodings)
     vlm, positions, observation = arr_model.vlm, answer.arr.positions[0], answer.observation
     kept = torch.tensor(sorted(curves.ranks[10:]))
-    saccades = arr_model.encode_saccades(observation, positions)[kept.to(vlm.device)]
-    prompt = arr_model.arr_prompt(observation, saccades, positions[kept], ANSWER)
+    saccades = encode_saccades(vlm, observation, positions).take(kept)
+    assert torch.equal(saccades.positions, positions[kept].cpu())
+    prompt = arr_prompt(vlm, observation, saccades, ANSWER)
     assert curves.deletion[1] == pytest.approx(float(vlm.answer_logprobs([prompt])[0]), abs=1e-4)
 
 
@@ -88,8 +88,7 @@ def test_batched_scoring_equals_one_prompt_at_a_time(arr_model):
     """Right-padded batches of prompts of different lengths score each prompt as it scores alone."""
     vlm = arr_model.vlm
     gestalt = vlm.encode_view(arr_model.views(photo(2)).tensor("gestalt"))
-    grid = arr_model.views(photo(2)).gestalt_grid
-    prompts = [vlm.prompt(q, [(gestalt, raster_block(grid))], answer=a)
+    prompts = [vlm.prompt(q, [gestalt], answer=a)
                for q, a in ((QUESTION, ANSWER), ("Colour?", "Red, mostly, with a long tail of words"), ("Why?", "no"))]
     batched = vlm.answer_logprobs(prompts, batch_size=3)
     alone = torch.cat([vlm.answer_logprobs([p]) for p in prompts])

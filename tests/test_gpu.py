@@ -8,6 +8,7 @@ from conftest import answers_by_engine
 
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen
+from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 pytestmark = pytest.mark.gpu
 QUESTION = "What does the gray text say?"
@@ -97,8 +98,8 @@ def test_graphed_arr_equals_eager(cuda_model):
         scene = cuda_model.prepare(big_image(), QUESTION)
         out = cuda_model.select(scene)
         with torch.no_grad():
-            saccades = cuda_model.encode_saccades(scene.observation, out.positions[0])
-            prompt = cuda_model.arr_prompt(scene.observation, saccades, out.positions[0])
+            saccades = encode_saccades(vlm, scene.observation, out.positions[0])
+            prompt = arr_prompt(vlm, scene.observation, saccades)
             embeds, positions = prompt.embeds, prompt.position_ids
             L = prompt.ids.shape[1]
             state = vlm.decoder._state(2048, embeds.dtype)

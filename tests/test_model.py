@@ -10,6 +10,7 @@ from PIL import Image
 
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.model import ARRCOCQwen
+from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
 
@@ -106,8 +107,8 @@ def test_fp16_arr_path_gives_finite_logits():
     vlm = model.vlm
     out = model.select(scene)
     with torch.no_grad():
-        saccades = model.encode_saccades(scene.observation, out.positions[0])
-        prompt = model.arr_prompt(scene.observation, saccades, out.positions[0])
+        saccades = encode_saccades(vlm, scene.observation, out.positions[0])
+        prompt = arr_prompt(vlm, scene.observation, saccades)
         logits = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits
     assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
 
@@ -197,12 +198,13 @@ def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
     assert arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1).tokens["saccade"] == 273
 
 
-def test_stream_yields_growing_text_then_the_answer(arr_model):
+def test_stream_ends_with_the_answer_a_plain_call_gives(arr_model):
+    """(the text growing token by token: tests/vlm/test_decoder.py, on a scripted sentence)"""
     parts = list(arr_model.stream(scene_image(), QUESTION, "gestalt", max_new_tokens=4))
-    final = parts[-1]
-    texts = parts[:-1]
-    assert final.pipeline == "gestalt" and all(isinstance(t, str) for t in texts)
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    final, texts = parts[-1], parts[:-1]
+    plain = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=4)
+    assert final.pipeline == "gestalt" and (final.text, final.new_tokens) == (plain.text, plain.new_tokens)
+    assert all(isinstance(t, str) for t in texts) and texts[-1].strip() == final.text
     with pytest.raises(InputError):
         list(arr_model.stream(scene_image(), "", "arr"))
 
@@ -213,3 +215,22 @@ def test_unloadable_model_falls_back_to_tiny_with_a_notice(tmp_path):
     assert "meaningless" in ARRCOCQwen.from_pretrained("tiny").notice  # asked for, and still said
     with pytest.raises(OSError):
         ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"))
+
+
+def test_a_new_pipeline_is_one_module_and_one_registry_line(arr_model, monkeypatch):
+    """The façade dispatches by the registry: a module with answer() and its line there make a pipeline."""
+    import sys
+    import types
+
+    from arr_coc import pipelines
+    from arr_coc.pipelines.stock import answer_view
+
+    module = types.ModuleType("echo_pipeline")
+    module.answer = lambda model, image, question, request: answer_view(model, "echo", "gestalt", image, question, request)
+    monkeypatch.setitem(sys.modules, "echo_pipeline", module)
+    monkeypatch.setitem(pipelines.REGISTRY, "echo", ("echo_pipeline", True, "stock: the gestalt view, once more"))
+    echo = arr_model.answer(scene_image(), QUESTION, "echo", max_new_tokens=2)
+    gestalt = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=2)
+    assert echo.pipeline == "echo" and (echo.text, echo.tokens) == (gestalt.text, gestalt.tokens)
+    with pytest.raises(InputError, match="pipeline must be one of"):
+        arr_model.answer(scene_image(), QUESTION, "nonesuch")

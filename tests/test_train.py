@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 from arr_coc.data import make_dataset
 from arr_coc.errors import InputError
 from arr_coc.model import ARRCOCQwen
+from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 from arr_coc.relevance.layer import ARRCOCLayer
-from arr_coc.train import TrainConfig, batches, main, parse_args, relevance_loss, save, train
+from arr_coc.train import TrainConfig, answer_loss, batches, main, parse_args, relevance_loss, save, train
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_STEP = ["--model", "tiny", "--device", "cpu", "--steps", "1", "--batch-size", "2", "--n-train", "2", "--n-eval", "1"]
@@ -68,13 +69,30 @@ def test_trained_scorer_looks_where_the_question_points(tmp_path):
         assert torch.equal(a, b.cpu())
 
 
-def test_answer_loss_trains_through_the_straight_through_estimator(tmp_path):
-    model = ARRCOCQwen.from_pretrained("tiny")
-    cfg = TrainConfig(n_train=2, n_eval=2, steps=1, batch_size=2, lm_weight=1.0, eval_every=1, out=str(tmp_path / "ck"))
-    before = {k: v.clone() for k, v in model.layer.state_dict().items()}
-    train(cfg, model)
-    changed = [k for k, v in model.layer.state_dict().items() if not torch.equal(v, before[k])]
-    assert "balancer.head.1.weight" in changed and "participatory.gain" in changed
+def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_product(family):
+    """
+    Without the relevance loss, the answer loss's gradient reaches the balancer and the participatory scorer only
+    through tokens * (1 + s - s.detach()) on the selected scores; its value is the scorer faithfulness reads.
+    """
+    vlm, layer = family.vlm, family.layer
+    sample = make_dataset(1, ("text_vs_distractor",), seed=3, size=448)[0]
+    observation = family.observe(sample.image, sample.question)
+    layer.zero_grad(set_to_none=True)
+    try:
+        with torch.enable_grad():
+            maps = family.score(observation, layer)  # the layer's eager, differentiable forward
+            out = layer.select(maps, observation.views.candidate_grid)
+            loss = answer_loss(family, observation, out, sample.answer)
+            loss.backward()
+        grads = {name: p.grad for name, p in layer.named_parameters()}
+        for name in ("balancer.head.1.weight", "participatory.gain"):
+            assert grads[name] is not None and grads[name].abs().sum() > 0, name
+    finally:
+        layer.zero_grad(set_to_none=True)
+    with torch.no_grad():  # minus the mean log-probability of the answer's tokens, as faithfulness scores it
+        saccades = encode_saccades(vlm, observation, out.positions[0])
+        score = vlm.answer_logprobs([arr_prompt(vlm, observation, saccades, sample.answer)])[0]
+    assert float(loss.detach()) == pytest.approx(-float(score), abs=1e-5)
 
 
 def test_every_flag_has_help_and_maps_to_the_config(capsys, tmp_path):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arr_coc.config import STRATEGIES
+from arr_coc.relevance.config import ARRCOCConfig, STRATEGIES
 
 
 @dataclass
@@ -63,7 +63,7 @@ def logpolar_cells(scores: torch.Tensor, grid: tuple[int, int], budget: int, rho
 
 
 class TokenAllocator:
-    def __init__(self, budget: int = 273, strategy: str = "topk", seed: int = 0, rho_bins: int = 16,
+    def __init__(self, budget: int = ARRCOCConfig.budget, strategy: str = "topk", seed: int = 0, rho_bins: int = 16,
                  theta_bins: int = 17, void_tolerance: float = 1e-4):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")

@@ -1,5 +1,6 @@
 """
-Decoder: an explicit forward of the Qwen2-VL language model over a static KV cache, for every pipeline.
+Decoder: an explicit forward of the Qwen-VL language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) over a static KV
+cache, for every pipeline, and the one training forward (teacher forcing).
 
 Stock `generate` spends ~18 ms per token on an H100 in kernel launches and Python, 15x off what memory
 bandwidth allows. This module owns the loop instead:
@@ -15,13 +16,17 @@ added to the output of layer i < k in prefill and in the prior pass, as Qwen3VLT
 
 On CUDA, prompts are padded at the end to a bucket of BUCKET tokens (causal attention: padding after the
 prompt changes nothing before it), so a handful of graphs cover every question. Off CUDA the same code runs
-eagerly. The arithmetic is the stock modules' own (projections, norms, MLPs, rotary tables); only the
+eagerly. At most MAX_CACHES cache sizes (each with its decode graph) are kept: the least recently used goes.
+
+Every layer attends over the whole causal context: a config with sliding-window layers (`use_sliding_window`,
+or `layer_types` other than "full_attention") is refused by name rather than run wrongly. The arithmetic is the stock modules' own (projections, norms, MLPs, rotary tables); only the
 attention call is written here, and tests pin prefill logits, decode tokens and the prior to transformers.
 
-    decoder = Decoder(model)                        # model: Qwen2VLForConditionalGeneration
+    decoder = Decoder(model)                        # model: e.g. Qwen2VLForConditionalGeneration
     ids, safe_mode = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
 """
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +37,7 @@ from arr_coc.graphs import CUDAGraphed, capture
 
 BUCKET = 64  # prompts are padded to a multiple of this on CUDA: one prefill graph per bucket
 CACHE_STEP = 1024  # cache sizes are multiples of this: one decode graph per size
+MAX_CACHES = 2  # cache sizes kept at once, LRU (ARR's and `full`'s): Qwen2-VL-2B's K/V is 29 MB per 1024 slots in bf16
 NON_FINITE = -1  # the token a step reports when its logits were NaN or inf (fp16 overflow)
 SAFE_LOGIT_SCALE = 1024.0  # safe mode computes logits / this in fp16 (greedy argmax is unchanged by the scale)
 GQA_IN_SDPA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa arrived in 2.5
@@ -58,15 +64,26 @@ class DecodeState:
     logit_bias: torch.Tensor  # [V] added before argmax: -inf on EOS while min_new_tokens is not reached
 
 
+def check_full_attention(config) -> None:
+    """Refuse, by name, a text config whose layers do not all attend over the whole causal context."""
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError(f"use_sliding_window=True (sliding_window={getattr(config, 'sliding_window', None)}): "
+                         "the Decoder implements full causal attention only")
+    other = sorted(set(getattr(config, "layer_types", None) or ()) - {"full_attention"})
+    if other:
+        raise ValueError(f"layer_types {other}: the Decoder implements full_attention layers only")
+
+
 class Decoder:
     def __init__(self, model):
         self.model = model
         self.lm = model.model.language_model
         self.config = self.lm.config
+        check_full_attention(self.config)
         self.graphs_enabled = True  # off: the same arithmetic, eagerly (the GPU tests compare the two)
         self.safe = False  # safe mode: an fp32 residual stream, eagerly (a redo after fp16 overflow)
-        self.states: dict[int, DecodeState] = {}
-        self.decode_graphs: dict[int, tuple] = {}
+        self.states: OrderedDict[int, DecodeState] = OrderedDict()  # cache size -> its buffers, least recent first
+        self.decode_graphs: dict[int, tuple] = {}  # cache size -> its captured decode step
         # all graphs run one at a time on one stream, so they share one memory pool
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graphed_prefill = CUDAGraphed(self._prefill, pool=self.pool)
@@ -167,8 +184,11 @@ class Decoder:
             x = x.gather(1, at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, D]
         return self._logits(x)
 
-    def _step(self, state: DecodeState) -> torch.Tensor:
-        """One decode step that advances its own state, so a captured graph can be replayed per token."""
+    def _step(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        One decode step that advances its own state, so a captured graph can be replayed per token -> (the next
+        token [1, 1], this step's logits [1, V]). It reads state.token: the previous token (or one forced in).
+        """
         state.mask.index_fill_(-1, state.slot, 0.0)
         x = self.lm.embed_tokens(state.token)  # [1, 1, D]
         x = x.float() if self.safe else x
@@ -181,7 +201,7 @@ class Decoder:
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))  # -1: the step overflowed
         state.slot.add_(1)
         state.rope.add_(1)
-        return state.token
+        return state.token, logits
 
     def _prior(self, embeds, position_ids, query_weights, index: int, deepstack=None):
         """
@@ -232,7 +252,16 @@ class Decoder:
         return run(embeds, position_ids, weights, index, deepstack)[:L]
 
     def _state(self, cap: int, dtype: torch.dtype) -> DecodeState:
-        if cap not in self.states:
+        """The buffers of cache size `cap`, made on first use; beyond MAX_CACHES sizes the least recent is freed."""
+        if cap in self.states:
+            self.states.move_to_end(cap)
+        else:
+            while len(self.states) >= MAX_CACHES:
+                old, _ = self.states.popitem(last=False)
+                self.decode_graphs.pop(old, None)
+                # the prefill graphs of that size write into its buffers: they go with it (cap is argument 3)
+                for key in [key for key in self.graphed_prefill.graphs if key[3] == old]:
+                    del self.graphed_prefill.graphs[key]
             c, dev = self.config, self.device
             hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
             shape = (1, c.num_key_value_heads, cap, hd)
@@ -245,7 +274,8 @@ class Decoder:
                 logit_bias=torch.zeros(self.model.lm_head.out_features, device=dev))
         return self.states[cap]
 
-    def _decode_step(self, cap: int) -> torch.Tensor:
+    def _decode_step(self, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step on the cache of size cap (a graph replay on CUDA) -> (next token [1, 1], logits [1, V])."""
         state = self.states[cap]
         if not self.use_graphs:
             return self._step(state)
@@ -282,27 +312,35 @@ class Decoder:
             finally:
                 self.safe = False
 
-    def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
-                  streamed=0):
+    def start(self, embeds, position_ids, max_new_tokens: int, deepstack=None, suppress: list[int] = ()):
+        """
+        Prefill a prompt into a cache big enough for max_new_tokens more and set the decode state to continue
+        after it -> (cache size, logits of the prompt's last token [1, V]). `suppress`: token ids kept off the
+        argmax (EOS under min_new_tokens) until state.logit_bias is cleared.
+        """
         L = embeds.shape[1]
         cap = -(-(L + BUCKET + max_new_tokens) // CACHE_STEP) * CACHE_STEP
         state = self._state(cap, embeds.dtype)
-        eos = torch.tensor(eos_token_ids, device=self.device)
         padded, padded_ids, padded_deepstack = self._pad(embeds, position_ids, deepstack)
         last = torch.tensor([L - 1], device=self.device)
         run = self.graphed_prefill if self.use_graphs else self._prefill
         state.logit_bias.zero_()
-        if min_new_tokens > 0:
-            state.logit_bias[eos] = float("-inf")
+        state.logit_bias[torch.tensor(list(suppress), dtype=torch.long, device=self.device)] = float("-inf")
         logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
         token = (logits + state.logit_bias).argmax(-1, keepdim=True)
-        token = torch.where(torch.isfinite(logits).all(), token, NON_FINITE)
         # the decode state starts after the real prompt: padded slots are masked out and overwritten
-        state.token.copy_(token)
+        state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))
         state.slot.fill_(L)
         state.rope.copy_(position_ids[:, 0, -1].max().view(1) + 1)
         state.mask.fill_(float("-inf"))
         state.mask[..., :L] = 0.0
+        return cap, logits
+
+    def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
+                  streamed=0):
+        cap, _ = self.start(embeds, position_ids, max_new_tokens, deepstack, eos_token_ids if min_new_tokens > 0 else ())
+        state = self.states[cap]
+        token = state.token.clone()
         new = []
         for i in range(max_new_tokens):
             t = int(token)
@@ -317,7 +355,7 @@ class Decoder:
                 break
             if i + 1 == min_new_tokens:
                 state.logit_bias.zero_()
-            token = self._decode_step(cap)
+            token, _ = self._decode_step(cap)
         if streamer is not None:
             streamer.end()
         return torch.tensor([new], device=self.device)

@@ -1,6 +1,6 @@
 """
 The Qwen-VL families ARR-COC runs, and how a model is loaded: the config's model_type picks the adapter (one
-class per family, behind QwenVL's interface), which names its transformers class.
+class per family, behind the VLM interface of base.py), which names its transformers class.
 
     vlm = load_vlm("Qwen/Qwen2-VL-2B-Instruct")     # a hub id, a folder, or a tiny offline model ("tiny", ...)
     vlm = random_vlm(qwen2_vl_2b_config(), "cuda", torch.bfloat16)   # full size, random weights (benchmarks)
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
 
 from arr_coc.config import DEFAULT_MODEL
 from arr_coc.vlm.tiny import TINY_MODELS, tiny_model_path, tokenizer_folder
@@ -75,7 +76,7 @@ def shipped_chat_template(path: str) -> str | None:
         else:
             try:
                 file = Path(hf_hub_download(path, filename))
-            except Exception:  # not in the repo, or offline: try the next name
+            except EntryNotFoundError:  # not in the repo, or not in the offline cache: try the next name
                 continue
         if file.is_file():
             text = file.read_text(encoding="utf-8")

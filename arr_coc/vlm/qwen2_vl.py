@@ -1,19 +1,17 @@
 """
-QwenVL, the adapter interface over one Qwen-VL family, and its Qwen2-VL implementation (transformers'
-Qwen2VLForConditionalGeneration): patches, gestalt and sparse saccade encoding, prompts, the "gestalt guides
-gaze" attention prior, and generation. Other families (qwen2_5_vl.py, qwen3_vl.py) override what differs;
-families.py loads the right one.
+QwenVL: the VLM interface (base.py) over Qwen2-VL (transformers' Qwen2VLForConditionalGeneration), and the
+base the other families (qwen2_5_vl.py, qwen3_vl.py) override where they differ: patches, whole-view and
+sparse cell encoding, prompts, the "gestalt guides gaze" prior pass, teacher forcing, generation, and the
+family's chat template. families.py loads the right one.
 
 Everything runs the frozen model's own modules. Three small pieces are re-implemented, each pinned to the
 stock code by a test: the pixel patch layout (the image processor's, but on the device), the position-id
 layout (`get_rope_index`'s, for any subset of cells), and one layer's attention readout for the prior.
 
     vlm = load_vlm("tiny")                   # arr_coc.vlm.families; or "Qwen/Qwen2-VL-2B-Instruct", or a folder
-    views = make_views(pil_image, device=vlm.device, cell=vlm.cell)   # arr_coc.vlm.views
-    gestalt = vlm.encode_view(views.tensor("gestalt"))       # [Ng, D]
+    views = make_views(pil_image, device=vlm.device, cell=vlm.cell, min_pixels=vlm.min_pixels)
+    gestalt = vlm.encode_view(views.tensor("gestalt"))       # VisualTokens [Ng, D]
 """
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,30 +19,37 @@ from PIL import Image
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
 from arr_coc.config import ENGINES
+from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
-from arr_coc.relevance.texture import minmax
+from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.decoder import Decoder
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
-from arr_coc.vlm.tiny import CHAT_TEMPLATE
 from arr_coc.vlm.views import MERGE, view_tensor
 
 GRAPHED_CELLS = 1024  # vision calls of at most this many cells replay as CUDA graphs (gestalt, saccades, budget)
 QUESTION_SLOT = "\x00question\x00"  # stands in for the question while the chat template is rendered
+END_OF_TURN = "<|im_end|>"  # closes a teacher-forced answer, as the model closes its own
+
+# The Qwen2-VL chat template (as on the hub's Qwen2-VL-*-Instruct repos); Qwen2.5-VL's repos ship the same one.
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-@dataclass
-class Prompt:
-    """A chat prompt with image blocks, as the LLM reads it."""
-    ids: torch.Tensor  # [1, L] token ids, each image block's pads expanded
-    embeds: torch.Tensor  # [1, L, D] token embeddings, image features in place of the pads
-    position_ids: torch.Tensor  # [3, 1, L] M-RoPE (t, h, w) ids
-    answer_start: int  # where a teacher-forced answer begins (L when there is none)
-
-
-# ----------------------------------------------------------------------------- the adapter
-
-
-class QwenVL:
+class QwenVL(VLM):
     """The adapter over one Qwen-VL family (this class: Qwen2-VL); a family overrides what differs."""
     hf_class = "Qwen2VLForConditionalGeneration"  # the transformers class this adapter wraps
     stock_generate_takes_embeds = True  # whether stock generate() runs our embeddings as they are (the hf engine's ARR)
@@ -65,7 +70,6 @@ class QwenVL:
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
         self.chat_template = getattr(tokenizer, "chat_template", None) or self.default_chat_template  # the folder's own
         self.decoder = Decoder(model)
-        self.safe_mode = False  # whether the last generate() was redone in safe mode (fp16 overflow)
         # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs
         self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool)
 
@@ -77,6 +81,11 @@ class QwenVL:
     def cell(self) -> int:
         """px per candidate cell: one merged token (patch_size x merge_size)."""
         return self.image_processor.patch_size * self.image_processor.merge_size
+
+    @property
+    def min_pixels(self) -> int:
+        """The image processor's lower bound on a view's area (Qwen2-VL: 56 x 56 px; Qwen3-VL: 256 x 256 px)."""
+        return int(self.image_processor.size["shortest_edge"])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -138,7 +147,7 @@ class QwenVL:
         return x + block.mlp(block.norm2(x))
 
     @torch.no_grad()
-    def encode_cells(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
+    def encode_patches(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> VisualTokens:
         """
         Encode the cells at `positions` [K, 2] (row, col) of a view's (rows, cols) cell grid, each a 2x2 group
         of patches, at their true (h, w) rotary positions, as one attention sequence -> [K, D] in that order.
@@ -147,7 +156,9 @@ class QwenVL:
         """
         small = len(positions) <= GRAPHED_CELLS  # big views are compute-bound: graphs would only cost memory
         vision = self.graphed_vision if small and self.decoder.use_graphs else self._vision_forward
-        return vision(*self._vision_inputs(pixel_values, grid, positions))
+        out = vision(*self._vision_inputs(pixel_values, grid, positions))
+        features, deepstack = out if isinstance(out, tuple) else (out, None)  # Qwen3-VL: (tokens, DeepStack)
+        return VisualTokens(features, tuple(grid), positions.cpu().long(), deepstack)
 
     def _vision_inputs(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> tuple:
         """_vision_forward's arguments for the cells at `positions` [K, 2]: their patches and rotary positions."""
@@ -157,11 +168,17 @@ class QwenVL:
         patch_positions = (positions.to(cells.device).unsqueeze(1) * MERGE + inner).reshape(-1, 2)  # [4K, 2]
         return pixel_values[rows].to(self.visual.dtype), patch_positions
 
-    def encode_view(self, view: Image.Image | torch.Tensor) -> torch.Tensor:
+    def encode_cells(self, view: Image.Image | torch.Tensor, positions: torch.Tensor) -> VisualTokens:
+        """The cells at `positions` [K, 2] of a view (PIL or [1, 3, H, W]), each at its true place -> [K, D]."""
+        pixels, grid_thw = self.image_inputs(view)
+        grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
+        return self.encode_patches(pixels, grid, positions)
+
+    def encode_view(self, view: Image.Image | torch.Tensor) -> VisualTokens:
         """A whole view through the vision tower -> merged tokens [rows * cols, D] in raster order."""
         pixels, grid_thw = self.image_inputs(view)
         grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
-        return self.encode_cells(pixels, grid, raster_block(grid).positions)
+        return self.encode_patches(pixels, grid, raster_block(grid).positions)
 
     # --- text ---
 
@@ -194,19 +211,20 @@ class QwenVL:
         """[1, L] ids -> [3, 1, L] M-RoPE ids, each image block at its cells' true places (get_rope_index's layout)."""
         return mrope_position_ids(input_ids, self.image_token_id, blocks)
 
-    def prompt(self, question: str, images: list[tuple[torch.Tensor, ImageBlock]], answer: str | None = None) -> Prompt:
+    def prompt(self, question: str, images: list[VisualTokens], answer: str | None = None) -> Prompt:
         """
-        The chat prompt for image blocks (features [n, D] and where their n tokens sit) then the question, and
-        optionally an answer to teacher-force (training): ids, embeddings and M-RoPE ids. Every pipeline builds
-        its LLM input here, so no caller lays out a family's internals itself.
+        The chat prompt for image blocks (each VisualTokens: its features and where they sit) then the question,
+        and optionally an answer to teacher-force: ids, embeddings, M-RoPE ids and DeepStack features. Every
+        pipeline builds its LLM input here, so no caller lays out a family's internals itself.
         """
-        ids = self.prompt_ids(question, [len(features) for features, _ in images])
+        ids = self.prompt_ids(question, [len(tokens) for tokens in images])
         answer_start = ids.shape[1]
         if answer is not None:
-            target = self.tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            target = self.tokenizer(answer + END_OF_TURN, add_special_tokens=False)["input_ids"]
             ids = torch.cat([ids, torch.tensor([target], device=ids.device)], dim=1)
-        return Prompt(ids, self.embed(ids, [features for features, _ in images]),
-                      self.position_ids(ids, [block for _, block in images]), answer_start)
+        embeds = self.embed(ids, [tokens.features for tokens in images])  # [1, L, D]
+        return Prompt(ids, embeds, self.position_ids(ids, [tokens.block for tokens in images]), answer_start,
+                      self._deepstack_layout(ids, images, embeds))
 
     def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:
         """Token embeddings with each image block's pads replaced by its features, in order -> [1, L, D]."""
@@ -217,27 +235,44 @@ class QwenVL:
             embeds = embeds.masked_scatter(mask, features)
         return embeds
 
-    def take(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Some rows [n, D] of encoded features [K, D], with what the family carries beside them (Qwen3-VL: DeepStack)."""
-        return features[index]
+    def _deepstack_layout(self, input_ids: torch.Tensor, images: list[VisualTokens], embeds: torch.Tensor):
+        """
+        Each image block's DeepStack features at its tokens, zeros elsewhere -> [k, 1, L, D]; None for a family
+        without DeepStack or a prompt without images.
+        """
+        if not images or all(tokens.deepstack is None for tokens in images):
+            return None
+        if any(tokens.deepstack is None for tokens in images):
+            raise ValueError("every image block of a DeepStack model needs its DeepStack features: pass the "
+                             "VisualTokens that encode_view/encode_cells returned")
+        levels = torch.cat([tokens.deepstack for tokens in images], dim=1).to(embeds.dtype)  # [k, n_image, D]
+        mask = (input_ids == self.image_token_id).unsqueeze(-1)  # [1, L, 1]
+        return torch.stack([torch.zeros_like(embeds).masked_scatter(mask, level) for level in levels])
 
-    @torch.no_grad()
+    def stock_inputs(self, question: str, view: Image.Image | torch.Tensor) -> StockInputs:
+        """transformers' own inputs for one view and a question (the stock baselines under the hf engine)."""
+        pixels, grid_thw = self.image_inputs(view)
+        ids = self.prompt_ids(question, [int(grid_thw.prod()) // MERGE**2])
+        return StockInputs(ids, pixels, grid_thw, (ids == self.image_token_id).int())
+
+    # --- teacher forcing: the one scorer of training and faithfulness ---
+
     def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:
         """
         Score each prompt's teacher-forced answer: the mean log-probability of its tokens -> [len(prompts)].
-        Prompts run in batches, right-padded: attention is causal, so no real token ever sees the padding.
+        Differentiable (training's loss is its negative); faithfulness calls it under no_grad. Prompts run in
+        batches, right-padded: attention is causal, so no real token ever sees the padding.
         """
         scores = []
         for first in range(0, len(prompts), batch_size):
             batch = prompts[first:first + batch_size]
-            lengths = [p.ids.shape[1] for p in batch]
+            lengths = [p.length for p in batch]
             answers = [p.ids[0, p.answer_start:] for p in batch]  # each [n_i], the tokens to score
             L, n = max(lengths), max(len(a) for a in answers)
             embeds = torch.cat([F.pad(p.embeds, (0, 0, 0, L - l)) for p, l in zip(batch, lengths)])  # [B, L, D]
             position_ids = torch.cat([F.pad(p.position_ids, (0, L - l)) for p, l in zip(batch, lengths)], dim=1)  # [3, B, L]
-            deepstack = [self.deepstack(p.embeds) for p in batch]  # each None or [k, 1, L_i, D]
-            deepstack = None if deepstack[0] is None else torch.cat(
-                [F.pad(d, (0, 0, 0, L - l)) for d, l in zip(deepstack, lengths)], dim=1)  # [k, B, L, D]
+            deepstack = None if batch[0].deepstack is None else torch.cat(
+                [F.pad(p.deepstack, (0, 0, 0, L - l)) for p, l in zip(batch, lengths)], dim=1)  # [k, B, L, D]
             # logits at answer_start - 1 .. L_i - 2 predict the answer's tokens answer_start .. L_i - 1
             at = torch.stack([F.pad(torch.arange(p.answer_start - 1, l - 1, device=self.device), (0, n - len(a)))
                               for p, l, a in zip(batch, lengths, answers)])  # [B, n]
@@ -248,56 +283,67 @@ class QwenVL:
             scores.append((logp * real).sum(1) / real.sum(1))
         return torch.cat(scores)
 
-    def deepstack(self, inputs_embeds: torch.Tensor) -> torch.Tensor | None:
-        """Per-layer additions [k, 1, L, D] to the LLM's first k layers' outputs (Qwen3-VL's DeepStack); None here."""
-        return None
-
     # --- the participatory prior ---
 
     @torch.no_grad()
-    def gestalt_attention(self, question: str, gestalt: torch.Tensor, grid: tuple[int, int],
-                          layer_fraction: float = 0.5) -> torch.Tensor:
+    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5) -> torch.Tensor:
         """
         "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt [Ng, D] + question] and
         read the attention of the question's tokens (from the one after <|vision_end|> to the end) to the
         gestalt tokens there, averaged over heads and tokens; the layers above never run -> [Ng] attention mass.
         """
-        prompt = self.prompt(question, [(gestalt, raster_block(grid))])
+        prompt = self.prompt(question, [gestalt])
         at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]
-        start, end, L = int(at[0]), int(at[-1]) + 1, prompt.ids.shape[1]
+        start, end, L = int(at[0]), int(at[-1]) + 1, prompt.length
         attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (end + 1, L), layer_fraction,
-                                                 self.deepstack(prompt.embeds))
+                                                 prompt.deepstack)
         return attention[start:end]
 
     # --- generation ---
 
     @torch.no_grad()
-    def generate(self, max_new_tokens: int, streamer=None, **inputs) -> torch.Tensor:
+    def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
+                 min_new_tokens: int | None = None) -> Generation:
         """
-        Greedy decoding from input_ids (+ pixel inputs) or inputs_embeds + position_ids -> only the new ids [1, T].
-        engine "fast" runs the Decoder (static cache, CUDA graphs) on inputs_embeds; "hf" runs stock generate().
-        Both honour generation_config.min_new_tokens (the bench suppresses EOS with it). After an fp16 overflow
-        the fast engine redoes the request with an fp32 residual stream and sets self.safe_mode.
+        Greedy decoding -> Generation(new ids [1, T], safe_mode). A Prompt runs on self.engine: "fast" is the
+        Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
+        stream and says so in safe_mode), "hf" stock generate() on the embeddings. StockInputs always run stock
+        generate() from pixels. min_new_tokens (default: generation_config's) suppresses EOS until then.
         """
-        min_new_tokens = self.model.generation_config.min_new_tokens or 0
-        self.safe_mode = False
-        if self.engine == "fast" and "inputs_embeds" in inputs:
-            embeds = inputs["inputs_embeds"]
-            ids, self.safe_mode = self.decoder.generate(embeds, inputs["position_ids"], max_new_tokens, self.eos_token_ids,
-                                                        streamer, min_new_tokens, self.deepstack(embeds))
-            return ids
-        ref = inputs.get("input_ids", inputs.get("inputs_embeds"))
-        inputs.setdefault("attention_mask", torch.ones(ref.shape[:2], dtype=torch.long, device=self.device))
-        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, streamer=streamer,
-                                  eos_token_id=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id)
-        return out[:, ref.shape[1]:] if "input_ids" in inputs else out
+        if min_new_tokens is None:
+            min_new_tokens = self.model.generation_config.min_new_tokens or 0
+        if isinstance(inputs, Prompt) and self.engine == "fast":
+            ids, safe_mode = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens,
+                                                   self.eos_token_ids, streamer, min_new_tokens, inputs.deepstack)
+            return Generation(ids, safe_mode)
+        if isinstance(inputs, Prompt):
+            if inputs.deepstack is not None:
+                raise ValueError("the hf engine cannot run Qwen3-VL image embeddings: stock generate() drops their "
+                                 "DeepStack features; use the fast engine (the stock baselines run on both)")
+            kwargs = dict(inputs_embeds=inputs.embeds, position_ids=inputs.position_ids)
+        else:
+            kwargs = dict(input_ids=inputs.input_ids, pixel_values=inputs.pixel_values,
+                          image_grid_thw=inputs.image_grid_thw, mm_token_type_ids=inputs.mm_token_type_ids)
+        length = inputs.length
+        out = self.model.generate(**kwargs, attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
+                                  max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=False,
+                                  streamer=streamer, eos_token_id=self.eos_token_ids,
+                                  pad_token_id=self.tokenizer.pad_token_id)
+        return Generation(out[:, length:] if isinstance(inputs, StockInputs) else out)
 
     def decode(self, ids: torch.Tensor) -> str:
         return self.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
 
+    # --- compute ---
 
-def upsample_map(values: torch.Tensor, grid: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
-    """[N] values on a (rows, cols) grid -> [1, *size] bilinear map, min-max scaled to [0, 1]."""
-    m = values.float().view(1, 1, *grid)
-    m = F.interpolate(m, size=size, mode="bilinear", align_corners=False)[:, 0]
-    return minmax(m, floor=0)
+    def gflops(self, vision_cells: list[int], prefill_tokens: int, prior_tokens: int = 0,
+               prior_layer_fraction: float = 0.5) -> dict:
+        """
+        Estimated compute (arr_coc.flops) of one vision pass per entry of vision_cells (cells = merged tokens),
+        the prior pass over prior_tokens up to its layer (no logits), and the prefill of prefill_tokens.
+        """
+        config = self.model.config
+        layers = int(prior_layer_fraction * config.text_config.num_hidden_layers)
+        prior = prefill_gflops(config.text_config, prior_tokens, layers, False) if prior_tokens else 0.0
+        return dict(vision=sum(vision_gflops(config.vision_config, MERGE**2 * n) for n in vision_cells),
+                    prefill=prior + prefill_gflops(config.text_config, prefill_tokens))

@@ -6,29 +6,156 @@ Adapter over transformers' Qwen3VLForConditionalGeneration: what Qwen3-VL does d
   gets the interpolation of its own patches on the candidate grid, so a subset of cells sees exactly what
   the whole view would.
 - DeepStack: blocks `deepstack_visual_indexes` of the ViT feed their own mergers, and their outputs are added
-  to the hidden states at the image tokens after the first LLM layers. Every feature block this adapter
-  encodes carries them as `features.deepstack` [k, K, D]; `embed` lays them out over the sequence as
-  `embeds.deepstack` [k, 1, L, D] (zeros outside image tokens), and the Decoder adds them in prefill and in
-  the prior pass. Stock generate() cannot take them with inputs_embeds: the "hf" engine refuses such embeds.
+  to the hidden states at the image tokens after the first LLM layers. Every VisualTokens this adapter
+  encodes carries them in its `deepstack` field [k, K, D]; `prompt` lays them out over the sequence as
+  `Prompt.deepstack` [k, 1, L, D] (zeros outside image tokens), and the Decoder adds them in prefill, in
+  teacher forcing and in the prior pass. Stock generate() cannot take them with inputs_embeds: the "hf"
+  engine refuses such a prompt.
+- Its chat template (below) has no default system prompt, unlike Qwen2-VL's.
 - Interleaved M-RoPE: composed by the text model's own rotary_emb (the Decoder uses it); the position-id
   layout of an image block is Qwen2-VL's (a test pins it to get_rope_index).
 
     vlm = load_vlm("tiny-qwen3-vl")          # FAMILIES picks this adapter by model_type
-    gestalt = vlm.encode_view(views.tensor("gestalt"))       # [Ng, D], gestalt.deepstack [k, Ng, D]
+    gestalt = vlm.encode_view(views.tensor("gestalt"))       # VisualTokens: features [Ng, D], deepstack [k, Ng, D]
 """
 
 import torch
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 from arr_coc.vlm.qwen2_vl import QwenVL
-from arr_coc.vlm.tiny import QWEN3_VL_CHAT_TEMPLATE
 from arr_coc.vlm.views import MERGE
 
 
+# The Qwen3-VL chat template (as on the hub's Qwen/Qwen3-VL-*-Instruct repos, chat_template.json): no default
+# system prompt; images as <|vision_start|><|image_pad|><|vision_end|>; tool calls and tool responses.
+CHAT_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+
 class Qwen3VL(QwenVL):
+    """The Qwen3-VL adapter: QwenVL with 32 px cells, the interpolated pos_embed and DeepStack features."""
     hf_class = "Qwen3VLForConditionalGeneration"
     stock_generate_takes_embeds = False  # it would drop their DeepStack features
-    default_chat_template = QWEN3_VL_CHAT_TEMPLATE  # no default system prompt, unlike Qwen2-VL's
+    default_chat_template = CHAT_TEMPLATE  # no default system prompt, unlike Qwen2-VL's
 
     # --- vision ---
 
@@ -63,47 +190,3 @@ class Qwen3VL(QwenVL):
             if i in visual.deepstack_visual_indexes:
                 deepstack.append(visual.deepstack_merger_list[visual.deepstack_visual_indexes.index(i)](x))  # [N/4, D]
         return visual.merger(x), torch.stack(deepstack)  # [N/4, D], [k, N/4, D]
-
-    @torch.no_grad()
-    def encode_cells(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
-        """The base encoding [K, D]; the cells' DeepStack features ride along as `.deepstack` [k, K, D]."""
-        features, deepstack = super().encode_cells(pixel_values, grid, positions)
-        features.deepstack = deepstack
-        return features
-
-    def take(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Some rows of encoded features, their DeepStack features [k, n, D] with them."""
-        taken = features[index]
-        taken.deepstack = features.deepstack[:, index]
-        return taken
-
-    # --- text ---
-
-    def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:
-        """
-        The base embeddings [1, L, D], with `.deepstack`: each image block's DeepStack features at its tokens,
-        zeros elsewhere [k, 1, L, D] (None without images). Features must come from encode_cells/encode_view.
-        """
-        embeds = super().embed(input_ids, image_features)
-        embeds.deepstack = None
-        if image_features:
-            if any(getattr(f, "deepstack", None) is None for f in image_features):
-                raise ValueError("Qwen3-VL image features need their DeepStack features: pass what "
-                                 "encode_cells/encode_view returned (features.deepstack)")
-            levels = torch.cat([f.deepstack for f in image_features], dim=1).to(embeds.dtype)  # [k, n_image, D]
-            mask = (input_ids == self.image_token_id).unsqueeze(-1)  # [1, L, 1]
-            embeds.deepstack = torch.stack([torch.zeros_like(embeds).masked_scatter(mask, level) for level in levels])
-        return embeds
-
-    def deepstack(self, inputs_embeds: torch.Tensor) -> torch.Tensor | None:
-        if not hasattr(inputs_embeds, "deepstack"):
-            raise ValueError("Qwen3-VL inputs_embeds must come from embed(), which lays out the DeepStack features")
-        return inputs_embeds.deepstack
-
-    @torch.no_grad()
-    def generate(self, max_new_tokens: int, streamer=None, **inputs) -> torch.Tensor:
-        """The base generate: the fast engine adds DeepStack itself; stock generate() only from pixel inputs."""
-        if self.engine != "fast" and "inputs_embeds" in inputs and self.deepstack(inputs["inputs_embeds"]) is not None:
-            raise ValueError("the hf engine cannot run Qwen3-VL image embeddings: stock generate() drops their "
-                             "DeepStack features; use the fast engine (the stock baselines run on both)")
-        return super().generate(max_new_tokens, streamer, **inputs)

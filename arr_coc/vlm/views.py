@@ -6,7 +6,7 @@ The upload is checked and converted once (any mode, animated, 16-bit) and sent t
 view is resized there when first asked for. The candidate grid is the image at its native resolution (the
 image processor's own smart_resize, capped at max_cells), bounded below by twice the gestalt grid per side.
 
-    views = make_views(pil_image, max_cells=4096, device="cuda", cell=28)
+    views = make_views(pil_image, max_cells=4096, device="cuda", cell=vlm.cell, min_pixels=vlm.min_pixels)
     views.tensor("gestalt")      # [1, 3, 448, 448] in [0, 1]
     views.candidate_grid         # (64, 64) for a 1792 px square
 """
@@ -19,13 +19,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageSequence
 
+from arr_coc.config import PipelineConfig
 from arr_coc.errors import InputError
 
 PATCH = 14  # ViT patch side in px (Qwen2-VL, Qwen2.5-VL)
 MERGE = 2  # 2x2 patches merge into one LLM token
 CELL = PATCH * MERGE  # 28 px: one merged token = one candidate cell
+PIPELINE = PipelineConfig()  # the default settings: views' sizes and caps
 MAX_ASPECT = 32.0  # wider or taller images are squeezed to this aspect ratio (Qwen refuses > 200)
-MIN_PIXELS = 56 * 56  # the image processor's default lower bound (4 cells)
+MIN_CELLS = 4  # without the image processor's own bound, a view is at least 4 cells (Qwen2-VL's 56 x 56 px)
 
 
 def to_rgb(image) -> Image.Image:
@@ -62,16 +64,18 @@ def fit_grid(width: int, height: int, max_tokens: int) -> tuple[int, int]:
     return rows, cols
 
 
-def native_grid(width: int, height: int, max_cells: int, cell: int = CELL) -> tuple[int, int]:
+def native_grid(width: int, height: int, max_cells: int, cell: int = CELL,
+                min_pixels: int | None = None) -> tuple[int, int]:
     """
-    The (rows, cols) grid of cells (one merged token each: 28 px for Qwen2-VL) that stock Qwen reads this image
-    at: the image processor's own smart_resize with max_pixels = max_cells cells (aspect kept; beyond
-    MAX_ASPECT squeezed to it).
+    The (rows, cols) grid of cells (one merged token each: 28 px for Qwen2-VL, 32 px for Qwen3-VL) that stock
+    Qwen reads this image at: the image processor's own smart_resize with its min_pixels (the family's: 56^2
+    for Qwen2-VL, 256^2 for Qwen3-VL; default MIN_CELLS cells) and max_pixels = max_cells cells (aspect kept;
+    beyond MAX_ASPECT squeezed to it).
     """
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     width, height = min(width, round(height * MAX_ASPECT)), min(height, round(width * MAX_ASPECT))
-    min_pixels = MIN_PIXELS * (cell // CELL) ** 2
+    min_pixels = MIN_CELLS * cell**2 if min_pixels is None else min_pixels
     h, w = smart_resize(max(height, 1), max(width, 1), factor=cell, min_pixels=min_pixels, max_pixels=max_cells * cell**2)
     return h // cell, w // cell
 
@@ -86,10 +90,10 @@ class Views:
     image: Image.Image  # the original image, RGB
     pixels: torch.Tensor  # [1, 3, H, W] uint8, the original on the device
     gestalt_grid: tuple[int, int]  # (gh, gw) gestalt tokens: the low-res view
-    native_grid: tuple[int, int]  # (nh, nw) tokens of the native view: what stock Qwen2-VL reads (`full`)
+    native_grid: tuple[int, int]  # (nh, nw) tokens of the native view: what the stock model reads (`full`)
     candidate_grid: tuple[int, int]  # (GH, GW) candidate cells of the high-res view: native, >= 2x the gestalt per side
-    budget_grid: tuple[int, int]  # (bh, bw) tokens of the same-budget baseline view (~529 tokens)
-    cell: int = CELL  # px per cell side: one merged token (28 for Qwen2-VL's 14 px patches merged 2x2)
+    budget_grid: tuple[int, int]  # (bh, bw) tokens of the same-budget baseline view (PipelineConfig.budget_tokens)
+    cell: int = CELL  # px per cell side: one merged token (28 for Qwen2-VL's 14 px patches merged 2x2, 32 for Qwen3-VL)
     _cache: dict = field(default_factory=dict, repr=False)
 
     def grid(self, name: str) -> tuple[int, int]:
@@ -97,7 +101,7 @@ class Views:
                 "budget": self.budget_grid}[name]
 
     def tensor(self, name: str) -> torch.Tensor:
-        """The view `name` as [1, 3, grid * 28 px] in [0, 1] on the device, resized once (views of one size are one)."""
+        """The view `name` as [1, 3, grid * cell px] in [0, 1] on the device, resized once (views of one size are one)."""
         rows, cols = self.grid(name)
         key = (rows * self.cell, cols * self.cell)
         if key not in self._cache:
@@ -145,16 +149,18 @@ def resize(pixels: torch.Tensor, grid: tuple[int, int], cell: int = CELL) -> tor
     return F.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
 
 
-def make_views(image, gestalt_tokens: int = 256, budget_tokens: int = 529, max_cells: int = 4096,
-               device: torch.device | str = "cpu", cell: int = CELL) -> Views:
+def make_views(image, gestalt_tokens: int = PIPELINE.gestalt_max_tokens, budget_tokens: int = PIPELINE.budget_tokens,
+               max_cells: int = PIPELINE.max_cells, device: torch.device | str = "cpu", cell: int = CELL,
+               min_pixels: int | None = None) -> Views:
     """
-    All views of one image. The candidate grid is the native grid (at most max_cells cells), bounded below
-    by twice the gestalt grid per side, so even a tiny image offers well over 273 candidates.
+    All views of one image (defaults: PipelineConfig's; cell and min_pixels: the VLM's). The candidate grid is
+    the native grid (at most max_cells cells), bounded below by twice the gestalt grid per side, so even a
+    tiny image offers well over a budget's worth of candidates.
     """
     rgb = to_rgb(image)
     gh, gw = fit_grid(rgb.width, rgb.height, gestalt_tokens)
     bh, bw = fit_grid(rgb.width, rgb.height, budget_tokens)
-    nh, nw = native_grid(rgb.width, rgb.height, max_cells, cell)
+    nh, nw = native_grid(rgb.width, rgb.height, max_cells, cell, min_pixels)
     ch, cw = max(nh, 2 * gh), max(nw, 2 * gw)
     if ch * cw > max_cells:  # the two grids round the aspect differently: keep the cap strict
         ch, cw = 2 * gh, 2 * gw

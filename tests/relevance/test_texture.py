@@ -117,12 +117,12 @@ def test_minmax_is_per_image_floors_rounding_and_ignores_non_finite():
 
 
 def test_the_package_has_one_minmax():
-    """the adapter's attention upsampling and viz's heat maps scale through texture.minmax, not copies of it."""
+    """the prior's attention upsampling and viz's heat maps scale through texture.minmax, not copies of it."""
     from arr_coc import viz
-    from arr_coc.vlm import qwen2_vl as qwen
+    from arr_coc.relevance import prior
 
-    m = qwen.upsample_map(torch.tensor([0.0, 1.0, 2.0, 3.0]), (2, 2), (4, 4))
+    m = prior.upsample_map(torch.tensor([0.0, 1.0, 2.0, 3.0]), (2, 2), (4, 4))
     assert m.min() == 0 and m.max() == 1
-    assert not qwen.upsample_map(torch.full((4,), 0.7), (2, 2), (4, 4)).any()  # flat: zeros
+    assert not prior.upsample_map(torch.full((4,), 0.7), (2, 2), (4, 4)).any()  # flat: zeros
     flat = viz.normalise(np.full((3, 3), 0.25))
     assert not flat.any() and viz.normalise(np.array([[np.nan, 1.0], [3.0, 2.0]])).tolist() == [[0, 0], [1, 0.5]]

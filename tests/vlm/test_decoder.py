@@ -1,13 +1,13 @@
-"""The Decoder (static cache + graphed decode) against transformers: prefill logits, greedy tokens, EOS, streaming."""
+"""The Decoder (static cache + graphed decode) against transformers: greedy tokens, EOS, streaming, bounded caches,
+fp16 safe mode, teacher forcing, refused configs (every decode step's logits: tests/vlm/test_families.py)."""
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import answers_by_engine
 
-from arr_coc.model import PIPELINES
-from arr_coc.vlm.positions import raster_block
+from arr_coc.vlm.base import Generation, VisualTokens
+from arr_coc.vlm.decoder import MAX_CACHES, Decoder
 
 QUESTION = "What is written on the sign?"
 
@@ -16,89 +16,110 @@ def image(w=448, h=336, seed=0):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-qwen2.5-vl"])
-def family_model(request, arr_model):
-    """The families whose LLM the Decoder runs as it is (Qwen3-VL's DeepStack: tests/vlm/test_qwen3_vl.py)."""
-    from arr_coc.model import ARRCOCQwen
-
-    return arr_model if request.param == "tiny" else ARRCOCQwen.from_pretrained(request.param)
+def view_of(vlm, w=448, h=336, seed=0):
+    """A random view whose sides are whole cells of the family."""
+    return image((w // vlm.cell) * vlm.cell, (h // vlm.cell) * vlm.cell, seed)
 
 
-def stock_prompt(vlm, view, question=QUESTION):
-    """Ids, embeddings and positions of [prompt + one image + question], as every pipeline builds them."""
-    grid = (view.height // vlm.cell, view.width // vlm.cell)
-    prompt = vlm.prompt(question, [(vlm.encode_view(view), raster_block(grid))])
-    return prompt.ids, prompt.embeds, prompt.position_ids
-
-
-def test_prefill_logits_equal_the_stock_forward(family_model):
-    vlm = family_model.vlm
-    ids, embeds, positions = stock_prompt(vlm, image())
-    decoder = vlm.decoder
+def one_view_prompt(vlm, view, question=QUESTION, answer=None):
+    """[prompt + one image + question (+ answer)], as every pipeline builds it."""
     with torch.no_grad():
-        stock = vlm.model(inputs_embeds=embeds, position_ids=positions).logits[:, -1].float()  # [1, V]
-        cap = 1024
-        decoder._state(cap, embeds.dtype)
-        ours = decoder._prefill(embeds, positions, torch.tensor([ids.shape[1] - 1]), cap)
-    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=1e-5)
+        return vlm.prompt(question, [vlm.encode_view(view)], answer=answer)
 
 
 @pytest.mark.parametrize("min_new_tokens", [0, 12])
-def test_greedy_tokens_equal_generate(family_model, min_new_tokens):
-    vlm = family_model.vlm
-    ids, embeds, positions = stock_prompt(vlm, image(seed=1))
-    config = vlm.model.generation_config
-    try:
-        config.min_new_tokens = min_new_tokens
-        vlm.engine = "hf"
-        stock = vlm.generate(12, inputs_embeds=embeds, position_ids=positions)
-        vlm.engine = "fast"
-        ours = vlm.generate(12, inputs_embeds=embeds, position_ids=positions)
-    finally:
-        config.min_new_tokens, vlm.engine = None, "fast"
-    assert ours.tolist() == stock.tolist() and ours.shape[1] == (12 if min_new_tokens else ours.shape[1])
+def test_greedy_tokens_equal_stock_generate_from_pixels(family, min_new_tokens):
+    vlm = family.vlm
+    view = view_of(vlm, seed=1)
+    stock = vlm.generate(vlm.stock_inputs(QUESTION, view), 12, min_new_tokens=min_new_tokens).ids[0].tolist()
+    ours = vlm.generate(one_view_prompt(vlm, view), 12, min_new_tokens=min_new_tokens).ids[0].tolist()
+    assert ours == stock
+    eos = set(vlm.eos_token_ids)
+    assert not eos & set(ours[:-1])  # decoding stops at the first EOS...
+    if min_new_tokens:
+        assert len(ours) == 12 and not eos & set(ours)  # ...which min_new_tokens holds off
+    else:
+        assert len(ours) == 12 or ours[-1] in eos
 
 
 def test_eos_stops_and_is_kept(arr_model):
     vlm = arr_model.vlm
-    ids, embeds, positions = stock_prompt(vlm, image(seed=2))
-    first = int(vlm.generate(1, inputs_embeds=embeds, position_ids=positions)[0, 0])
+    prompt = one_view_prompt(vlm, image(seed=2))
+    first = int(vlm.generate(prompt, 1).ids[0, 0])
     eos = vlm.eos_token_ids
     try:
         vlm.eos_token_ids = [first]  # the first token is EOS: one token, then stop
-        out = vlm.generate(20, inputs_embeds=embeds, position_ids=positions)
+        out = vlm.generate(prompt, 20).ids
     finally:
         vlm.eos_token_ids = eos
     assert out.tolist() == [[first]]
 
 
-@pytest.mark.parametrize("pipeline", PIPELINES)
-def test_every_pipeline_answers_the_same_with_both_engines(family_model, pipeline):
-    answers = answers_by_engine(family_model, image(700, 500), QUESTION, pipeline)
-    assert answers["fast"].text == answers["hf"].text
-    assert answers["fast"].new_tokens == answers["hf"].new_tokens
-    assert answers["fast"].tokens == answers["hf"].tokens
+class Recorder:
+    """A streamer that records what it is given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
 
 
-def test_streaming_yields_the_answer_token_by_token(arr_model):
-    chunks = list(arr_model.stream(image(), QUESTION, "arr", max_new_tokens=6))
-    answer = chunks[-1]
-    texts = chunks[:-1]
-    assert texts and texts[-1].strip() == answer.text
+def test_the_decoder_streams_one_token_per_step(arr_model):
+    vlm = arr_model.vlm
+    recorder = Recorder()
+    out = vlm.generate(one_view_prompt(vlm, image()), 8, streamer=recorder, min_new_tokens=8)
+    assert recorder.puts[0] == [] and recorder.ended  # the prompt first (empty, as generate() puts it), then...
+    assert recorder.puts[1:] == [[t] for t in out.ids[0].tolist()] and len(out.ids[0]) == 8  # ...each token alone
+
+
+def test_stream_yields_the_answer_as_it_grows(arr_model, monkeypatch):
+    """Generation scripted to a known sentence: model.stream yields it word by word, then the finished Answer."""
+    vlm = arr_model.vlm
+    words = vlm.tokenizer("The sign says stop here now", add_special_tokens=False)["input_ids"]
+
+    def scripted(inputs, max_new_tokens, streamer=None, min_new_tokens=None):
+        streamer.put(torch.zeros(1, 0, dtype=torch.long))
+        for t in words:
+            streamer.put(torch.tensor([t]))
+        streamer.end()
+        return Generation(torch.tensor([words]))
+
+    monkeypatch.setattr(vlm, "generate", scripted)
+    chunks = list(arr_model.stream(image(), QUESTION, "arr", max_new_tokens=len(words)))
+    answer, texts = chunks[-1], chunks[:-1]
+    assert answer.text == "The sign says stop here now" and answer.new_tokens == len(words)
+    assert texts[-1] == answer.text and len(set(texts)) >= 4  # several growing texts, not one at the end
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # the text only grows
-    assert answer.timings_ms["prefill"] > 0 and answer.timings_ms["decode"] >= 0
 
 
 def test_back_to_back_requests_of_different_lengths(arr_model):
     """The cache is reused across prompts of different lengths: each answer equals a fresh stock generate."""
     vlm = arr_model.vlm
     for w, question in [(448, "Why?"), (900, QUESTION + " Answer in detail, please, with every word."), (448, "Why?")]:
-        ids, embeds, positions = stock_prompt(vlm, image(w, 448).resize(((w // 28) * 28, 448)), question)
-        ours = vlm.generate(6, inputs_embeds=embeds, position_ids=positions)
-        vlm.engine = "hf"
-        stock = vlm.generate(6, inputs_embeds=embeds, position_ids=positions)
-        vlm.engine = "fast"
-        assert ours.tolist() == stock.tolist()
+        view = view_of(vlm, w, 448)
+        ours = vlm.generate(one_view_prompt(vlm, view, question), 6, min_new_tokens=6)
+        stock = vlm.generate(vlm.stock_inputs(question, view), 6, min_new_tokens=6)
+        assert ours.ids.tolist() == stock.ids.tolist()
+
+
+def test_the_caches_are_bounded_least_recently_used_first(arr_model):
+    """Requests needing 3 cache sizes keep at most MAX_CACHES of them, dropping the oldest; answers stay right."""
+    vlm = arr_model.vlm
+    decoder = vlm.decoder
+    prompt = one_view_prompt(vlm, image(seed=6))
+    first = vlm.generate(prompt, 4, min_new_tokens=4).ids
+    sizes = []
+    with torch.no_grad():
+        for new_tokens in (4, 1500, 2500, 1500, 4):  # room for caches of 1024, 2048, 3072, 2048, 1024 slots
+            decoder.start(prompt.embeds, prompt.position_ids, new_tokens)  # what generate() prefills first
+            sizes.append(list(decoder.states))
+    assert MAX_CACHES == 2 and all(len(s) <= MAX_CACHES for s in sizes)
+    assert sizes[2] == [2048, 3072] and sizes[3] == [3072, 2048] and sizes[4] == [2048, 1024]  # LRU order
+    assert vlm.generate(prompt, 4, min_new_tokens=4).ids.tolist() == first.tolist()
 
 
 def test_fp16_overflow_is_redone_in_safe_mode_on_this_device():
@@ -109,6 +130,8 @@ def test_fp16_overflow_is_redone_in_safe_mode_on_this_device():
     prompt = vlm.prompt(QUESTION, [])
     with torch.no_grad():  # the stock forward overflows: its logits are not finite
         assert not torch.isfinite(vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits).all()
+    generation = vlm.generate(prompt, 4)
+    assert generation.safe_mode and not hasattr(vlm, "safe_mode")  # returned, not left on the shared adapter
     answer = model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)
     assert answer.safe_mode and answer.new_tokens >= 1 and answer.to_json()["safe_mode"] is True
     plain = model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)
@@ -116,14 +139,34 @@ def test_fp16_overflow_is_redone_in_safe_mode_on_this_device():
     assert all(torch.isfinite(t).all() for s in vlm.decoder.states.values() for t in s.keys + s.values)
 
 
-def test_the_training_forward_equals_the_stock_logits_and_passes_gradients(arr_model):
+def test_teacher_forcing_is_differentiable_to_the_image_tokens(arr_model):
     vlm = arr_model.vlm
-    ids, embeds, positions = stock_prompt(vlm, image(seed=4))
     with torch.no_grad():
-        stock = vlm.model(inputs_embeds=embeds, position_ids=positions).logits.float()  # [1, L, V]
-    embeds = embeds.detach().requires_grad_(True)
+        tokens = vlm.encode_view(image(seed=4))
+    features = tokens.features.clone().requires_grad_(True)
     with torch.enable_grad():
-        ours = vlm.decoder.forward(embeds, positions)
-        ours[0, -1].max().backward()
-    torch.testing.assert_close(ours.detach(), stock, atol=1e-5, rtol=1e-5)
-    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
+        prompt = vlm.prompt(QUESTION, [VisualTokens(features, tokens.grid, tokens.positions)], answer="a red sign")
+        score = vlm.answer_logprobs([prompt])[0]
+        score.backward()
+    assert features.grad is not None and features.grad.abs().sum() > 0
+    with torch.no_grad():  # the mean log-probability of the answer's tokens, read off every position's logits
+        logp = vlm.decoder.forward(prompt.embeds, prompt.position_ids)[0].log_softmax(-1)  # [L, V]
+        answer = prompt.ids[0, prompt.answer_start:]
+        expected = logp[prompt.answer_start - 1:-1].gather(-1, answer[:, None]).mean()
+    assert len(answer) >= 4 and float(score.detach()) == pytest.approx(float(expected), abs=1e-5)
+
+
+@pytest.mark.parametrize("setting", ["use_sliding_window", "layer_types"])
+def test_configs_the_decoder_does_not_implement_are_refused_by_name(arr_model, setting):
+    config = arr_model.vlm.language_model.config
+    saved = config.use_sliding_window, config.layer_types
+    try:
+        if setting == "use_sliding_window":
+            config.use_sliding_window = True
+        else:
+            config.layer_types = ["full_attention", "sliding_attention"] * (config.num_hidden_layers // 2)
+        with pytest.raises(ValueError, match=setting):
+            Decoder(arr_model.vlm.model)
+    finally:
+        config.use_sliding_window, config.layer_types = saved
+    Decoder(arr_model.vlm.model)  # the stock tiny config: every layer full attention

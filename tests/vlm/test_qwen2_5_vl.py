@@ -1,6 +1,6 @@
 """
-Qwen2.5-VL behind the adapter, on the offline tiny-qwen2.5-vl: exact equivalences with the stock model (logits,
-vision tower, window attention for sparse cells, position ids, the Decoder), every pipeline, the CLI, hub folders.
+Qwen2.5-VL behind the adapter, on the offline tiny-qwen2.5-vl: what only this family does, the window attention
+for sparse cells, and hub-shaped folders (the equivalences every family has: tests/vlm/test_families.py).
 """
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import answers_by_engine, gestalt_logits, stock_inputs
+from conftest import answers_by_engine, tiny_arr_model
 
 from arr_coc.vlm import qwen2_5_vl
 from arr_coc.vlm.families import load_vlm
@@ -26,9 +26,7 @@ def photo(w=400, h=300, seed=0):
 
 @pytest.fixture(scope="module")
 def model():
-    from arr_coc.model import ARRCOCQwen
-
-    return ARRCOCQwen.from_pretrained(TINY)
+    return tiny_arr_model(TINY)  # shared with the family tests
 
 
 def stock_windows(cells: list[tuple[int, int]], w: int = 4):
@@ -57,21 +55,18 @@ def stock_tower_on_cells(vlm, pixels, grid, cells, window_index, cu_window_seqle
 # ----------------------------------------------------------------------------- loading
 
 
-def test_the_tiny_and_its_family_load_through_the_registry(model):
-    from arr_coc.vlm.tiny import CHAT_TEMPLATE, QWEN2_5_VL_CHAT_TEMPLATE
-
+def test_the_tiny_has_the_families_windows(model):
+    """(its class, cell and chat template, as every family's: tests/vlm/test_families.py)"""
     vlm = model.vlm
-    assert type(vlm) is qwen2_5_vl.Qwen25VL and vlm.family == "qwen2_5_vl"
-    assert type(vlm.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
-    assert vlm.cell == 28 and vlm.window_cells == 4 and list(vlm.visual.fullatt_block_indexes) == [1, 3]
-    assert vlm.chat_template == QWEN2_5_VL_CHAT_TEMPLATE == CHAT_TEMPLATE  # the hub's, identical to Qwen2-VL's
+    assert vlm.window_cells == 4 and list(vlm.visual.fullatt_block_indexes) == [1, 3]
 
 
 def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
     """A folder laid out as Qwen/Qwen2.5-VL-3B-Instruct ships it (flat config with the legacy rope_scaling), at toy sizes."""
     import transformers
 
-    from arr_coc.vlm.tiny import CHAT_TEMPLATE, tiny_qwen2_5_vl_config, tokenizer_folder
+    from arr_coc.vlm.qwen2_vl import CHAT_TEMPLATE
+    from arr_coc.vlm.tiny import tiny_qwen2_5_vl_config, tokenizer_folder
 
     torch.manual_seed(0)
     transformers.Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config()).save_pretrained(tmp_path)
@@ -113,12 +108,9 @@ def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
     assert load_vlm(str(tmp_path), device="cpu").chat_template == own
 
 
-def test_random_weights_build_the_family_adapter():
-    from arr_coc.vlm.families import random_vlm
-    from arr_coc.vlm.tiny import FULL_SIZE, tiny_qwen2_5_vl_config
+def test_the_full_size_architecture_is_the_3b():
+    from arr_coc.vlm.tiny import FULL_SIZE
 
-    vlm = random_vlm(tiny_qwen2_5_vl_config(), "cpu", torch.float32, "random tiny")
-    assert type(vlm) is qwen2_5_vl.Qwen25VL and type(vlm.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     name, config = FULL_SIZE["qwen2_5_vl"]
     c = config()  # the 3B architecture, as on the hub
     assert (c.text_config.hidden_size, c.text_config.num_hidden_layers, c.vision_config.out_hidden_size) == (2048, 36, 2048)
@@ -126,13 +118,6 @@ def test_random_weights_build_the_family_adapter():
 
 
 # ----------------------------------------------------------------------------- exact equivalences
-
-
-def test_zero_saccades_reproduce_the_stock_logits(model):
-    vlm = model.vlm
-    views = make_views(photo())
-    stock, ours = gestalt_logits(vlm, views)
-    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("attention", ["mask", "loop"])
@@ -145,7 +130,7 @@ def test_sparse_encoder_on_every_cell_equals_the_stock_tower(model, monkeypatch,
     pixels, grid = vlm.image_inputs(views.tensor("highres"))
     with torch.no_grad():
         stock = vlm.visual(pixels, grid_thw=grid).pooler_output
-        sparse = vlm.encode_cells(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions)
+        sparse = vlm.encode_patches(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions).features
     torch.testing.assert_close(sparse, stock, atol=1e-5, rtol=0)
     assert stock.std() > 1e-3  # not a vacuous comparison
 
@@ -161,8 +146,8 @@ def test_a_sparse_set_is_encoded_with_the_full_grids_windows_in_any_order(model)
     cells = torch.tensor(CELLS)
     shuffle = torch.randperm(len(CELLS), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours = vlm.encode_cells(pixels, grid, cells)  # [K, D]
-        shuffled = vlm.encode_cells(pixels, grid, cells[shuffle])
+        ours = vlm.encode_patches(pixels, grid, cells).features  # [K, D]
+        shuffled = vlm.encode_patches(pixels, grid, cells[shuffle]).features
         window_index, cu = stock_windows(CELLS)
         stock = stock_tower_on_cells(vlm, pixels, grid, CELLS, window_index, cu)
         # wrong windows: the same cells, all in one window (plain global attention everywhere)
@@ -182,44 +167,13 @@ def test_windowed_blocks_see_only_their_window(model, monkeypatch):
     grid = views.candidate_grid
     a, same, other = [5, 6], [4, 7], [9, 1]  # windows (1, 1), (1, 1), (2, 0)
     with torch.no_grad():
-        encode = lambda cells: vlm.encode_cells(pixels, grid, torch.tensor(cells))[0]  # the token of a
+        encode = lambda cells: vlm.encode_patches(pixels, grid, torch.tensor(cells)).features[0]  # the token of a
         both, without_same, without_other = encode([a, same, other]), encode([a, other]), encode([a, same])
     torch.testing.assert_close(without_other, both, atol=1e-6, rtol=0)
     assert (without_same - both).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("view", ["gestalt", "highres"])
-def test_position_ids_follow_get_rope_index_for_one_block(model, view):
-    vlm = model.vlm
-    views = make_views(photo(1400, 500))
-    grid = views.grid(view)
-    ids, pixels, thw, mm = stock_inputs(vlm, views.tensor(view))
-    stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=thw)
-    assert torch.equal(vlm.position_ids(ids, [raster_block(grid)]), stock)
-
-
 # ---------------------------------------------- the pipelines (the Decoder for this family: tests/vlm/test_decoder.py)
-
-
-def test_arr_answers_with_273_ordered_unique_saccades(model):
-    answer = model.answer(photo(700, 500), QUESTION, "arr", max_new_tokens=4)
-    cells = [(s.row, s.col) for s in answer.saccades]
-    assert answer.tokens["saccade"] == 273 and len(cells) == 273 == len(set(cells))
-    assert [s.rank for s in answer.saccades] == list(range(1, 274))
-    scores = [s.score for s in answer.saccades]
-    assert scores == sorted(scores, reverse=True)
-
-
-def test_run_cli_with_the_tiny_qwen2_5_vl(tmp_path, capsys):
-    from arr_coc.run import main
-
-    out = tmp_path / "run.json"
-    code = main(["--model", TINY, "--image", "assets/chelsea.png", "--question", "What colour are the cat's eyes?",
-                 "--max-new-tokens", "2", "--json", str(out), "--pipelines", "arr,gestalt"])
-    assert code == 0
-    report = json.loads(out.read_text())
-    assert report["model"] == TINY and list(report["pipelines"]) == ["arr", "gestalt"]
-    assert report["pipelines"]["arr"]["tokens"]["saccade"] == 273
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -238,15 +192,15 @@ def test_graphed_vision_equals_eager_on_cuda(dtype):
         positions = torch.stack([cells // grid[1], cells % grid[1]], dim=-1).cuda()  # [273, 2]
         with torch.no_grad():
             vlm.decoder.graphs_enabled = False
-            eager = vlm.encode_cells(pixels, grid, positions)
+            eager = vlm.encode_patches(pixels, grid, positions).features
             vlm.decoder.graphs_enabled = True
-            graphed = vlm.encode_cells(pixels, grid, positions)
+            graphed = vlm.encode_patches(pixels, grid, positions).features
         torch.testing.assert_close(graphed, eager, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=0)
     assert len(vlm.graphed_vision.graphs) == 1
     with torch.no_grad():  # and the graphed gestalt is the stock tower's encoding
         pixels, thw = vlm.image_inputs(views.tensor("gestalt"))
         stock = vlm.visual(pixels, grid_thw=thw).pooler_output
-        ours = vlm.encode_view(views.tensor("gestalt"))
+        ours = vlm.encode_view(views.tensor("gestalt")).features
     scale = float(stock.abs().max())
     torch.testing.assert_close(ours, stock, atol=(1e-4 if dtype == torch.float32 else 3e-2) * scale, rtol=0)
 

@@ -1,10 +1,10 @@
-"""The Qwen adapter: exact equivalences with the stock model, the M-RoPE layout, views and image modes."""
+"""The Qwen2-VL adapter and what every family shares: the M-RoPE layout, the prior, views, image modes and prompts
+(the equivalences every family has with its stock model: tests/vlm/test_families.py)."""
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import gestalt_logits, stock_inputs
 
 from arr_coc.errors import InputError
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
@@ -16,51 +16,11 @@ def photo(w=400, h=300, seed=0):
     return Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
-def test_zero_saccades_reproduce_the_stock_logits(arr_model):
-    vlm = arr_model.vlm
-    views = make_views(photo())
-    stock, ours = gestalt_logits(vlm, views)
-    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
-
-
 def test_native_candidate_grid_is_not_tied_to_the_gestalt():
     views = make_views(photo(1400, 900))
     assert views.candidate_grid == views.native_grid == (32, 50)  # 28 px cells at the image's own resolution
     assert views.candidate_grid != tuple(2 * g for g in views.gestalt_grid)
     assert views.highres.size == (50 * CELL, 32 * CELL)
-
-
-def test_sparse_encoder_on_every_cell_equals_the_stock_tower(arr_model):
-    vlm = arr_model.vlm
-    views = make_views(photo(1400, 900))  # native, non-square, not twice the gestalt: 32 x 50 cells
-    pixels, grid = vlm.image_inputs(views.highres)
-    with torch.no_grad():
-        stock = vlm.visual(pixels, grid_thw=grid).pooler_output
-        sparse = vlm.encode_cells(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions)
-        whole = vlm.encode_view(views.highres)
-    torch.testing.assert_close(sparse, stock, atol=1e-5, rtol=0)
-    torch.testing.assert_close(whole, stock, atol=1e-5, rtol=0)
-
-
-def test_sparse_tokens_depend_on_their_true_positions(arr_model):
-    vlm = arr_model.vlm
-    views = make_views(photo())
-    pixels, _ = vlm.image_inputs(views.highres)
-    cells = torch.tensor([[3, 4], [10, 2], [0, 0]])
-    with torch.no_grad():
-        a = vlm.encode_cells(pixels, views.candidate_grid, cells)
-        b = vlm.encode_cells(pixels, views.candidate_grid, cells[[2, 0, 1]])
-    torch.testing.assert_close(a[[2, 0, 1]], b, atol=1e-5, rtol=0)  # order-free: a set, at its positions
-
-
-@pytest.mark.parametrize("view", ["gestalt", "highres"])
-def test_position_ids_follow_get_rope_index_for_one_block(arr_model, view):
-    vlm = arr_model.vlm
-    views = make_views(photo(1400, 500))
-    grid = {"gestalt": views.gestalt_grid, "highres": views.candidate_grid}[view]
-    ids, pixels, thw, mm = stock_inputs(vlm, getattr(views, view))
-    stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=thw)
-    assert torch.equal(mrope_position_ids(ids, vlm.image_token_id, [raster_block(grid)]), stock)
 
 
 def test_two_block_layout():
@@ -88,11 +48,9 @@ def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
     vlm = arr_model.vlm
     scene = arr_model.prepare(photo(), "Where is the red car?")
     out = arr_model.select(scene, budget=20)
-    pixels, _ = vlm.image_inputs(scene.views.highres)
-    blocks = [raster_block(scene.views.gestalt_grid), ImageBlock(scene.views.candidate_grid, out.positions[0])]
     with torch.no_grad():
-        features = [scene.observation.gestalt, vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
-        prompt = vlm.prompt(scene.observation.question, list(zip(features, blocks)))
+        saccades = vlm.encode_cells(scene.views.highres, out.positions[0])
+        prompt = vlm.prompt(scene.observation.question, [scene.observation.gestalt, saccades])
         ids, embeds, positions = prompt.ids, prompt.embeds, prompt.position_ids
         generated = vlm.model.generate(inputs_embeds=embeds, position_ids=positions, max_new_tokens=6, do_sample=False,
                                        attention_mask=torch.ones_like(ids), eos_token_id=None)[0].tolist()
@@ -131,15 +89,6 @@ def test_views_cap_and_lower_bound_for_any_size(size, max_cells):
     if size == (1792, 1792):
         assert views.tensor("native") is views.tensor("highres")  # native: one view, not resampled
         assert torch.equal(views.tensor("native").mul(255).round().byte(), views.pixels)
-
-
-@pytest.mark.parametrize("size", [(1792, 1792), (2500, 1200), (900, 700), (640, 480)])
-def test_full_baseline_tokens_equal_the_stock_image_processor(arr_model, size):
-    processor = arr_model.vlm.image_processor
-    stock = processor(images=[photo(*size)], size={"longest_edge": 4096 * CELL**2, "shortest_edge": 56 * 56},
-                      return_tensors="pt")
-    nh, nw = make_views(photo(*size), max_cells=4096).native_grid
-    assert int(stock["image_grid_thw"].prod()) // 4 == nh * nw
 
 
 def test_fit_grid_prefers_the_largest_grid_at_the_aspect():
@@ -181,15 +130,6 @@ def test_no_image_is_a_clear_error():
         to_rgb("cat.png")
 
 
-def test_device_patches_equal_the_image_processor(arr_model):
-    vlm = arr_model.vlm
-    view = make_views(photo(333, 517)).highres
-    stock = vlm.image_processor(images=[view], do_resize=False, return_tensors="pt")
-    pixels, grid = vlm.image_inputs(view)
-    assert torch.equal(grid.cpu(), stock["image_grid_thw"])
-    torch.testing.assert_close(pixels.cpu(), stock["pixel_values"], atol=1e-5, rtol=0)
-
-
 def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
     from transformers import Qwen2VLForConditionalGeneration
 
@@ -201,11 +141,11 @@ def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
     views = make_views(photo())
     with torch.no_grad():
         gestalt = vlm.encode_view(views.gestalt)
-        ours = vlm.gestalt_attention("Where is the cat?", gestalt, views.gestalt_grid, 0.5)
+        ours = vlm.prior_attention("Where is the cat?", gestalt, 0.5)
         ids = vlm.prompt_ids("Where is the cat?", [len(gestalt)])
         at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
         span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2  # the question: after <|vision_end|>
-        embeds = vlm.embed(ids, [gestalt])
+        embeds = vlm.embed(ids, [gestalt.features])
         positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
         eager = Qwen2VLForConditionalGeneration.from_pretrained(tiny_model_path(), attn_implementation="eager",
                                                                 dtype=vlm.dtype).to(vlm.device)

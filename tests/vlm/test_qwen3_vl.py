@@ -1,21 +1,19 @@
 """
-The Qwen3-VL adapter against the stock Qwen3-VL (tiny, fp32): patches, the sparse tower with its interpolated
-pos_embed and DeepStack features, M-RoPE ids, the Decoder with DeepStack (logits, prior, greedy tokens), and
-the pipelines end to end.
+What only the Qwen3-VL adapter does, against the stock Qwen3-VL (tiny, fp32): the interpolated pos_embed of any
+cell subset, DeepStack in prefill and in the prior, the hf engine's refusal of DeepStack prompts, the chat
+template from the folder, training (the equivalences every family has: tests/vlm/test_families.py).
 """
 
 import json
-import subprocess
-import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from conftest import answers_by_engine, stock_inputs
+from conftest import stock_inputs, tiny_arr_model
 
-from arr_coc.vlm.positions import ImageBlock, raster_block
 from arr_coc.vlm.views import make_views
 
 QUESTION = "What is written on the sign?"
@@ -27,45 +25,12 @@ def photo(w=400, h=300, seed=0):
 
 @pytest.fixture(scope="module")
 def q3():
-    """ARRCOCQwen over the tiny Qwen3-VL, fp32 (exact comparisons)."""
-    from arr_coc.model import ARRCOCQwen
-
-    return ARRCOCQwen.from_pretrained("tiny-qwen3-vl", dtype=torch.float32)
+    """ARRCOCQwen over the tiny Qwen3-VL, fp32 (exact comparisons), shared with the family tests."""
+    return tiny_arr_model("tiny-qwen3-vl")
 
 
 def views_of(vlm, image, **kwargs):
-    return make_views(image, device=vlm.device, cell=vlm.cell, **kwargs)
-
-
-def test_the_family_and_cell(q3):
-    from arr_coc.vlm.qwen3_vl import Qwen3VL
-
-    assert isinstance(q3.vlm, Qwen3VL) and q3.vlm.family == "qwen3_vl" and q3.vlm.cell == 32
-
-
-def test_device_patches_equal_the_image_processor(q3):
-    vlm = q3.vlm
-    view = views_of(vlm, photo(333, 517)).highres
-    stock = vlm.image_processor(images=[view], do_resize=False, return_tensors="pt")
-    pixels, grid = vlm.image_inputs(view)
-    assert pixels.shape[1] == 3 * 2 * 16 * 16
-    assert torch.equal(grid.cpu(), stock["image_grid_thw"])
-    torch.testing.assert_close(pixels.cpu(), stock["pixel_values"], atol=1e-5, rtol=0)
-
-
-def test_sparse_encoder_on_every_cell_equals_the_stock_tower_with_deepstack(q3):
-    vlm = q3.vlm
-    views = views_of(vlm, photo(1400, 900))  # native, non-square: 28 x 44 cells of 32 px
-    assert views.candidate_grid == views.native_grid and views.candidate_grid[0] != views.candidate_grid[1]
-    pixels, grid = vlm.image_inputs(views.highres)
-    with torch.no_grad():
-        stock = vlm.visual(pixels, grid_thw=grid)
-        sparse = vlm.encode_cells(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions)
-        whole = vlm.encode_view(views.highres)
-    assert len(stock.deepstack_features) == 2 and sparse.deepstack.shape == (2, *sparse.shape)
-    for ours in (sparse, whole):
-        torch.testing.assert_close(ours, stock.pooler_output, atol=1e-5, rtol=0)
-        torch.testing.assert_close(ours.deepstack, torch.stack(stock.deepstack_features), atol=1e-5, rtol=0)
+    return make_views(image, device=vlm.device, cell=vlm.cell, min_pixels=vlm.min_pixels, **kwargs)
 
 
 def test_any_cell_subset_gets_the_interpolated_pos_embed_of_its_own_patches(q3):
@@ -84,47 +49,27 @@ def test_any_cell_subset_gets_the_interpolated_pos_embed_of_its_own_patches(q3):
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
 
 
-def test_sparse_tokens_are_a_set_at_their_true_positions(q3):
-    vlm = q3.vlm
-    views = views_of(vlm, photo())
-    pixels, _ = vlm.image_inputs(views.highres)
-    cells = torch.tensor([[3, 4], [10, 2], [0, 0]])
-    with torch.no_grad():
-        a = vlm.encode_cells(pixels, views.candidate_grid, cells)
-        b = vlm.encode_cells(pixels, views.candidate_grid, cells[[2, 0, 1]])
-    torch.testing.assert_close(a[[2, 0, 1]], b, atol=1e-5, rtol=0)
-    torch.testing.assert_close(a.deepstack[:, [2, 0, 1]], b.deepstack, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("view", ["gestalt", "highres"])
-def test_position_ids_follow_qwen3_get_rope_index(q3, view):
-    vlm = q3.vlm
-    views = views_of(vlm, photo(1400, 500))
-    grid = {"gestalt": views.gestalt_grid, "highres": views.candidate_grid}[view]
-    ids, pixels, thw, mm = stock_inputs(vlm, getattr(views, view), QUESTION)
-    stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=thw)
-    assert torch.equal(vlm.position_ids(ids, [raster_block(grid)]), stock)
-
-
 def gestalt_prompt(vlm, image=None, question=QUESTION):
+    """The stock inputs of one gestalt view and our Prompt of the same (DeepStack laid out over it)."""
     views = views_of(vlm, image or photo())
     ids, pixels, grid, mm = stock_inputs(vlm, views.gestalt, question)
     with torch.no_grad():
-        embeds = vlm.embed(ids, [vlm.encode_view(views.gestalt)])
-    return views, ids, pixels, grid, mm, embeds, vlm.position_ids(ids, [raster_block(views.gestalt_grid)])
+        prompt = vlm.prompt(question, [vlm.encode_view(views.gestalt)])
+    assert torch.equal(prompt.ids, ids)
+    return views, ids, pixels, grid, mm, prompt
 
 
-def test_zero_saccades_reproduce_the_stock_logits_with_deepstack(q3):
+def test_prefill_with_deepstack_reproduces_the_stock_logits_and_needs_it(q3):
     vlm = q3.vlm
     decoder = vlm.decoder
-    views, ids, pixels, grid, mm, embeds, positions = gestalt_prompt(vlm)
-    assert embeds.deepstack.shape == (2, *embeds.shape)
+    views, ids, pixels, grid, mm, prompt = gestalt_prompt(vlm)
+    assert prompt.deepstack.shape == (2, *prompt.embeds.shape)
     last = torch.tensor([ids.shape[1] - 1])
     with torch.no_grad():
         stock = vlm.model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
-        decoder._state(1024, embeds.dtype)
-        ours = decoder._prefill(embeds, positions, last, 1024, embeds.deepstack)  # [1, V]
-        without = decoder._prefill(embeds, positions, last, 1024)
+        decoder._state(1024, prompt.embeds.dtype)
+        ours = decoder._prefill(prompt.embeds, prompt.position_ids, last, 1024, prompt.deepstack)  # [1, V]
+        without = decoder._prefill(prompt.embeds, prompt.position_ids, last, 1024)
     torch.testing.assert_close(ours, stock[:, -1], atol=1e-5, rtol=0)
     assert (without - stock[:, -1]).abs().max() > 1e-3  # DeepStack matters: dropping it would show
 
@@ -135,60 +80,20 @@ def test_the_prior_equals_the_eager_attention_with_deepstack(q3):
     from arr_coc.vlm.tiny import tiny_model_path
 
     vlm = q3.vlm
-    views, ids, pixels, grid, mm, embeds, positions = gestalt_prompt(vlm, question="Where is the cat?")
+    views, ids, pixels, grid, mm, prompt = gestalt_prompt(vlm, question="Where is the cat?")
+    embeds, positions = prompt.embeds, prompt.position_ids
     at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
     span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2
     with torch.no_grad():
-        ours = vlm.gestalt_attention("Where is the cat?", vlm.encode_view(views.gestalt), views.gestalt_grid, 0.5)
+        ours = vlm.prior_attention("Where is the cat?", vlm.encode_view(views.gestalt), 0.5)
         eager = Qwen3VLForConditionalGeneration.from_pretrained(tiny_model_path("tiny-qwen3-vl"), dtype=torch.float32,
                                                                 attn_implementation="eager").to(vlm.device)
         mask = ids == vlm.image_token_id
         out = eager.model.language_model(inputs_embeds=embeds, position_ids=positions, visual_pos_masks=mask,
-                                         deepstack_visual_embeds=[d[mask] for d in embeds.deepstack],
+                                         deepstack_visual_embeds=[d[mask] for d in prompt.deepstack],
                                          output_attentions=True)
     expected = out.attentions[2][0, :, query_start:, span[0]:span[1]].mean(dim=(0, 1))  # layer 4 * 0.5
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-4)
-
-
-def test_greedy_tokens_equal_stock_generate_from_pixels(q3):
-    """Zero saccades through the fast engine (our embeddings + DeepStack) = stock generate() from pixel_values."""
-    vlm = q3.vlm
-    views, ids, pixels, grid, mm, embeds, positions = gestalt_prompt(vlm, photo(seed=3))
-    with torch.no_grad():
-        stock = vlm.model.generate(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm,
-                                   attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
-                                   eos_token_id=None)[:, ids.shape[1]:]
-    ours = vlm.generate(10, inputs_embeds=embeds, position_ids=positions)
-    eos = set(vlm.eos_token_ids)
-    stop = next((i + 1 for i, t in enumerate(stock[0].tolist()) if t in eos), 10)
-    assert ours.tolist() == stock[:, :stop].tolist()
-
-
-def test_arr_answers_with_273_ordered_unique_saccades(q3):
-    a = q3.answer(photo(900, 700), QUESTION, "arr", max_new_tokens=4)
-    cells = [(s.row, s.col) for s in a.saccades]
-    assert a.tokens["saccade"] == 273 and len(cells) == 273 == len(set(cells))
-    assert [s.rank for s in a.saccades] == list(range(1, 274))
-    assert all(x.score >= y.score for x, y in zip(a.saccades, a.saccades[1:]))
-    gh, gw = a.views.candidate_grid
-    assert all(0 <= r < gh and 0 <= c < gw for r, c in cells)
-
-
-def test_zero_saccades_answer_as_the_stock_gestalt_baseline(q3):
-    vlm = q3.vlm
-    try:
-        vlm.engine = "hf"
-        stock = q3.answer(photo(seed=4), QUESTION, "gestalt", max_new_tokens=8)
-    finally:
-        vlm.engine = "fast"
-    arr = q3.answer(photo(seed=4), QUESTION, "arr", max_new_tokens=8, budget=0)
-    assert arr.tokens["saccade"] == 0 and arr.text == stock.text and arr.new_tokens == stock.new_tokens
-
-
-@pytest.mark.parametrize("pipeline", ["full", "gestalt", "budget"])
-def test_baselines_answer_the_same_with_both_engines(q3, pipeline):
-    answers = answers_by_engine(q3, photo(700, 500), QUESTION, pipeline)
-    assert answers["fast"].text == answers["hf"].text and answers["fast"].tokens == answers["hf"].tokens
 
 
 def test_the_hf_engine_refuses_arr_embeddings_it_would_strip_of_deepstack(q3):
@@ -199,43 +104,20 @@ def test_the_hf_engine_refuses_arr_embeddings_it_would_strip_of_deepstack(q3):
             q3.answer(photo(), QUESTION, "arr", max_new_tokens=2)
     finally:
         vlm.engine = "fast"
+    views = views_of(vlm, photo())
+    tokens = vlm.encode_view(views.gestalt)
     with pytest.raises(ValueError, match="DeepStack"):  # features that lost their DeepStack are refused, not dropped
-        views, ids, *_ = gestalt_prompt(vlm)
-        vlm.embed(ids, [vlm.encode_view(views.gestalt).clone()])
+        vlm.prompt(QUESTION, [tokens, replace(tokens, deepstack=None)])
 
 
 def test_the_chat_template_comes_from_the_folder(q3):
-    from arr_coc.vlm.tiny import QWEN3_VL_CHAT_TEMPLATE, tiny_model_path
+    from arr_coc.vlm.qwen3_vl import CHAT_TEMPLATE
+    from arr_coc.vlm.tiny import tiny_model_path
 
     vlm = q3.vlm
     saved = json.loads((tiny_model_path("tiny-qwen3-vl") / "tokenizer_config.json").read_text()).get("chat_template")
     on_disk = saved or (tiny_model_path("tiny-qwen3-vl") / "chat_template.jinja").read_text()
-    assert vlm.chat_template == on_disk == QWEN3_VL_CHAT_TEMPLATE
-    text = vlm.tokenizer.decode(vlm.prompt_ids("Why?", [3])[0])
-    assert text == ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * 3 +
-                    "<|vision_end|>Why?<|im_end|>\n<|im_start|>assistant\n")  # no default system prompt
-
-
-def test_run_cli_with_the_tiny_qwen3_vl(tmp_path):
-    out = tmp_path / "run.json"
-    done = subprocess.run([sys.executable, "-m", "arr_coc.run", "--model", "tiny-qwen3-vl", "--image",
-                           "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(out.read_text())
-    assert report["model"] == "tiny-qwen3-vl" and report["pipelines"]["arr"]["tokens"]["saccade"] == 273
-
-
-def test_random_weights_build_the_family_adapter_for_the_bench():
-    from arr_coc.model import ARRCOCQwen
-    from arr_coc.vlm.families import random_vlm
-    from arr_coc.vlm.qwen3_vl import Qwen3VL
-    from arr_coc.vlm.tiny import FULL_SIZE, QWEN3_VL_CHAT_TEMPLATE, tiny_qwen3_vl_config
-
-    vlm = random_vlm(tiny_qwen3_vl_config(), "cpu", torch.float32, "random tiny Qwen3-VL")
-    assert isinstance(vlm, Qwen3VL) and vlm.cell == 32 and vlm.chat_template == QWEN3_VL_CHAT_TEMPLATE
-    assert ARRCOCQwen(vlm).answer(photo(), QUESTION, "arr", max_new_tokens=2).tokens["saccade"] == 273
-    assert FULL_SIZE["qwen3_vl"][1]().model_type == "qwen3_vl"
+    assert vlm.chat_template == on_disk == CHAT_TEMPLATE  # the family's, saved by the tiny recipe
 
 
 @pytest.mark.gpu
@@ -247,18 +129,16 @@ def test_graphed_paths_equal_eager_on_cuda():
     vlm = model.vlm
     scene = model.prepare(photo(900, 700), QUESTION)
     out = model.select(scene)
-    pixels, _ = vlm.image_inputs(scene.views.highres)
-    blocks = [raster_block(scene.views.gestalt_grid), ImageBlock(scene.views.candidate_grid, out.positions[0].cpu())]
     results = {}
     for graphs in (True, False):
         vlm.decoder.graphs_enabled = graphs
         with torch.no_grad():
-            features = [vlm.encode_view(scene.views.tensor("gestalt")),
-                        vlm.encode_cells(pixels, scene.views.candidate_grid, out.positions[0])]
-            prompt = vlm.prompt(QUESTION, list(zip(features, blocks)))
-            prior = vlm.gestalt_attention(QUESTION, features[0], scene.views.gestalt_grid)
-            tokens = vlm.generate(12, inputs_embeds=prompt.embeds, position_ids=prompt.position_ids)
-        results[graphs] = (features[1], features[1].deepstack, features[0].deepstack, prior, tokens)
+            gestalt = vlm.encode_view(scene.views.tensor("gestalt"))
+            saccades = vlm.encode_cells(scene.views.tensor("highres"), out.positions[0])
+            prompt = vlm.prompt(QUESTION, [gestalt, saccades])
+            prior = vlm.prior_attention(QUESTION, gestalt)
+            tokens = vlm.generate(prompt, 12).ids
+        results[graphs] = (saccades.features, saccades.deepstack, gestalt.deepstack, prior, tokens)
     vlm.decoder.graphs_enabled = True
     assert len(vlm.graphed_vision.graphs) >= 2 and vlm.decoder.decode_graphs  # the graphed run did use graphs
     for graphed, eager in zip(results[True][:4], results[False][:4]):
@@ -267,7 +147,8 @@ def test_graphed_paths_equal_eager_on_cuda():
 
 
 def test_training_runs_on_the_tiny_qwen3_vl(tmp_path):
-    """The answer loss keeps the saccades' DeepStack features and reaches the ARR layer (VLM frozen)."""
+    """Training with the answer loss runs on a DeepStack family: the layer learns, the VLM stays frozen (the answer
+    loss's own gradient, per family: tests/test_train.py)."""
     from arr_coc.train import TrainConfig, train
 
     cfg = TrainConfig(model="tiny-qwen3-vl", steps=2, n_train=2, n_eval=2, batch_size=2, lm_weight=1.0,

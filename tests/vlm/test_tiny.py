@@ -31,14 +31,12 @@ def test_tiny_generates_for_a_templated_image_question(arr_model):
     from PIL import Image
 
     vlm = arr_model.vlm
-    pixels, grid = vlm.image_inputs(Image.new("RGB", (56, 84), (200, 30, 30)))
-    n = int(grid.prod()) // 4
-    ids = vlm.prompt_ids("What colour is this?", [n])
-    text = vlm.tokenizer.decode(ids[0])
+    inputs = vlm.stock_inputs("What colour is this?", Image.new("RGB", (56, 84), (200, 30, 30)))
+    n = int(inputs.image_grid_thw.prod()) // 4
+    text = vlm.tokenizer.decode(inputs.input_ids[0])
     assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<|vision_start|>")
     assert text.endswith("What colour is this?<|im_end|>\n<|im_start|>assistant\n") and text.count("<|image_pad|>") == n
-    new = vlm.generate(5, input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
-                       mm_token_type_ids=(ids == vlm.image_token_id).int())
+    new = vlm.generate(inputs, 5).ids
     assert 1 <= new.shape[1] <= 5 and (new < 151936).all()
 
 

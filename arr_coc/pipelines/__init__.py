@@ -1,0 +1,38 @@
+"""
+The pipelines: one file each, behind one function
+
+    answer(model, image, question, request) -> Answer          # arr_coc.pipelines.answer
+
+where `model` is the ARRCOCQwen that holds the shared VLM, ARR layer and settings. The registry below names
+them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer: a new pipeline is one file and one
+line here. This module imports nothing heavy, so the commands check their flags before torch loads.
+
+    from arr_coc import pipelines
+    pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget")
+    pipelines.load("full").answer(model, image, "What is here?", Request())
+"""
+
+import importlib
+from types import ModuleType
+
+# name -> (module, whether it is a stock baseline, what it reads)
+REGISTRY = {
+    "arr": ("arr_coc.pipelines.arr", False, "ARR-COC: the gestalt, then saccades chosen by relevance at native resolution"),
+    "full": ("arr_coc.pipelines.full", True, "stock: the native view, capped at max_cells (the model as users run it)"),
+    "gestalt": ("arr_coc.pipelines.gestalt", True, "stock: the low-res gestalt view alone"),
+    "budget": ("arr_coc.pipelines.budget", True, "stock: one view resized to about ARR's token count"),
+}
+PIPELINES = tuple(REGISTRY)
+BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baseline)
+
+
+def describe(names: tuple[str, ...] = PIPELINES) -> str:
+    """One line naming each pipeline and what it reads (the flags' help)."""
+    return "; ".join(f"{name}: {REGISTRY[name][2]}" for name in names)
+
+
+def load(name: str) -> ModuleType:
+    """The module of a registered pipeline (imported on first use); it defines answer(model, image, question, request)."""
+    if name not in REGISTRY:
+        raise KeyError(f"unknown pipeline {name!r}: one of {', '.join(PIPELINES)}")
+    return importlib.import_module(REGISTRY[name][0])

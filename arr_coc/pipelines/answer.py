@@ -1,0 +1,154 @@
+"""
+What every pipeline takes and returns: the Request (how to answer), the Answer (text, token counts, latency
+split, memory, compute), ARR's Observation and Scene, and the steps the pipelines share (question check,
+timed generation, the Answer's assembly).
+
+    answer = pipelines.load("arr").answer(model, image, question, Request(max_new_tokens=32))
+    answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.to_json()
+"""
+
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from arr_coc.config import PipelineConfig
+from arr_coc.errors import InputError
+from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb
+from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
+from arr_coc.vlm.views import Views, make_views
+
+MAX_QUESTION_CHARS = 4000
+MAX_NEW_TOKENS = 1024
+
+
+@dataclass
+class Request:
+    """How to answer one question (every field optional; None: the model's own setting)."""
+    max_new_tokens: int = 64  # at most this many generated tokens
+    strategy: str | None = None  # ARR's allocation strategy (arr only; default: the layer's)
+    budget: int | None = None  # ARR's saccade count (arr only; default: the layer's)
+    layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
+    streamer: object = None  # a transformers streamer that receives the new tokens
+    max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
+
+
+@dataclass
+class Saccade:
+    rank: int  # 1 = most relevant
+    row: int  # candidate-grid row
+    col: int  # candidate-grid column
+    score: float  # relevance
+    box: list[int]  # [x0, y0, x1, y1] in the original image's pixels
+
+
+@dataclass
+class Observation:
+    """What the frozen VLM and the texture array make of an image and a question: ARR's inputs, before any ARR weight."""
+    views: Views
+    question: str
+    gestalt: VisualTokens  # [Ng, D] gestalt tokens at their places on the gestalt grid
+    question_embeds: torch.Tensor  # [1, Lq, D] the question's token embeddings
+    prior: torch.Tensor  # [1, GH, GW] question->gestalt attention on the candidate grid, in [0, 1]
+    highres: torch.Tensor  # [1, 3, H, W] the high-res view on the device, in [0, 1]
+    textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
+
+
+@dataclass
+class Scene:
+    """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
+    observation: Observation
+    maps: dict  # ARRCOCLayer output (its scoring forward): textures, scorer maps, weights, relevance
+
+    @property
+    def views(self) -> Views:
+        return self.observation.views
+
+
+@dataclass
+class Answer:
+    pipeline: str  # a name in arr_coc.pipelines.PIPELINES
+    text: str  # the generated answer
+    tokens: dict  # {gestalt, saccade, text, total_visual}
+    timings_ms: dict  # {vision, selection, prefill, decode, total}
+    peak_memory_mb: float  # GPU peak allocated, or process peak RSS on CPU
+    new_tokens: int  # generated tokens
+    views: Views = field(repr=False)
+    arr: ARRCOCOutput | None = field(default=None, repr=False)  # the ARR layer's output (arr only)
+    saccades: list[Saccade] = field(default_factory=list)  # relevance-ordered (arr only)
+    safe_mode: bool = False  # the answer was redone with an fp32 residual stream after fp16 overflowed
+    gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
+    observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode rate: the tokens after the first (which the prefill produces) over the decode time."""
+        return max(self.new_tokens - 1, 0) / max(self.timings_ms["decode"], 1e-6) * 1000
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        """Decode time per token after the first (the app's stats and run --json show it)."""
+        return self.timings_ms["decode"] / max(self.new_tokens - 1, 1)
+
+    @property
+    def ttft_ms(self) -> float:
+        """Time to first token: vision, selection and prefill."""
+        return sum(self.timings_ms[k] for k in ("vision", "selection", "prefill"))
+
+    def to_json(self) -> dict:
+        out = dict(answer=self.text, tokens=self.tokens, timings_ms={k: round(v, 2) for k, v in self.timings_ms.items()},
+                   ttft_ms=round(self.ttft_ms, 2), decode_ms_per_token=round(self.decode_ms_per_token, 3),
+                   peak_memory_mb=round(self.peak_memory_mb, 1), new_tokens=self.new_tokens, safe_mode=self.safe_mode,
+                   gflops={k: round(v, 1) for k, v in self.gflops.items()}, image_size=list(self.views.image.size),
+                   native_grid=list(self.views.native_grid), candidate_grid=list(self.views.candidate_grid))
+        if self.arr is not None:
+            out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
+                       weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
+                       strategy=self.arr.strategy)
+        return out
+
+
+def check_question(question) -> str:
+    if not isinstance(question, str) or not question.strip():
+        raise InputError("the question is empty: type a question about the image")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InputError(f"the question is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}")
+    return question.strip()
+
+
+def check_request(request: Request) -> Request:
+    if not 1 <= int(request.max_new_tokens) <= MAX_NEW_TOKENS:
+        raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
+    return request
+
+
+def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None = None) -> Views:
+    """Every pipeline's views of an image, at the VLM's cell and min_pixels, from the settings (max_cells overrides the cap)."""
+    s = settings if max_cells is None else replace(settings, max_cells=int(max_cells))  # checks the bounds
+    return make_views(image, s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
+
+
+def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request) -> tuple[Generation, int]:
+    """Greedy generation timed into watch (prefill up to the first token, decode after it) -> (it, new tokens)."""
+    timer = TimingStreamer(watch, request.streamer)
+    generation = vlm.generate(inputs, request.max_new_tokens, streamer=timer)
+    return generation, timer.new_tokens
+
+
+def token_counts(prompt_length: int, gestalt: int, saccade: int, total_visual: int | None = None) -> dict:
+    """{gestalt, saccade, text, total_visual} tokens of a prompt."""
+    visual = gestalt + saccade if total_visual is None else total_visual
+    return dict(gestalt=gestalt, saccade=saccade, text=int(prompt_length) - visual, total_visual=visual)
+
+
+def latency_split(ms: dict) -> dict:
+    """Fill the four-way latency split (missing parts are 0) plus the total."""
+    return {k: ms.get(k, 0.0) for k in TIMING_KEYS}
+
+
+def finish(vlm: VLM, pipeline: str, generation: Generation, new_tokens: int, tokens: dict, watch: Stopwatch,
+           start: float, views: Views, gflops: dict, **arr) -> Answer:
+    """The Answer of a finished generation; `arr` holds ARR's own fields (arr, saccades, observation)."""
+    watch.add("total", (watch.now() - start) * 1000)
+    return Answer(pipeline, vlm.decode(generation.ids), tokens, latency_split(watch.ms), peak_memory_mb(vlm.device),
+                  new_tokens, views, safe_mode=generation.safe_mode, gflops=gflops, **arr)

@@ -1,0 +1,147 @@
+"""
+The VLM interface: the few operations ARR-COC's pipelines ask of a frozen vision-language model, and the
+dataclasses they pass. Each family (qwen2_vl.py, qwen2_5_vl.py, qwen3_vl.py) implements it; no caller outside
+arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decoder.
+
+    tokens = vlm.encode_view(views.tensor("gestalt"))                    # VisualTokens: [Ng, D] at their places
+    saccades = vlm.encode_cells(views.tensor("highres"), positions)      # any cells [K, 2] at their true places
+    prompt = vlm.prompt(question, [tokens, saccades])                    # Prompt: ids, embeds, M-RoPE ids
+    attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
+    generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], safe_mode
+    scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
+    stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
+    vlm.gflops(vision_cells=[256, 273], prefill_tokens=580, prior_tokens=300)
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+
+import torch
+
+from arr_coc.vlm.positions import ImageBlock
+
+
+@dataclass
+class VisualTokens:
+    """Encoded cells of one view: what the LLM reads of them (the merged tokens) and where they sit on the view."""
+    features: torch.Tensor  # [K, D] merged tokens, in the LLM's width
+    grid: tuple[int, int]  # (rows, cols) of the view's cell grid
+    positions: torch.Tensor  # [K, 2] (row, col) of each token on that grid, in sequence order (CPU long)
+    deepstack: torch.Tensor | None = None  # [k, K, D] Qwen3-VL's DeepStack features of the same cells; None elsewhere
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+    @property
+    def block(self) -> ImageBlock:
+        """Where these tokens sit, as M-RoPE lays them out."""
+        return ImageBlock(self.grid, self.positions)
+
+    def take(self, index: torch.Tensor) -> "VisualTokens":
+        """Some of the tokens [n] (indices into these K), with their positions and DeepStack features."""
+        deepstack = None if self.deepstack is None else self.deepstack[:, index.to(self.deepstack.device)]
+        return VisualTokens(self.features[index.to(self.features.device)], self.grid,
+                            self.positions[index.cpu()], deepstack)
+
+    def scaled(self, weights: torch.Tensor) -> "VisualTokens":
+        """The tokens times weights [K, 1] (training's straight-through product); DeepStack features unchanged."""
+        return replace(self, features=self.features * weights.to(self.features.dtype))
+
+
+@dataclass
+class Prompt:
+    """A chat prompt with image blocks, as the LLM reads it (built by VLM.prompt only)."""
+    ids: torch.Tensor  # [1, L] token ids, each image block's pads expanded
+    embeds: torch.Tensor  # [1, L, D] token embeddings, image features in place of the pads
+    position_ids: torch.Tensor  # [3, 1, L] M-RoPE (t, h, w) ids
+    answer_start: int  # where a teacher-forced answer begins (L when there is none)
+    deepstack: torch.Tensor | None = None  # [k, 1, L, D] DeepStack features at the image tokens, zeros elsewhere
+
+    @property
+    def length(self) -> int:
+        return self.ids.shape[1]
+
+
+@dataclass
+class StockInputs:
+    """transformers' own inputs for one view and a question: what stock generate() reads from pixels."""
+    input_ids: torch.Tensor  # [1, L] the prompt with the view's pads expanded
+    pixel_values: torch.Tensor  # [N, C * t * p * p] the image processor's patches
+    image_grid_thw: torch.Tensor  # [1, 3] (t, h, w) in patches
+    mm_token_type_ids: torch.Tensor  # [1, L] 1 at image tokens
+
+    @property
+    def length(self) -> int:
+        return self.input_ids.shape[1]
+
+
+@dataclass
+class Generation:
+    """What one greedy generation returns."""
+    ids: torch.Tensor  # [1, T] the new token ids (EOS included when reached)
+    safe_mode: bool = False  # the request was redone with an fp32 residual stream after fp16 overflowed
+
+
+class VLM(ABC):
+    """The frozen VLM as the pipelines see it. Attributes every family sets: the names below."""
+    name: str  # what it was loaded from (hub id, folder, tiny model name)
+    family: str  # the config's model_type, e.g. "qwen2_vl"
+    hidden_size: int  # the LLM's width D
+    engine: str  # "fast" (our decoder) or "hf" (transformers' generate)
+    tokenizer: object  # the family's tokenizer (streamers decode with it)
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    @abstractmethod
+    def cell(self) -> int:
+        """px per cell side: one merged visual token."""
+
+    @property
+    @abstractmethod
+    def min_pixels(self) -> int:
+        """The image processor's lower bound on a view's area, in px (stock reads small images at least this big)."""
+
+    @abstractmethod
+    def encode_view(self, view) -> VisualTokens:
+        """A whole view (PIL, or [1, 3, H, W] in [0, 1], a multiple of the cell) -> all its cells, raster order."""
+
+    @abstractmethod
+    def encode_cells(self, view, positions: torch.Tensor) -> VisualTokens:
+        """The cells at positions [K, 2] of a view, each at its true place, as one attention sequence."""
+
+    @abstractmethod
+    def question_embeds(self, question: str) -> torch.Tensor:
+        """The question's own token embeddings [1, Lq, D] (the participatory scorer's query)."""
+
+    @abstractmethod
+    def prompt(self, question: str, images: list[VisualTokens], answer: str | None = None) -> Prompt:
+        """The chat prompt: image blocks, the question, and optionally an answer to teacher-force."""
+
+    @abstractmethod
+    def stock_inputs(self, question: str, view) -> StockInputs:
+        """transformers' own inputs for one view and a question (the stock baselines under the hf engine)."""
+
+    @abstractmethod
+    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float) -> torch.Tensor:
+        """The prior pass: the question's attention to each gestalt token at one middle layer -> [Ng]."""
+
+    @abstractmethod
+    def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:
+        """Each prompt's teacher-forced answer, mean log-probability per token -> [len(prompts)]; differentiable."""
+
+    @abstractmethod
+    def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
+                 min_new_tokens: int | None = None) -> Generation:
+        """Greedy decoding with self.engine (a Prompt) or stock generate() from pixels (StockInputs)."""
+
+    @abstractmethod
+    def decode(self, ids: torch.Tensor) -> str:
+        """New ids [1, T] -> the answer text."""
+
+    @abstractmethod
+    def gflops(self, vision_cells: list[int], prefill_tokens: int, prior_tokens: int = 0,
+               prior_layer_fraction: float = 0.5) -> dict:
+        """Estimated compute {vision, prefill}: one vision pass per entry of vision_cells, the prior, the prefill."""
