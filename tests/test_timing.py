@@ -80,3 +80,24 @@ def test_peak_memory_sees_a_large_allocation_on_cpu():
     grew = peak_memory_mb(cpu) - before
     assert 150 <= grew <= 400, grew
     del big
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resets the peak through /proc/self/clear_refs")
+def test_cpu_peak_is_the_requests_own_not_the_processes_lifetime_peak():
+    """After an earlier 300 MB peak, a reset makes a small request's peak the memory in use now, not the old peak."""
+    cpu = torch.device("cpu")
+    old = np.ones(300 * 2**20, dtype=np.uint8)  # an earlier request's peak, touched
+    del old
+    timing.reset_peak_memory(cpu)
+    current = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    small = np.ones(10 * 2**20, dtype=np.uint8)  # this request: 10 MB
+    peak = peak_memory_mb(cpu)
+    del small
+    assert current + 5 <= peak <= current + 60, (current, peak)
+
+
+def test_cpu_peak_is_nan_where_it_cannot_be_reset(monkeypatch, tmp_path):
+    """No /proc/self/clear_refs (macOS, Windows): NaN ("n/a" in the app), never the lifetime maximum."""
+    monkeypatch.setattr(timing, "PROC_CLEAR_REFS", tmp_path / "missing" / "clear_refs")
+    timing.reset_peak_memory(torch.device("cpu"))
+    assert np.isnan(peak_memory_mb(torch.device("cpu")))

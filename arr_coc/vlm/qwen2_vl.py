@@ -203,7 +203,8 @@ class QwenVL:
         ids = self.prompt_ids(question, [len(features) for features, _ in images])
         answer_start = ids.shape[1]
         if answer is not None:
-            target = self.tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            # the answer is user text, as the question is: a special token typed in it stays plain characters
+            target = self.question_ids(answer) + self.tokenizer("<|im_end|>", add_special_tokens=False)["input_ids"]
             ids = torch.cat([ids, torch.tensor([target], device=ids.device)], dim=1)
         return Prompt(ids, self.embed(ids, [features for features, _ in images]),
                       self.position_ids(ids, [block for _, block in images]), answer_start)
