@@ -99,3 +99,14 @@ def test_no_traceback_from_the_command_line(tmp_path):
                            "--question", "hi"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "error: no such image: nowhere.png"
+
+
+def test_faithfulness_answer_is_plain_text_and_capped_before_the_model_loads(tmp_path, capsys):
+    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
+            "--pipelines", "arr", "--faithfulness", "--faithfulness-steps", "1", "--budget", "10"]
+    assert main([*args, "--answer", "a <|image_pad|> b", "--json", str(tmp_path / "pad.json")]) == 0
+    assert json.loads((tmp_path / "pad.json").read_text())["faithfulness"]["answer"] == "a <|image_pad|> b"
+    capsys.readouterr()
+    assert main([*args, "--answer", "x" * 1001]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: the answer to score is 1001 characters long; the limit is 1000"]
