@@ -287,7 +287,8 @@ def warm_up(model: ARRCOCQwen) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # libraries: warnings and up
+    logging.getLogger("arr_coc").setLevel(logging.INFO)  # ours: what start-up does, one line per user error
     model, layer_name, notices = load(args)  # at start-up, before any request, as ZeroGPU expects
     warm_up(model)
     demo = make_app(model, layer_name, notices)

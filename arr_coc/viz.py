@@ -316,17 +316,28 @@ def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
         x0, y0, x1, y1 = cell_rect(r, c, a.shape, size)
         cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
         draw.ellipse((cx - dot, cy - dot, cx + dot, cy + dot), fill=B_MARK)
-    return with_legend(canvas, "red: B more relevant   blue: A more relevant   black squares: A's saccades   "
+    return with_legend(canvas, "red: B more relevant · blue: A more relevant · black squares: A's saccades · "
                                "green dots: B's saccades")
 
 
 def with_legend(canvas: Image.Image, text: str) -> Image.Image:
-    """The canvas with one line of text on a white strip below it."""
+    """The canvas with the text on a white strip below it, wrapped to the canvas's width (a portrait map is narrow)."""
     text_font = font(max(11, canvas.width // 70))
-    strip = text_font.size * 2
-    out = Image.new("RGB", (canvas.width, canvas.height + strip), "white")
+    measure = ImageDraw.Draw(canvas)
+    lines = [""]
+    for word in text.split(" "):
+        wider = f"{lines[-1]} {word}" if lines[-1] else word
+        if lines[-1] and measure.textlength(wider, font=text_font) > canvas.width - 16:
+            lines.append(word)
+        else:
+            lines[-1] = wider
+    step = round(text_font.size * 1.4)
+    out = Image.new("RGB", (canvas.width, canvas.height + step * len(lines) + text_font.size // 2), "white")
     out.paste(canvas, (0, 0))
-    ImageDraw.Draw(out).text((8, canvas.height + strip / 2), text, font=text_font, anchor="lm", fill="black")
+    draw = ImageDraw.Draw(out)
+    for i, line in enumerate(lines):
+        draw.text((8, canvas.height + step * i + step / 2 + text_font.size // 4), line, font=text_font, anchor="lm",
+                  fill="black")
     return out
 
 

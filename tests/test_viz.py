@@ -312,3 +312,14 @@ def test_rank_numbers_of_clustered_saccades_never_overlap_and_skipped_ones_are_s
     plain = viz.heatmap_overlay(Image.new("RGB", (1792, 1792)), torch.zeros(grid), cells[:1], numbered=1)
     corner = (0, 1792 - 40, 900, 1792)  # the note says so at the bottom left
     assert has_white(noted, corner) and not has_white(plain, corner)
+
+
+def test_a_portrait_difference_maps_legend_wraps_inside_it():
+    """A narrow (portrait) map: the legend wraps onto more lines instead of running off the right edge."""
+    tall = viz.difference_map(torch.rand(60, 20), torch.rand(60, 20))
+    wide = viz.difference_map(torch.rand(20, 60), torch.rand(20, 60))
+    for out, gh, gw in ((tall, 60, 20), (wide, 20, 60)):
+        strip = np.asarray(out)[viz.canvas_size(gw, gh)[1]:]  # the legend under the map
+        dark = np.nonzero((strip < 100).all(-1).any(0))[0]
+        assert dark.size and dark.max() < out.width - 4, (out.size, dark.max())  # nothing cut at the edge
+    assert tall.height - viz.canvas_size(20, 60)[1] > wide.height - viz.canvas_size(60, 20)[1]  # more lines
