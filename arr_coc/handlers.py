@@ -10,6 +10,8 @@ directly, without a server.
 Per-user state (gr.State, kept up to an hour) is a Kept: CPU data only, never a GPU tensor.
 """
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +26,7 @@ from arr_coc.model import Answer, ARRCOCQwen, Scene
 
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
+TICK_S = 0.25  # a streaming handler yields at least this often, so Stop takes effect at once (see ticking)
 
 
 # ----------------------------------------------------------------------------- per-user state
@@ -106,8 +109,48 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
 def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baseline: str, max_new_tokens: int,
             strategy: str, max_cells: int, numbered: int):
     """compare_steps, whose status line says "Failed: why" if a step fails."""
-    yield from reporting(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
-                                       numbered), status_at=0, outputs=10)
+    yield from reporting(ticking(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
+                                               numbered)), status_at=0, outputs=10)
+
+
+def ticking(steps):
+    """
+    Pass on a streaming event's output tuples, computed in a thread; while no new one comes (vision and prefill
+    stream no text for seconds), repeat the last every TICK_S. Gradio can cancel a streaming event only between
+    two outputs, and ignores a new click until the cancelled one ends: so Stop takes effect within a tick.
+    On Stop (this generator closed), the thread stops at its next step; a generation under way runs out alone.
+    """
+    items, stop, end = queue.Queue(), threading.Event(), object()
+
+    def run():
+        try:
+            for item in steps:
+                items.put(item)
+                if stop.is_set():
+                    steps.close()
+                    return
+            items.put(end)
+        except BaseException as e:  # re-raised in the event's thread
+            items.put(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    last = None
+    try:
+        while True:
+            try:
+                item = items.get(timeout=TICK_S)
+            except queue.Empty:
+                if last is not None:
+                    yield last
+                continue
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            last = item
+            yield item
+    finally:
+        stop.set()
 
 
 def reporting(steps, status_at: int, outputs: int):
@@ -186,8 +229,8 @@ def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question
        files_a: list[str] | None, choice_b: str, files_b: list[str] | None, strategy: str, max_new_tokens: int,
        max_cells: int):
     """ab_steps, whose summary (the tab's status) says "Failed: why" if a step fails."""
-    yield from reporting(ab_steps(model, checkpoints, image, question, choice_a, files_a, choice_b, files_b,
-                                  strategy, max_new_tokens, max_cells), status_at=5, outputs=6)
+    yield from reporting(ticking(ab_steps(model, checkpoints, image, question, choice_a, files_a, choice_b, files_b,
+                                          strategy, max_new_tokens, max_cells)), status_at=5, outputs=6)
 
 
 def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question: str, choice_a: str,

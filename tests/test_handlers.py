@@ -8,6 +8,7 @@ user error, and the answer box of the faithfulness curves.
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -129,3 +130,22 @@ def test_faithfulness_refuses_a_long_answer_before_any_vlm_work(arr_model, monke
     with pytest.raises(gr.Error, match=f"the limit is {MAX_ANSWER_CHARS}"):
         handlers.faithfulness(arr_model, CAT, QUESTION, "x" * (MAX_ANSWER_CHARS + 1), "topk", 20, CELLS,
                               progress=lambda *a, **k: None)
+
+
+def test_a_slow_stream_still_answers_every_tick_and_stops_when_closed():
+    """Vision and prefill stream nothing for seconds: the handler repeats its last output, so Stop can cut in."""
+    steps_run = []
+
+    def slow():
+        for step in range(3):
+            steps_run.append(step)
+            yield f"step {step}"
+            time.sleep(1.0)  # a long stage with nothing to show
+
+    ticks = handlers.ticking(slow())
+    start = time.monotonic()
+    seen = [next(ticks) for _ in range(4)]  # the first output, then repeats while the next step works
+    assert seen == ["step 0"] * 4 and time.monotonic() - start < 1.0
+    ticks.close()  # Stop
+    time.sleep(2.5)
+    assert steps_run == [0, 1]  # the step under way ran out; no later step started
