@@ -58,10 +58,13 @@ def page(app_url):
         browser.close()
 
 
-def screenshot(page, name: str) -> Path:
-    """The page as a palette PNG at most 1200 px wide, so the README's pictures stay small."""
+def screenshot(page, name: str, last: str) -> Path:
+    """The page down to the element `last` (the examples below it are left out), as a palette PNG at most 1200 px
+    wide, so the README's pictures stay small and legible."""
+    bottom = page.locator(f"#{last}").evaluate("e => e.getBoundingClientRect().bottom + window.scrollY")
     image = Image.open(io.BytesIO(page.screenshot(full_page=True))).convert("RGB")
-    image.thumbnail((1200, 2400))
+    image = image.crop((0, 0, image.width, min(image.height, round(bottom) + 16)))
+    image.thumbnail((1200, 3000))
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
     image.quantize(128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
@@ -112,7 +115,7 @@ def test_compare_on_a_portrait_page(page, portrait):
     expect(page.locator("#arr-stats")).to_contain_text("1792 x 2304 px")
     expect(page.get_by_text("answers are meaningless")).to_be_visible()  # the tiny model's banner
     page.evaluate("window.scrollTo(0, 0)")
-    screenshot(page, "compare")
+    screenshot(page, "compare", "arr-weights")
 
 
 def test_compare_status_after_stop_and_after_an_error(page, portrait):
@@ -159,7 +162,7 @@ def test_microscope_on_a_portrait_page(page, portrait):
     expect(page.locator("#faithfulness-summary")).to_contain_text("Answer scored", timeout=TIMEOUT_MS)
     assert not_blank(drawing(page, "faithfulness-plot"))
     page.evaluate("window.scrollTo(0, 0)")
-    screenshot(page, "microscope")
+    screenshot(page, "microscope", "microscope-channels")
 
 
 @pytest.mark.parametrize("image", ["page", "rotated"])
@@ -177,4 +180,4 @@ def test_ab_on_portrait_images(page, portrait, image):
     expect(page.locator("#ab-stop")).to_be_visible()
     if image == "page":
         page.evaluate("window.scrollTo(0, 0)")
-        screenshot(page, "ab")
+        screenshot(page, "ab", "ab-difference")
