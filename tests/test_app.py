@@ -395,3 +395,8 @@ def test_help_answers_before_gradio_and_torch_load():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "usage: app.py" in proc.stdout and "--checkpoint" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "exit 0 False False"
+
+
+def test_peak_memory_is_a_number_or_says_it_is_not_available():
+    assert ui.memory_text(1306.4) == 1306
+    assert ui.memory_text(float("nan")) == "n/a on CPU"  # never a number that means something else
