@@ -215,12 +215,10 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
             with gr.Row():
                 with gr.Column():
                     choice_a = gr.Dropdown(choices, value=ui.PRIOR, label="Checkpoint A")
-                    files_a = gr.File(file_count="multiple", file_types=[".json", ".safetensors"],
-                                      label="…or upload A: config.json + model.safetensors")
+                    files_a = ui.checkpoint_upload(label="…or upload A: config.json + model.safetensors")
                 with gr.Column():
                     choice_b = gr.Dropdown(choices, value=layer_name, label="Checkpoint B")
-                    files_b = gr.File(file_count="multiple", file_types=[".json", ".safetensors"],
-                                      label="…or upload B: config.json + model.safetensors")
+                    files_b = ui.checkpoint_upload(label="…or upload B: config.json + model.safetensors")
             strategy, tokens, cells = strategy_dropdown(model.layer.config), tokens_slider(), cells_slider(model.pipeline)
             with gr.Row():
                 run = gr.Button("Compare checkpoints", variant="primary", elem_id="ab-run")

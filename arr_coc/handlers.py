@@ -57,7 +57,8 @@ def kept_answer(answer: Answer) -> Kept:
 def kept_scene(scene: Scene) -> Kept:
     """A scored scene as the Microscope keeps it: its maps (on the CPU) re-select without the VLM."""
     views, maps = scene.views, on_cpu(scene.maps)
-    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], torch.zeros(0, 2), maps)
+    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], torch.zeros(0, 2, dtype=torch.long),
+                maps)
 
 
 def redraw(kept: Kept | None, numbered: int) -> tuple:

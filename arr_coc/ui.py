@@ -122,6 +122,23 @@ def read_upload(preprocess, payload) -> Image.Image | None:
                          "file") from None
     except OSError as e:
         raise user_error(f"{upload_name(payload)} could not be decoded as an image ({e})") from None
+    except gr.Error as e:  # gradio's own refusal (an SVG, say)
+        raise user_error(e.message) from None
+
+
+def checkpoint_upload(**kwargs) -> gr.File:
+    """A gr.File for a checkpoint's two files; gradio's own refusal of another file type becomes a user error."""
+    component = gr.File(file_count="multiple", file_types=[".json", ".safetensors"], **kwargs)
+    component.preprocess = functools.partial(quietly, component.preprocess)
+    return component
+
+
+def quietly(preprocess, payload):
+    """A component's preprocess, whose gr.Error (a bad upload) logs one line and no traceback."""
+    try:
+        return preprocess(payload)
+    except gr.Error as e:
+        raise user_error(e.message) from None
 
 
 def upload_name(payload) -> str:

@@ -285,13 +285,6 @@ def mosaic_origin(k: int, cols: int, tile: tuple[int, int], gap: int) -> tuple[i
     return gap + col * (tile[0] + gap), gap + row * (tile[1] + gap)
 
 
-def selection_drawings(views, relevance: MapLike, saccades: CellsLike,
-                       numbered: int = TOP_LABELS) -> tuple[Image.Image, Image.Image]:
-    """The heatmap with the numbered saccades over the image, and the saccade mosaic of the high-res view."""
-    return (heatmap_overlay(views.image, relevance, saccades, numbered=numbered),
-            saccade_mosaic(views.highres, views.candidate_grid, saccades, numbered))
-
-
 def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
                    saccades_b: CellsLike = ()) -> Image.Image:
     """

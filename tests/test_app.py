@@ -361,15 +361,15 @@ def test_answers_agree_up_to_case_spacing_and_end_punctuation():
 def test_the_console_logs_one_line_per_user_error(app_url, app_log, bad):
     client = Client(app_url, verbose=False)
     before = app_log.read_text()
-    for case in ("empty question", "text file", "re-select before analysing"):
+    for case in ("empty question", "text file", "re-select before analysing", "torch.save file"):
         endpoint, args, _ = BAD_INPUTS[case]
         with pytest.raises(AppError):
             client.predict(*args(bad), api_name=endpoint)
     new = app_log.read_text()[len(before):]
     errors = [line.split("user error: ", 1)[1] for line in new.splitlines() if "user error: " in line]
-    assert "Traceback" not in new and len(errors) == 3, new  # one line each, no traceback
+    assert "Traceback" not in new and len(errors) == 4, new  # one line each, no traceback
     assert errors[0].startswith("the question is empty") and errors[1].startswith("notes.txt is not an image")
-    assert errors[2].startswith("Analyse an image first")
+    assert errors[2].startswith("Analyse an image first") and errors[3].startswith("Invalid file type")
 
 
 def test_the_console_says_what_start_up_does(app_log):
