@@ -154,7 +154,8 @@ def compare_tab(model: ARRCOCQwen) -> None:
                   [image, question, baseline, tokens, strategy, cells, numbered],
                   [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, kept],
                   api_name="compare", concurrency_id=GPU)
-    stop.click(handlers.stopped, status, status, cancels=[event], api_name="stop_compare")  # frees the GPU queue
+    stop.click(handlers.stopped, status, status, cancels=[event], api_name="stop_compare",
+               concurrency_limit=None)  # never waits in a queue; frees the GPU one
     numbered.release(handlers.redraw, [kept, numbered], [heatmap, mosaic], api_name="redraw")
 
 
@@ -238,7 +239,7 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
     event = run.click(bind(model, handlers.ab, CHECKPOINTS, gpu_seconds=GPU_SECONDS["ab"]),
                       [image, question, choice_a, files_a, choice_b, files_b, strategy, tokens, cells],
                       [heat_a, heat_b, difference, text_a, text_b, summary], api_name="ab", concurrency_id=GPU)
-    stop.click(handlers.stopped, summary, summary, cancels=[event], api_name="stop_ab")
+    stop.click(handlers.stopped, summary, summary, cancels=[event], api_name="stop_ab", concurrency_limit=None)
 
 
 def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Blocks:
