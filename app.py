@@ -87,7 +87,8 @@ def cells_slider(pipeline: PipelineConfig) -> gr.Slider:
 
 def numbered_slider(config: ARRCOCConfig) -> gr.Slider:
     return gr.Slider(0, config.budget, value=viz.TOP_LABELS, step=1, label="Numbered saccades",
-                     info="every saccade gets a box; the most relevant this many also get their rank")
+                     info="every saccade gets a box; the most relevant this many also get their rank (a crowded "
+                          "one is moved aside on a line, or listed on the drawing if there is no room)")
 
 
 def output_image(label: str, elem_id: str | None = None, height: int | None = DRAWING_HEIGHT) -> gr.Image:
@@ -220,7 +221,8 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
                 with gr.Column():
                     choice_b = gr.Dropdown(choices, value=layer_name, label="Checkpoint B")
                     files_b = ui.checkpoint_upload(label="…or upload B: config.json + model.safetensors")
-            strategy, tokens, cells = strategy_dropdown(model.layer.config), tokens_slider(), cells_slider(model.pipeline)
+            strategy = strategy_dropdown(model.layer.config)
+            tokens, cells = tokens_slider(), cells_slider(model.pipeline)
             with gr.Row():
                 run = gr.Button("Compare checkpoints", variant="primary", elem_id="ab-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="ab-stop")

@@ -4,7 +4,8 @@ app.py binds each to its components (and, on ZeroGPU, wraps the GPU ones in spac
 directly, without a server.
 
     for outputs in compare(model, image, "What is it?", "full", 64, "topk", 4096, 20): ...
-    kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk", 273, 4096, 20)
+    kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk",
+                                                                            273, 4096, 20)
     heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
 
 Per-user state (gr.State, kept up to an hour) is a Kept: CPU data only, never a GPU tensor.
@@ -40,7 +41,7 @@ class Kept:
     grid: tuple[int, int]  # (GH, GW) candidate grid
     relevance: torch.Tensor  # [GH, GW] balanced relevance map
     positions: torch.Tensor  # [K, 2] (row, col) of the selected saccades, most relevant first
-    maps: dict | None = None  # the layer's scored maps (textures, scorer maps, weights), for re-selection; Microscope only
+    maps: dict | None = None  # the layer's scored maps (textures, scorers, weights): re-selection; Microscope only
 
 
 def on_cpu(maps: dict) -> dict:
@@ -57,8 +58,8 @@ def kept_answer(answer: Answer) -> Kept:
 def kept_scene(scene: Scene) -> Kept:
     """A scored scene as the Microscope keeps it: its maps (on the CPU) re-select without the VLM."""
     views, maps = scene.views, on_cpu(scene.maps)
-    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], torch.zeros(0, 2, dtype=torch.long),
-                maps)
+    no_saccades = torch.zeros(0, 2, dtype=torch.long)  # [0, 2]: selection_outputs selects them
+    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], no_saccades, maps)
 
 
 def redraw(kept: Kept | None, numbered: int) -> tuple:
@@ -183,7 +184,8 @@ def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int,
     """Select on the CPU (no VLM work) and draw: the heatmap, the summary line, the saccade list and the mosaic."""
     start = time.perf_counter()
     gh, gw = kept.grid
-    out = model.layer.select(kept.maps, kept.grid, min(int(budget), gh * gw), strategy)  # the slider allows the largest grid
+    budget = min(int(budget), gh * gw)  # the slider allows the largest grid
+    out = model.layer.select(kept.maps, kept.grid, budget, strategy)
     heatmap, mosaic = redraw(replace(kept, positions=out.positions[0]), numbered)
     return heatmap, ui.selection_summary(out, (time.perf_counter() - start) * 1000), ui.saccade_rows(out), mosaic
 

@@ -205,8 +205,8 @@ def place_labels(centres: list[tuple[float, float]], sizes: list[tuple[int, int]
     spots = []
     for (cx, cy), (w, h) in zip(centres, sizes):
         step = max(w, h) * 1.1
-        offsets = [(0.0, 0.0)] + [(ring * step * math.cos(a), ring * step * math.sin(a))
-                                  for ring in (1, 2) for a in np.linspace(-math.pi / 2, 1.5 * math.pi, 8, endpoint=False)]
+        angles = np.linspace(-math.pi / 2, 1.5 * math.pi, 8, endpoint=False)  # above first, then clockwise
+        offsets = [(0.0, 0.0)] + [(ring * step * math.cos(a), ring * step * math.sin(a)) for ring in (1, 2) for a in angles]
         spot = None
         for dx, dy in offsets:
             box = (cx + dx - w / 2, cy + dy - h / 2, cx + dx + w / 2, cy + dy + h / 2)

@@ -25,7 +25,7 @@ def on_zerogpu() -> bool:
 
 
 def on_gpu(handler, duration: int):
-    """The handler wrapped by spaces.GPU(duration=...) on ZeroGPU (a GPU for at most `duration` s per call), else as it is."""
+    """The handler in spaces.GPU(duration=...) on ZeroGPU (a GPU for at most `duration` s a call), else as it is."""
     if not on_zerogpu():
         return handler
     import spaces

@@ -34,7 +34,8 @@ def holds_only_cpu_data(value, path="state") -> list[str]:
     if isinstance(value, (Answer, Scene, Observation, Views)):
         return [f"{path}: a {type(value).__name__} (it holds device tensors)"]
     if dataclasses.is_dataclass(value):
-        return [p for f in dataclasses.fields(value) for p in holds_only_cpu_data(getattr(value, f.name), f"{path}.{f.name}")]
+        return [p for f in dataclasses.fields(value)
+                for p in holds_only_cpu_data(getattr(value, f.name), f"{path}.{f.name}")]
     if isinstance(value, dict):
         return [p for k, v in value.items() for p in holds_only_cpu_data(v, f"{path}[{k!r}]")]
     if isinstance(value, (list, tuple)):

@@ -289,11 +289,12 @@ def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
 
 
 def test_rank_numbers_of_clustered_saccades_never_overlap_and_skipped_ones_are_said():
-    """A tight 6x6 cluster on a fine grid ("1720", "136103 7" before): numbers move aside on leader lines, never overlap."""
+    """A tight 6x6 cluster on a fine grid ("1720", "136103 7" before): numbers move aside, never overlap."""
     grid, canvas = (64, 64), Image.new("RGB", (1792, 1792))
     cells = [(30 + r, 30 + c) for r in range(6) for c in range(6)]
     draw = ImageDraw.Draw(canvas)
-    centres = [((x0 + x1) / 2, (y0 + y1) / 2) for x0, y0, x1, y1 in (viz.cell_rect(*c, grid, canvas.size) for c in cells)]
+    rects = [viz.cell_rect(*c, grid, canvas.size) for c in cells]
+    centres = [((x0 + x1) / 2, (y0 + y1) / 2) for x0, y0, x1, y1 in rects]
     typeface = viz.label_font(28, canvas)
     sizes = [viz.label_size(draw, str(rank), typeface) for rank in range(1, len(cells) + 1)]
     assert sizes[0][0] > 28 / 2 and any(viz.overlaps(*pair) for pair in [  # at their centres, numbers would collide

@@ -69,7 +69,8 @@ def test_nothing_is_wrapped_off_zerogpu(monkeypatch, arr_model):
 
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     assert not zerogpu.on_zerogpu()
-    assert not any(hasattr(fn, "zerogpu_duration") for fn in event_functions(app.make_app(arr_model, app.ui.PRIOR, [])).values())
+    events = event_functions(app.make_app(arr_model, app.ui.PRIOR, []))
+    assert not any(hasattr(fn, "zerogpu_duration") for fn in events.values())
 
 
 def test_importing_the_app_touches_no_cuda():
