@@ -91,14 +91,15 @@ def numbered_slider(config: ARRCOCConfig) -> gr.Slider:
                           "one is moved aside on a line, or listed on the drawing if there is no room)")
 
 
-def output_image(label: str, elem_id: str | None = None, height: int | None = DRAWING_HEIGHT) -> gr.Image:
-    return gr.Image(label=label, type="pil", format="png", interactive=False, height=height, elem_id=elem_id)
-
-
-def titled_image(label: str, elem_id: str) -> gr.Image:
-    """A chart whose own panel titles sit at its top: its label goes above it, not over its first title."""
-    gr.Markdown(f"**{label}**")
-    return gr.Image(label=label, show_label=False, type="pil", format="png", interactive=False, elem_id=elem_id)
+def output_image(label: str, elem_id: str, height: int | None = DRAWING_HEIGHT) -> gr.Image:
+    """
+    A drawing under its own caption: gradio lays an image's label over its top-left corner, where it would hide
+    rank numbers, mosaic tiles or a chart's first title.
+    """
+    with gr.Column(min_width=160):
+        gr.Markdown(f"**{label}**")
+        return gr.Image(label=label, show_label=False, type="pil", format="png", interactive=False, height=height,
+                        elem_id=elem_id)
 
 
 def output_table(label: str, headers: list[str], elem_id: str | None = None) -> gr.Dataframe:
@@ -178,8 +179,8 @@ def microscope_tab(model: ARRCOCQwen) -> None:
             with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
                 saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
             curves, answer, measure, verdict = faithfulness_panel()
-    scorers = titled_image("Scorer maps, participatory prior and balanced relevance", "microscope-scorers")
-    channels = titled_image("The 13 texture channels (all on a 0..1 scale)", "microscope-channels")
+    scorers = output_image("Scorer maps, participatory prior and balanced relevance", "microscope-scorers", None)
+    channels = output_image("The 13 texture channels (all on a 0..1 scale)", "microscope-channels", None)
     gr.Markdown(ui.channels_markdown())
     kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
     gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))

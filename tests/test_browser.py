@@ -145,8 +145,8 @@ def test_microscope_on_a_portrait_page(page, portrait):
     assert heatmap.height > heatmap.width and not_blank(heatmap)
     for elem_id in ("microscope-mosaic", "microscope-scorers", "microscope-channels"):
         assert not_blank(drawing(page, elem_id))
-    for chart in ("microscope-scorers", "microscope-channels"):  # no label laid over the first panel's title
-        expect(page.locator(f"#{chart} [data-testid=block-label]")).to_be_hidden()
+    for chart in ("microscope-heatmap", "microscope-mosaic", "microscope-scorers", "microscope-channels"):
+        expect(page.locator(f"#{chart} [data-testid=block-label]")).to_be_hidden()  # none over ranks or titles
 
     page.get_by_text("Saccade list").click()
     table = page.locator("#microscope-saccades")
