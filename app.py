@@ -7,291 +7,19 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.
     python app.py --model tiny-qwen3-vl      # the tiny Qwen3-VL (or tiny-qwen2.5-vl, or any Qwen-VL hub id / folder)
     python app.py --checkpoint NAME --port 8000 --share
 
-Layout and wiring only; the work is in arr_coc/ (model, viz, ui). Every event has an api_name, so
-gradio_client can drive it: compare, microscope, reselect, faithfulness, ab, and redraw (renumbers the
-last Compare heatmap and mosaic without the VLM).
+Layout (one function per tab) and wiring only; the handlers are arr_coc/handlers.py, the rest is in arr_coc/.
+Every event has an api_name, so gradio_client can drive it: compare, microscope, reselect, faithfulness, ab,
+and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space (SPACES_ZERO_GPU),
+the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs (arr_coc/zerogpu.py).
 """
 
 import argparse
 import os
-import time
-from pathlib import Path
 
-import gradio as gr
-from PIL import Image
-
-from arr_coc import ui, viz
-from arr_coc.config import BASELINES, DEFAULT_MODEL, MAX_CELLS, MIN_CELLS, STRATEGIES
-from arr_coc.faithfulness import faithfulness_curves
-from arr_coc.model import Answer, ARRCOCQwen, Scene
-from arr_coc.vlm.families import FAMILY_NAMES
-
-ROOT = Path(__file__).parent
-CHECKPOINTS = ROOT / "checkpoints"
-EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
-GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
-MAX_NEW_TOKENS = 256
-FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
+from arr_coc.config import DEFAULT_MODEL
 
 
-def build_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Blocks:
-    """The Blocks app over one loaded model, which every tab shares."""
-    config, pipeline = model.layer.config, model.pipeline
-
-    # ------------------------------------------------------------------------- events
-
-    def redraw(arr: Answer | None, numbered: int) -> tuple:
-        """The heatmap and the saccade mosaic of a finished ARR answer, the first `numbered` saccades numbered."""
-        if arr is None:
-            return None, None
-        return viz.selection_drawings(arr.views, arr.arr.relevance[0], arr.saccades, int(numbered))
-
-    def compare_outputs(status: str, base_text: str = "", base: Answer | None = None, arr_text: str = "",
-                        arr: Answer | None = None, numbered: int = viz.TOP_LABELS) -> tuple:
-        """
-        The Compare tab's outputs; a pipeline still running shows its text so far, and no stats or drawings.
-        The last is the finished ARR answer, kept so the numbered saccades can be redrawn without the VLM.
-        """
-        base_stats, arr_stats = (None if a is None else ui.stats_rows(a) for a in (base, arr))
-        if arr is None:
-            return status, base_text, base_stats, arr_text, arr_stats, None, None, None, None, None
-        heatmap, mosaic = redraw(arr, numbered)
-        return (status, base_text, base_stats, arr_text, arr_stats, heatmap, arr.views.gestalt,
-                viz.weights_bar(arr.arr.weights[0]), mosaic, arr)
-
-    @ui.reports_errors
-    def compare(image: Image.Image | None, question: str, baseline: str, max_new_tokens: int, strategy: str,
-                max_cells: int, numbered: int):
-        """Stream the baseline's answer, then ARR-COC's; then their stats and ARR's drawings."""
-        ui.check_inputs(image, question)
-        start = time.perf_counter()
-        settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))  # one cap for both pipelines
-        yield compare_outputs(f"Running the **{baseline}** baseline…")
-        # model.stream yields the text as it grows, then the finished Answer
-        for base in model.stream(image, question, baseline, **settings):
-            if isinstance(base, str):
-                yield compare_outputs(f"Running the **{baseline}** baseline…", base)
-        yield compare_outputs("Running **ARR-COC**…", ui.answer_text(base), base)
-        for arr in model.stream(image, question, "arr", strategy=strategy, **settings):
-            if isinstance(arr, str):
-                yield compare_outputs("Running **ARR-COC**…", ui.answer_text(base), base, arr)
-        yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
-                              ui.answer_text(arr), arr, numbered)
-
-    def selection_outputs(scene: Scene, strategy: str, budget: int, numbered: int) -> tuple:
-        """Select (no VLM work) and draw: the heatmap, the summary line, the saccade list and the mosaic."""
-        start = time.perf_counter()
-        gh, gw = scene.views.candidate_grid
-        out = model.select(scene, strategy, min(int(budget), gh * gw))  # the slider allows the largest grid
-        heatmap, mosaic = viz.selection_drawings(scene.views, out.relevance[0], out.positions[0], int(numbered))
-        return heatmap, ui.selection_summary(out, (time.perf_counter() - start) * 1000), ui.saccade_rows(out), mosaic
-
-    @ui.reports_errors
-    def microscope(image: Image.Image | None, question: str, strategy: str, budget: int, max_cells: int,
-                   numbered: int) -> tuple:
-        """Run ARR up to selection once, keep the scene for re-selection, and draw every map."""
-        scene = model.prepare(image, question, max_cells=int(max_cells))
-        out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
-        return (scene, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),
-                *selection_outputs(scene, strategy, budget, numbered))
-
-    @ui.reports_errors
-    def reselect(scene: Scene | None, strategy: str, budget: int, numbered: int) -> tuple:
-        """A new strategy, budget or count of numbered saccades over the analysed scene: well under a second, no VLM."""
-        if scene is None:
-            raise gr.Error("Analyse an image first: re-selection reuses its maps.")
-        return selection_outputs(scene, strategy, budget, numbered)
-
-    @ui.reports_errors
-    def faithfulness(image: Image.Image | None, question: str, answer: str, strategy: str, budget: int,
-                     max_cells: int, progress=gr.Progress()) -> tuple:
-        """Deletion, random and insertion curves of an answer (empty: ARR's own) over ARR's selection."""
-        ui.check_inputs(image, question)
-        gh, gw = model.views(image, int(max_cells)).candidate_grid  # the budget slider allows the largest grid
-        progress(0.05, desc="ARR's answer and selection")
-        arr = model.answer(image, question, "arr", FAITHFULNESS_ANSWER_TOKENS, strategy, min(int(budget), gh * gw),
-                           max_cells=int(max_cells))
-        progress(0.3, desc="about 30 teacher-forced forward passes")
-        curves = faithfulness_curves(model, arr.observation, arr.arr, answer.strip() or arr.text)
-        chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
-        return chart, ui.faithfulness_summary(curves)
-
-    @ui.reports_errors
-    def ab(image: Image.Image | None, question: str, choice_a: str, files_a: list[str] | None, choice_b: str,
-           files_b: list[str] | None, strategy: str, max_new_tokens: int, max_cells: int,
-           progress=gr.Progress()) -> tuple:
-        """Answer with checkpoints A and B on the same input; draw both selections and how they differ."""
-        ui.check_inputs(image, question)
-        layer_a = ui.choose_layer(model, "A", choice_a, files_a, CHECKPOINTS)  # bad files fail before VLM work
-        layer_b = ui.choose_layer(model, "B", choice_b, files_b, CHECKPOINTS)
-        settings = dict(strategy=strategy, max_cells=int(max_cells))  # identical views: only the layers differ
-        progress(0.05, desc="checkpoint A")
-        a = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_a, **settings)
-        progress(0.5, desc="checkpoint B")
-        b = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_b, **settings)
-        return (viz.heatmap_overlay(a.views.image, a.arr.relevance[0], a.saccades),
-                viz.heatmap_overlay(b.views.image, b.arr.relevance[0], b.saccades),
-                viz.difference_map(a.arr.relevance[0], b.arr.relevance[0], a.saccades, b.saccades),
-                ui.answer_text(a), ui.answer_text(b), ui.ab_summary(a, b))
-
-    # ------------------------------------------------------------------------- layout
-
-    def image_and_question(tab: str) -> tuple[gr.Image, gr.Textbox]:
-        image = ui.image_input(label="Image", elem_id=f"{tab}-image")
-        question = gr.Textbox(label="Question", lines=2, placeholder="Ask about the image", elem_id=f"{tab}-question")
-        return image, question
-
-    def strategy_dropdown() -> gr.Dropdown:
-        return gr.Dropdown(list(STRATEGIES), value=config.strategy, label="Saccade strategy")
-
-    def tokens_slider() -> gr.Slider:
-        return gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens")
-
-    def cells_slider() -> gr.Slider:
-        return gr.Slider(MIN_CELLS, MAX_CELLS, value=pipeline.max_cells, step=1024, label="Max cells",
-                         info="cap on the native-resolution candidate grid (28 px cells); 4096 = 64x64 at 1792²; "
-                              "the full baseline uses the same cap")
-
-    def numbered_slider() -> gr.Slider:
-        return gr.Slider(0, config.budget, value=viz.TOP_LABELS, step=1, label="Numbered saccades",
-                         info="every saccade gets a box; the most relevant this many also get their rank")
-
-    def output_image(label: str, elem_id: str | None = None) -> gr.Image:
-        return gr.Image(label=label, type="pil", format="png", interactive=False, elem_id=elem_id)
-
-    def output_table(label: str, headers: list[str], elem_id: str | None = None) -> gr.Dataframe:
-        # wrap: a grid row ("64 x 64 cells (1792 x 1792 px)") is wider than half a stats table; no scrolling
-        return gr.Dataframe(headers=headers, label=label, interactive=False, wrap=True, max_height=1000,
-                            column_widths=["50%", "50%"], elem_id=elem_id)
-
-    with gr.Blocks(title="ARR-COC microscope") as demo:
-        gr.Markdown(f"# ARR-COC microscope\nQuery-aware visual token selection for Qwen-VL: a low-res gestalt plus "
-                    f"{config.budget} high-res saccades chosen by relevance. Model `{model.vlm.name}` "
-                    f"({FAMILY_NAMES.get(model.vlm.family, model.vlm.family)}, {model.vlm.cell} px cells) · "
-                    f"ARR layer `{layer_name}`.")
-        for notice in notices:
-            gr.Markdown(f"> ⚠️ **{notice}**", elem_classes="notice")
-
-        with gr.Tab("Compare"):
-            with gr.Row():
-                with gr.Column(scale=1):
-                    c_image, c_question = image_and_question("compare")
-                    with gr.Row():
-                        c_baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
-                        c_strategy = strategy_dropdown()
-                    c_tokens = tokens_slider()
-                    c_cells = cells_slider()
-                    c_numbered = numbered_slider()
-                    with gr.Row():
-                        c_run = gr.Button("Compare", variant="primary", elem_id="compare-run")
-                        c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
-                    c_status = gr.Markdown(label="Status", elem_id="compare-status")
-                with gr.Column(scale=2):
-                    with gr.Row():
-                        with gr.Column():
-                            c_base_text = gr.Textbox(label="Baseline answer", lines=3, elem_id="baseline-answer")
-                            c_base_stats = output_table("Baseline stats", ui.STATS_HEADERS, "baseline-stats")
-                        with gr.Column():
-                            c_arr_text = gr.Textbox(label="ARR-COC answer", lines=3, elem_id="arr-answer")
-                            c_arr_stats = output_table("ARR-COC stats", ui.STATS_HEADERS, "arr-stats")
-                    c_heatmap = output_image("Relevance and numbered saccades (1 = most relevant)", "arr-heatmap")
-                    with gr.Row():
-                        c_gestalt = output_image("Gestalt view, as the model saw it")
-                        c_mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "arr-mosaic")
-                    c_weights = output_image("Balancer weights")
-            c_answer = gr.State(time_to_live=3600)  # the last ARR answer, for redrawing; freed an hour after
-            gr.Examples(EXAMPLES, inputs=[c_image, c_question], examples_per_page=len(EXAMPLES))
-
-        with gr.Tab("Microscope"):
-            with gr.Row():
-                with gr.Column(scale=1):
-                    m_image, m_question = image_and_question("microscope")
-                    m_run = gr.Button("Analyse", variant="primary")
-                    m_strategy = strategy_dropdown()
-                    m_budget = gr.Slider(1, 4 * pipeline.gestalt_max_tokens, value=config.budget, step=1,
-                                         label="Saccade budget (re-selects instantly)")
-                    m_numbered = numbered_slider()
-                    m_cells = cells_slider()
-                    m_summary = gr.Markdown(label="Selection")
-                with gr.Column(scale=2):
-                    m_heatmap = output_image("Relevance and numbered saccades")
-                    m_mosaic = output_image("saccade mosaic (what the LLM read at full detail)")
-                    with gr.Accordion("Saccade list", open=False):
-                        m_saccades = output_table("Saccades", ui.SACCADE_HEADERS)
-                    with gr.Accordion("Faithfulness: does the answer depend on these saccades?", open=False):
-                        gr.Markdown("The answer's log-likelihood as the saccades are removed most relevant first "
-                                    "(deletion), in a random order, and added back in rank order (insertion).")
-                        with gr.Row():
-                            m_answer = gr.Textbox(label="Answer to score (empty: ARR's own answer)", scale=3)
-                            m_faithfulness = gr.Button("Measure (~30 forward passes)", scale=1,
-                                                       elem_id="faithfulness-run")
-                        m_curves = output_image("Faithfulness curves", "faithfulness-plot")
-                        m_faithfulness_summary = gr.Markdown(elem_id="faithfulness-summary")
-            m_scorers = output_image("Scorer maps, participatory prior and balanced relevance")
-            m_channels = output_image("The 13 texture channels (all on a 0..1 scale)")
-            gr.Markdown(ui.channels_markdown())
-            m_scene = gr.State(time_to_live=3600)  # holds the image and maps: freed an hour after the last update
-            gr.Examples(EXAMPLES, inputs=[m_image, m_question], examples_per_page=len(EXAMPLES))
-
-        with gr.Tab("Checkpoint A/B"):
-            choices = ui.checkpoint_choices(CHECKPOINTS)
-            with gr.Row():
-                with gr.Column(scale=1):
-                    ab_image, ab_question = image_and_question("ab")
-                    with gr.Row():
-                        with gr.Column():
-                            ab_choice_a = gr.Dropdown(choices, value=ui.PRIOR, label="Checkpoint A")
-                            ab_files_a = gr.File(file_count="multiple", file_types=[".json", ".safetensors"],
-                                                 label="…or upload A: config.json + model.safetensors")
-                        with gr.Column():
-                            ab_choice_b = gr.Dropdown(choices, value=layer_name, label="Checkpoint B")
-                            ab_files_b = gr.File(file_count="multiple", file_types=[".json", ".safetensors"],
-                                                 label="…or upload B: config.json + model.safetensors")
-                    ab_strategy = strategy_dropdown()
-                    ab_tokens = tokens_slider()
-                    ab_cells = cells_slider()
-                    with gr.Row():
-                        ab_run = gr.Button("Compare checkpoints", variant="primary")
-                        ab_stop = gr.Button("Stop", variant="stop", elem_id="ab-stop")
-                    ab_summary = gr.Markdown(label="Agreement")
-                with gr.Column(scale=2):
-                    with gr.Row():
-                        with gr.Column():
-                            ab_heat_a = output_image("A: relevance and saccades")
-                            ab_text_a = gr.Textbox(label="A's answer", lines=2)
-                        with gr.Column():
-                            ab_heat_b = output_image("B: relevance and saccades")
-                            ab_text_b = gr.Textbox(label="B's answer", lines=2)
-                    ab_diff = output_image("Difference B − A")
-            gr.Examples(EXAMPLES, inputs=[ab_image, ab_question], examples_per_page=len(EXAMPLES))
-
-        # --------------------------------------------------------------------- wiring
-
-        compare_event = gr.on(
-            [c_run.click, c_question.submit], compare,
-            [c_image, c_question, c_baseline, c_tokens, c_strategy, c_cells, c_numbered],
-            [c_status, c_base_text, c_base_stats, c_arr_text, c_arr_stats, c_heatmap, c_gestalt, c_weights,
-             c_mosaic, c_answer],
-            api_name="compare", concurrency_id=GPU)
-        c_stop.click(None, cancels=[compare_event])  # frees the GPU queue for the next request
-        c_numbered.release(redraw, [c_answer, c_numbered], [c_heatmap, c_mosaic], api_name="redraw")
-        m_run.click(microscope, [m_image, m_question, m_strategy, m_budget, m_cells, m_numbered],
-                    [m_scene, m_channels, m_scorers, m_heatmap, m_summary, m_saccades, m_mosaic],
-                    api_name="microscope", concurrency_id=GPU)
-        m_faithfulness.click(faithfulness, [m_image, m_question, m_answer, m_strategy, m_budget, m_cells],
-                             [m_curves, m_faithfulness_summary], api_name="faithfulness", concurrency_id=GPU)
-        gr.on([m_strategy.change, m_budget.release, m_numbered.release], reselect,
-              [m_scene, m_strategy, m_budget, m_numbered], [m_heatmap, m_summary, m_saccades, m_mosaic],
-              api_name="reselect")
-        ab_event = ab_run.click(
-            ab, [ab_image, ab_question, ab_choice_a, ab_files_a, ab_choice_b, ab_files_b, ab_strategy, ab_tokens,
-                 ab_cells],
-            [ab_heat_a, ab_heat_b, ab_diff, ab_text_a, ab_text_b, ab_summary], api_name="ab", concurrency_id=GPU)
-        ab_stop.click(None, cancels=[ab_event])
-    return demo
-
-
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="ARR-COC microscope: the Gradio app.")
     p.add_argument("--model", default=os.environ.get("ARR_COC_MODEL", DEFAULT_MODEL),
                    help="Qwen2-VL, Qwen2.5-VL or Qwen3-VL hub id or folder, or an offline tiny model ('tiny', "
@@ -304,23 +32,274 @@ def parse_args() -> argparse.Namespace:
                    help="port to serve on (default: $GRADIO_SERVER_PORT or 7860)")
     p.add_argument("--share", action="store_true",
                    help="also serve on a public gradio.live link (off by default: anyone with it can use your GPU)")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+if __name__ == "__main__":
+    ARGS = parse_args()  # first: --help and a bad flag answer at once, before gradio and torch load (seconds)
+
+import functools  # noqa: E402  (after the flags: see above)
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gradio as gr  # noqa: E402
+
+from arr_coc import handlers, ui, viz, zerogpu  # noqa: E402
+from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
+from arr_coc.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
+from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
+from arr_coc.relevance.config import ARRCOCConfig  # noqa: E402
+from arr_coc.vlm.families import FAMILY_NAMES  # noqa: E402
+
+log = logging.getLogger("arr_coc.app")
+ROOT = Path(__file__).parent
+CHECKPOINTS = ROOT / "checkpoints"
+EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
+GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
+GPU_SECONDS = dict(compare=120, microscope=60, faithfulness=120, ab=120)  # ZeroGPU: the most one call may hold it
+MAX_NEW_TOKENS = 256
+DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
+
+
+# ----------------------------------------------------------------------------- components
+
+
+def image_and_question(tab: str) -> tuple[gr.Image, gr.Textbox]:
+    image = ui.image_input(label="Image", elem_id=f"{tab}-image")
+    question = gr.Textbox(label=f"Question (up to {MAX_QUESTION_CHARS} characters)", lines=2,
+                          placeholder="Ask about the image", max_length=MAX_QUESTION_CHARS, elem_id=f"{tab}-question")
+    return image, question
+
+
+def strategy_dropdown(config: ARRCOCConfig) -> gr.Dropdown:
+    return gr.Dropdown(list(STRATEGIES), value=config.strategy, label="Saccade strategy")
+
+
+def tokens_slider() -> gr.Slider:
+    return gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens")
+
+
+def cells_slider(pipeline: PipelineConfig) -> gr.Slider:
+    return gr.Slider(MIN_CELLS, MAX_CELLS, value=pipeline.max_cells, step=1024, label="Max cells",
+                     info="cap on the native-resolution candidate grid (28 px cells); 4096 = 64x64 at 1792²; "
+                          "the full baseline uses the same cap")
+
+
+def numbered_slider(config: ARRCOCConfig) -> gr.Slider:
+    return gr.Slider(0, config.budget, value=viz.TOP_LABELS, step=1, label="Numbered saccades",
+                     info="every saccade gets a box; the most relevant this many also get their rank (a crowded "
+                          "one is moved aside on a line, or listed on the drawing if there is no room)")
+
+
+def output_image(label: str, elem_id: str, height: int | None = DRAWING_HEIGHT) -> gr.Image:
+    """
+    A drawing under its own caption: gradio lays an image's label over its top-left corner, where it would hide
+    rank numbers, mosaic tiles or a chart's first title.
+    """
+    with gr.Column(min_width=160):
+        gr.Markdown(f"**{label}**")
+        return gr.Image(label=label, show_label=False, type="pil", format="png", interactive=False, height=height,
+                        elem_id=elem_id)
+
+
+def output_table(label: str, headers: list[str], elem_id: str | None = None) -> gr.Dataframe:
+    # wrap, one width per column: a grid row ("64 x 64 cells (1792 x 1792 px)") is wider than half a stats table
+    widths = [f"{100 / len(headers):g}%"] * len(headers)
+    return gr.Dataframe(headers=headers, label=label, interactive=False, wrap=True, max_height=1000,
+                        column_widths=widths, elem_id=elem_id)
+
+
+def bind(model: ARRCOCQwen, handler, *args, gpu_seconds: int | None = None):
+    """
+    A handler with the model (and `args`) given, as an event's function; with gpu_seconds, wrapped for ZeroGPU.
+    The model is bound, not passed: ZeroGPU's worker is forked from this process and sees it without a copy.
+    """
+    event = functools.partial(handler, model, *args)
+    event.__name__ = handler.__name__  # gradio and spaces name events by their function
+    return event if gpu_seconds is None else zerogpu.on_gpu(event, duration=gpu_seconds)
+
+
+# ----------------------------------------------------------------------------- the tabs
+
+
+def compare_tab(model: ARRCOCQwen) -> None:
+    """Baseline vs ARR-COC, streamed side by side; their stats, ARR's heatmap, gestalt, mosaic and weights."""
+    config = model.layer.config
+    with gr.Row():
+        with gr.Column(scale=1):
+            image, question = image_and_question("compare")
+            with gr.Row():
+                baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
+                strategy = strategy_dropdown(config)
+            tokens, cells, numbered = tokens_slider(), cells_slider(model.pipeline), numbered_slider(config)
+            with gr.Row():
+                run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+                stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+            status = gr.Markdown(label="Status", elem_id="compare-status")
+        with gr.Column(scale=2):
+            with gr.Row():
+                with gr.Column():
+                    base_text = gr.Textbox(label="Baseline answer", lines=3, elem_id="baseline-answer")
+                    base_stats = output_table("Baseline stats", ui.STATS_HEADERS, "baseline-stats")
+                with gr.Column():
+                    arr_text = gr.Textbox(label="ARR-COC answer", lines=3, elem_id="arr-answer")
+                    arr_stats = output_table("ARR-COC stats", ui.STATS_HEADERS, "arr-stats")
+            heatmap = output_image("Relevance and numbered saccades (1 = most relevant)", "arr-heatmap")
+            with gr.Row():
+                gestalt = output_image("Gestalt view, as the model saw it", "arr-gestalt", height=None)
+                mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "arr-mosaic", height=None)
+            weights = output_image("Balancer weights", "arr-weights", height=None)
+    kept = gr.State(time_to_live=3600)  # the last ARR answer's drawing data (CPU): freed an hour after
+    gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
+
+    event = gr.on([run.click, question.submit], bind(model, handlers.compare, gpu_seconds=GPU_SECONDS["compare"]),
+                  [image, question, baseline, tokens, strategy, cells, numbered],
+                  [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, kept],
+                  api_name="compare", concurrency_id=GPU)
+    stop.click(handlers.stopped, status, status, cancels=[event], api_name="stop_compare",
+               concurrency_limit=None)  # never waits in a queue; frees the GPU one
+    numbered.release(handlers.redraw, [kept, numbered], [heatmap, mosaic], api_name="redraw")
+
+
+def microscope_tab(model: ARRCOCQwen) -> None:
+    """ARR up to selection: every map, instant re-selection, and the faithfulness curves."""
+    config = model.layer.config
+    with gr.Row():
+        with gr.Column(scale=1):
+            image, question = image_and_question("microscope")
+            run = gr.Button("Analyse", variant="primary", elem_id="microscope-run")
+            strategy = strategy_dropdown(config)
+            budget = gr.Slider(1, 4 * model.pipeline.gestalt_max_tokens, value=config.budget, step=1,
+                               label="Saccade budget (re-selects instantly)")
+            numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
+            summary = gr.Markdown(label="Selection", elem_id="microscope-summary")
+        with gr.Column(scale=2):
+            heatmap = output_image("Relevance and numbered saccades", "microscope-heatmap")
+            mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "microscope-mosaic", height=None)
+            with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
+                saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
+            curves, answer, measure, verdict = faithfulness_panel()
+    scorers = output_image("Scorer maps, participatory prior and balanced relevance", "microscope-scorers", None)
+    channels = output_image("The 13 texture channels (all on a 0..1 scale)", "microscope-channels", None)
+    gr.Markdown(ui.channels_markdown())
+    kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
+    gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
+
+    run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
+              [image, question, strategy, budget, cells, numbered],
+              [kept, channels, scorers, heatmap, summary, saccades, mosaic], api_name="microscope", concurrency_id=GPU)
+    measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
+                  [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
+                  concurrency_id=GPU)
+    gr.on([strategy.change, budget.release, numbered.release], bind(model, handlers.reselect),
+          [kept, strategy, budget, numbered], [heatmap, summary, saccades, mosaic], api_name="reselect")
+
+
+def faithfulness_panel() -> tuple[gr.Image, gr.Textbox, gr.Button, gr.Markdown]:
+    """The Microscope's faithfulness accordion: the answer box (capped), the button, the chart and the verdict."""
+    with gr.Accordion("Faithfulness: does the answer depend on these saccades?", open=False):
+        gr.Markdown("The answer's log-likelihood as the saccades are removed most relevant first "
+                    "(deletion), in a random order, and added back in rank order (insertion).")
+        with gr.Row():
+            answer = gr.Textbox(label=f"Answer to score (empty: ARR's own; up to {MAX_ANSWER_CHARS} characters)",
+                                max_length=MAX_ANSWER_CHARS, scale=3, elem_id="faithfulness-answer")
+            measure = gr.Button("Measure (~30 forward passes)", scale=1, elem_id="faithfulness-run")
+        curves = output_image("Faithfulness curves", "faithfulness-plot", height=None)
+        verdict = gr.Markdown(elem_id="faithfulness-summary")
+    return curves, answer, measure, verdict
+
+
+def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
+    """Two ARR checkpoints on the same input: both heatmaps and answers, their difference and agreement."""
+    choices = ui.checkpoint_choices(CHECKPOINTS)
+    with gr.Row():
+        with gr.Column(scale=1):
+            image, question = image_and_question("ab")
+            with gr.Row():
+                with gr.Column():
+                    choice_a = gr.Dropdown(choices, value=ui.PRIOR, label="Checkpoint A")
+                    files_a = ui.checkpoint_upload(label="…or upload A: config.json + model.safetensors")
+                with gr.Column():
+                    choice_b = gr.Dropdown(choices, value=layer_name, label="Checkpoint B")
+                    files_b = ui.checkpoint_upload(label="…or upload B: config.json + model.safetensors")
+            strategy = strategy_dropdown(model.layer.config)
+            tokens, cells = tokens_slider(), cells_slider(model.pipeline)
+            with gr.Row():
+                run = gr.Button("Compare checkpoints", variant="primary", elem_id="ab-run")
+                stop = gr.Button("Stop", variant="stop", elem_id="ab-stop")
+            summary = gr.Markdown(label="Agreement", elem_id="ab-summary")  # also the tab's status while running
+        with gr.Column(scale=2):
+            with gr.Row():
+                with gr.Column():
+                    heat_a = output_image("A: relevance and saccades", "ab-heatmap-a")
+                    text_a = gr.Textbox(label="A's answer", lines=2, elem_id="ab-answer-a")
+                with gr.Column():
+                    heat_b = output_image("B: relevance and saccades", "ab-heatmap-b")
+                    text_b = gr.Textbox(label="B's answer", lines=2, elem_id="ab-answer-b")
+            difference = output_image("Difference B − A", "ab-difference")
+    gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
+
+    event = run.click(bind(model, handlers.ab, CHECKPOINTS, gpu_seconds=GPU_SECONDS["ab"]),
+                      [image, question, choice_a, files_a, choice_b, files_b, strategy, tokens, cells],
+                      [heat_a, heat_b, difference, text_a, text_b, summary], api_name="ab", concurrency_id=GPU)
+    stop.click(handlers.stopped, summary, summary, cancels=[event], api_name="stop_ab", concurrency_limit=None)
+
+
+def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Blocks:
+    """The page over one loaded model, which every tab shares: a header, then the three tabs."""
+    with gr.Blocks(title="ARR-COC microscope") as demo:
+        gr.Markdown(f"# ARR-COC microscope\nQuery-aware visual token selection for Qwen-VL: a low-res gestalt plus "
+                    f"{model.layer.config.budget} high-res saccades chosen by relevance. Model `{model.vlm.name}` "
+                    f"({FAMILY_NAMES.get(model.vlm.family, model.vlm.family)}, {model.vlm.cell} px cells) · "
+                    f"ARR layer `{layer_name}`.")
+        for notice in notices:
+            gr.Markdown(f"> ⚠️ **{notice}**", elem_classes="notice")
+        with gr.Tab("Compare"):
+            compare_tab(model)
+        with gr.Tab("Microscope"):
+            microscope_tab(model)
+        with gr.Tab("Checkpoint A/B"):
+            ab_tab(model, layer_name)
+    return demo
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+def load(args: argparse.Namespace) -> tuple[ARRCOCQwen, str, list[str]]:
+    """The model and its ARR layer, saying in the console what start-up does; -> model, layer name, page notices."""
+    log.info("loading the model %s (the first run downloads it) ...", args.model)
     model = ARRCOCQwen.from_pretrained(args.model, fallback_to_tiny=True)
+    if model.notice:
+        log.warning("%s", model.notice)  # the offline fallback, or the tiny model asked for
     layer_name, checkpoint_notice = ui.install_default_layer(model, args.checkpoint, CHECKPOINTS)
-    notices = [n for n in (model.notice, checkpoint_notice) if n]
-    if model.vlm.device.type == "cuda":  # capture the CUDA graphs now, not on the first user's request
-        print("warming up: capturing CUDA graphs for every pipeline ...", flush=True)
-        print(f"warmed up in {model.warmup():.1f} s", flush=True)
-    demo = build_app(model, layer_name, notices)
+    log.info("model %s on %s; ARR layer %s", model.vlm.name, model.vlm.device, layer_name)
+    if checkpoint_notice:
+        log.warning("%s", checkpoint_notice)
+    return model, layer_name, [n for n in (model.notice, checkpoint_notice) if n]
+
+
+def warm_up(model: ARRCOCQwen) -> None:
+    """Capture the CUDA graphs now, not on the first user's request; none on ZeroGPU, and none needed off CUDA."""
+    if zerogpu.on_zerogpu():
+        log.info("ZeroGPU: a GPU is lent per request, so no CUDA graphs are captured (eager path)")
+    elif model.vlm.device.type == "cuda":
+        log.info("warming up: capturing CUDA graphs for every pipeline ...")
+        log.info("warmed up in %.1f s", model.warmup())
+
+
+def main(args: argparse.Namespace) -> None:
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # libraries: warnings and up
+    logging.getLogger("arr_coc").setLevel(logging.INFO)  # ours: what start-up does, one line per user error
+    model, layer_name, notices = load(args)  # at start-up, before any request, as ZeroGPU expects
+    warm_up(model)
+    demo = make_app(model, layer_name, notices)
     demo.queue(default_concurrency_limit=1)
+    log.info("serving ...")
     # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), server_port=args.port,
                 share=args.share, show_error=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from arr_coc.errors import InputError
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from arr_coc.relevance.layer import ARRCOCOutput
 
 CURVES = ("deletion", "random", "insertion")
+MAX_ANSWER_CHARS = 1000  # each point teacher-forces the answer: 5000 characters took 157 s on a CPU, blocking the queue
 
 
 @dataclass
@@ -61,6 +63,15 @@ class FaithfulnessCurves:
         return dict(asdict(self), areas=self.areas)
 
 
+def check_answer(answer) -> str:
+    """An answer to score (user text: tokenised as plain text), stripped; InputError past MAX_ANSWER_CHARS."""
+    if not isinstance(answer, str):
+        raise InputError(f"the answer to score must be text, got {type(answer).__name__}")
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise InputError(f"the answer to score is {len(answer)} characters long; the limit is {MAX_ANSWER_CHARS}")
+    return answer.strip()
+
+
 def removal_counts(k: int, steps: int) -> list[int]:
     """0 .. k in `steps` even steps (repeats where k < steps): how many saccades are gone at each point."""
     return [round(k * j / steps) for j in range(steps + 1)]
@@ -73,6 +84,7 @@ def faithfulness_curves(model: ARRCOCQwen, observation: Observation, selection: 
     The three curves of one answer over one ARR selection of one observation: an ARR Answer's
     (answer.observation, answer.arr), with its own text or a reference answer.
     """
+    answer = check_answer(answer)
     vlm = model.vlm
     positions = selection.positions[0]  # [K, 2]
     saccades = encode_saccades(vlm, observation, positions)  # [K, D]

@@ -3,7 +3,7 @@ CUDA-graph replay for the fixed-shape parts of ARR (texture array, scorers, bala
 
 At batch 1 these are a few hundred tiny kernels: launch-bound, so eager PyTorch spends most of its time
 in Python and kernel launches. A CUDA graph captured once per input signature replays them as one launch.
-Off CUDA, or when gradients are needed (training), the function simply runs eagerly.
+Off CUDA, when gradients are needed (training), or on ZeroGPU, the function simply runs eagerly.
 
     texture = CUDAGraphed(generate_texture_array)
     tex = texture(images, (32, 32))   # first call per shape captures, later calls replay
@@ -13,6 +13,13 @@ from collections import OrderedDict
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
+
+from arr_coc.zerogpu import on_zerogpu
+
+
+def cuda_graphs_allowed() -> bool:
+    """False on ZeroGPU: each call runs in a forked worker, which a captured graph cannot outlive (eager instead)."""
+    return not on_zerogpu()
 
 
 def _signature(args) -> tuple:
@@ -49,7 +56,7 @@ class CUDAGraphed:
 
     def __call__(self, *args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not tensors or not tensors[0].is_cuda or torch.is_grad_enabled():
+        if not tensors or not tensors[0].is_cuda or torch.is_grad_enabled() or not cuda_graphs_allowed():
             return self.fn(*args)
         key = _signature(args)
         if key not in self.graphs:

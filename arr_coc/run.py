@@ -100,6 +100,10 @@ def main(argv=None) -> int:
 
     try:
         question = check_question(args.question)
+        if args.answer is not None:
+            from arr_coc.faithfulness import check_answer
+
+            check_answer(args.answer)  # its length cap, before the model loads
         image = load_image(args.image)
         model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device)
         if model.notice:

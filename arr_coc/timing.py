@@ -8,10 +8,11 @@ decode) measures the device's work, not the time to queue it.
     watch.ms  # {"vision": 12.3}
 """
 
-import resource
-import sys
+import math
+import re
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from transformers.generation.streamers import BaseStreamer
@@ -87,14 +88,34 @@ class TimingStreamer(BaseStreamer):
             self.inner.end()
 
 
+PROC_STATUS, PROC_CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
 def reset_peak_memory(device: torch.device) -> None:
+    """
+    Start a request's peak: CUDA's peak-allocated counter, or on CPU the process's peak resident memory
+    (Linux resets it when "5" is written to /proc/self/clear_refs; elsewhere there is no request's own CPU peak).
+    """
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        PROC_CLEAR_REFS.write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: peak_memory_mb says so with NaN
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak GPU memory allocated since the last reset; on CPU the process's peak resident memory."""
+    """
+    Peak memory since reset_peak_memory: GPU memory allocated, or on CPU the process's peak resident memory
+    (Linux's VmHWM, the weights included, as the GPU's count includes them). NaN where the CPU peak cannot be
+    reset: a lifetime maximum would be a number that means something else.
+    """
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return rss / (2**20 if sys.platform == "darwin" else 2**10)
+    try:
+        PROC_CLEAR_REFS.stat()
+        match = re.search(r"^VmHWM:\s+(\d+) kB", PROC_STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return math.nan
+    return int(match.group(1)) / 2**10 if match else math.nan

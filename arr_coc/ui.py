@@ -46,16 +46,25 @@ USER_ERRORS = (InputError, CheckpointError, OutOfMemory)  # their messages are w
 # ----------------------------------------------------------------------------- errors
 
 
+def user_error(message: str) -> gr.Error:
+    """An error the user caused or can fix: one line in the console, no traceback (it is no bug)."""
+    log.warning("user error: %s", message)
+    return gr.Error(message, print_exception=False)
+
+
 def as_user_error(error: Exception) -> gr.Error:
-    """Known errors keep their message; anything else gets a short one (the traceback goes to the log)."""
+    """
+    Known errors keep their message and log one line; anything else is a bug: its traceback goes to the log
+    (once) and the user gets a short message.
+    """
     if isinstance(error, gr.Error):
         return error
     if isinstance(error, USER_ERRORS):
-        return gr.Error(str(error))
+        return user_error(str(error))
     log.error("unexpected error in an app event", exc_info=error)
     first_line = (str(error).splitlines() or [""])[0][:200]
     return gr.Error(f"Unexpected error ({type(error).__name__}: {first_line}). The app is still running; "
-                    "the server log has the details.")
+                    "the server log has the details.", print_exception=False)
 
 
 def reports_errors(event):
@@ -106,13 +115,30 @@ def read_upload(preprocess, payload) -> Image.Image | None:
         image.load()  # decode now, so a truncated file fails here
         return image
     except Image.DecompressionBombError as e:
-        raise gr.Error(f"{upload_name(payload)} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} "
-                       "megapixels: downscale it first (the model sees at most ~1 megapixel anyway)") from None
+        raise user_error(f"{upload_name(payload)} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} "
+                         "megapixels: downscale it first (the model sees at most ~1 megapixel anyway)") from None
     except UnidentifiedImageError:
-        raise gr.Error(f"{upload_name(payload)} is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF "
-                       "file") from None
+        raise user_error(f"{upload_name(payload)} is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF "
+                         "file") from None
     except OSError as e:
-        raise gr.Error(f"{upload_name(payload)} could not be decoded as an image ({e})") from None
+        raise user_error(f"{upload_name(payload)} could not be decoded as an image ({e})") from None
+    except gr.Error as e:  # gradio's own refusal (an SVG, say)
+        raise user_error(e.message) from None
+
+
+def checkpoint_upload(**kwargs) -> gr.File:
+    """A gr.File for a checkpoint's two files; gradio's own refusal of another file type becomes a user error."""
+    component = gr.File(file_count="multiple", file_types=[".json", ".safetensors"], **kwargs)
+    component.preprocess = functools.partial(quietly, component.preprocess)
+    return component
+
+
+def quietly(preprocess, payload):
+    """A component's preprocess, whose gr.Error (a bad upload) logs one line and no traceback."""
+    try:
+        return preprocess(payload)
+    except gr.Error as e:
+        raise user_error(e.message) from None
 
 
 def upload_name(payload) -> str:
@@ -207,9 +233,14 @@ def stats_rows(answer: Answer) -> list[list]:
         ["tokens/s (decode)", round(answer.tokens_per_s, 1)],
         ["GFLOPs: vision", round(answer.gflops.get("vision", 0.0))],
         ["GFLOPs: prefill", round(answer.gflops.get("prefill", 0.0))],
-        ["peak memory MB", round(answer.peak_memory_mb)],
+        ["peak memory MB", memory_text(answer.peak_memory_mb)],
         *([["safe mode", "fp16 overflowed: redone with an fp32 residual stream"]] if answer.safe_mode else []),
     ]
+
+
+def memory_text(mb: float) -> int | str:
+    """A request's peak memory in MB; NaN (no request's own peak on this CPU) says so instead of a number."""
+    return "n/a on CPU" if math.isnan(mb) else round(mb)
 
 
 def saccade_rows(out: ARRCOCOutput) -> list[list]:

@@ -1,7 +1,8 @@
 """
 Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --save-dir`.
 
-- heatmap_overlay   relevance over the image, each saccade a box coloured by rank, the top N numbered
+- heatmap_overlay   relevance over the image, each saccade a box coloured by rank, the top N numbered (numbers
+                    never overlap: crowded ones move aside on a leader line, or are skipped and listed)
 - saccade_mosaic    the selected high-res cells tiled in rank order: what the LLM read at full detail
 - channel_grid      the 13 texture channels, on one [0, 1] scale
 - scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
@@ -152,13 +153,14 @@ def draw_rank(draw: ImageDraw.ImageDraw, xy: tuple[float, float], rank: int, typ
 
 
 def draw_saccades(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple[int, int],
-                  numbered: int = TOP_LABELS) -> None:
+                  numbered: int = TOP_LABELS) -> list[int]:
     """
     Every saccade as a thin box coloured by rank (better ranks drawn over worse ones); rank 1 thick inside a
-    white ring; the first `numbered` ranks carry their number. Thin boxes keep a 64x64 or 128x128 grid readable.
+    white ring; the first `numbered` ranks carry their number, placed so no two numbers overlap (place_labels).
+    Thin boxes keep a 64x64 or 128x128 grid readable. Returns the ranks left unnumbered for lack of room.
     """
     if not cells:
-        return
+        return []
     draw = ImageDraw.Draw(canvas)
     W, H = canvas.size
     cell = min(W / grid[1], H / grid[0])  # px per cell side
@@ -171,9 +173,68 @@ def draw_saccades(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple
     draw.rectangle((x0 - width, y0 - width, x1 + width, y1 + width), outline="white", width=width)
     draw.rectangle((x0, y0, x1, y1), outline=colours[0], width=width)
     numbers = label_font(cell, canvas)
-    for rank in range(min(len(cells), max(0, int(numbered))), 0, -1):  # rank 1's number on top
-        x0, y0, x1, y1 = cell_rect(*cells[rank - 1], grid, canvas.size)
-        draw_rank(draw, ((x0 + x1) / 2, (y0 + y1) / 2), rank, numbers)
+    ranks = list(range(1, min(len(cells), max(0, int(numbered))) + 1))
+    centres = [((x0 + x1) / 2, (y0 + y1) / 2) for x0, y0, x1, y1 in (cell_rect(*cells[r - 1], grid, canvas.size)
+                                                                      for r in ranks)]
+    sizes = [label_size(draw, str(r), numbers) for r in ranks]
+    spots = place_labels(centres, sizes, canvas.size)
+    for centre, spot in zip(centres, spots):  # leader lines first, so no line crosses a number
+        if spot is not None and spot != centre:
+            draw.line((centre, spot), fill="white", width=max(1, line))
+    for rank, spot in reversed(list(zip(ranks, spots))):
+        if spot is not None:
+            draw_rank(draw, spot, rank, numbers)
+    return [rank for rank, spot in zip(ranks, spots) if spot is None]
+
+
+def label_size(draw: ImageDraw.ImageDraw, text: str, typeface) -> tuple[int, int]:
+    """(width, height) in px of a rank number as draw_rank draws it, outline included."""
+    x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=typeface, anchor="mm",
+                                   stroke_width=max(1, round(typeface.size / 7)))
+    return x1 - x0, y1 - y0
+
+
+def place_labels(centres: list[tuple[float, float]], sizes: list[tuple[int, int]],
+                 canvas: tuple[int, int]) -> list[tuple[float, float] | None]:
+    """
+    Where each label goes, in rank order (a better rank keeps the better spot): on its cell's centre if no
+    placed label is there, else the nearest free spot on two rings around it (drawn with a leader line), else
+    None (not numbered: the drawing says so). No two placed labels overlap, and all lie inside the canvas.
+    """
+    placed: list[tuple[float, float, float, float]] = []
+    spots = []
+    for (cx, cy), (w, h) in zip(centres, sizes):
+        step = max(w, h) * 1.1
+        angles = np.linspace(-math.pi / 2, 1.5 * math.pi, 8, endpoint=False)  # above first, then clockwise
+        offsets = [(0.0, 0.0)] + [(ring * step * math.cos(a), ring * step * math.sin(a)) for ring in (1, 2) for a in angles]
+        spot = None
+        for dx, dy in offsets:
+            box = (cx + dx - w / 2, cy + dy - h / 2, cx + dx + w / 2, cy + dy + h / 2)
+            inside = box[0] >= 0 and box[1] >= 0 and box[2] <= canvas[0] and box[3] <= canvas[1]
+            if inside and not any(overlaps(box, other) for other in placed):
+                spot = (cx + dx, cy + dy)
+                placed.append(box)
+                break
+        spots.append(spot)
+    return spots
+
+
+def overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float], gap: float = 1.0) -> bool:
+    """Whether two (x0, y0, x1, y1) boxes overlap or come closer than `gap` px."""
+    return a[0] < b[2] + gap and b[0] < a[2] + gap and a[1] < b[3] + gap and b[1] < a[3] + gap
+
+
+def skipped_note(canvas: Image.Image, skipped: list[int]) -> None:
+    """Say on the drawing (bottom left) which ranks carry no number because their cells are crowded."""
+    if not skipped:
+        return
+    shown = ", ".join(map(str, skipped[:8])) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
+    text = f"not numbered, no room beside their crowded cells: {shown}"
+    typeface = font(max(11, canvas.width // 80))
+    draw = ImageDraw.Draw(canvas)
+    x0, y0, x1, y1 = draw.textbbox((6, canvas.height - 6), text, font=typeface, anchor="ld")
+    draw.rectangle((x0 - 4, y0 - 3, x1 + 4, y1 + 3), fill="black")
+    draw.text((6, canvas.height - 6), text, font=typeface, anchor="ld", fill="white")
 
 
 def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike = (),
@@ -188,7 +249,7 @@ def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike 
     size = canvas_size(*base.size)
     heat = colourise(normalise(rel), HEAT_CMAP).resize(size, Image.Resampling.NEAREST)
     out = Image.blend(base.resize(size, Image.Resampling.BICUBIC), heat, alpha)
-    draw_saccades(out, as_cells(saccades), rel.shape, numbered)
+    skipped_note(out, draw_saccades(out, as_cells(saccades), rel.shape, numbered))
     return out
 
 
@@ -224,13 +285,6 @@ def mosaic_origin(k: int, cols: int, tile: tuple[int, int], gap: int) -> tuple[i
     return gap + col * (tile[0] + gap), gap + row * (tile[1] + gap)
 
 
-def selection_drawings(views, relevance: MapLike, saccades: CellsLike,
-                       numbered: int = TOP_LABELS) -> tuple[Image.Image, Image.Image]:
-    """The heatmap with the numbered saccades over the image, and the saccade mosaic of the high-res view."""
-    return (heatmap_overlay(views.image, relevance, saccades, numbered=numbered),
-            saccade_mosaic(views.highres, views.candidate_grid, saccades, numbered))
-
-
 def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
                    saccades_b: CellsLike = ()) -> Image.Image:
     """
@@ -255,17 +309,28 @@ def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
         x0, y0, x1, y1 = cell_rect(r, c, a.shape, size)
         cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
         draw.ellipse((cx - dot, cy - dot, cx + dot, cy + dot), fill=B_MARK)
-    return with_legend(canvas, "red: B more relevant   blue: A more relevant   black squares: A's saccades   "
+    return with_legend(canvas, "red: B more relevant · blue: A more relevant · black squares: A's saccades · "
                                "green dots: B's saccades")
 
 
 def with_legend(canvas: Image.Image, text: str) -> Image.Image:
-    """The canvas with one line of text on a white strip below it."""
+    """The canvas with the text on a white strip below it, wrapped to the canvas's width (a portrait map is narrow)."""
     text_font = font(max(11, canvas.width // 70))
-    strip = text_font.size * 2
-    out = Image.new("RGB", (canvas.width, canvas.height + strip), "white")
+    measure = ImageDraw.Draw(canvas)
+    lines = [""]
+    for word in text.split(" "):
+        wider = f"{lines[-1]} {word}" if lines[-1] else word
+        if lines[-1] and measure.textlength(wider, font=text_font) > canvas.width - 16:
+            lines.append(word)
+        else:
+            lines[-1] = wider
+    step = round(text_font.size * 1.4)
+    out = Image.new("RGB", (canvas.width, canvas.height + step * len(lines) + text_font.size // 2), "white")
     out.paste(canvas, (0, 0))
-    ImageDraw.Draw(out).text((8, canvas.height + strip / 2), text, font=text_font, anchor="lm", fill="black")
+    draw = ImageDraw.Draw(out)
+    for i, line in enumerate(lines):
+        draw.text((8, canvas.height + step * i + step / 2 + text_font.size // 4), line, font=text_font, anchor="lm",
+                  fill="black")
     return out
 
 

@@ -147,10 +147,21 @@ def serve_app(log: Path, *args: str):
 
 
 @pytest.fixture(scope="session")
-def app_url(tmp_path_factory) -> str:
-    """One app server for the API and browser tests."""
-    with serve_app(tmp_path_factory.mktemp("app") / "app.log") as url:
-        yield url
+def app_server(tmp_path_factory) -> tuple[str, Path]:
+    """One app server for the API and browser tests: its URL and its console log."""
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    with serve_app(log) as url:
+        yield url, log
+
+
+@pytest.fixture(scope="session")
+def app_url(app_server) -> str:
+    return app_server[0]
+
+
+@pytest.fixture(scope="session")
+def app_log(app_server) -> Path:
+    return app_server[1]
 
 
 # Rows of the hub sets' schemas (lmms-lab/DocVQA, lmms-lab/textvqa, HuggingFaceM4/ChartQA): column -> value of item i

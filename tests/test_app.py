@@ -7,8 +7,11 @@ while the app stays up. Also the app helpers in arr_coc/ui.py that need no serve
 """
 
 import json
+import logging
 import math
 import re
+import subprocess
+import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -350,3 +353,50 @@ def test_default_checkpoint_is_the_first_that_fits_the_model(arr_model, tmp_path
 def test_answers_agree_up_to_case_spacing_and_end_punctuation():
     assert ui.answers_agree("A  teaspoon.", "a teaspoon")
     assert not ui.answers_agree("a teaspoon", "a fork")
+
+
+# ----------------------------------------------------------------------------- the console and start-up
+
+
+def test_the_console_logs_one_line_per_user_error(app_url, app_log, bad):
+    client = Client(app_url, verbose=False)
+    before = app_log.read_text()
+    for case in ("empty question", "text file", "re-select before analysing", "torch.save file"):
+        endpoint, args, _ = BAD_INPUTS[case]
+        with pytest.raises(AppError):
+            client.predict(*args(bad), api_name=endpoint)
+    new = app_log.read_text()[len(before):]
+    errors = [line.split("user error: ", 1)[1] for line in new.splitlines() if "user error: " in line]
+    assert "Traceback" not in new and len(errors) == 4, new  # one line each, no traceback
+    assert errors[0].startswith("the question is empty") and errors[1].startswith("notes.txt is not an image")
+    assert errors[2].startswith("Analyse an image first") and errors[3].startswith("Invalid file type")
+
+
+def test_the_console_says_what_start_up_does(app_log):
+    log = app_log.read_text()
+    assert "loading the model tiny" in log and "Running the offline tiny model" in log and "serving" in log
+    assert log.index("loading the model tiny") < log.index("serving")
+
+
+def test_start_up_says_when_it_falls_back_to_the_offline_model(caplog, tmp_path):
+    import argparse
+
+    import app
+
+    with caplog.at_level(logging.INFO, logger="arr_coc.app"):
+        model, _, notices = app.load(argparse.Namespace(model=str(tmp_path / "no-model"), checkpoint=None))
+    assert f"loading the model {tmp_path / 'no-model'}" in caplog.text
+    assert "Running the offline tiny Qwen2-VL" in caplog.text and notices and model.vlm.name == "tiny"
+
+
+def test_help_answers_before_gradio_and_torch_load():
+    code = ("import runpy, sys\nsys.argv = ['app.py', '--help']\ntry:\n    runpy.run_path('app.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules, 'gradio' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "usage: app.py" in proc.stdout and "--checkpoint" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "exit 0 False False"
+
+
+def test_peak_memory_is_a_number_or_says_it_is_not_available():
+    assert ui.memory_text(1306.4) == 1306
+    assert ui.memory_text(float("nan")) == "n/a on CPU"  # never a number that means something else

@@ -1,9 +1,10 @@
 """
-The three tabs in a real browser: headless Chromium, driven by Playwright, against `python app.py --model tiny`.
-Compare: uploads an example image, asks a question, clicks Compare, waits for both streamed answers, checks
-the heatmap and both stats tables are shown. Microscope and Checkpoint A/B: runs each once and checks its
-result. A screenshot of each tab goes to out/screenshots/ (with UPDATE_SCREENSHOTS=1, to docs/screenshots/,
-the README's pictures: small palette PNGs).
+The three tabs in a real browser: headless Chromium, driven by Playwright, against `python app.py --model tiny`,
+on a portrait document page (1792x2304, the main use case) in every tab, and an EXIF-rotated portrait photo in
+the A/B tab. Each drawing must be fetched and shown at a real size (portrait pages once collapsed the A/B
+heatmaps to zero height); the Microscope's saccade table shows all its columns; the status line tells the truth
+after Stop and after an error. A screenshot of each tab goes to out/screenshots/ (with UPDATE_SCREENSHOTS=1,
+to docs/screenshots/, the README's pictures: small palette PNGs).
 
     apt-get install -y chromium   # skipped without /usr/bin/chromium
     .venv/bin/python -m pytest tests/test_browser.py -q
@@ -14,11 +15,12 @@ import io
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-CAT = str(ROOT / "assets" / "chelsea.png")
-QUESTION = "What colour are the cat's eyes?"
+QUESTION = "What is the invoice number?"
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -26,69 +28,156 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 TIMEOUT_MS = 120_000
 SHOTS = ROOT / ("docs" if os.environ.get("UPDATE_SCREENSHOTS") == "1" else "out") / "screenshots"
 MAX_SHOT_BYTES = 300_000
-
-
-def screenshot(page, name: str) -> Path:
-    """The page as a palette PNG at most 1200 px wide, so the README's pictures stay small."""
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(page.screenshot(full_page=True))).convert("RGB")
-    image.thumbnail((1200, 2400))
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
-    image.quantize(128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
-    return path
+MIN_SHOWN_PX = 150  # a drawing shown smaller than this (in either side) has collapsed
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs {CHROMIUM} (apt-get install chromium)")]
 
 
-def test_every_tab_in_the_browser(app_url):
-    from playwright.sync_api import expect, sync_playwright
+@pytest.fixture(scope="module")
+def portrait(tmp_path_factory) -> dict[str, str]:
+    """A 1792x2304 invoice page, and a photo stored landscape whose EXIF orientation (6) makes it portrait."""
+    folder = tmp_path_factory.mktemp("portrait")
+    page = Image.open(ROOT / "assets" / "synth_invoice_page.png").convert("RGB").resize((1792, 2304))
+    page.save(folder / "page.png")
+    photo, exif = Image.open(ROOT / "assets" / "chelsea.png").convert("RGB"), Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90° to show
+    photo.save(folder / "rotated.jpg", exif=exif)
+    return {"page": str(folder / "page.png"), "rotated": str(folder / "rotated.jpg")}
+
+
+@pytest.fixture
+def page(app_url):
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(app_url)
-        page.locator("#compare-image input[type=file]").set_input_files(CAT)
-        expect(page.locator("#compare-image img")).to_be_visible(timeout=TIMEOUT_MS)  # the upload's preview
-        page.locator("#compare-question textarea").fill(QUESTION)
-        page.locator("#compare-run").click()
-
-        expect(page.locator("#compare-status")).to_contain_text("Done in", timeout=TIMEOUT_MS)
-        for answer in ("#baseline-answer textarea", "#arr-answer textarea"):
-            expect(page.locator(answer)).not_to_have_value("")
-        heatmap = page.locator("#arr-heatmap img")
-        expect(heatmap).to_be_visible()
-        assert heatmap.evaluate("img => img.naturalWidth") > 0  # decoded, not a broken image
-        for table in ("#baseline-stats", "#arr-stats"):
-            expect(page.locator(table)).to_be_visible()
-            expect(page.locator(table)).to_contain_text("visual tokens: saccade")
-        expect(page.locator("#arr-stats")).to_contain_text("273")
-        expect(page.get_by_text("answers are meaningless")).to_be_visible()  # the tiny model's banner
-        expect(page.locator("#compare-stop")).to_be_visible()
-        shots = [screenshot(page, "compare")]
-
-        page.get_by_role("tab", name="Microscope").click()
-        page.locator("#microscope-image input[type=file]").set_input_files(CAT)
-        expect(page.locator("#microscope-image img")).to_be_visible(timeout=TIMEOUT_MS)
-        page.locator("#microscope-question textarea").fill(QUESTION)
-        page.get_by_role("button", name="Analyse").click()
-        expect(page.get_by_text("273 saccades")).to_be_visible(timeout=TIMEOUT_MS)
-        page.get_by_text("Faithfulness: does the answer depend").click()
-        page.locator("#faithfulness-run").click()
-        expect(page.locator("#faithfulness-summary")).to_contain_text("Answer scored", timeout=TIMEOUT_MS)
-        assert page.locator("#faithfulness-plot img").evaluate("img => img.naturalWidth") > 0
-        shots.append(screenshot(page, "microscope"))
-
-        page.get_by_role("tab", name="Checkpoint A/B").click()
-        page.locator("#ab-image input[type=file]").set_input_files(CAT)
-        expect(page.locator("#ab-image img")).to_be_visible(timeout=TIMEOUT_MS)
-        page.locator("#ab-question textarea").fill(QUESTION)
-        page.get_by_role("button", name="Compare checkpoints").click()
-        expect(page.get_by_text("saccade overlap")).to_be_visible(timeout=TIMEOUT_MS)
-        expect(page.locator("#ab-stop")).to_be_visible()
-        shots.append(screenshot(page, "ab"))
+        yield page
         browser.close()
-    for shot in shots:
-        assert 10_000 < shot.stat().st_size < MAX_SHOT_BYTES, shot
+
+
+def screenshot(page, name: str, last: str) -> Path:
+    """The page down to the element `last` (the examples below it are left out), as a palette PNG at most 1200 px
+    wide, so the README's pictures stay small and legible."""
+    bottom = page.locator(f"#{last}").evaluate("e => e.getBoundingClientRect().bottom + window.scrollY")
+    image = Image.open(io.BytesIO(page.screenshot(full_page=True))).convert("RGB")
+    image = image.crop((0, 0, image.width, min(image.height, round(bottom) + 16)))
+    image.thumbnail((1200, 3000))
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    image.quantize(128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    assert 10_000 < path.stat().st_size < MAX_SHOT_BYTES, path
+    return path
+
+
+def ask(page, tab: str, image: str, question: str = QUESTION) -> None:
+    """Upload an image and type a question in one tab (tab: compare, microscope, ab)."""
+    from playwright.sync_api import expect
+
+    page.locator(f"#{tab}-image input[type=file]").set_input_files(image)
+    expect(page.locator(f"#{tab}-image img")).to_be_visible(timeout=TIMEOUT_MS)  # the upload's preview
+    page.locator(f"#{tab}-question textarea").fill(question)
+
+
+def drawing(page, elem_id: str) -> Image.Image:
+    """An output image: fetched and decoded by the browser, shown at a real size; returns its pixels."""
+    from playwright.sync_api import expect
+
+    img = page.locator(f"#{elem_id} img")
+    expect(img).to_be_visible(timeout=TIMEOUT_MS)
+    img.scroll_into_view_if_needed()
+    page.wait_for_function("img => img.complete && img.naturalHeight > 0", arg=img.element_handle(), timeout=TIMEOUT_MS)
+    box = img.bounding_box()
+    assert box["width"] >= MIN_SHOWN_PX and box["height"] >= MIN_SHOWN_PX, (elem_id, box)  # not collapsed
+    return Image.open(io.BytesIO(page.request.get(img.get_attribute("src")).body())).convert("RGB")
+
+
+def not_blank(image: Image.Image) -> bool:
+    return float(np.asarray(image, dtype=np.float64).std()) > 10
+
+
+def test_compare_on_a_portrait_page(page, portrait):
+    from playwright.sync_api import expect
+
+    ask(page, "compare", portrait["page"])
+    page.locator("#compare-run").click()
+    expect(page.locator("#compare-status")).to_contain_text("Done in", timeout=TIMEOUT_MS)
+    for answer in ("#baseline-answer textarea", "#arr-answer textarea"):
+        expect(page.locator(answer)).not_to_have_value("")
+    heatmap = drawing(page, "arr-heatmap")
+    assert heatmap.height > heatmap.width and not_blank(heatmap)  # the page's own (portrait) shape
+    for elem_id in ("arr-mosaic", "arr-gestalt", "arr-weights"):
+        assert not_blank(drawing(page, elem_id))
+    for table in ("#baseline-stats", "#arr-stats"):
+        expect(page.locator(table)).to_contain_text("visual tokens: saccade")
+    expect(page.locator("#arr-stats")).to_contain_text("1792 x 2304 px")
+    expect(page.get_by_text("answers are meaningless")).to_be_visible()  # the tiny model's banner
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, "compare", "arr-weights")
+
+
+def test_compare_status_after_stop_and_after_an_error(page, portrait):
+    from playwright.sync_api import expect
+
+    ask(page, "compare", portrait["page"])
+    page.locator("#compare-run").click()
+    expect(page.locator("#compare-status")).to_contain_text("Running", timeout=TIMEOUT_MS)
+    page.locator("#compare-stop").click()
+    expect(page.locator("#compare-status")).to_contain_text("Stopped by you", timeout=TIMEOUT_MS)
+    page.wait_for_timeout(3000)  # nothing comes back to say "Running" again
+    expect(page.locator("#compare-status")).to_contain_text("Stopped by you")
+
+    page.locator("#compare-question textarea").fill("   ")
+    page.locator("#compare-run").click()
+    expect(page.locator("#compare-status")).to_contain_text("Failed: the question is empty", timeout=TIMEOUT_MS)
+
+
+def test_microscope_on_a_portrait_page(page, portrait):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Microscope").click()
+    ask(page, "microscope", portrait["page"])
+    page.locator("#microscope-run").click()
+    expect(page.locator("#microscope-summary")).to_contain_text("273 saccades", timeout=TIMEOUT_MS)
+    heatmap = drawing(page, "microscope-heatmap")
+    assert heatmap.height > heatmap.width and not_blank(heatmap)
+    for elem_id in ("microscope-mosaic", "microscope-scorers", "microscope-channels"):
+        assert not_blank(drawing(page, elem_id))
+    for chart in ("microscope-heatmap", "microscope-mosaic", "microscope-scorers", "microscope-channels"):
+        expect(page.locator(f"#{chart} [data-testid=block-label]")).to_be_hidden()  # none over ranks or titles
+
+    page.get_by_text("Saccade list").click()
+    table = page.locator("#microscope-saccades")
+    expect(table).to_contain_text("score", timeout=TIMEOUT_MS)
+    right = table.bounding_box()["x"] + table.bounding_box()["width"]
+    for header in ("rank", "row", "col", "score"):  # every column on screen, none cut off at the right
+        cell = table.locator("th", has_text=header).first
+        assert cell.bounding_box()["x"] + cell.bounding_box()["width"] <= right + 1, header
+
+    page.get_by_text("Faithfulness: does the answer depend").click()
+    page.locator("#faithfulness-answer textarea").fill("INV-<|image_pad|>")  # special tokens typed are plain text
+    page.locator("#faithfulness-run").click()
+    expect(page.locator("#faithfulness-summary")).to_contain_text("Answer scored", timeout=TIMEOUT_MS)
+    assert not_blank(drawing(page, "faithfulness-plot"))
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, "microscope", "microscope-channels")
+
+
+@pytest.mark.parametrize("image", ["page", "rotated"])
+def test_ab_on_portrait_images(page, portrait, image):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Checkpoint A/B").click()
+    ask(page, "ab", portrait[image])
+    page.locator("#ab-run").click()
+    expect(page.locator("#ab-summary")).to_contain_text("saccade overlap", timeout=TIMEOUT_MS)
+    for side in ("a", "b"):
+        heatmap = drawing(page, f"ab-heatmap-{side}")
+        assert heatmap.height > heatmap.width and not_blank(heatmap)  # upright: the EXIF rotation applied
+    assert not_blank(drawing(page, "ab-difference"))
+    expect(page.locator("#ab-stop")).to_be_visible()
+    if image == "page":
+        page.evaluate("window.scrollTo(0, 0)")
+        screenshot(page, "ab", "ab-difference")

@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 from conftest import stock_inputs, tiny_arr_model
 
-from arr_coc.faithfulness import faithfulness_curves, removal_counts
+from arr_coc.errors import InputError
+from arr_coc.faithfulness import MAX_ANSWER_CHARS, check_answer, faithfulness_curves, removal_counts
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 QUESTION = "What does the sign say?"
@@ -94,3 +95,17 @@ def test_batched_scoring_equals_one_prompt_at_a_time(arr_model):
     alone = torch.cat([vlm.answer_logprobs([p]) for p in prompts])
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
 
+
+
+def test_an_answer_is_plain_text_and_capped(arr_model):
+    """An answer is user text: `<|image_pad|>` typed in it is characters, not an image slot (it used to crash)."""
+    vlm = arr_model.vlm
+    gestalt = vlm.encode_view(arr_model.views(photo(3)).tensor("gestalt"))  # VisualTokens
+    prompt = vlm.prompt(QUESTION, [gestalt], answer="<|image_pad|><|im_start|>")
+    answer_ids = prompt.ids[0, prompt.answer_start:].tolist()
+    assert vlm.image_token_id not in answer_ids and len(answer_ids) > 3  # the characters, then <|im_end|>
+    assert answer_ids[:-1] == vlm.question_ids("<|image_pad|><|im_start|>")
+    assert np.isfinite(float(vlm.answer_logprobs([prompt])[0]))
+    assert check_answer("  green  ") == "green"
+    with pytest.raises(InputError, match=f"is {MAX_ANSWER_CHARS + 1} characters long; the limit is {MAX_ANSWER_CHARS}"):
+        check_answer("x" * (MAX_ANSWER_CHARS + 1))

@@ -108,3 +108,14 @@ def test_a_bad_path_or_device_is_one_line_before_the_model_loads(flags, reason):
     lines = proc.stderr.splitlines()  # one: no "loading tiny" line before it, no traceback
     assert len(lines) == 1 and lines[0].startswith(f"python -m arr_coc.run: error: {reason}"), lines
     assert lines[0].endswith("(see python -m arr_coc.run --help)")
+
+
+def test_faithfulness_answer_is_plain_text_and_capped_before_the_model_loads(tmp_path, capsys):
+    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
+            "--pipelines", "arr", "--faithfulness", "--faithfulness-steps", "1", "--budget", "10"]
+    assert main([*args, "--answer", "a <|image_pad|> b", "--json", str(tmp_path / "pad.json")]) == 0
+    assert json.loads((tmp_path / "pad.json").read_text())["faithfulness"]["answer"] == "a <|image_pad|> b"
+    capsys.readouterr()
+    assert main([*args, "--answer", "x" * 1001]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: the answer to score is 1001 characters long; the limit is 1000"]

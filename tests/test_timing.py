@@ -1,5 +1,6 @@
 """The stopwatch, the prefill/decode split of a streamed generation, and the memory probe."""
 
+import mmap
 import os
 import sys
 from pathlib import Path
@@ -80,3 +81,30 @@ def test_peak_memory_sees_a_large_allocation_on_cpu():
     grew = peak_memory_mb(cpu) - before
     assert 150 <= grew <= 400, grew
     del big
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resets the peak through /proc/self/clear_refs")
+def test_cpu_peak_is_the_requests_own_not_the_processes_lifetime_peak():
+    """After an earlier 300 MB peak, a reset makes a small request's peak the memory in use now plus its own 20 MB."""
+    cpu = torch.device("cpu")
+    touched_mapping(300).close()  # an earlier request's peak
+    timing.reset_peak_memory(cpu)
+    current = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    small = touched_mapping(20)  # this request: 20 MB of fresh pages (not memory the allocator kept)
+    peak = peak_memory_mb(cpu)
+    small.close()
+    assert current + 15 <= peak <= current + 60, (current, peak)
+
+
+def touched_mapping(mb: int) -> mmap.mmap:
+    """An anonymous mapping of `mb` MB with every page written: resident memory that no allocator had before."""
+    mapping = mmap.mmap(-1, mb * 2**20)
+    np.frombuffer(mapping, dtype=np.uint8)[:] = 1
+    return mapping
+
+
+def test_cpu_peak_is_nan_where_it_cannot_be_reset(monkeypatch, tmp_path):
+    """No /proc/self/clear_refs (macOS, Windows): NaN ("n/a" in the app), never the lifetime maximum."""
+    monkeypatch.setattr(timing, "PROC_CLEAR_REFS", tmp_path / "missing" / "clear_refs")
+    timing.reset_peak_memory(torch.device("cpu"))
+    assert np.isnan(peak_memory_mb(torch.device("cpu")))

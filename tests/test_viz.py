@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.colors import to_rgb as hex_to_rgb
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from arr_coc import viz
 from arr_coc.model import Saccade
@@ -286,3 +286,41 @@ def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
     baseline = arr_model.answer(image, "What is on the saucer?", "gestalt", max_new_tokens=1)
     with pytest.raises(ValueError, match="gestalt pipeline has no ARR output"):
         viz.save_all(baseline, tmp_path / "baseline")
+
+
+def test_rank_numbers_of_clustered_saccades_never_overlap_and_skipped_ones_are_said():
+    """A tight 6x6 cluster on a fine grid ("1720", "136103 7" before): numbers move aside, never overlap."""
+    grid, canvas = (64, 64), Image.new("RGB", (1792, 1792))
+    cells = [(30 + r, 30 + c) for r in range(6) for c in range(6)]
+    draw = ImageDraw.Draw(canvas)
+    rects = [viz.cell_rect(*c, grid, canvas.size) for c in cells]
+    centres = [((x0 + x1) / 2, (y0 + y1) / 2) for x0, y0, x1, y1 in rects]
+    typeface = viz.label_font(28, canvas)
+    sizes = [viz.label_size(draw, str(rank), typeface) for rank in range(1, len(cells) + 1)]
+    assert sizes[0][0] > 28 / 2 and any(viz.overlaps(*pair) for pair in [  # at their centres, numbers would collide
+        ((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), (dx - v / 2, dy - g / 2, dx + v / 2, dy + g / 2))
+        for (cx, cy), (w, h), (dx, dy), (v, g) in zip(centres, sizes, centres[1:], sizes[1:])])
+    spots = viz.place_labels(centres, sizes, canvas.size)
+    boxes = [(x - w / 2, y - h / 2, x + w / 2, y + h / 2) for (x, y), (w, h) in
+             ((spot, size) for spot, size in zip(spots, sizes) if spot is not None)]
+    assert spots[0] == centres[0] and len(boxes) >= 12  # rank 1 keeps its cell; most find a spot nearby
+    assert not any(viz.overlaps(a, b, gap=0) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert all(0 <= x0 and 0 <= y0 and x1 <= 1792 and y1 <= 1792 for x0, y0, x1, y1 in boxes)
+
+    skipped = viz.draw_saccades(canvas, cells, grid, numbered=36)
+    assert skipped == [rank for rank, spot in enumerate(spots, start=1) if spot is None] and skipped
+    noted = viz.heatmap_overlay(Image.new("RGB", (1792, 1792)), torch.zeros(grid), cells, numbered=36)
+    plain = viz.heatmap_overlay(Image.new("RGB", (1792, 1792)), torch.zeros(grid), cells[:1], numbered=1)
+    corner = (0, 1792 - 40, 900, 1792)  # the note says so at the bottom left
+    assert has_white(noted, corner) and not has_white(plain, corner)
+
+
+def test_a_portrait_difference_maps_legend_wraps_inside_it():
+    """A narrow (portrait) map: the legend wraps onto more lines instead of running off the right edge."""
+    tall = viz.difference_map(torch.rand(60, 20), torch.rand(60, 20))
+    wide = viz.difference_map(torch.rand(20, 60), torch.rand(20, 60))
+    for out, gh, gw in ((tall, 60, 20), (wide, 20, 60)):
+        strip = np.asarray(out)[viz.canvas_size(gw, gh)[1]:]  # the legend under the map
+        dark = np.nonzero((strip < 100).all(-1).any(0))[0]
+        assert dark.size and dark.max() < out.width - 4, (out.size, dark.max())  # nothing cut at the edge
+    assert tall.height - viz.canvas_size(20, 60)[1] > wide.height - viz.canvas_size(60, 20)[1]  # more lines

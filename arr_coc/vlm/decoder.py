@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb
 
-from arr_coc.graphs import CUDAGraphed, capture
+from arr_coc.graphs import CUDAGraphed, capture, cuda_graphs_allowed
 
 BUCKET = 64  # prompts are padded to a multiple of this on CUDA: one prefill graph per bucket
 CACHE_STEP = 1024  # cache sizes are multiples of this: one decode graph per size
@@ -95,7 +95,7 @@ class Decoder:
 
     @property
     def use_graphs(self) -> bool:
-        return self.graphs_enabled and not self.safe and self.device.type == "cuda"
+        return self.graphs_enabled and not self.safe and self.device.type == "cuda" and cuda_graphs_allowed()
 
     # ----------------------------------------------------------------------------- the explicit forward
 

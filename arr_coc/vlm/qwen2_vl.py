@@ -220,7 +220,8 @@ class QwenVL(VLM):
         ids = self.prompt_ids(question, [len(tokens) for tokens in images])
         answer_start = ids.shape[1]
         if answer is not None:
-            target = self.tokenizer(answer + END_OF_TURN, add_special_tokens=False)["input_ids"]
+            # the answer is user text, as the question is: a special token typed in it stays plain characters
+            target = self.question_ids(answer) + self.tokenizer(END_OF_TURN, add_special_tokens=False)["input_ids"]
             ids = torch.cat([ids, torch.tensor([target], device=ids.device)], dim=1)
         embeds = self.embed(ids, [tokens.features for tokens in images])  # [1, L, D]
         return Prompt(ids, embeds, self.position_ids(ids, [tokens.block for tokens in images]), answer_start,

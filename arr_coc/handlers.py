@@ -1,0 +1,254 @@
+"""
+The app's event handlers: top-level functions of (model, the components' values) -> the outputs' values.
+app.py binds each to its components (and, on ZeroGPU, wraps the GPU ones in spaces.GPU); tests call them
+directly, without a server.
+
+    for outputs in compare(model, image, "What is it?", "full", 64, "topk", 4096, 20): ...
+    kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk",
+                                                                            273, 4096, 20)
+    heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
+
+Per-user state (gr.State, kept up to an hour) is a Kept: CPU data only, never a GPU tensor.
+"""
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import gradio as gr
+import torch
+from PIL import Image
+
+from arr_coc import ui, viz
+from arr_coc.faithfulness import check_answer, faithfulness_curves
+from arr_coc.model import Answer, ARRCOCQwen, Scene
+
+FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
+RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
+TICK_S = 0.25  # a streaming handler yields at least this often, so Stop takes effect at once (see ticking)
+
+
+# ----------------------------------------------------------------------------- per-user state
+
+
+@dataclass
+class Kept:
+    """What redrawing and re-selecting an analysed image need, all on the CPU: a user's gr.State holds it."""
+    image: Image.Image  # the original image, RGB
+    highres: Image.Image  # the candidate (high-res) view: the saccade mosaic's pixels
+    grid: tuple[int, int]  # (GH, GW) candidate grid
+    relevance: torch.Tensor  # [GH, GW] balanced relevance map
+    positions: torch.Tensor  # [K, 2] (row, col) of the selected saccades, most relevant first
+    maps: dict | None = None  # the layer's scored maps (textures, scorers, weights): re-selection; Microscope only
+
+
+def on_cpu(maps: dict) -> dict:
+    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in maps.items()}
+
+
+def kept_answer(answer: Answer) -> Kept:
+    """A finished ARR answer as the Compare tab keeps it: enough to renumber its heatmap and mosaic."""
+    views = answer.views
+    return Kept(views.image, views.highres, views.candidate_grid, answer.arr.relevance[0].cpu(),
+                answer.arr.positions[0].cpu())
+
+
+def kept_scene(scene: Scene) -> Kept:
+    """A scored scene as the Microscope keeps it: its maps (on the CPU) re-select without the VLM."""
+    views, maps = scene.views, on_cpu(scene.maps)
+    no_saccades = torch.zeros(0, 2, dtype=torch.long)  # [0, 2]: selection_outputs selects them
+    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], no_saccades, maps)
+
+
+def redraw(kept: Kept | None, numbered: int) -> tuple:
+    """The heatmap and the saccade mosaic of a kept selection, the first `numbered` saccades numbered."""
+    if kept is None:
+        return None, None
+    return (viz.heatmap_overlay(kept.image, kept.relevance, kept.positions, numbered=int(numbered)),
+            viz.saccade_mosaic(kept.highres, kept.grid, kept.positions, int(numbered)))
+
+
+# ----------------------------------------------------------------------------- Compare
+
+
+def compare_outputs(status: str, base_text: str = "", base: Answer | None = None, arr_text: str = "",
+                    arr: Answer | None = None, numbered: int = viz.TOP_LABELS) -> tuple:
+    """
+    The Compare tab's outputs; a pipeline still running shows its text so far, and no stats or drawings.
+    The last is the finished ARR answer as kept for redrawing (CPU only).
+    """
+    base_stats, arr_stats = (None if a is None else ui.stats_rows(a) for a in (base, arr))
+    if arr is None:
+        return status, base_text, base_stats, arr_text, arr_stats, None, None, None, None, None
+    kept = kept_answer(arr)
+    heatmap, mosaic = redraw(kept, numbered)
+    return (status, base_text, base_stats, arr_text, arr_stats, heatmap, arr.views.gestalt,
+            viz.weights_bar(arr.arr.weights[0]), mosaic, kept)
+
+
+def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_new_tokens: int, strategy: str,
+                  max_cells: int, numbered: int):
+    """Stream the baseline's answer, then ARR-COC's; then their stats and ARR's drawings."""
+    ui.check_inputs(image, question)
+    start = time.perf_counter()
+    settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))  # one cap for both pipelines
+    running = f"{RUNNING} the **{baseline}** baseline…"
+    yield compare_outputs(running)
+    for base in model.stream(image, question, baseline, **settings):  # the text as it grows, then the Answer
+        if isinstance(base, str):
+            yield compare_outputs(running, base)
+    running = f"{RUNNING} **ARR-COC**…"
+    yield compare_outputs(running, ui.answer_text(base), base)
+    for arr in model.stream(image, question, "arr", strategy=strategy, **settings):
+        if isinstance(arr, str):
+            yield compare_outputs(running, ui.answer_text(base), base, arr)
+    yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
+                          ui.answer_text(arr), arr, numbered)
+
+
+def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baseline: str, max_new_tokens: int,
+            strategy: str, max_cells: int, numbered: int):
+    """compare_steps, whose status line says "Failed: why" if a step fails."""
+    yield from reporting(ticking(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
+                                               numbered)), status_at=0, outputs=10)
+
+
+def ticking(steps):
+    """
+    Pass on a streaming event's output tuples, computed in a thread; while no new one comes (vision and prefill
+    stream no text for seconds), repeat the last every TICK_S. Gradio can cancel a streaming event only between
+    two outputs, and ignores a new click until the cancelled one ends: so Stop takes effect within a tick.
+    On Stop (this generator closed), the thread stops at its next step; a generation under way runs out alone.
+    """
+    items, stop, end = queue.Queue(), threading.Event(), object()
+
+    def run():
+        try:
+            for item in steps:
+                items.put(item)
+                if stop.is_set():
+                    steps.close()
+                    return
+            items.put(end)
+        except BaseException as e:  # re-raised in the event's thread
+            items.put(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    last = None
+    try:
+        while True:
+            try:
+                item = items.get(timeout=TICK_S)
+            except queue.Empty:
+                if last is not None:
+                    yield last
+                continue
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            last = item
+            yield item
+    finally:
+        stop.set()
+
+
+def reporting(steps, status_at: int, outputs: int):
+    """
+    Pass on a streaming event's output tuples; if it fails, put "Failed: why" in its status output (the other
+    outputs keep what they show), then raise the error for the user.
+    """
+    try:
+        yield from steps
+    except Exception as e:
+        error = ui.as_user_error(e)
+        failed = [gr.skip()] * outputs
+        failed[status_at] = f"**Failed**: {error.message}"
+        yield tuple(failed)
+        raise error from None
+
+
+def stopped(status: str | None) -> str | None:
+    """The status line after Stop: a running request is said to be stopped; any other status stays as it is."""
+    if status and status.startswith(RUNNING):
+        return f"**Stopped** by you ({status[len(RUNNING):].strip(' …').strip()} was running)."
+    return status
+
+
+# ----------------------------------------------------------------------------- Microscope
+
+
+def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int, numbered: int) -> tuple:
+    """Select on the CPU (no VLM work) and draw: the heatmap, the summary line, the saccade list and the mosaic."""
+    start = time.perf_counter()
+    gh, gw = kept.grid
+    budget = min(int(budget), gh * gw)  # the slider allows the largest grid
+    out = model.layer.select(kept.maps, kept.grid, budget, strategy)
+    heatmap, mosaic = redraw(replace(kept, positions=out.positions[0]), numbered)
+    return heatmap, ui.selection_summary(out, (time.perf_counter() - start) * 1000), ui.saccade_rows(out), mosaic
+
+
+@ui.reports_errors
+def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, strategy: str, budget: int,
+               max_cells: int, numbered: int) -> tuple:
+    """Run ARR up to selection once, keep its maps (CPU) for re-selection, and draw every map."""
+    scene = model.prepare(image, question, max_cells=int(max_cells))
+    out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
+    kept = kept_scene(scene)
+    return (kept, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),
+            *selection_outputs(model, kept, strategy, budget, numbered))
+
+
+@ui.reports_errors
+def reselect(model: ARRCOCQwen, kept: Kept | None, strategy: str, budget: int, numbered: int) -> tuple:
+    """A new strategy, budget or count of numbered saccades over the analysed image: well under a second, no VLM."""
+    if kept is None or kept.maps is None:
+        raise ui.user_error("Analyse an image first: re-selection reuses its maps.")
+    return selection_outputs(model, kept, strategy, budget, numbered)
+
+
+@ui.reports_errors
+def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, answer: str, strategy: str,
+                 budget: int, max_cells: int, progress=gr.Progress()) -> tuple:
+    """Deletion, random and insertion curves of an answer (empty: ARR's own) over ARR's selection."""
+    ui.check_inputs(image, question)
+    typed = check_answer(answer or "")  # a too long answer fails before any VLM work; empty: ARR's own
+    gh, gw = model.views(image, int(max_cells)).candidate_grid  # the budget slider allows the largest grid
+    progress(0.05, desc="ARR's answer and selection")
+    arr = model.answer(image, question, "arr", FAITHFULNESS_ANSWER_TOKENS, strategy, min(int(budget), gh * gw),
+                       max_cells=int(max_cells))
+    progress(0.3, desc="about 30 teacher-forced forward passes")
+    curves = faithfulness_curves(model, arr.observation, arr.arr, typed or arr.text)
+    chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
+    return chart, ui.faithfulness_summary(curves)
+
+
+# ----------------------------------------------------------------------------- Checkpoint A/B
+
+
+def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question: str, choice_a: str,
+       files_a: list[str] | None, choice_b: str, files_b: list[str] | None, strategy: str, max_new_tokens: int,
+       max_cells: int):
+    """ab_steps, whose summary (the tab's status) says "Failed: why" if a step fails."""
+    yield from reporting(ticking(ab_steps(model, checkpoints, image, question, choice_a, files_a, choice_b, files_b,
+                                          strategy, max_new_tokens, max_cells)), status_at=5, outputs=6)
+
+
+def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question: str, choice_a: str,
+             files_a: list[str] | None, choice_b: str, files_b: list[str] | None, strategy: str,
+             max_new_tokens: int, max_cells: int):
+    """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both."""
+    ui.check_inputs(image, question)
+    layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
+    layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
+    settings = dict(strategy=strategy, max_cells=int(max_cells))  # identical views: only the layers differ
+    yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **A**…"
+    a = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_a, **settings)
+    yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **B**…"
+    b = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_b, **settings)
+    yield (viz.heatmap_overlay(a.views.image, a.arr.relevance[0], a.saccades),
+           viz.heatmap_overlay(b.views.image, b.arr.relevance[0], b.saccades),
+           viz.difference_map(a.arr.relevance[0], b.arr.relevance[0], a.saccades, b.saccades),
+           ui.answer_text(a), ui.answer_text(b), ui.ab_summary(a, b))

@@ -1,0 +1,152 @@
+"""
+The app's event handlers (arr_coc/handlers.py) called directly, without a server: what each returns, the
+per-user state they keep (CPU only), the status line after a failure or Stop, the console's one line per
+user error, and the answer box of the faithfulness curves.
+
+    .venv/bin/python -m pytest tests/test_handlers.py -q
+"""
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import gradio as gr
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc import handlers
+from arr_coc.faithfulness import MAX_ANSWER_CHARS
+from arr_coc.model import Answer, Observation, Scene
+from arr_coc.vlm.views import Views
+
+ROOT = Path(__file__).resolve().parents[1]
+CAT = Image.open(ROOT / "assets" / "chelsea.png")
+QUESTION = "What colour are the cat's eyes?"
+CELLS = 4096
+
+
+def holds_only_cpu_data(value, path="state") -> list[str]:
+    """Where a state value holds a GPU tensor or a model-side object (Answer, Scene, Observation, Views)."""
+    if isinstance(value, torch.Tensor):
+        return [] if value.device.type == "cpu" else [f"{path}: tensor on {value.device}"]
+    if isinstance(value, (Answer, Scene, Observation, Views)):
+        return [f"{path}: a {type(value).__name__} (it holds device tensors)"]
+    if dataclasses.is_dataclass(value):
+        return [p for f in dataclasses.fields(value)
+                for p in holds_only_cpu_data(getattr(value, f.name), f"{path}.{f.name}")]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in holds_only_cpu_data(v, f"{path}[{k!r}]")]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in holds_only_cpu_data(v, f"{path}[{i}]")]
+    return []
+
+
+def test_compare_streams_then_keeps_only_cpu_data(arr_model):
+    updates = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5))
+    statuses = [u[0] for u in updates]
+    assert statuses[0] == "Running the **gestalt** baseline…" and "Running **ARR-COC**…" in statuses
+    assert statuses[-1].startswith("Done in")
+    kept = updates[-1][-1]
+    assert isinstance(kept, handlers.Kept) and holds_only_cpu_data(kept) == []
+    heatmap, mosaic = handlers.redraw(kept, 0)  # renumbered from the kept state alone
+    assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
+
+
+def test_state_check_finds_device_objects(arr_model):
+    """The check above can fail: an Answer (the old state) holds device tensors through its views."""
+    answer = arr_model.answer(CAT, QUESTION, "arr", max_new_tokens=1)
+    assert holds_only_cpu_data(answer) != []
+
+
+def test_a_failure_says_so_in_the_status_line(arr_model, caplog):
+    with caplog.at_level(logging.INFO, logger="arr_coc.app"):
+        steps = handlers.compare(arr_model, CAT, "   ", "gestalt", 2, "topk", CELLS, 5)
+        failed = next(steps)
+        with pytest.raises(gr.Error) as error:
+            next(steps)
+    assert failed[0] == "**Failed**: the question is empty: type a question about the image"
+    assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in failed[1:])  # the rest stay as shown
+    assert "the question is empty" in error.value.message and not error.value.print_exception
+    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]  # one line, no traceback
+
+
+def test_a_bug_mid_stream_says_failed_and_logs_its_traceback(arr_model, monkeypatch, caplog):
+    stream = arr_model.stream
+
+    def breaks_in_arr(image, question, pipeline, **kwargs):
+        if pipeline == "arr":
+            raise KeyError("lost")
+        yield from stream(image, question, pipeline, **kwargs)
+
+    monkeypatch.setattr(arr_model, "stream", breaks_in_arr)
+    with caplog.at_level(logging.INFO, logger="arr_coc.app"), pytest.raises(gr.Error):
+        updates = []
+        for update in handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5):
+            updates.append(update)
+    assert updates[-2][0] == "Running **ARR-COC**…"
+    assert updates[-1][0].startswith("**Failed**: Unexpected error (KeyError: 'lost')")
+    (record,) = caplog.records
+    assert record.levelname == "ERROR" and record.exc_info is not None  # a bug keeps its traceback
+
+
+@pytest.mark.parametrize("status, after", [
+    ("Running the **full** baseline…", "**Stopped** by you (the **full** baseline was running)."),
+    ("Running **ARR-COC**…", "**Stopped** by you (**ARR-COC** was running)."),
+    ("Running checkpoint **B**…", "**Stopped** by you (checkpoint **B** was running)."),
+    ("Done in 3.2 s.", "Done in 3.2 s."),  # Stop after the end changes nothing
+    (None, None),
+])
+def test_stop_says_what_was_stopped(status, after):
+    assert handlers.stopped(status) == after
+
+
+def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
+    kept, channels, scorers, heatmap, summary, saccades, mosaic = handlers.microscope(
+        arr_model, CAT, QUESTION, "topk", 273, CELLS, 5)
+    assert holds_only_cpu_data(kept) == [] and set(kept.maps) >= {"relevance", "textures", "weights"}
+    assert summary.startswith("**273 saccades**") and len(saccades) == 273
+    heatmap, summary, fewer, mosaic = handlers.reselect(arr_model, kept, "topk", 50, 5)
+    assert summary.startswith("**50 saccades**") and fewer == saccades[:50]
+    _, summary, spread, _ = handlers.reselect(arr_model, kept, "grid", 50, 5)
+    assert "strategy `grid`" in summary and spread != fewer
+
+
+def test_reselect_before_analysing_is_a_user_error(arr_model, caplog):
+    with caplog.at_level(logging.INFO, logger="arr_coc.app"), pytest.raises(gr.Error, match="Analyse an image first"):
+        handlers.reselect(arr_model, None, "topk", 50, 5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "user error: Analyse an image first: re-selection reuses its maps."]
+
+
+def test_faithfulness_scores_an_answer_with_special_tokens_as_plain_text(arr_model):
+    chart, summary = handlers.faithfulness(arr_model, CAT, QUESTION, "<|image_pad|> green <|im_end|>", "topk", 20,
+                                           CELLS, progress=lambda *a, **k: None)
+    assert "Answer scored: **'<|image_pad|> green <|im_end|>'**" in summary and chart.width > 300
+
+
+def test_faithfulness_refuses_a_long_answer_before_any_vlm_work(arr_model, monkeypatch):
+    monkeypatch.setattr(arr_model, "answer", lambda *a, **k: pytest.fail("the VLM ran"))
+    with pytest.raises(gr.Error, match=f"the limit is {MAX_ANSWER_CHARS}"):
+        handlers.faithfulness(arr_model, CAT, QUESTION, "x" * (MAX_ANSWER_CHARS + 1), "topk", 20, CELLS,
+                              progress=lambda *a, **k: None)
+
+
+def test_a_slow_stream_still_answers_every_tick_and_stops_when_closed():
+    """Vision and prefill stream nothing for seconds: the handler repeats its last output, so Stop can cut in."""
+    steps_run = []
+
+    def slow():
+        for step in range(3):
+            steps_run.append(step)
+            yield f"step {step}"
+            time.sleep(1.0)  # a long stage with nothing to show
+
+    ticks = handlers.ticking(slow())
+    start = time.monotonic()
+    seen = [next(ticks) for _ in range(4)]  # the first output, then repeats while the next step works
+    assert seen == ["step 0"] * 4 and time.monotonic() - start < 1.0
+    ticks.close()  # Stop
+    time.sleep(2.5)
+    assert steps_run == [0, 1]  # the step under way ran out; no later step started
