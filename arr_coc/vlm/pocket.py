@@ -306,8 +306,8 @@ def exact_match(model, tokenizer, processor, items, device, batch: int = 8) -> f
     correct = 0
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
-        batch = collate(tokenizer, [im for im, _, _ in chunk], [[(q, a)] for _, q, a in chunk])
-        inputs = model_inputs(batch, processor, model.config.image_token_id, device)
+        collated = collate(tokenizer, [im for im, _, _ in chunk], [[(q, a)] for _, q, a in chunk])
+        inputs = model_inputs(collated, processor, model.config.image_token_id, device)
         labels = inputs.pop("labels")
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(**inputs).logits  # [B, L, V]

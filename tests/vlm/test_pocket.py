@@ -109,3 +109,28 @@ def _weights(folder):
     from safetensors.torch import load_file
 
     return load_file(folder / "weights" / "model.safetensors")
+
+
+def test_exact_match_scores_every_chunk(stock):
+    """Teacher-forced exact match over several chunks: a right answer scores, a wrong one does not."""
+    from arr_coc.vlm.pocket import exact_match
+
+    model, tokenizer, _ = stock
+    page = make_page("shape_colour", 10**9 + 7, 224)
+    question = page.questions[0].question
+    greedy = _greedy(model, tokenizer, page.image, question)
+    wrong = next(c for c in sorted(COLOURS) if c != greedy)
+    items = [(page.image, question, greedy), (page.image, question, wrong), (page.image, question, greedy)]
+    assert exact_match(model, tokenizer, image_processor(), items, torch.device("cpu"), batch=1) == pytest.approx(2 / 3)
+
+
+def _greedy(model, tokenizer, image, question) -> str:
+    from arr_coc.vlm.pocket import collate
+
+    batch = collate(tokenizer, [image], [[(question, "")]])
+    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
+    cut = inputs["input_ids"].shape[1] - 2  # drop the empty answer's "<|im_end|>\n": the prompt ends at "assistant\n"
+    out = model.generate(input_ids=inputs["input_ids"][:, :cut], attention_mask=inputs["attention_mask"][:, :cut],
+                         pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                         mm_token_type_ids=inputs["mm_token_type_ids"][:, :cut], max_new_tokens=4, do_sample=False)
+    return tokenizer.decode(out[0, cut:], skip_special_tokens=True)
