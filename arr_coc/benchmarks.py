@@ -139,9 +139,9 @@ def open_source(name: str, split: str = "validation", config: str | None = None,
     return Source(name, schema, from_rows(rows, SCHEMAS[schema], schema, name, limit))
 
 
-def synthetic_source(n: int, kinds: tuple[str, ...], seed: int) -> Source:
-    """Fresh synthetic scenes (arr_coc.data), scored like the JSONL sets."""
-    return Source("synthetic", "jsonl", from_samples(make_dataset(n, kinds, seed=seed)))
+def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896) -> Source:
+    """Fresh synthetic scenes (arr_coc.data) of size x size px, scored like the JSONL sets."""
+    return Source("synthetic", "jsonl", from_samples(make_dataset(n, kinds, seed=seed, size=size)))
 
 
 def from_samples(samples: list[Sample]) -> list[Item]:

@@ -12,6 +12,8 @@ its model's grids):
     noise               uniform RGB noise, a "semantic void" (no box)
     chart               a matplotlib bar chart; the question asks for one named bar's value
     document            a dense page of small black text with one "Invoice total: NNNN" line
+    fine_print, box_word, shape_colour
+                        the fine-print suite (arr_coc.fineprint) that the pocket model is trained on
 
 Every scene is a pure function of (kind, seed, size).
 
@@ -42,10 +44,11 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from arr_coc import cli
 from arr_coc.errors import InputError
+from arr_coc.fineprint import PAGE_KINDS, make_page
 
 Box = tuple[int, int, int, int]
 
-SCENE_KINDS = ("text_vs_distractor", "distractor_query", "noise", "chart", "document")
+SCENE_KINDS = ("text_vs_distractor", "distractor_query", "noise", "chart", "document", *PAGE_KINDS)
 
 
 @dataclass
@@ -287,12 +290,22 @@ def _document(seed: int, size: int) -> Sample:
     return Sample(img, "What is the invoice total?", str(total), box, "document")
 
 
+def _fine_print_suite(kind: str):
+    """A fine-print page (arr_coc.fineprint, the pocket model's suite) with one of its questions, chosen by the seed."""
+    def generate(seed: int, size: int) -> Sample:
+        page = make_page(kind, seed, size)
+        q = _rng(kind, seed).choice(page.questions)
+        return Sample(page.image, q.question, q.answer, q.box, kind)
+    return generate
+
+
 _GENERATORS = {
     "text_vs_distractor": _text_vs_distractor,
     "distractor_query": _distractor_query,
     "noise": _noise,
     "chart": _chart,
     "document": _document,
+    **{kind: _fine_print_suite(kind) for kind in PAGE_KINDS},
 }
 assert tuple(_GENERATORS) == SCENE_KINDS
 

@@ -75,8 +75,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit", type=cli.bounded_int(1, 10**9), default=None, help="evaluate the first N items only")
     p.add_argument("--synthetic", type=cli.bounded_int(1, 100_000), default=16,
                    help="without --dataset: this many synthetic scenes")
-    p.add_argument("--kinds", type=cli.comma_list(SCENE_KINDS), default=",".join(SCENE_KINDS),
-                   help="synthetic scene kinds, comma-separated")
+    p.add_argument("--kinds", type=cli.comma_list(SCENE_KINDS), default=",".join(SCENE_KINDS[:5]),
+                   help=f"synthetic scene kinds, comma-separated, of {','.join(SCENE_KINDS)} (fine_print, box_word "
+                        "and shape_colour are the pocket model's suite)")
+    p.add_argument("--size", type=cli.bounded_int(64, 8192), default=896, help="synthetic scene side in px")
     p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
     p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
                    help="stock baselines to run, comma-separated (\"\" for none)")
@@ -157,7 +159,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
     synthetic = not args.dataset
     return dict(dataset=source.name, split=None if synthetic else args.split, config=args.config,
                 schema=source.schema, metric=metric, limit=args.limit, synthetic=args.synthetic if synthetic else None,
-                synthetic_kinds=args.kinds if synthetic else None, seed=args.seed, model=args.model,
+                synthetic_kinds=args.kinds if synthetic else None, size=args.size if synthetic else None,
+                seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
                 prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget, max_new_tokens=args.max_new_tokens,
                 max_cells=args.max_cells, faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
@@ -237,7 +240,7 @@ def main(argv=None) -> int:
         if args.dataset:
             source = open_source(args.dataset, args.split, args.config, args.schema, args.limit)
         else:
-            source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed)
+            source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed, args.size)
         metric = args.metric or source.metric
         args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main)

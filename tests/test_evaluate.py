@@ -76,7 +76,7 @@ OTHER_VALUES = {
     "split": (["--dataset", "lmms-lab/textvqa"], ["--split", "test"]),
     "config": (["--dataset", "lmms-lab/textvqa"], ["--config", "other"]),
     "schema": (["--dataset", "lmms-lab/textvqa"], ["--schema", "docvqa"]), "metric": ([], ["--metric", "anls"]),
-    "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]),
+    "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]), "size": ([], ["--size", "1792"]),
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
     "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
     "max_cells": ([], ["--max-cells", "2048"]), "faithfulness": ([], ["--faithfulness"]),
