@@ -21,7 +21,7 @@ Image paths are relative to the folder of data.jsonl. Boxes are half-open pixel 
 inside when x0 <= x < x1 and y0 <= y < y1, so image.crop(box) is exactly the region.
 
 Run:
-    python -m arr_coc.data --out data/synth --n 200 --kinds text_vs_distractor,distractor_query --seed 0 --size 896
+    python -m arr_coc.eval.data --out data/synth --n 200 --kinds text_vs_distractor,distractor_query --seed 0 --size 896
 """
 
 from __future__ import annotations
