@@ -3,7 +3,7 @@ The app's event handlers (arr_coc/app/handlers.py) called directly, without a se
 per-user state they keep (CPU only), the status line after a failure or Stop, the console's one line per
 user error, and the answer box of the faithfulness curves.
 
-    .venv/bin/python -m pytest tests/test_handlers.py -q
+    .venv/bin/python -m pytest tests/app/test_handlers.py -q
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """
 Behaviour of arr_coc/app/viz.py: what each drawing shows where, and the two agreement measures.
 
-    .venv/bin/python -m pytest tests/test_viz.py -q
+    .venv/bin/python -m pytest tests/app/test_viz.py -q
 """
 
 

@@ -3,7 +3,7 @@ Tests for arr_coc/eval/data.py: synthetic scenes (determinism, boxes that really
 and the JSONL dataset format (round trip, clear errors).
 
 Run:
-    python -m pytest tests/test_data.py -q
+    python -m pytest tests/eval/test_data.py -q
 """
 
 import json
