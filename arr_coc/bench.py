@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if on_cpu(args.device) and (args.random_weights or args.model not in tiny_models()):
         flag = "--random-weights" if args.random_weights else "--model"
-        p.error(f"argument {flag}: no GPU, and on a CPU only the offline tiny models are benched (a full-size "
+        p.error(f"argument {flag}: no GPU, and on a CPU only the offline tiny and pocket models are benched (a full-size "
                 "Qwen-VL is ~10 GB of fp32 weights and takes hours); pass --model tiny, or run on a GPU")
     return args
 
@@ -63,10 +63,10 @@ def on_cpu(device: str | None) -> bool:
 
 
 def tiny_models() -> tuple[str, ...]:
-    """The offline tiny models' names ("tiny", ...), the only ones benched on a CPU."""
+    """The offline models' names ("tiny", ..., "pocket"), the only ones benched on a CPU."""
     from arr_coc.vlm.tiny import TINY_MODELS
 
-    return tuple(TINY_MODELS)
+    return (*TINY_MODELS, "pocket")
 
 
 def test_image(size: int) -> Image.Image:

@@ -35,6 +35,7 @@ from arr_coc.relevance.texture import generate_texture_array
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM
 from arr_coc.vlm.families import load_vlm
+from arr_coc.vlm.pocket import POCKET, POCKET_NOTICE
 from arr_coc.vlm.tiny import TINY_MODELS
 from arr_coc.vlm.views import Views
 
@@ -68,6 +69,8 @@ class ARRCOCQwen:
         if model in TINY_MODELS:
             notice = (f"Running the offline {model} model ({vlm.family}) with random weights (--model {model}): its "
                       "answers are meaningless, but the views, maps and saccades are real.")
+        if model == POCKET:
+            notice = POCKET_NOTICE
         self = cls(vlm, notice=notice, pipeline=pipeline)
         if checkpoint:
             self.layer = self.load_layer(checkpoint)

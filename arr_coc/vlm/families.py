@@ -17,6 +17,7 @@ from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 
 from arr_coc.config import DEFAULT_MODEL
+from arr_coc.vlm.pocket import POCKET, POCKET_FOLDER
 from arr_coc.vlm.tiny import TINY_MODELS, tiny_model_path, tokenizer_folder
 from arr_coc.errors import InputError
 
@@ -48,12 +49,13 @@ def load_vlm(name: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.
              engine: str = "fast"):
     """
     Load a Qwen-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder laid out as
-    the hub ships it, or a tiny offline model's name (TINY_MODELS), with the adapter of its family. The chat
+    the hub ships it, a tiny offline model's name (TINY_MODELS) or "pocket" (the shipped pocket-qwen2-vl), with
+    the adapter of its family. The chat
     template and image processor settings come from the folder.
     """
     import transformers
 
-    path = str(tiny_model_path(name)) if name in TINY_MODELS else name
+    path = str(tiny_model_path(name)) if name in TINY_MODELS else str(POCKET_FOLDER) if name == POCKET else name
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or default_dtype(device)
     adapter = adapter_class(transformers.AutoConfig.from_pretrained(path).model_type)

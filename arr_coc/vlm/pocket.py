@@ -32,11 +32,17 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from arr_coc.checkpoints import shipped
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 
-POCKET_FOLDER = Path(__file__).resolve().parent.parent.parent / "models" / "pocket-qwen2-vl"
+POCKET = "pocket"  # --model pocket
+POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
+POCKET_NOTICE = ("Running pocket-qwen2-vl (--model pocket): a 10M-parameter Qwen2-VL trained here from scratch on "
+                 "synthetic fine-print scenes. It is still in training and does not read fine print yet (see its "
+                 "model card); its answers mean something only on such scenes, and nothing on other images.")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -193,20 +199,34 @@ def encode(tokenizer, questions: list[tuple[str, str]], n_image_tokens: int) -> 
     return enc["input_ids"], labels
 
 
-def collate(tokenizer, processor, images, conversations) -> dict:
-    """Pages (PIL) + their conversations -> one right-padded batch for Qwen2VLForConditionalGeneration."""
-    vision = processor(images=images, return_tensors="pt")
-    merge = processor.merge_size ** 2
-    rows = [encode(tokenizer, qa, int(thw.prod()) // merge) for qa, thw in zip(conversations, vision["image_grid_thw"])]
+def collate(tokenizer, images, conversations) -> dict:
+    """
+    Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
+    attention mask and the pages as uint8 [B, H, W, 3]. Pixels travel between processes as bytes, 8x smaller than
+    the processor's float patches; `model_inputs` lays them out on the GPU exactly as the stock processor does.
+    """
+    w, h = images[0].size
+    n_image_tokens = (w // 28) * (h // 28)
+    rows = [encode(tokenizer, qa, n_image_tokens) for qa in conversations]
     length = max(len(ids) for ids, _ in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
+    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)
     attention = torch.zeros((len(rows), length), dtype=torch.long)
     for i, (ids, lab) in enumerate(rows):
         input_ids[i, :len(ids)], labels[i, :len(lab)], attention[i, :len(ids)] = torch.tensor(ids), torch.tensor(lab), 1
-    return dict(input_ids=input_ids, attention_mask=attention, labels=labels, pixel_values=vision["pixel_values"],
-                image_grid_thw=vision["image_grid_thw"])
+    pages = torch.from_numpy(np.stack([np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images]))  # [B, H, W, 3]
+    return dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages)
+
+
+def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
+    """A collated batch -> Qwen2VLForConditionalGeneration's inputs on `device` (pixel patches as the processor's)."""
+    from arr_coc.vlm.qwen2_vl import image_patches
+
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "pages"}
+    pages = batch["pages"].to(device, non_blocking=True).permute(0, 3, 1, 2).float() / 255.0  # [B, 3, H, W]
+    out["pixel_values"], out["image_grid_thw"] = image_patches(pages, processor)  # [B*N, 1176], [B, 3]
+    out["mm_token_type_ids"] = (out["input_ids"] == image_token_id).int()
+    return out
 
 
 def stage_at(step: int) -> Stage:
@@ -249,10 +269,10 @@ class PageStream(torch.utils.data.IterableDataset):
         torch.set_num_threads(1)  # many workers: one thread each, or they thrash the cores
         info = torch.utils.data.get_worker_info()
         k, n = (info.id, info.num_workers) if info else (0, 1)
-        tokenizer, processor = AutoTokenizer.from_pretrained(self.folder), image_processor()
+        tokenizer = AutoTokenizer.from_pretrained(self.folder)
         index = self.start + k
         while True:
-            yield collate(tokenizer, processor, *batch_pages(index, self.seed, self.image_tokens))
+            yield collate(tokenizer, *batch_pages(index, self.seed, self.image_tokens))
             index += n
 
 
@@ -286,10 +306,9 @@ def exact_match(model, tokenizer, processor, items, device, batch: int = 8) -> f
     correct = 0
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
-        inputs = collate(tokenizer, processor, [im for im, _, _ in chunk], [[(q, a)] for _, q, a in chunk])
-        inputs = {k: v.to(device) for k, v in inputs.items()}
+        collated = collate(tokenizer, [im for im, _, _ in chunk], [[(q, a)] for _, q, a in chunk])
+        inputs = model_inputs(collated, processor, model.config.image_token_id, device)
         labels = inputs.pop("labels")
-        inputs["mm_token_type_ids"] = (inputs["input_ids"] == model.config.image_token_id).int()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(**inputs).logits  # [B, L, V]
         pred = logits[:, :-1].argmax(-1)  # [B, L-1] prediction of token t+1
@@ -304,14 +323,14 @@ def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896
     model.eval()
     result = {}
     for size in sizes:
-        result[size] = {}
+        result[str(size)] = {}  # str keys: the same in memory and in state.json
         for view in ("full", "gestalt"):
-            result[size][view] = {}
+            result[str(size)][view] = {}
             for kind in PAGE_KINDS:
                 items = heldout(kind, size, pages)
                 if view == "gestalt":
                     items = [(gestalt_view(im), q, a) for im, q, a in items]
-                result[size][view][kind] = exact_match(model, tokenizer, processor, items, device,
+                result[str(size)][view][kind] = exact_match(model, tokenizer, processor, items, device,
                                                        batch=4 if size > 1000 and view == "full" else 16)
     model.train()
     return result
@@ -397,14 +416,13 @@ def train(cfg: TrainConfig, resume: bool) -> dict:
     print(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {start_step}, "
           f"{state['gpu_seconds'] / 60:.1f} GPU-minutes so far", flush=True)
     stream = PageStream(str(folder / "weights"), cfg.seed, start_step, cfg.image_tokens)
-    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers, prefetch_factor=4,
-                                         pin_memory=device.type == "cuda", persistent_workers=False)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
+                                         prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
     step, losses, seen = start_step, [], 0
     for batch in loader:
         if step >= cfg.steps or time.time() - t0 > cfg.minutes * 60:
             break
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        batch["mm_token_type_ids"] = (batch["input_ids"] == model.config.image_token_id).int()
+        batch = model_inputs(batch, processor, model.config.image_token_id, device)
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, start_step, cfg)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):

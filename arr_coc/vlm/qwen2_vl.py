@@ -49,6 +49,24 @@ CHAT_TEMPLATE = (
 )
 
 
+def image_patches(pixels: torch.Tensor, image_processor) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    Views [B, 3, H, W] in [0, 1] (one size, a multiple of patch x merge px) -> pixel patches [B*N, C*t*p*p] and
+    grid_thw [B, 3], laid out as the stock image processor lays them out (normalised, merge-window order, the
+    still image in both temporal frames), on the views' device. The adapters and pocket training share it.
+    """
+    ip, (B, C, H, W) = image_processor, pixels.shape
+    mean = torch.tensor(ip.image_mean, device=pixels.device).view(1, 3, 1, 1)
+    std = torch.tensor(ip.image_std, device=pixels.device).view(1, 3, 1, 1)
+    x = (pixels - mean) / std  # [B, 3, H, W]
+    p, m, t = ip.patch_size, ip.merge_size, ip.temporal_patch_size
+    gh, gw = H // p, W // p
+    x = x.reshape(B, C, gh // m, m, p, gw // m, m, p).permute(0, 2, 5, 3, 6, 1, 4, 7)  # [B, gh/m, gw/m, m, m, C, p, p]
+    x = x.unsqueeze(6).expand(*x.shape[:6], t, p, p)  # [B, gh/m, gw/m, m, m, C, t, p, p]
+    grid_thw = torch.tensor([[1, gh, gw]] * B, device=pixels.device)  # [B, 3]
+    return x.reshape(B * gh * gw, C * t * p * p), grid_thw
+
+
 class QwenVL(VLM):
     """The adapter over one Qwen-VL family (this class: Qwen2-VL); a family overrides what differs."""
     hf_class = "Qwen2VLForConditionalGeneration"  # the transformers class this adapter wraps
@@ -107,17 +125,7 @@ class QwenVL(VLM):
         exactly as the model's image processor lays them out, but computed on the device (tests pin the two).
         """
         pixels = view if isinstance(view, torch.Tensor) else view_tensor(view, self.device)
-        pixels = pixels.to(self.device, torch.float32)[0]  # [3, H, W]
-        ip = self.image_processor
-        mean = torch.tensor(ip.image_mean, device=self.device).view(3, 1, 1)
-        std = torch.tensor(ip.image_std, device=self.device).view(3, 1, 1)
-        x = (pixels - mean) / std
-        p, m, t = ip.patch_size, ip.merge_size, ip.temporal_patch_size
-        gh, gw = x.shape[1] // p, x.shape[2] // p
-        x = x.reshape(3, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, C, p, p]
-        x = x.unsqueeze(5).expand(*x.shape[:5], t, p, p)  # the still image fills both temporal frames
-        grid_thw = torch.tensor([[1, gh, gw]], device=self.device)
-        return x.reshape(gh * gw, 3 * t * p * p), grid_thw
+        return image_patches(pixels.to(self.device, torch.float32), self.image_processor)
 
     def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor) -> torch.Tensor:
         """

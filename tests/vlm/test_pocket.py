@@ -1,0 +1,136 @@
+"""
+pocket-qwen2-vl: the shipped folder loads with stock transformers alone and answers in the task's formats; the
+training batches equal the stock processor's; the fast engine matches stock generate on its non-trivial answers;
+the training script runs, saves and resumes.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from conftest import answers_by_engine
+
+from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, make_page
+from arr_coc.vlm.pocket import (IGNORE, POCKET_FOLDER, READ_PAGE, TrainConfig, collate, encode, image_processor,
+                                model_inputs, train)
+
+FORMATS = {"fine_print": r"\d{4}", "box_word": "|".join(BOX_WORDS), "shape_colour": "|".join(COLOURS)}
+
+
+@pytest.fixture(scope="module")
+def stock():
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    folder = str(POCKET_FOLDER)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def pocket():
+    from arr_coc.model import ARRCOCQwen
+
+    return ARRCOCQwen.from_pretrained("pocket", device="cpu", dtype=torch.float32)
+
+
+def test_the_special_ids_come_from_the_pocket_tokenizer_and_config(stock):
+    model, tokenizer, _ = stock
+    config = model.config
+    assert tokenizer.convert_tokens_to_ids("<|image_pad|>") == config.image_token_id != 151655  # not Qwen's ids
+    assert tokenizer.convert_tokens_to_ids("<|vision_start|>") == config.vision_start_token_id
+    assert len(tokenizer) <= config.text_config.vocab_size < 2000  # a vocabulary sized to the task
+    size = sum(f.stat().st_size for f in POCKET_FOLDER.iterdir())
+    assert size < 25e6 and all(f.stat().st_size < 16 * 2**20 for f in POCKET_FOLDER.iterdir())
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_stock_generate_answers_in_the_tasks_format(stock, kind):
+    """Stock transformers end to end (chat template, image processor, generate): the answer has the task's form."""
+    model, tokenizer, processor = stock
+    page = make_page(kind, 10**9 + 7, 448)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": page.questions[0].question}]}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    vision = processor(images=[page.image], return_tensors="pt")
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * (int(vision["image_grid_thw"].prod()) // 4))
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    out = model.generate(input_ids=ids, pixel_values=vision["pixel_values"], image_grid_thw=vision["image_grid_thw"],
+                         mm_token_type_ids=(ids == model.config.image_token_id).int(), max_new_tokens=8, do_sample=False)
+    answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert re.fullmatch(FORMATS[kind], answer), answer
+
+
+def test_a_training_batch_is_what_the_stock_processor_gives(stock):
+    _, tokenizer, processor = stock
+    pages = [make_page(kind, 5, 336, 280).image for kind in ("fine_print", "box_word")]
+    batch = collate(tokenizer, pages, [[("What is the value of TAX?", "0427")], [(READ_PAGE, "red: tiger")]])
+    inputs = model_inputs(batch, image_processor(), tokenizer.convert_tokens_to_ids("<|image_pad|>"), "cpu")
+    reference = processor(images=pages, return_tensors="pt")
+    assert torch.equal(inputs["image_grid_thw"], reference["image_grid_thw"])
+    torch.testing.assert_close(inputs["pixel_values"], reference["pixel_values"], atol=1e-5, rtol=0)
+    assert int((inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum()) == 2 * 12 * 10
+    answers = [tokenizer.decode([t for t in row if t != IGNORE]) for row in batch["labels"].tolist()]
+    assert answers == ["0427<|im_end|>", "red: tiger<|im_end|>"]  # the loss is on the answers alone
+
+
+def test_labels_cover_every_answer_of_a_conversation(stock):
+    _, tokenizer, _ = stock
+    ids, labels = encode(tokenizer, [("What is the value of TAX?", "0427"), ("What is the value of RANK?", "9")], 4)
+    kept = [t for t in labels if t != IGNORE]
+    assert tokenizer.decode(kept) == "0427<|im_end|>9<|im_end|>"
+    assert ids.count(tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 4
+
+
+@pytest.mark.parametrize("pipeline", ["full", "gestalt", "arr"])
+def test_the_fast_engine_answers_as_stock_generate_on_non_trivial_answers(pocket, pipeline):
+    for kind in sorted(FORMATS):
+        page = make_page(kind, 10**9 + 11, 448)
+        answers = answers_by_engine(pocket, page.image, page.questions[0].question, pipeline)
+        assert answers["fast"].text == answers["hf"].text
+        assert re.fullmatch(FORMATS[kind], answers["fast"].text), answers["fast"].text  # not "\n"
+
+
+def test_training_runs_saves_and_resumes(tmp_path):
+    """Two steps, then a resume to the third: the state counts on, the weights move, held-out accuracy is logged."""
+    cfg = TrainConfig(out=str(tmp_path), steps=2, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+                      eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
+    first = train(cfg, resume=False)  # a fresh model
+    before = {k: v.clone() for k, v in _weights(tmp_path).items()}
+    second = train(TrainConfig(**{**cfg.__dict__, "steps": 3}), resume=True)
+    assert (first["step"], second["step"]) == (2, 3) and len(second["runs"]) == len(first["runs"]) + 1
+    after = _weights(tmp_path)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert set(second["heldout"][-1]["accuracy"]["224"]["full"]) == set(FORMATS)
+    assert json.loads((tmp_path / "state.json").read_text())["step"] == 3
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(folder / "weights" / "model.safetensors")
+
+
+def test_exact_match_scores_every_chunk(stock):
+    """Teacher-forced exact match over several chunks: a right answer scores, a wrong one does not."""
+    from arr_coc.vlm.pocket import exact_match
+
+    model, tokenizer, _ = stock
+    page = make_page("shape_colour", 10**9 + 7, 224)
+    question = page.questions[0].question
+    greedy = _greedy(model, tokenizer, page.image, question)
+    wrong = next(c for c in sorted(COLOURS) if c != greedy)
+    items = [(page.image, question, greedy), (page.image, question, wrong), (page.image, question, greedy)]
+    assert exact_match(model, tokenizer, image_processor(), items, torch.device("cpu"), batch=1) == pytest.approx(2 / 3)
+
+
+def _greedy(model, tokenizer, image, question) -> str:
+    from arr_coc.vlm.pocket import collate
+
+    batch = collate(tokenizer, [image], [[(question, "")]])
+    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
+    cut = inputs["input_ids"].shape[1] - 2  # drop the empty answer's "<|im_end|>\n": the prompt ends at "assistant\n"
+    out = model.generate(input_ids=inputs["input_ids"][:, :cut], attention_mask=inputs["attention_mask"][:, :cut],
+                         pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                         mm_token_type_ids=inputs["mm_token_type_ids"][:, :cut], max_new_tokens=4, do_sample=False)
+    return tokenizer.decode(out[0, cut:], skip_special_tokens=True)
