@@ -418,35 +418,29 @@ def train(cfg: TrainConfig, resume: bool) -> dict:
     stream = PageStream(str(folder / "weights"), cfg.seed, start_step, cfg.image_tokens)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
-    step, losses, seen = start_step, [], 0
+    step, losses, seen, waited, last = start_step, [], 0, 0.0, time.time()
     for batch in loader:
+        waited += time.time() - last  # the GPU idles while the page workers catch up
         if step >= cfg.steps or time.time() - t0 > cfg.minutes * 60:
             break
-        batch = model_inputs(batch, processor, model.config.image_token_id, device)
-        for g in optimizer.param_groups:
-            g["lr"] = lr_at(step, start_step, cfg)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if not (torch.isfinite(loss) and torch.isfinite(norm)):  # a bf16 blow-up: skip the step, keep the weights
+        loss = _train_step(model, optimizer, model_inputs(batch, processor, model.config.image_token_id, device),
+                           lr_at(step, start_step, cfg))
+        if loss is None:  # a bf16 blow-up: the step was skipped, the weights kept
             state["skipped"] = state.get("skipped", 0) + 1
-            step += 1
-            continue
-        optimizer.step()
-        losses.append(loss.item())
+        else:
+            losses.append(loss)
         seen += batch["input_ids"].shape[0]
         step += 1
         if step % 100 == 0:
-            rate = seen / (time.time() - t0)
             losses = losses or [float("nan")]
             print(f"step {step} loss {sum(losses) / len(losses):.4f} lr {lr_at(step, start_step, cfg):.2e} "
-                  f"stage {CURRICULUM.index(stage_at(step))} {rate:.0f} pages/s", flush=True)
+                  f"stage {CURRICULUM.index(stage_at(step))} {seen / (time.time() - t0):.0f} pages/s, "
+                  f"waiting for pages {waited / (time.time() - t0):.0%} of the time", flush=True)
             state["curve"].append(dict(step=step, loss=round(sum(losses) / len(losses), 4)))
             losses = []
         if step % cfg.eval_every == 0:
             _evaluate(model, tokenizer, processor, device, cfg, state, step)
+        last = time.time()
     elapsed = time.time() - t0
     state.update(step=step, gpu_seconds=state["gpu_seconds"] + elapsed, samples=state["samples"] + seen)
     if step % cfg.eval_every:
@@ -455,6 +449,21 @@ def train(cfg: TrainConfig, resume: bool) -> dict:
                               device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"))
     save_state(model, optimizer, folder, state)
     return state
+
+
+def _train_step(model, optimizer, inputs: dict, lr: float) -> float | None:
+    """One AdamW step on the answer loss; None (and no update) if the loss or the gradient is not finite."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
+        loss = model(**inputs).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if not (torch.isfinite(loss) and torch.isfinite(norm)):
+        return None
+    optimizer.step()
+    return loss.item()
 
 
 def _evaluate(model, tokenizer, processor, device, cfg, state, step):

@@ -134,3 +134,19 @@ def _greedy(model, tokenizer, image, question) -> str:
                          pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
                          mm_token_type_ids=inputs["mm_token_type_ids"][:, :cut], max_new_tokens=4, do_sample=False)
     return tokenizer.decode(out[0, cut:], skip_special_tokens=True)
+
+
+def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
+    from arr_coc.vlm.pocket import TrainConfig, _train_step, make_optimizer
+
+    model, tokenizer, _ = stock
+    page = make_page("fine_print", 1, 224)
+    batch = collate(tokenizer, [page.image], [[(page.questions[0].question, page.questions[0].answer)]])
+    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
+    inputs["pixel_values"][0, 0] = float("nan")  # as a bf16 overflow would
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        assert _train_step(model.train(), make_optimizer(model, TrainConfig(device="cpu")), inputs, 1e-3) is None
+    finally:
+        model.eval().zero_grad(set_to_none=True)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
