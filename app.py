@@ -7,7 +7,7 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.
     python app.py --model tiny-qwen3-vl      # the tiny Qwen3-VL (or tiny-qwen2.5-vl, or any Qwen-VL hub id / folder)
     python app.py --checkpoint NAME --port 8000 --share
 
-Layout (one function per tab) and wiring only; the handlers are arr_coc/handlers.py, the rest is in arr_coc/.
+Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, reselect, faithfulness, ab,
 and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space (SPACES_ZERO_GPU),
 the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs (arr_coc/zerogpu.py).
@@ -44,9 +44,10 @@ from pathlib import Path  # noqa: E402
 
 import gradio as gr  # noqa: E402
 
-from arr_coc import handlers, ui, viz, zerogpu  # noqa: E402
+from arr_coc import zerogpu  # noqa: E402
+from arr_coc.app import handlers, ui, viz  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
-from arr_coc.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
+from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
 from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
 from arr_coc.relevance.config import ARRCOCConfig  # noqa: E402
 from arr_coc.vlm.families import FAMILY_NAMES  # noqa: E402

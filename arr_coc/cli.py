@@ -273,4 +273,4 @@ def bench() -> int:
 
 
 def data() -> int:
-    return _script("data")
+    return _script("eval.data")

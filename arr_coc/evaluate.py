@@ -13,7 +13,7 @@ arr:logpolar, arr:grid, arr:random), all on the same items: the design's critica
 
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
 (one line per item and row, in order; an item without reference answers has score null), report.md,
-report.json and the plots (arr_coc.report). While running, each process appends its finished items to
+report.json and the plots (arr_coc.eval.report). While running, each process appends its finished items to
 part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
 (every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out
 by index and the merged results equal a one-process run, item for item.
@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from arr_coc import cli
-from arr_coc.benchmarks import SCHEMAS, Item, Source, open_source, synthetic_source
 from arr_coc.config import BASELINES, DEFAULT_BUDGET, DEFAULT_MODEL, STRATEGIES
-from arr_coc.data import SCENE_KINDS
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.metrics import LENIENT, METRICS
+from arr_coc.eval.data import SCENE_KINDS
+from arr_coc.eval.metrics import LENIENT, METRICS
+from arr_coc.eval.sets import SCHEMAS, Item, Source, open_source, synthetic_source
 
 if TYPE_CHECKING:
     from arr_coc.distributed import Process
@@ -117,8 +117,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
     """Every row's answer to one item, scored: one result dict per row. An item without reference answers (a test
     split) is answered with score None and no faithfulness curves; a benchmark metric also gets the lenient one
     as an extra field."""
-    from arr_coc.faithfulness import faithfulness_curves
-    from arr_coc.metrics import box_recall_precision
+    from arr_coc.eval.faithfulness import faithfulness_curves
+    from arr_coc.eval.metrics import box_recall_precision
 
     image, question = item.open(), source.prompt(item)
     results = []
@@ -231,7 +231,8 @@ def main(argv=None) -> int:
     import torch  # after parsing: --help and bad flags answer without torch
     from tqdm.auto import tqdm
 
-    from arr_coc import distributed, report
+    from arr_coc import distributed
+    from arr_coc.eval import report
     from arr_coc.relevance.layer import CheckpointError
 
     process = distributed.start(args.device)

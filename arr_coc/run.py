@@ -5,7 +5,7 @@ The headless microscope: one image, one question, every pipeline, a table on std
         --json out/run.json --save-dir out/run
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness --save-dir out/run
 
---faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.faithfulness): the answer's
+--faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.eval.faithfulness): the answer's
 log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
 curves in the JSON and, with --save-dir, faithfulness.png.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from arr_coc import cli, pipelines
 from arr_coc.config import DEFAULT_BUDGET, DEFAULT_MODEL, PIPELINES, STRATEGIES
-from arr_coc.data import open_image
 from arr_coc.errors import InputError, OutOfMemory
+from arr_coc.eval.data import open_image
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     try:
         question = check_question(args.question)
         if args.answer is not None:
-            from arr_coc.faithfulness import check_answer
+            from arr_coc.eval.faithfulness import check_answer
 
             check_answer(args.answer)  # its length cap, before the model loads
         image = load_image(args.image)
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
             results[pipeline] = answer.to_json()
             arr_answer = answer if pipeline == "arr" else arr_answer
         if args.faithfulness:
-            from arr_coc.faithfulness import faithfulness_curves
+            from arr_coc.eval.faithfulness import faithfulness_curves
 
             cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
             curves = faithfulness_curves(model, arr_answer.observation, arr_answer.arr, args.answer or arr_answer.text,
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
     if args.save_dir and arr_answer is not None:
-        from arr_coc import viz
+        from arr_coc.app import viz
 
         paths = viz.save_all(arr_answer, args.save_dir, image)
         if args.faithfulness:

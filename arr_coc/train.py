@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from arr_coc import cli, distributed
-from arr_coc.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.metrics import box_recall_precision
+from arr_coc.eval.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
+from arr_coc.eval.metrics import box_recall_precision
 
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
     import torch
@@ -59,7 +59,7 @@ def flag(default, help: str, type=None):
 class TrainConfig:
     model: str = flag("tiny", "VLM to train against (Qwen-VL hub id or folder, or a tiny model such as 'tiny' or "
                            "'tiny-qwen2.5-vl'); it stays frozen")
-    data: str | None = flag(None, "JSONL dataset folder (arr_coc.data format); default: synthetic scenes")
+    data: str | None = flag(None, "JSONL dataset folder (arr_coc.eval.data format); default: synthetic scenes")
     kinds: str = flag("text_vs_distractor,distractor_query", "synthetic scene kinds, comma-separated",
                       cli.comma_list(SCENE_KINDS))
     n_train: int = flag(48, "number of synthetic training samples", cli.bounded_int(1, 1_000_000))

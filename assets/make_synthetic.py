@@ -2,7 +2,7 @@
 Regenerate the synthetic example images in assets/ and refresh their entries in assets/examples.json.
 Entries for other images (the photographs) are kept.
 
-- the square scenes: arr_coc.data.make_scene at fixed seeds (896 px, the old high-res view);
+- the square scenes: arr_coc.eval.data.make_scene at fixed seeds (896 px, the old high-res view);
 - two high-resolution scenes drawn here, whose answer needs the native-resolution candidates (DESIGN.md
   section 1): a 1700x2200 invoice page in 12 px print, and a 2400x900 street with a small green sign.
   At the gestalt view's scale their print is under 4 px high (tests/test_assets.py checks it).
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ASSETS.parent))  # so `python assets/make_synthetic.py` f
 
 from PIL import Image, ImageDraw  # noqa: E402
 
-from arr_coc.data import WORDS, Sample, _clip_box, _font, _rng, make_scene  # noqa: E402
+from arr_coc.eval.data import WORDS, Sample, _clip_box, _font, _rng, make_scene  # noqa: E402
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """
 The Gradio app end to end: `python app.py --model tiny` on a free port, driven through gradio_client.
 Each tab's API, streaming, 10 concurrent requests, and every bad input answered with a clear error
-while the app stays up. Also the app helpers in arr_coc/ui.py that need no server.
+while the app stays up. Also the app helpers in arr_coc/app/ui.py that need no server.
 
     .venv/bin/python -m pytest tests/test_app.py -q
 """
@@ -25,7 +25,7 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 from safetensors.torch import save_file
 
-from arr_coc import ui, viz
+from arr_coc.app import ui, viz
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import ARRCOCQwen
 from arr_coc.relevance.config import ARRCOCConfig

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from arr_coc import bench, checkpoints, cli, data, evaluate, run, train
+from arr_coc import bench, checkpoints, cli, evaluate, run, train
+from arr_coc.eval import data
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--image", "assets/chelsea.png", "--question", "hi"]  # the flags run requires
@@ -162,11 +163,11 @@ def test_good_flags_parse():
     ("train", [["--device", "tpu"]]),
     ("evaluate", [["--dataset", "/nonexistent"], ["--device", "tpu"]]),
     ("bench", [["--device", "tpu"], ["--json", "assets"]]),
-    ("data", []),
+    ("eval.data", []),
 ])
 def test_help_and_bad_flags_answer_without_torch(module, bad):
     """Parsing imports no torch, transformers or model module: --help is instant, a bad flag or path fails at once."""
-    code = (f"import sys\nfrom arr_coc import {module} as m\nparse = getattr(m, 'parse_args', m.main)\n"
+    code = (f"import sys\nimport arr_coc.{module} as m\nparse = getattr(m, 'parse_args', m.main)\n"
             f"for argv, code in [(['--help'], 0), (['--bogus-flag'], 2), *((argv, 2) for argv in {bad!r})]:\n"
             "    try:\n        parse(argv)\n    except SystemExit as e:\n        assert e.code == code, (argv, e.code)\n"
             "    else:\n        raise AssertionError(f'{argv} was accepted')\n"
@@ -284,6 +285,7 @@ def test_pip_install_ships_the_checkpoints_and_models_found_from_any_folder(tmp_
         for name in ("config.json", "model.safetensors"):
             assert f"arr_coc/shipped/checkpoints/{folder.name}/{name}" in files, sorted(files)
     assert "arr_coc/shipped/models/pocket-test/weights/model.safetensors" in files
+    assert {"arr_coc/eval/data.py", "arr_coc/app/viz.py", "arr_coc/pipelines/arr.py"} <= files  # every layer ships
     assert not any(f.startswith(("app.py", "tests/", "assets/", "checkpoints/", "models/")) for f in files)
     # run from another folder, the installed package finds its own copy by name
     code = ("from arr_coc import checkpoints\nprint(checkpoints.resolve_checkpoint('tiny-text-vs-distractor'))\n"
@@ -315,7 +317,7 @@ def test_what_the_readme_steps_leave_behind_is_ignored():
     left = ["data/docvqa/x.parquet", "build/lib/arr_coc/cli.py", "arr_coc.egg-info/PKG-INFO", "runs/eval/report.md"]
     proc = subprocess.run(["git", "check-ignore", *left], cwd=ROOT, capture_output=True, text=True)
     assert proc.stdout.split() == left
-    assert subprocess.run(["git", "check-ignore", "-q", "arr_coc/data.py"], cwd=ROOT).returncode == 1  # code is not
+    assert subprocess.run(["git", "check-ignore", "-q", "arr_coc/eval/data.py"], cwd=ROOT).returncode == 1  # code is not
 
 
 def test_console_scripts_point_at_callables():

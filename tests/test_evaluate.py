@@ -14,8 +14,9 @@ import pytest
 import torch
 from conftest import ROOT, write_parquet_set
 
-from arr_coc import bench, evaluate, metrics, report
-from arr_coc.benchmarks import Source
+from arr_coc import bench, evaluate
+from arr_coc.eval import metrics, report
+from arr_coc.eval.sets import Source
 
 pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from arr_coc.data import make_dataset
+from arr_coc.eval.data import make_dataset
 from arr_coc.errors import InputError
 from arr_coc.model import ARRCOCQwen
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades

@@ -1,5 +1,5 @@
 """
-pocket-qwen2-vl: a small stock Qwen2-VL trained here, from scratch, to read the fine-print suite (arr_coc.fineprint).
+pocket-qwen2-vl: a small stock Qwen2-VL trained here, from scratch, to read the fine-print suite (arr_coc.eval.fineprint).
 
 It is the stock `Qwen2VLForConditionalGeneration` at a pocket size (ViT 6x256, LLM 4x256, ~10M parameters)
 with its own byte-level BPE tokenizer (Qwen's special tokens and chat template, a vocabulary sized to the task),
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from arr_coc.checkpoints import shipped
-from arr_coc.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
+from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 
 POCKET = "pocket"  # --model pocket
 POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import answers_by_engine
 
-from arr_coc.fineprint import BOX_WORDS, COLOURS, make_page
+from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, make_page
 from arr_coc.vlm.pocket import (IGNORE, POCKET_FOLDER, READ_PAGE, TrainConfig, collate, encode, image_processor,
                                 model_inputs, train)
 

@@ -15,7 +15,7 @@ Every drawing is a PIL RGB image (what gr.Image shows). Cell drawings are plain 
 exact pixels; charts are matplotlib `Figure`s built without pyplot, so no figure is ever registered
 globally: nothing leaks and Gradio's worker threads cannot race on pyplot's state.
 
-    from arr_coc import viz
+    from arr_coc.app import viz
     viz.heatmap_overlay(image, out.relevance[0], out.positions[0]).save("heatmap.png")
     viz.saccade_mosaic(views.highres, views.candidate_grid, out.positions[0]).save("mosaic.png")
     viz.save_all(answer, "out/run")   # heatmap.png, mosaic.png, channels.png, scorers.png
@@ -404,7 +404,7 @@ def weights_bar(weights: MapLike | Sequence[float]) -> Image.Image:
 
 def faithfulness_chart(fractions: Sequence[float], curves: dict[str, Sequence[float]], title: str) -> Image.Image:
     """
-    Log-likelihood curves (arr_coc.faithfulness: deletion, random, insertion) over the fraction of saccades
+    Log-likelihood curves (arr_coc.eval.faithfulness: deletion, random, insertion) over the fraction of saccades
     removed or inserted, with their areas in the legend.
     """
     fig = Figure(figsize=(6.4, 3.6), dpi=DPI, layout="constrained")

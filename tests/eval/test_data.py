@@ -1,9 +1,9 @@
 """
-Tests for arr_coc/data.py: synthetic scenes (determinism, boxes that really cover the asked content)
+Tests for arr_coc/eval/data.py: synthetic scenes (determinism, boxes that really cover the asked content)
 and the JSONL dataset format (round trip, clear errors).
 
 Run:
-    python -m pytest tests/test_data.py -q
+    python -m pytest tests/eval/test_data.py -q
 """
 
 import json
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from arr_coc.data import (
+from arr_coc.eval.data import (
     DISTRACTOR_COLOURS,
     SCENE_KINDS,
     STYLE,
@@ -292,7 +292,7 @@ def test_cli_writes_a_loadable_dataset(tmp_path, capsys):
 def test_assets_examples_are_valid():
     from pathlib import Path
 
-    assets = Path(__file__).resolve().parent.parent / "assets"
+    assets = Path(__file__).resolve().parents[2] / "assets"
     examples = json.loads((assets / "examples.json").read_text())
     assert len({e["image"] for e in examples}) >= 8
     for e in examples:

@@ -3,8 +3,8 @@
 import pytest
 from conftest import write_parquet_set
 
-from arr_coc import benchmarks, data
-from arr_coc.benchmarks import open_source
+from arr_coc.eval import data, sets
+from arr_coc.eval.sets import open_source
 from arr_coc.errors import InputError
 
 
@@ -32,9 +32,9 @@ def test_each_hub_schema_loads_from_a_local_parquet_folder(tmp_path, schema, met
     ("jsonl", "what colour is the Dot?", "what colour is the Dot?", 16),
 ])
 def test_each_set_is_asked_as_lmms_eval_asks_qwen2_vl(schema, question, prompt, max_new_tokens):
-    source = benchmarks.Source("a set", schema, [])
-    assert source.prompt(benchmarks.Item(0, "0", question, ["x"], None)) == prompt
-    assert benchmarks.SCHEMAS[schema].max_new_tokens == max_new_tokens and benchmarks.SCHEMAS[schema].reference
+    source = sets.Source("a set", schema, [])
+    assert source.prompt(sets.Item(0, "0", question, ["x"], None)) == prompt
+    assert sets.SCHEMAS[schema].max_new_tokens == max_new_tokens and sets.SCHEMAS[schema].reference
     question_in_run_json = "{question.capitalize()}" if schema == "textvqa" else "{question}"
     assert source.prompt_template == prompt.replace(prompt.split("\n")[0], question_in_run_json)
 
@@ -42,7 +42,7 @@ def test_each_set_is_asked_as_lmms_eval_asks_qwen2_vl(schema, question, prompt, 
 def test_items_without_answers_load_with_none():
     rows = [dict(question="q?", answers=None, image=None), dict(question="q?", answers=[], image=None),
             dict(question="q?", answers=["a"], image=None)]
-    items = list(benchmarks.from_rows(rows, benchmarks.SCHEMAS["docvqa"], "docvqa", "a test split", None))
+    items = list(sets.from_rows(rows, sets.SCHEMAS["docvqa"], "docvqa", "a test split", None))
     assert [item.answers for item in items] == [[], [], ["a"]]
 
 
@@ -58,11 +58,11 @@ def test_a_parquet_file_a_schema_flag_and_a_limit(tmp_path):
 
 
 def test_known_hub_ids_tell_their_schema():
-    assert benchmarks.guess_schema("lmms-lab/DocVQA") == "docvqa"
-    assert benchmarks.guess_schema("HuggingFaceM4/ChartQA") == "chartqa"
-    assert benchmarks.guess_schema("facebook/textvqa") == "textvqa"
+    assert sets.guess_schema("lmms-lab/DocVQA") == "docvqa"
+    assert sets.guess_schema("HuggingFaceM4/ChartQA") == "chartqa"
+    assert sets.guess_schema("facebook/textvqa") == "textvqa"
     with pytest.raises(InputError, match="--schema"):
-        benchmarks.guess_schema("someone/vqa-set")
+        sets.guess_schema("someone/vqa-set")
 
 
 def test_missing_columns_are_named(tmp_path):
@@ -89,7 +89,7 @@ def test_a_jsonl_folder_and_synthetic_scenes(tmp_path):
     assert source.schema == "jsonl" and source.metric == "contains" and len(items) == 2
     assert items[0].answers == [samples[0].answer] and items[0].box == samples[0].box
     assert source.prompt(items[0]) == samples[0].question  # no instruction for the JSONL sets
-    synthetic = list(benchmarks.synthetic_source(3, ("chart",), seed=1).items)
+    synthetic = list(sets.synthetic_source(3, ("chart",), seed=1).items)
     assert [i.kind for i in synthetic] == ["chart"] * 3 and synthetic[2].index == 2
     with pytest.raises(InputError, match="no such dataset"):
         open_source(str(tmp_path / "nothing" / "data.jsonl"), schema="jsonl")

@@ -1,9 +1,9 @@
 """
-The app's event handlers (arr_coc/handlers.py) called directly, without a server: what each returns, the
+The app's event handlers (arr_coc/app/handlers.py) called directly, without a server: what each returns, the
 per-user state they keep (CPU only), the status line after a failure or Stop, the console's one line per
 user error, and the answer box of the faithfulness curves.
 
-    .venv/bin/python -m pytest tests/test_handlers.py -q
+    .venv/bin/python -m pytest tests/app/test_handlers.py -q
 """
 
 import dataclasses
@@ -16,12 +16,12 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc import handlers
-from arr_coc.faithfulness import MAX_ANSWER_CHARS
+from arr_coc.app import handlers
+from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, Observation, Scene
 from arr_coc.vlm.views import Views
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CAT = Image.open(ROOT / "assets" / "chelsea.png")
 QUESTION = "What colour are the cat's eyes?"
 CELLS = 4096

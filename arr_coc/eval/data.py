@@ -13,7 +13,7 @@ its model's grids):
     chart               a matplotlib bar chart; the question asks for one named bar's value
     document            a dense page of small black text with one "Invoice total: NNNN" line
     fine_print, box_word, shape_colour
-                        the fine-print suite (arr_coc.fineprint) that the pocket model is trained on
+                        the fine-print suite (arr_coc.eval.fineprint) that the pocket model is trained on
 
 Every scene is a pure function of (kind, seed, size).
 
@@ -23,7 +23,7 @@ Image paths are relative to the folder of data.jsonl. Boxes are half-open pixel 
 inside when x0 <= x < x1 and y0 <= y < y1, so image.crop(box) is exactly the region.
 
 Run:
-    python -m arr_coc.data --out data/synth --n 200 --kinds text_vs_distractor,distractor_query --seed 0 --size 896
+    python -m arr_coc.eval.data --out data/synth --n 200 --kinds text_vs_distractor,distractor_query --seed 0 --size 896
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from arr_coc import cli
 from arr_coc.errors import InputError
-from arr_coc.fineprint import PAGE_KINDS, make_page
+from arr_coc.eval.fineprint import PAGE_KINDS, make_page
 
 Box = tuple[int, int, int, int]
 
@@ -291,7 +291,7 @@ def _document(seed: int, size: int) -> Sample:
 
 
 def _fine_print_suite(kind: str):
-    """A fine-print page (arr_coc.fineprint, the pocket model's suite) with one of its questions, chosen by the seed."""
+    """A fine-print page (arr_coc.eval.fineprint, the pocket model's suite) with one of its questions, chosen by the seed."""
     def generate(seed: int, size: int) -> Sample:
         page = make_page(kind, seed, size)
         q = _rng(kind, seed).choice(page.questions)

@@ -12,13 +12,13 @@ font (`ImageFont.load_default(size=...)`) so every machine renders the same pixe
 Pages sit on a light background with faint rules and small gray filler text as clutter. The layouts vary
 (scattered, tabular, columns, anywhere on the page) so that a model learns to read, not to memorise places.
 A page carries every question it can answer (`Page.questions`), each with the box of its target; a Sample
-(arr_coc.data) is one of them. The print of the first two kinds is unreadable at the gestalt's view of a
+(arr_coc.eval.data) is one of them. The print of the first two kinds is unreadable at the gestalt's view of a
 1792 px page (a quarter of the native resolution: 2.5-4 px glyphs) and readable at native resolution.
 
 `PageStyle` holds the ranges; `SPEC` is the suite as specified, and arr_coc.vlm.pocket trains through easier
 styles first (larger glyphs, fewer fields, less clutter).
 
-    python -m arr_coc.fineprint --kind fine_print --seed 3 --size 896 --out /tmp/page.png   # draw one page
+    python -m arr_coc.eval.fineprint --kind fine_print --seed 3 --size 896 --out /tmp/page.png   # draw one page
 """
 
 from __future__ import annotations

@@ -19,16 +19,16 @@ import gradio as gr
 from PIL import Image, UnidentifiedImageError
 
 from arr_coc import checkpoints
+from arr_coc.app.viz import rank_correlation, saccade_overlap
 from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
-from arr_coc.metrics import answers_agree
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.faithfulness import FaithfulnessCurves
+from arr_coc.eval.faithfulness import FaithfulnessCurves
+from arr_coc.eval.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, check_question
 from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError,
                                      list_checkpoints)
 from arr_coc.relevance.texture import CHANNELS
 from arr_coc.timing import TIMING_KEYS
-from arr_coc.viz import rank_correlation, saccade_overlap
 from arr_coc.vlm.views import to_rgb
 
 log = logging.getLogger("arr_coc.app")

@@ -1,12 +1,12 @@
 """
 The evaluation sets: DocVQA, TextVQA and ChartQA through `datasets.load_dataset`, the JSONL format of
-arr_coc.data, and fresh synthetic scenes, all as one stream of Items for evaluate.py.
+arr_coc.eval.data, and fresh synthetic scenes, all as one stream of Items for evaluate.py.
 
 A source is a hub id ("lmms-lab/DocVQA"), a local folder of parquet files in a hub set's schema, one parquet
 file, or a folder holding data.jsonl. Its schema says which columns hold the question, the reference answers
 and the image, and which metric the set is scored by:
 
-    schema   columns                                   metric (arr_coc.metrics)   new tokens
+    schema   columns                                   metric (arr_coc.eval.metrics)   new tokens
     docvqa   question, answers, image                  anls                       32
     textvqa  question, answers (10), image             vqa                        128
     chartqa  query | question, label | answer, image   relaxed                    16
@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 
 from PIL import Image, UnidentifiedImageError
 
-from arr_coc.data import Box, Sample, load_jsonl, make_dataset, open_image
+from arr_coc.eval.data import Box, Sample, load_jsonl, make_dataset, open_image
 from arr_coc.errors import InputError
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."  # lmms-eval's DocVQA and TextVQA instruction
@@ -43,7 +43,7 @@ SINGLE_WORD = "Answer the question with a single word."  # lmms-eval's ChartQA i
 class Schema:
     question: tuple[str, ...]  # the question's column: the first of these the set has
     answers: tuple[str, ...]  # the reference answer(s) column, a string or a list of strings: the first found
-    metric: str  # the set's official metric, a key of arr_coc.metrics.METRICS
+    metric: str  # the set's official metric, a key of arr_coc.eval.metrics.METRICS
     instruction: str = ""  # on its own line after every question (the sets expect one short answer)
     capitalize: bool = False  # the question goes through str.capitalize() first (lmms-eval's TextVQA does)
     max_new_tokens: int = 16  # evaluate's answer length limit unless --max-new-tokens says otherwise
@@ -140,7 +140,7 @@ def open_source(name: str, split: str = "validation", config: str | None = None,
 
 
 def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896) -> Source:
-    """Fresh synthetic scenes (arr_coc.data) of size x size px, scored like the JSONL sets."""
+    """Fresh synthetic scenes (arr_coc.eval.data) of size x size px, scored like the JSONL sets."""
     return Source("synthetic", "jsonl", from_samples(make_dataset(n, kinds, seed=seed, size=size)))
 
 

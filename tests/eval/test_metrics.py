@@ -7,7 +7,8 @@ issue 20 among them; the lenient `contains` and the one normaliser behind it and
 import pytest
 import torch
 
-from arr_coc import metrics, ui
+from arr_coc.app import ui
+from arr_coc.eval import metrics
 
 # (prediction, references, score, why): distance on the stripped, lower-cased, space-collapsed strings, over the
 # longer RAW string's length after upper-casing; 1 - the best, 0 below 0.5

@@ -21,8 +21,8 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from arr_coc import ui, viz
-from arr_coc.faithfulness import check_answer, faithfulness_curves
+from arr_coc.app import ui, viz
+from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it

@@ -18,8 +18,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from PIL import Image
 
-from arr_coc import viz
-from arr_coc.faithfulness import CURVES
+from arr_coc.app import viz
+from arr_coc.eval.faithfulness import CURVES
 
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
 COLUMNS = (
