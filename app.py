@@ -16,15 +16,16 @@ the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA 
 import argparse
 import os
 
+from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="ARR-COC microscope: the Gradio app.")
+    p = cli.ArgumentParser(description="ARR-COC microscope: the Gradio app.")  # a bad flag: one line, exit 2
     p.add_argument("--model", default=os.environ.get("ARR_COC_MODEL", DEFAULT_MODEL),
-                   help="Qwen2-VL, Qwen2.5-VL or Qwen3-VL hub id or folder, or an offline tiny model ('tiny', "
-                        "'tiny-qwen2.5-vl', 'tiny-qwen3-vl'); one that cannot be loaded falls back to tiny with a "
-                        "banner (default: $ARR_COC_MODEL or %(default)s)")
+                   help="Qwen2-VL, Qwen2.5-VL or Qwen3-VL hub id or folder, or an offline model ('pocket', the "
+                        "pocket Qwen2-VL of models/; 'tiny', 'tiny-qwen2.5-vl', 'tiny-qwen3-vl'); one that cannot be "
+                        "loaded falls back to tiny with a banner (default: $ARR_COC_MODEL or %(default)s)")
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder or a hub repo id (default: the first "
                         "checkpoint under checkpoints/ that fits the model, else the untrained prior)")
