@@ -228,10 +228,10 @@ def load_vlm(name: str, device: str):
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
-           budget: int | None, max_cells: int):
+           budget: int | None, max_cells: int, ablation: str | None = None):
     """The one place the commands ask the model for an answer (so a new keyword is passed once)."""
     return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
-                        max_cells=max_cells)
+                        max_cells=max_cells, ablation=ablation)
 
 
 def versions() -> dict:
