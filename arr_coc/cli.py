@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from arr_coc.config import MAX_CELLS, MIN_CELLS, PipelineConfig
+from arr_coc.relevance.ablation import ABLATIONS
 
 MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
 
@@ -102,6 +103,11 @@ def comma_list(choices, allow_empty: bool = False):
         return ",".join(names)
     parse.__name__ = "list"
     return parse
+
+
+def ablation_list(text: str) -> str:
+    """An argparse type: comma-separated names of ARR's ablations (arr_coc.relevance.ablation), "all" or ""."""
+    return ",".join(ABLATIONS) if text.strip() == "all" else comma_list(tuple(ABLATIONS), allow_empty=True)(text)
 
 
 def nonblank(text: str) -> str:

@@ -62,11 +62,6 @@ def dataset(text: str) -> str:
     return text
 
 
-def ablation_list(text: str) -> str:
-    """An argparse type: comma-separated ablation names, or "all" for every one."""
-    return ",".join(ablations.ABLATIONS) if text.strip() == "all" else cli.comma_list(tuple(ablations.ABLATIONS), True)(text)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL,
@@ -95,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="stock baselines to run, comma-separated (\"\" for none)")
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
                    help="ARR strategies to run, comma-separated (\"\" for none)")
-    p.add_argument("--ablations", type=ablation_list, default="",
+    p.add_argument("--ablations", type=cli.ablation_list, default="",
                    help=f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default none): "
                         + ablations.describe())
     p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET, help="saccades per image")
