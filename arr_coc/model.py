@@ -139,8 +139,8 @@ class ARRCOCQwen:
     def select(self, scene: Scene, strategy: str | None = None, budget: int | None = None,
                layer: ARRCOCLayer | None = None) -> ARRCOCOutput:
         """Re-select saccades from a prepared scene (no VLM work), as many and in the order its ablation says."""
-        return arr.select(layer or self.layer, scene.observation, scene.maps, budget, strategy,
-                          scene.ablation or ablations.NO_ABLATION)
+        return arr.select(layer or self.layer, scene.maps, scene.views.candidate_grid, len(scene.observation.gestalt),
+                          budget, strategy, scene.ablation or ablations.NO_ABLATION)
 
     @staticmethod
     def ablation(name: str | None) -> ablations.Ablation:

@@ -54,11 +54,12 @@ def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablat
     return ablation.mix(maps)
 
 
-def select(layer: ARRCOCLayer, observation: Observation, maps: dict, budget: int | None = None,
+def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | None = None,
            strategy: str | None = None, ablation: Ablation = NO_ABLATION) -> ARRCOCOutput:
-    """The saccades of scored maps, as many and in the order the ablation says (budget None: the layer's)."""
-    budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, len(observation.gestalt))
-    return ablation.order(layer.select(maps, observation.views.candidate_grid, budget, strategy))
+    """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, or with no gestalt the
+    budget + its tokens) and in the order the ablation says (budget None: the layer's)."""
+    budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
+    return ablation.order(layer.select(maps, grid, budget, strategy))
 
 
 def arr_prompt(vlm: VLM, observation: Observation, saccades: VisualTokens | None, answer: str | None = None,
@@ -90,7 +91,8 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)
-        out = select(layer, observation, maps, request.budget, request.strategy, ablation)
+        out = select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), request.budget,
+                     request.strategy, ablation)
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question

@@ -32,13 +32,17 @@ def scene(arr_model):
     layer = arr_model.load_layer(str(CHECKPOINT))
     observation = arr_model.observe(scene_image(), QUESTION, Stopwatch(arr_model.vlm.device))
     maps = score(observation, layer)
-    return layer, observation, maps, select(layer, observation, maps, BUDGET)
+    return layer, observation, maps, select_cells(layer, observation, maps)
+
+
+def select_cells(layer, observation, maps, ablation=NO_ABLATION):
+    return select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), BUDGET, ablation=ablation)
 
 
 def ablate(scene, name):
     layer, observation, _, _ = scene
     maps = score(observation, layer, ABLATIONS[name])
-    return maps, select(layer, observation, maps, BUDGET, ablation=ABLATIONS[name])
+    return maps, select_cells(layer, observation, maps, ABLATIONS[name])
 
 
 def assert_same(a: dict, b: dict, keys):
@@ -124,7 +128,7 @@ def test_no_ablation_is_the_plain_pipeline(scene):
     layer, observation, base, base_out = scene
     maps = score(observation, layer, NO_ABLATION)
     assert_same(maps, base, ("textures", "relevance", "weights", *SCORERS))
-    assert torch.equal(select(layer, observation, maps, BUDGET, ablation=NO_ABLATION).indices, base_out.indices)
+    assert torch.equal(select_cells(layer, observation, maps, NO_ABLATION).indices, base_out.indices)
 
 
 @pytest.mark.parametrize("pipeline, ablation, message", [
