@@ -64,9 +64,13 @@ class Ablation:
         if not self.raster_order:
             return out
         order = out.indices.argsort(dim=1)  # [B, K]: raster indices are row * gw + col
-        take = lambda t: t.gather(1, order.view(*order.shape, *[1] * (t.dim() - 2)).expand_as(t))  # noqa: E731
-        return replace(out, indices=take(out.indices), positions=take(out.positions), scores=take(out.scores),
-                       selected_scores=take(out.selected_scores))
+        return replace(out, indices=reorder(out.indices, order), positions=reorder(out.positions, order),
+                       scores=reorder(out.scores, order), selected_scores=reorder(out.selected_scores, order))
+
+
+def reorder(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """[B, K, ...] values taken in `order` [B, K] along K (gather keeps the gradient of selected_scores)."""
+    return values.gather(1, order.view(*order.shape, *[1] * (values.dim() - 2)).expand_as(values))
 
 
 NO_ABLATION = Ablation("none", "ARR as trained: nothing removed")
