@@ -50,6 +50,7 @@ from arr_coc.app import handlers, ui, viz  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
 from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
+from arr_coc.relevance import ablation as ablations  # noqa: E402
 from arr_coc.relevance.config import ARRCOCConfig  # noqa: E402
 from arr_coc.vlm.families import FAMILY_NAMES  # noqa: E402
 
@@ -171,6 +172,9 @@ def microscope_tab(model: ARRCOCQwen) -> None:
             image, question = image_and_question("microscope")
             run = gr.Button("Analyse", variant="primary", elem_id="microscope-run")
             strategy = strategy_dropdown(config)
+            ablation = gr.Dropdown([ablations.NO_ABLATION.name, *ablations.ABLATIONS], value=ablations.NO_ABLATION.name,
+                                   label="Ablation (applied on Analyse)", info=ablations.describe(),
+                                   elem_id="microscope-ablation")
             budget = gr.Slider(1, 4 * model.pipeline.gestalt_max_tokens, value=config.budget, step=1,
                                label="Saccade budget (re-selects instantly)")
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
@@ -188,7 +192,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
 
     run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
-              [image, question, strategy, budget, cells, numbered],
+              [image, question, strategy, budget, cells, numbered, ablation],
               [kept, channels, scorers, heatmap, summary, saccades, mosaic], api_name="microscope", concurrency_id=GPU)
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",

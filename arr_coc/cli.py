@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from arr_coc.config import MAX_CELLS, MIN_CELLS, PipelineConfig
+from arr_coc.relevance.ablation import ABLATIONS
 
 MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
 
@@ -102,6 +103,11 @@ def comma_list(choices, allow_empty: bool = False):
         return ",".join(names)
     parse.__name__ = "list"
     return parse
+
+
+def ablation_list(text: str) -> str:
+    """An argparse type: comma-separated names of ARR's ablations (arr_coc.relevance.ablation), "all" or ""."""
+    return ",".join(ABLATIONS) if text.strip() == "all" else comma_list(tuple(ABLATIONS), allow_empty=True)(text)
 
 
 def nonblank(text: str) -> str:
@@ -228,10 +234,10 @@ def load_vlm(name: str, device: str):
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
-           budget: int | None, max_cells: int):
+           budget: int | None, max_cells: int, ablation: str | None = None):
     """The one place the commands ask the model for an answer (so a new keyword is passed once)."""
     return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
-                        max_cells=max_cells)
+                        max_cells=max_cells, ablation=ablation)
 
 
 def versions() -> dict:

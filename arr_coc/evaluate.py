@@ -3,12 +3,16 @@ Compare the pipelines on a dataset: the set's accuracy metric, visual tokens, TT
 row, box recall where items have target boxes, and (with --faithfulness) whether ARR's answers depend on
 its saccades.
 
-Rows are the stock baselines (full, gestalt, budget) and ARR-COC under each allocation strategy (arr:topk,
-arr:logpolar, arr:grid, arr:random), all on the same items: the design's critical experiment at a fixed budget.
+Rows are the stock baselines (full, gestalt, budget), ARR-COC under each allocation strategy (arr:topk,
+arr:logpolar, arr:grid, arr:random) and, with --ablations, ARR with one part switched off under topk
+(arr-information:topk, ..., arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same
+visual tokens: the design's critical experiment at a fixed budget.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
     python -m arr_coc.evaluate --dataset data/chartqa --schema chartqa --limit 100 --faithfulness --out runs/chartqa
+    python -m arr_coc.evaluate --model tiny --checkpoint tiny-text-vs-distractor --baselines "" --strategies topk \
+        --ablations all --out runs/eval-ablations
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
 
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
@@ -38,11 +42,13 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.sets import SCHEMAS, Item, Source, open_source, synthetic_source
+from arr_coc.relevance import ablation as ablations
 
 if TYPE_CHECKING:
     from arr_coc.distributed import Process
     from arr_coc.model import ARRCOCQwen
 
+ABLATION_STRATEGY = "topk"  # the strategy of the ablation rows: ARR's default row, the one they are compared with
 TIMING_FIELDS = ("ttft_ms", "total_ms")  # the only fields of a result that differ between two identical runs
 
 
@@ -84,14 +90,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="stock baselines to run, comma-separated (\"\" for none)")
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
                    help="ARR strategies to run, comma-separated (\"\" for none)")
+    p.add_argument("--ablations", type=cli.ablation_list, default="",
+                   help=f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default none): "
+                        + ablations.describe())
     p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET, help="saccades per image")
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
     cli.add_max_cells(p)
     p.add_argument("--faithfulness", action="store_true",
-                   help="for every ARR row, also measure the deletion / random / insertion curves of the "
-                        "reference answer (3 x (steps + 1) teacher-forced forwards per item)")
+                   help="for every ARR strategy row (not the ablations), also measure the deletion / random / "
+                        "insertion curves of the reference answer (3 x (steps + 1) teacher-forced forwards per item)")
     p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
                    help="points per faithfulness curve, minus one")
     p.add_argument("--device", type=cli.device, default=None,
@@ -99,8 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=cli.output_folder, default=None,
                    help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is resumed")
     args = p.parse_args(argv)
-    if not args.baselines and not args.strategies:
-        p.error("argument --baselines: empty, and so is --strategies: nothing to evaluate")
+    if not args.baselines and not args.strategies and not args.ablations:
+        p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")
     if args.budget > args.max_cells:
         p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
     if args.faithfulness and not args.strategies:
@@ -124,8 +133,10 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
     results = []
     for row in rows:
         pipeline, _, strategy = row.partition(":")
+        pipeline, _, ablation = pipeline.partition("-")  # "arr-no-gestalt" -> arr under the no-gestalt ablation
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
-                       strategy=strategy or None, budget=args.budget, max_cells=args.max_cells)
+                       strategy=strategy or None, budget=args.budget, max_cells=args.max_cells,
+                       ablation=ablation or None)
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
                       score=METRICS[metric](a.text, item.answers) if item.answers else None,
                       visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
@@ -135,7 +146,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
         if a.arr is not None and item.box is not None:
             recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
-        if a.arr is not None and args.faithfulness and item.answers:  # the curves follow the first reference
+        if a.arr is not None and not ablation and args.faithfulness and item.answers:  # after the first reference
             curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
@@ -146,8 +157,10 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
 
 
 def row_names(args: argparse.Namespace) -> list[str]:
-    """The rows to evaluate: the stock baselines, then ARR under each strategy ("arr:topk", ...)."""
-    return cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
+    """The rows to evaluate: the stock baselines, ARR under each strategy ("arr:topk", ...), then each ablation
+    ("arr-raster:topk", ...)."""
+    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
+            + [f"arr-{a}:{ABLATION_STRATEGY}" for a in cli.names(args.ablations)])
 
 
 def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoint: str) -> dict:

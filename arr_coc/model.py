@@ -29,6 +29,7 @@ from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Request, Saccade, Scene,  # noqa: F401
                                       check_question, check_request, views_for)
+from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.texture import generate_texture_array
@@ -118,13 +119,14 @@ class ARRCOCQwen:
 
     @torch.no_grad()
     def prepare(self, image, question: str, layer: ARRCOCLayer | None = None, watch: Stopwatch | None = None,
-                max_cells: int | None = None) -> Scene:
-        """Observe, then score with an ARR layer: everything up to selection."""
+                max_cells: int | None = None, ablation: str | None = None) -> Scene:
+        """Observe, then score with an ARR layer (under an ablation's prior and weights): everything up to selection."""
         watch = watch or Stopwatch(self.vlm.device)
+        chosen = self.ablation(ablation)
         observation = self.observe(image, question, watch, max_cells)
         with watch.section("selection"):
-            maps = self.score(observation, (layer or self.layer).graphed_score)
-        return Scene(observation, maps)
+            maps = arr.score(observation, (layer or self.layer).graphed_score, chosen)
+        return Scene(observation, maps, chosen)
 
     def score(self, observation: Observation, scorer: Callable[..., dict] | None = None) -> dict:
         """
@@ -136,19 +138,35 @@ class ARRCOCQwen:
 
     def select(self, scene: Scene, strategy: str | None = None, budget: int | None = None,
                layer: ARRCOCLayer | None = None) -> ARRCOCOutput:
-        """Re-select saccades from a prepared scene (no VLM work)."""
-        return (layer or self.layer).select(scene.maps, scene.views.candidate_grid, budget, strategy)
+        """Re-select saccades from a prepared scene (no VLM work), as many and in the order its ablation says."""
+        return arr.select(layer or self.layer, scene.maps, scene.views.candidate_grid, len(scene.observation.gestalt),
+                          budget, strategy, scene.ablation or ablations.NO_ABLATION)
+
+    @staticmethod
+    def ablation(name: str | None) -> ablations.Ablation:
+        """An ablation by name (None or "none": nothing removed); InputError naming the choices for another."""
+        try:
+            return ablations.get(name)
+        except KeyError as e:
+            raise InputError(e.args[0]) from None
 
     # --- answering ---
 
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
                strategy: str | None = None, budget: int | None = None, layer: ARRCOCLayer | None = None,
-               streamer=None, max_cells: int | None = None) -> Answer:
-        """Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed."""
+               streamer=None, max_cells: int | None = None, ablation: str | None = None) -> Answer:
+        """
+        Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed.
+        ablation names what of ARR to switch off (arr_coc.relevance.ablation.ABLATIONS; arr only).
+        """
         if pipeline not in pipelines.REGISTRY:
             raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
+        if ablation not in (None, ablations.NO_ABLATION.name) and pipeline != "arr":
+            raise InputError(f"an ablation ({ablation}) switches off part of ARR: it needs the arr pipeline, not {pipeline}")
         question = check_question(question)
-        request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells))
+        chosen = self.ablation(ablation)
+        request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells,
+                                        None if chosen is ablations.NO_ABLATION else chosen))
         try:
             return pipelines.load(pipeline).answer(self, image, question, request)
         except torch.cuda.OutOfMemoryError:

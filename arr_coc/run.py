@@ -4,6 +4,9 @@ The headless microscope: one image, one question, every pipeline, a table on std
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What colour are the cat's eyes?" \
         --json out/run.json --save-dir out/run
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness --save-dir out/run
+    python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --pipelines arr --ablations all
+
+--ablations adds a row per ablation of ARR (arr-no-gestalt, ...: arr_coc.relevance.ablation), at the same budget.
 
 --faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.eval.faithfulness): the answer's
 log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
@@ -28,6 +31,7 @@ from arr_coc import cli, pipelines
 from arr_coc.config import DEFAULT_BUDGET, DEFAULT_MODEL, PIPELINES, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import open_image
+from arr_coc.relevance import ablation as ablations
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="number of saccades (at most the candidate grid's cells)")
     p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
                    help=f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()})")
+    p.add_argument("--ablations", type=cli.ablation_list, default="",
+                   help=f"also run ARR under these ablations, comma-separated, or \"all\" (default none): "
+                        + ablations.describe())
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
                    help="answer length limit")
     cli.add_max_cells(p)
@@ -84,11 +91,12 @@ def table(results: dict) -> str:
     """One row per pipeline: tokens, latency split, memory, answer."""
     from arr_coc.timing import TIMING_KEYS
 
-    head = f"{'pipeline':<9}{'visual':>7}{'text':>6}" + "".join(f"{k[:7]:>10}" for k in TIMING_KEYS) + f"{'MB':>8}  answer"
+    width = max(9, *(len(name) + 1 for name in results))
+    head = f"{'pipeline':<{width}}{'visual':>7}{'text':>6}" + "".join(f"{k[:7]:>10}" for k in TIMING_KEYS) + f"{'MB':>8}  answer"
     rows = [head, "-" * len(head)]
     for name, r in results.items():
         t, ms = r["tokens"], r["timings_ms"]
-        rows.append(f"{name:<9}{t['total_visual']:>7}{t['text']:>6}" + "".join(f"{ms[k]:>10.1f}" for k in TIMING_KEYS)
+        rows.append(f"{name:<{width}}{t['total_visual']:>7}{t['text']:>6}" + "".join(f"{ms[k]:>10.1f}" for k in TIMING_KEYS)
                     + f"{r['peak_memory_mb']:>8.0f}  {r['answer'][:60]!r}")
     return "\n".join(rows)
 
@@ -109,14 +117,16 @@ def main(argv=None) -> int:
         if model.notice:
             cli.log(f"note: {model.notice}")
         results, arr_answer = {}, None
-        for pipeline in cli.names(args.pipelines):
+        runs = [(p, None) for p in cli.names(args.pipelines)] + [("arr", a) for a in cli.names(args.ablations)]
+        for pipeline, ablation in runs:
             try:
                 answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
-                                    strategy=args.strategy, budget=args.budget, max_cells=args.max_cells)
+                                    strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
+                                    ablation=ablation)
             except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
                 raise InputError(str(e)) from None
-            results[pipeline] = answer.to_json()
-            arr_answer = answer if pipeline == "arr" else arr_answer
+            results[f"arr-{ablation}" if ablation else pipeline] = answer.to_json()
+            arr_answer = answer if pipeline == "arr" and not ablation else arr_answer
         if args.faithfulness:
             from arr_coc.eval.faithfulness import faithfulness_curves
 

@@ -57,6 +57,23 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     assert noise and all("box_recall" not in r for r in noise)  # no target box, no box metric
 
 
+def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", "tiny", "--checkpoint", "tiny-text-vs-distractor", "--baselines", "",
+                          "--strategies", "topk", "--ablations", "all", "--synthetic", "1", "--kinds", "text_vs_distractor",
+                          "--max-new-tokens", "1", "--out", str(out)]) == 0
+    names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "no-gestalt"]
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    assert list(summary) == ["arr:topk", *(f"arr-{name}:topk" for name in names)]
+    assert {row["visual_tokens"] for row in summary.values()} == {529}
+    records = {r["row"]: r for r in results(out)}
+    no_gestalt, arr = records["arr-no-gestalt:topk"], records["arr:topk"]  # 529 saccades hold the 273 most relevant
+    assert no_gestalt["box_recall"] == arr["box_recall"] == 1 and no_gestalt["box_precision"] < arr["box_precision"]
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--ablations", "raster,nope"])
+    assert "unknown ['nope']; choose from information,perspectival" in capsys.readouterr().err
+
+
 def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
     out = tmp_path / "eval"
     assert evaluate.main([*FAST, "--synthetic", "2", "--out", str(out)]) == 0
@@ -79,6 +96,7 @@ OTHER_VALUES = {
     "schema": (["--dataset", "lmms-lab/textvqa"], ["--schema", "docvqa"]), "metric": ([], ["--metric", "anls"]),
     "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]), "size": ([], ["--size", "1792"]),
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
+    "ablations": ([], ["--ablations", "raster"]),
     "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
     "max_cells": ([], ["--max-cells", "2048"]), "faithfulness": ([], ["--faithfulness"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),

@@ -57,6 +57,20 @@ def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
     assert arr["grid"] == [26, 38] and len(arr["weights"]) == 3 and "fallback" in arr
 
 
+def test_run_adds_a_row_per_ablation_at_the_same_budget(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "1",
+                 "--pipelines", "arr", "--ablations", "fixed-weights,no-gestalt", "--json", str(out)]) == 0
+    assert "arr-fixed-weights" in capsys.readouterr().out
+    results = json.loads(out.read_text())["pipelines"]
+    assert list(results) == ["arr", "arr-fixed-weights", "arr-no-gestalt"]
+    assert results["arr"]["ablation"] is None and results["arr-fixed-weights"]["weights"] == [0.2, 0.2, 0.6]
+    gestalt = results["arr"]["tokens"]["gestalt"]
+    assert results["arr-no-gestalt"]["tokens"]["saccade"] == 273 + gestalt
+    assert results["arr-no-gestalt"]["tokens"]["gestalt"] == 0
+    assert {r["tokens"]["total_visual"] for r in results.values()} == {273 + gestalt}
+
+
 def test_run_saves_the_microscope_pngs(tmp_path):
     code = main(["--model", "tiny", "--image", "assets/synth_chart.png", "--question", "What is the Kiwis value?",
                  "--pipelines", "arr", "--max-new-tokens", "1", "--save-dir", str(tmp_path / "png")])

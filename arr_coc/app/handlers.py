@@ -5,7 +5,7 @@ directly, without a server.
 
     for outputs in compare(model, image, "What is it?", "full", 64, "topk", 4096, 20): ...
     kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk",
-                                                                            273, 4096, 20)
+                                                                            273, 4096, 20, "no-gestalt")
     heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
 
 Per-user state (gr.State, kept up to an hour) is a Kept: CPU data only, never a GPU tensor.
@@ -24,6 +24,8 @@ from PIL import Image
 from arr_coc.app import ui, viz
 from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
+from arr_coc.pipelines import arr
+from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
@@ -42,6 +44,8 @@ class Kept:
     relevance: torch.Tensor  # [GH, GW] balanced relevance map
     positions: torch.Tensor  # [K, 2] (row, col) of the selected saccades, most relevant first
     maps: dict | None = None  # the layer's scored maps (textures, scorers, weights): re-selection; Microscope only
+    ablation: Ablation = NO_ABLATION  # the ablation the maps were scored under: re-selection applies it too
+    gestalt_tokens: int = 0  # the gestalt's token count (the no-gestalt ablation selects budget + these)
 
 
 def on_cpu(maps: dict) -> dict:
@@ -59,7 +63,8 @@ def kept_scene(scene: Scene) -> Kept:
     """A scored scene as the Microscope keeps it: its maps (on the CPU) re-select without the VLM."""
     views, maps = scene.views, on_cpu(scene.maps)
     no_saccades = torch.zeros(0, 2, dtype=torch.long)  # [0, 2]: selection_outputs selects them
-    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], no_saccades, maps)
+    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], no_saccades, maps,
+                scene.ablation or NO_ABLATION, len(scene.observation.gestalt))
 
 
 def redraw(kept: Kept | None, numbered: int) -> tuple:
@@ -181,20 +186,25 @@ def stopped(status: str | None) -> str | None:
 
 
 def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int, numbered: int) -> tuple:
-    """Select on the CPU (no VLM work) and draw: the heatmap, the summary line, the saccade list and the mosaic."""
+    """Select on the CPU (no VLM work), under the kept ablation, and draw: the heatmap, the summary line, the
+    saccade list and the mosaic."""
     start = time.perf_counter()
     gh, gw = kept.grid
-    budget = min(int(budget), gh * gw)  # the slider allows the largest grid
-    out = model.layer.select(kept.maps, kept.grid, budget, strategy)
+    extra = kept.ablation.saccade_budget(0, kept.gestalt_tokens)  # the no-gestalt ablation's extra saccades
+    budget = min(int(budget), gh * gw - extra)  # the slider allows the largest grid
+    out = arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, strategy, kept.ablation)
     heatmap, mosaic = redraw(replace(kept, positions=out.positions[0]), numbered)
-    return heatmap, ui.selection_summary(out, (time.perf_counter() - start) * 1000), ui.saccade_rows(out), mosaic
+    summary = ui.selection_summary(out, (time.perf_counter() - start) * 1000, kept.ablation.description
+                                   if kept.ablation is not NO_ABLATION else None)
+    return heatmap, summary, ui.saccade_rows(out), mosaic
 
 
 @ui.reports_errors
 def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, strategy: str, budget: int,
-               max_cells: int, numbered: int) -> tuple:
-    """Run ARR up to selection once, keep its maps (CPU) for re-selection, and draw every map."""
-    scene = model.prepare(image, question, max_cells=int(max_cells))
+               max_cells: int, numbered: int, ablation: str = NO_ABLATION.name) -> tuple:
+    """Run ARR (under an ablation: arr_coc.relevance.ablation) up to selection once, keep its maps (CPU) for
+    re-selection, and draw every map."""
+    scene = model.prepare(image, question, max_cells=int(max_cells), ablation=ablation)
     out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
     kept = kept_scene(scene)
     return (kept, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),

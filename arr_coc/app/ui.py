@@ -249,11 +249,11 @@ def saccade_rows(out: ARRCOCOutput) -> list[list]:
             for rank, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()), start=1)]
 
 
-def selection_summary(out: ARRCOCOutput, ms: float) -> str:
-    """One line on the selection: count, strategy, grid, time; plus the fallback in words, if any."""
+def selection_summary(out: ARRCOCOutput, ms: float, ablation: str | None = None) -> str:
+    """One line on the selection: count, strategy, grid, time, the ablation if any; plus the fallback in words."""
     gh, gw = out.grid
     line = (f"**{out.indices.shape[1]} saccades** · strategy `{out.strategy}` · {gh}×{gw} = {gh * gw} candidate "
-            f"cells · selected and drawn in {ms:.0f} ms")
+            f"cells · selected and drawn in {ms:.0f} ms" + (f" · ablation: {ablation}" if ablation else ""))
     reason = out.fallback[0]
     return line + (f"\n\n**Fallback** — {FALLBACKS[reason]}." if reason else "")
 

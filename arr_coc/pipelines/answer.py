@@ -13,6 +13,7 @@ import torch
 
 from arr_coc.config import PipelineConfig
 from arr_coc.errors import InputError
+from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
@@ -31,6 +32,7 @@ class Request:
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
     streamer: object = None  # a transformers streamer that receives the new tokens
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
+    ablation: Ablation | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None: nothing)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Scene:
     """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
     observation: Observation
     maps: dict  # ARRCOCLayer output (its scoring forward): textures, scorer maps, weights, relevance
+    ablation: Ablation | None = None  # the ablation the maps were scored under; selection applies it too
 
     @property
     def views(self) -> Views:
@@ -79,6 +82,7 @@ class Answer:
     safe_mode: bool = False  # the answer was redone with an fp32 residual stream after fp16 overflowed
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
+    ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
 
     @property
     def tokens_per_s(self) -> float:
@@ -104,7 +108,7 @@ class Answer:
         if self.arr is not None:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
-                       strategy=self.arr.strategy)
+                       strategy=self.arr.strategy, ablation=self.ablation)
         return out
 
 

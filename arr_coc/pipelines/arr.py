@@ -6,9 +6,11 @@ arr: ARR-COC. The image walks down once:
 
 observe / score / select are also ARRCOCQwen's own steps (the app re-selects a scored scene; training scores
 observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
-faithfulness alike.
+faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
+the prior and the weights in score, the saccade count and order in select, the gestalt block in arr_prompt.
 
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(budget=273))
+    answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(ablation=ABLATIONS["raster"]))
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch
 
 from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, finish, generate, token_counts,
                                       views_for)
-from arr_coc.relevance.layer import ARRCOCOutput
+from arr_coc.relevance.ablation import NO_ABLATION, Ablation
+from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
 from arr_coc.timing import Stopwatch, reset_peak_memory
 from arr_coc.vlm.base import VLM, Prompt, VisualTokens
@@ -43,16 +46,27 @@ def observe(model: ARRCOCQwen, image, question: str, watch: Stopwatch, max_cells
     return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
 
 
-def score(observation: Observation, scorer: Callable[..., dict]) -> dict:
-    """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward)."""
+def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablation = NO_ABLATION) -> dict:
+    """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward),
+    under an ablation's prior and weights."""
     o = observation
-    return scorer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), o.prior)
+    maps = scorer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), ablation.prior(o.prior))
+    return ablation.mix(maps)
 
 
-def arr_prompt(vlm: VLM, observation: Observation, saccades: VisualTokens | None, answer: str | None = None) -> Prompt:
-    """The gestalt block, the saccades as a second block (none when there are none), the question, and
-    optionally an answer to teacher-force."""
-    images = [observation.gestalt] + ([saccades] if saccades is not None and len(saccades) else [])
+def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | None = None,
+           strategy: str | None = None, ablation: Ablation = NO_ABLATION) -> ARRCOCOutput:
+    """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, or with no gestalt the
+    budget + its tokens) and in the order the ablation says (budget None: the layer's)."""
+    budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
+    return ablation.order(layer.select(maps, grid, budget, strategy))
+
+
+def arr_prompt(vlm: VLM, observation: Observation, saccades: VisualTokens | None, answer: str | None = None,
+               gestalt: bool = True) -> Prompt:
+    """The gestalt block (unless ablated), the saccades as a second block (none when there are none), the
+    question, and optionally an answer to teacher-force."""
+    images = ([observation.gestalt] if gestalt else []) + ([saccades] if saccades is not None and len(saccades) else [])
     return vlm.prompt(observation.question, images, answer=answer)
 
 
@@ -70,21 +84,25 @@ def saccade_list(observation: Observation, out: ARRCOCOutput) -> list[Saccade]:
 @torch.no_grad()
 def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     """One ARR answer, the image walking down once (the module docstring's diagram)."""
-    vlm, layer = model.vlm, request.layer or model.layer
+    vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
     watch = Stopwatch(vlm.device)
     reset_peak_memory(vlm.device)
     start = watch.now()
     observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
-        maps = score(observation, layer.graphed_score)
-        out = layer.select(maps, observation.views.candidate_grid, request.budget, request.strategy)
+        maps = score(observation, layer.graphed_score, ablation)
+        out = select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), request.budget,
+                     request.strategy, ablation)
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
-    prompt = arr_prompt(vlm, observation, saccades)  # VLM: gestalt + saccades + question -> answer
+    prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question
     generation, new_tokens = generate(vlm, prompt, watch, request)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
-    prior_tokens = prompt.length - (K + 2 if K else 0)  # the prior read the prompt without the saccade block
+    read_gestalt = n_gestalt if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
+    block = lambda n: n + 2 if n else 0  # noqa: E731  (an image block's tokens with its start and end)
+    prior_tokens = prompt.length - block(K) + block(n_gestalt) - block(read_gestalt)  # [gestalt + question]
     gflops = vlm.gflops([n_gestalt, K] if K else [n_gestalt], prompt.length, prior_tokens,
                         model.pipeline.prior_layer_fraction)
-    return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, n_gestalt, K), watch, start,
-                  observation.views, gflops, arr=out, saccades=saccade_list(observation, out), observation=observation)
+    return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, read_gestalt, K), watch, start,
+                  observation.views, gflops, arr=out, saccades=saccade_list(observation, out), observation=observation,
+                  ablation=None if ablation is NO_ABLATION else ablation.name)

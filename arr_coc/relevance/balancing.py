@@ -21,6 +21,11 @@ def standardise(maps: torch.Tensor) -> torch.Tensor:
     return ((flat - mean) / std).view_as(maps)
 
 
+def mix(maps: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[B, 3, gh, gw] scorer maps, [B, 3] weights -> [B, gh, gw] relevance: the weighted sum of the standardised maps."""
+    return (weights.view(*weights.shape, 1, 1) * standardise(maps)).sum(1)
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """[B, L, D] with mask [B, L] -> [B, D]."""
     if mask is None:
@@ -56,5 +61,4 @@ class AdaptiveTensionBalancer(nn.Module):
         g = gestalt_embeds.to(maps.dtype).mean(1) if gestalt_embeds is not None else maps.new_zeros(B, self.hidden_size)
         h = self.query_summary(q) + self.gestalt_summary(g) + self.map_stats(stats.nan_to_num(0.0))  # [B, hidden]
         weights = torch.sigmoid(self.head(h))  # [B, 3]
-        relevance = (weights.view(B, 3, 1, 1) * standardise(maps)).sum(1)  # [B, gh, gw]
-        return relevance, weights
+        return mix(maps, weights), weights  # [B, gh, gw], [B, 3]

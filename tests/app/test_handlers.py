@@ -113,6 +113,24 @@ def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
     assert "strategy `grid`" in summary and spread != fewer
 
 
+@pytest.mark.parametrize("ablation", ["no-gestalt", "raster", "fixed-weights"])
+def test_the_microscope_analyses_under_an_ablation_and_reselects_under_it(arr_model, ablation):
+    kept, _, _, _, summary, rows, _ = handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5, ablation)
+    extra = kept.gestalt_tokens if ablation == "no-gestalt" else 0  # no gestalt: its tokens become saccades
+    assert kept.ablation.name == ablation and kept.gestalt_tokens > 0
+    assert summary.startswith(f"**{273 + extra} saccades**") and len(rows) == 273 + extra
+    assert f"ablation: {kept.ablation.description}" in summary
+    _, summary, fewer, _ = handlers.reselect(arr_model, kept, "topk", 50, 5)
+    assert summary.startswith(f"**{50 + extra} saccades**") and "ablation" in summary
+    if ablation == "raster":  # the same cells, raster-sorted
+        cells = [(row[1], row[2]) for row in fewer]
+        assert cells == sorted(cells)
+    if ablation == "fixed-weights":
+        assert torch.equal(kept.maps["weights"], torch.tensor([[0.2, 0.2, 0.6]]))
+    with pytest.raises(gr.Error, match="unknown ablation 'nope'"):
+        handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5, "nope")
+
+
 def test_reselect_before_analysing_is_a_user_error(arr_model, caplog):
     with caplog.at_level(logging.INFO, logger="arr_coc.app"), pytest.raises(gr.Error, match="Analyse an image first"):
         handlers.reselect(arr_model, None, "topk", 50, 5)

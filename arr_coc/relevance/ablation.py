@@ -1,0 +1,101 @@
+"""
+ARR's ablations: each a small declarative switch over the one arr pipeline, applied by the relevance layer's
+callers at four well-defined points, so every part of ARR has to earn its keep at the same budget:
+
+    prior    the participatory scorer's question->gestalt attention prior       (Ablation.prior, before scoring)
+    weights  the balancer's weights, fixed instead of learned                  (Ablation.mix, after scoring)
+    budget   the saccade count: no gestalt reads budget + its tokens as saccades (Ablation.saccade_budget)
+    order    the order the saccades are fed to the LLM: raster or relevance     (Ablation.order, after selection)
+
+and one on the LLM's input: whether the gestalt block is in the prompt (Ablation.gestalt).
+
+    from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION
+    ablation = ABLATIONS["no-gestalt"]
+    model.answer(image, "What does the sign say?", "arr", ablation="no-gestalt")   # the row arr-no-gestalt:topk
+"""
+
+from __future__ import annotations  # torch-free at import: the commands check --ablations before torch loads
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from arr_coc.relevance.config import ARRCOCConfig
+
+if TYPE_CHECKING:
+    import torch
+
+SCORERS = ("information", "perspectival", "participatory")  # the balancer's maps, in its weights' order
+PRIOR_WEIGHTS = tuple(ARRCOCConfig().prior_weights)  # (0.2, 0.2, 0.6): the untrained balancer's weights
+
+
+@dataclass(frozen=True)
+class Ablation:
+    name: str  # the row's and the app's name for it, e.g. "no-gestalt"
+    description: str  # one line: what it removes or fixes
+    weights: tuple[float, float, float] | None = None  # fixed balancer weights (information, perspectival,
+    # participatory) in place of the learned ones; one-hot = one scorer alone; None: the balancer's own
+    participatory_prior: bool = True  # False: the participatory scorer without the question->gestalt prior
+    raster_order: bool = False  # True: the saccades are fed to the LLM in raster order, not relevance order
+    gestalt: bool = True  # False: no gestalt block; its token count goes to the saccades instead
+
+    def prior(self, prior: torch.Tensor | None) -> torch.Tensor | None:
+        """The participatory prior [B, gh, gw] the scorer gets: the VLM's, or none."""
+        return prior if self.participatory_prior else None
+
+    def mix(self, maps: dict) -> dict:
+        """The layer's scored maps with the relevance mixed from fixed weights (the scorer maps untouched)."""
+        if self.weights is None:
+            return maps
+        import torch
+
+        from arr_coc.relevance.balancing import mix
+
+        stacked = torch.stack([maps[name] for name in SCORERS], dim=1)  # [B, 3, gh, gw]
+        weights = torch.tensor(self.weights, dtype=stacked.dtype, device=stacked.device).expand(len(stacked), 3)
+        return dict(maps, relevance=mix(stacked, weights), weights=weights)  # [B, gh, gw], [B, 3]
+
+    def saccade_budget(self, budget: int, gestalt_tokens: int) -> int:
+        """How many saccades to select: the budget, plus the gestalt's tokens when the gestalt is left out."""
+        return budget if self.gestalt else budget + gestalt_tokens
+
+    def order(self, out):
+        """An ARRCOCOutput (or anything with indices, positions, scores, selected_scores [B, K, ...]) in the
+        order fed to the LLM: relevance order as selected, or raster order (the same cells)."""
+        if not self.raster_order:
+            return out
+        order = out.indices.argsort(dim=1)  # [B, K]: raster indices are row * gw + col
+        return replace(out, indices=reorder(out.indices, order), positions=reorder(out.positions, order),
+                       scores=reorder(out.scores, order), selected_scores=reorder(out.selected_scores, order))
+
+
+def reorder(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """[B, K, ...] values taken in `order` [B, K] along K (gather keeps the gradient of selected_scores)."""
+    return values.gather(1, order.view(*order.shape, *[1] * (values.dim() - 2)).expand_as(values))
+
+
+NO_ABLATION = Ablation("none", "ARR as trained: nothing removed")
+ABLATIONS = {a.name: a for a in (
+    Ablation("information", "the information (propositional) scorer alone", weights=(1.0, 0.0, 0.0)),
+    Ablation("perspectival", "the perspectival (salience) scorer alone", weights=(0.0, 1.0, 0.0)),
+    Ablation("participatory", "the participatory (query coupling) scorer alone", weights=(0.0, 0.0, 1.0)),
+    Ablation("fixed-weights", "the prior's fixed balancer weights (0.2, 0.2, 0.6) over the trained scorers",
+             weights=PRIOR_WEIGHTS),
+    Ablation("no-prior", "the participatory scorer without the question->gestalt attention prior",
+             participatory_prior=False),
+    Ablation("raster", "the saccades fed in raster order instead of relevance order", raster_order=True),
+    Ablation("no-gestalt", "no gestalt: budget + gestalt-token saccades and nothing else", gestalt=False),
+)}
+
+
+def describe() -> str:
+    """One line naming each ablation and what it does (the flags' help)."""
+    return "; ".join(f"{a.name}: {a.description}" for a in ABLATIONS.values())
+
+
+def get(name: str | None) -> Ablation:
+    """An ablation by name (None or "none": nothing removed); KeyError naming the choices for another."""
+    if name is None or name == NO_ABLATION.name:
+        return NO_ABLATION
+    if name not in ABLATIONS:
+        raise KeyError(f"unknown ablation {name!r}: one of {', '.join(ABLATIONS)}")
+    return ABLATIONS[name]
