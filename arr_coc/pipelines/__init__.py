@@ -26,6 +26,9 @@ REGISTRY = {
 }
 PIPELINES = tuple(REGISTRY)
 BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baseline)
+# the pipelines whose LLM reads our own embeddings (vlm.prompt) under either engine; stock generate() cannot take
+# Qwen3-VL's (it would drop their DeepStack features), so under its hf engine they have no row
+FROM_EMBEDS = ("arr", "divprune", "visionzip")
 
 
 def describe(names: tuple[str, ...] = PIPELINES) -> str:

@@ -163,3 +163,17 @@ def test_divprune_never_picks_a_cell_twice_among_duplicates():
     """A flat image: every embedding the same, every distance 0: still n different cells."""
     picks = divprune.diverse_order(torch.ones(10, 4), 6)
     assert len(set(picks.tolist())) == 6
+
+
+def test_the_reducers_are_baselines_for_evaluate_run_bench_and_the_app(capsys):
+    """evaluate --baselines and the app's Compare choice read BASELINES; run and bench --pipelines read PIPELINES:
+    a list with a reducer and an unknown name is refused for the unknown name alone, before any model loads."""
+    from arr_coc import evaluate, run
+    from arr_coc.config import BASELINES, PIPELINES
+
+    assert set(REDUCERS) <= set(BASELINES) and set(REDUCERS) <= set(PIPELINES)
+    for main, flags in ((evaluate.main, ["--synthetic", "1", "--out", "x", "--baselines"]),
+                        (run.main, ["--image", "assets/chelsea.png", "--question", "q", "--pipelines"])):
+        with pytest.raises(SystemExit):
+            main(["--model", "tiny", *flags, "divprune,visionzip,fastzip"])
+        assert "unknown ['fastzip']" in capsys.readouterr().err
