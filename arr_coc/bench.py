@@ -1,5 +1,5 @@
 """
-Benchmarks: the ARR relevance layer alone, then the four pipelines end to end, with memory.
+Benchmarks: the ARR relevance layer alone, then every pipeline end to end, with memory.
 
 Latency and memory do not depend on weight values, so on a GPU the full-size Qwen2-VL-2B architecture
 (or Qwen2.5-VL-3B: --family qwen2_5_vl) with random weights stands in for the real model (--random-weights).
@@ -22,6 +22,7 @@ from PIL import Image
 
 from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
+from arr_coc.pipelines import FROM_EMBEDS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -135,7 +136,7 @@ def bench_pipelines(model, image: Image.Image, pipelines: list[str], engines: li
         # stock generate() cannot run a DeepStack family's ARR embeddings (Qwen3-VL): arr/hf is left out there
         return {f"{pipeline}/{engine}": bench_pipeline(model, image, pipeline, engine, new_tokens, repeats, max_cells)
                 for engine in engines for pipeline in pipelines
-                if not (pipeline == "arr" and engine == "hf" and not vlm.stock_generate_takes_embeds)}
+                if not (pipeline in FROM_EMBEDS and engine == "hf" and not vlm.stock_generate_takes_embeds)}
     finally:
         vlm.engine, vlm.model.generation_config.min_new_tokens = saved
 

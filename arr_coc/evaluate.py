@@ -3,10 +3,11 @@ Compare the pipelines on a dataset: the set's accuracy metric, visual tokens, TT
 row, box recall where items have target boxes, and (with --faithfulness) whether ARR's answers depend on
 its saccades.
 
-Rows are the stock baselines (full, gestalt, budget), ARR-COC under each allocation strategy (arr:topk,
-arr:logpolar, arr:grid, arr:random) and, with --ablations, ARR with one part switched off under topk
-(arr-information:topk, ..., arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same
-visual tokens: the design's critical experiment at a fixed budget.
+Rows are the stock baselines (full, gestalt, budget), the published token reducers at ARR's visual-token count
+(divprune, visionzip), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid, arr:random) and,
+with --ablations, ARR with one part switched off under topk (arr-information:topk, ..., arr-no-gestalt:topk;
+arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's critical experiment
+at a fixed budget.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa

@@ -1,7 +1,7 @@
 """
 ARRCOCQwen: the façade over one frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL), its ARR layer and the
 pipeline settings. It loads them, and dispatches each request to a pipeline of the registry
-(arr_coc.pipelines: arr, full, gestalt, budget, one file each), which walks the image down once:
+(arr_coc.pipelines: arr, full, gestalt, budget, divprune, visionzip, one file each), which walks the image down once:
 views -> VLM -> relevance -> VLM -> answer.
 
     model = ARRCOCQwen.from_pretrained("tiny")               # or "Qwen/Qwen2-VL-2B-Instruct", a folder

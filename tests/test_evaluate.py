@@ -15,6 +15,7 @@ import torch
 from conftest import ROOT, write_parquet_set
 
 from arr_coc import bench, evaluate
+from arr_coc.config import PIPELINES
 from arr_coc.eval import metrics, report
 from arr_coc.eval.sets import Source
 
@@ -47,8 +48,10 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     report = json.loads((out / "report.json").read_text())
     summary = report["summary"]
     assert report["checkpoint"] == "tiny-charts-documents" and report["metric"] == "contains"  # the app's default rule
-    assert list(summary) == ["full", "gestalt", "budget", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
+    assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "arr:topk", "arr:logpolar", "arr:grid",
+                             "arr:random"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
+    assert summary["divprune"]["visual_tokens"] == summary["visionzip"]["visual_tokens"] == 529  # as many as ARR reads
     assert summary["arr:topk"]["gflops"] < summary["full"]["gflops"]
     assert "box_recall" not in summary["full"] and 0 <= summary["arr:topk"]["box_recall"] <= 1
     records = results(out)
@@ -298,7 +301,7 @@ def test_bench_reports_every_pipeline_and_engine_with_exact_decode_length(tmp_pa
     assert report["layer"]["layer_ms"] > 0 and report["layer"]["layer_eager_ms"] > 0
     assert set(report["sizes"]) == {448, 1000}
     big = report["sizes"][1000]
-    assert set(big["pipelines"]) == {f"{p}/{e}" for p in ("arr", "full", "gestalt", "budget") for e in ("fast", "hf")}
+    assert set(big["pipelines"]) == {f"{p}/{e}" for p in PIPELINES for e in ("fast", "hf")}
     for r in big["pipelines"].values():
         assert r["new_tokens"] == 3  # EOS suppressed: every answer has the same length, with either engine
         assert r["timings_ms"]["total"] > r["timings_ms"]["prefill"] > 0 and r["ttft_ms"] > r["timings_ms"]["prefill"]

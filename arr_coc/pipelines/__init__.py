@@ -8,7 +8,7 @@ them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer: a new 
 line here. This module imports nothing heavy, so the commands check their flags before torch loads.
 
     from arr_coc import pipelines
-    pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget")
+    pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", "visionzip")
     pipelines.load("full").answer(model, image, "What is here?", Request())
 """
 
@@ -21,9 +21,14 @@ REGISTRY = {
     "full": ("arr_coc.pipelines.full", True, "stock: the native view, capped at max_cells (the model as users run it)"),
     "gestalt": ("arr_coc.pipelines.gestalt", True, "stock: the low-res gestalt view alone"),
     "budget": ("arr_coc.pipelines.budget", True, "stock: one view resized to about ARR's token count"),
+    "divprune": ("arr_coc.pipelines.divprune", True, "DivPrune: the native view's most diverse tokens, as many as ARR reads"),
+    "visionzip": ("arr_coc.pipelines.visionzip", True, "VisionZip: the native view's most-attended tokens plus merged context, as many as ARR reads"),
 }
 PIPELINES = tuple(REGISTRY)
 BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baseline)
+# the pipelines whose LLM reads our own embeddings (vlm.prompt) under either engine; stock generate() cannot take
+# Qwen3-VL's (it would drop their DeepStack features), so under its hf engine they have no row
+FROM_EMBEDS = ("arr", "divprune", "visionzip")
 
 
 def describe(names: tuple[str, ...] = PIPELINES) -> str:

@@ -2,11 +2,15 @@
 The stock baselines' one path: one view, the whole vision tower, one image block, generated with the fast
 engine (our encoder and decoder) or, under the hf engine, transformers' own forward from pixels end to end
 (the reference the fast engine is measured against). full.py, gestalt.py and budget.py each name their view.
+
+The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
+view through the vision tower, then a reducer keeps N of its tokens at their places, N being what ARR's LLM
+reads at the same budget (reader_tokens).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -41,3 +45,33 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
         watch.ms["prefill"] -= watch.ms["vision"] - before  # prefill excl. the vision tower inside it
     tokens = token_counts(inputs.length, n if view_name == "gestalt" else 0, 0, total_visual=n)
     return finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views, vlm.gflops([n], inputs.length))
+
+
+def reader_tokens(model: ARRCOCQwen, views, request: Request) -> int:
+    """N: the visual tokens ARR's LLM reads of this image at this budget (gestalt + saccades): a reducer's count."""
+    budget = request.budget if request.budget is not None else (request.layer or model.layer).config.budget
+    return views.gestalt_grid[0] * views.gestalt_grid[1] + int(budget)
+
+
+@torch.no_grad()
+def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, request: Request,
+                   encode: Callable, reduce: Callable) -> Answer:
+    """
+    A token reducer's answer: the whole native view through the vision tower (encode(vlm, view) -> VisualTokens
+    and what reduce reads), then reduce(tokens, read, n) keeps n of them at their places, n = reader_tokens
+    (all of them when the view has fewer), one image block, the fast engine's prompt.
+    """
+    vlm = model.vlm
+    watch = Stopwatch(vlm.device)
+    reset_peak_memory(vlm.device)
+    start = watch.now()
+    with watch.section("vision"):
+        views = views_for(vlm, model.pipeline, image, request.max_cells)
+        every, read = encode(vlm, views.tensor("native"))  # [K, D]
+    with watch.section("selection"):
+        kept = reduce(every, read, min(reader_tokens(model, views, request), len(every)))  # [n, D]
+    prompt = vlm.prompt(question, [kept])
+    generation, new_tokens = generate(vlm, prompt, watch, request)
+    tokens = token_counts(prompt.length, 0, 0, total_visual=len(kept))
+    return finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views,
+                  vlm.gflops([len(every)], prompt.length))

@@ -11,6 +11,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
     stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
     vlm.gflops(vision_cells=[256, 273], prefill_tokens=580, prior_tokens=300)
+    tokens, attention = vlm.encode_view_attention(view)               # + the ViT's last-block attention per cell
 """
 
 from abc import ABC, abstractmethod
@@ -46,6 +47,13 @@ class VisualTokens:
     def scaled(self, weights: torch.Tensor) -> "VisualTokens":
         """The tokens times weights [K, 1] (training's straight-through product); DeepStack features unchanged."""
         return replace(self, features=self.features * weights.to(self.features.dtype))
+
+
+@dataclass
+class VisionAttention:
+    """The vision tower's last block over a whole view, per cell (raster order): what VisionZip reads."""
+    received: torch.Tensor  # [K] attention the cell receives: per patch head-averaged and summed over queries, cell mean
+    keys: torch.Tensor  # [K, hd] the cell's last-block key (post-rotary), averaged over heads and its 4 patches
 
 
 @dataclass
@@ -107,6 +115,10 @@ class VLM(ABC):
     @abstractmethod
     def encode_view(self, view) -> VisualTokens:
         """A whole view (PIL, or [1, 3, H, W] in [0, 1], a multiple of the cell) -> all its cells, raster order."""
+
+    @abstractmethod
+    def encode_view_attention(self, view) -> tuple[VisualTokens, VisionAttention]:
+        """encode_view, plus the last block's attention computed explicitly (chunked over queries) per cell."""
 
     @abstractmethod
     def encode_cells(self, view, positions: torch.Tensor) -> VisualTokens:

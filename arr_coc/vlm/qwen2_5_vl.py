@@ -18,6 +18,7 @@ can be captured as a CUDA graph); larger views run eagerly, one attention call p
 import torch
 import torch.nn.functional as F
 
+from arr_coc.vlm.attention import AttentionProbe
 from arr_coc.vlm.qwen2_vl import GRAPHED_CELLS, QwenVL
 from arr_coc.vlm.views import MERGE
 
@@ -46,11 +47,13 @@ class Qwen25VL(QwenVL):
         order = torch.argsort(key)  # [K]
         return order, window[order]
 
-    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor) -> torch.Tensor:
+    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor,
+                        probe: AttentionProbe | None = None) -> torch.Tensor:
         """
         The vision tower over patches [N, 1176] at rotary (h, w) positions [N, 2], 4 per cell in 2x2 order
         (as encode_cells lays them out) -> merged tokens [N/4, D] in the same cell order, with window attention
-        over the full grid's windows. Tests pin it to the stock tower.
+        over the full grid's windows. Tests pin it to the stock tower. A probe, when given, computes the last
+        block's attention, which must be a full-attention block (it is in every released config).
         """
         visual = self.visual
         cells = patch_positions[::4] // MERGE  # [K, 2]: each cell's first patch sits at (2r, 2c)
@@ -73,8 +76,13 @@ class Qwen25VL(QwenVL):
             def attend_windows(q, k, v):
                 segments = zip(*(t.split(lengths, dim=2) for t in (q, k, v)))  # one window each
                 return torch.cat([F.scaled_dot_product_attention(*qkv, scale=scale) for qkv in segments], dim=2)
-        full = set(visual.fullatt_block_indexes)
+        full, last = set(visual.fullatt_block_indexes), len(visual.blocks) - 1
+        if probe is not None and last not in full:
+            raise ValueError(f"the last vision block ({last}) attends within windows: no whole-view attention to read")
         for i, block in enumerate(visual.blocks):
-            x = self._vision_block(block, x, cos, sin, None if i in full else attend_windows)
+            attend = (probe if i == last else None) if i in full else attend_windows
+            x = self._vision_block(block, x, cos, sin, attend)
+        if probe is not None:
+            probe.reorder(patch_order)  # window order -> the caller's cell order
         merged = visual.merger(x)  # [K, D] in window order
         return torch.empty_like(merged).index_copy_(0, order, merged)  # [K, D] back in the caller's order

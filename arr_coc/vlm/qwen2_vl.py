@@ -21,7 +21,8 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_
 from arr_coc.config import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
-from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
+from arr_coc.vlm.attention import AttentionProbe
+from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisionAttention, VisualTokens
 from arr_coc.vlm.decoder import Decoder
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from arr_coc.vlm.views import MERGE, view_tensor
@@ -127,17 +128,20 @@ class QwenVL(VLM):
         pixels = view if isinstance(view, torch.Tensor) else view_tensor(view, self.device)
         return image_patches(pixels.to(self.device, torch.float32), self.image_processor)
 
-    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor) -> torch.Tensor:
+    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor,
+                        probe: AttentionProbe | None = None) -> torch.Tensor:
         """
         The vision tower's own blocks over one attention sequence of patches [N, 1176] at rotary (h, w)
         positions [N, 2] -> merged tokens [N/4, D]. Unlike the stock forward it reads nothing back to the host,
-        so it can be captured as a CUDA graph. Tests pin it to the stock tower.
+        so it can be captured as a CUDA graph. Tests pin it to the stock tower. A probe, when given, computes
+        the last block's attention (encode_view_attention).
         """
         visual = self.visual
         x = visual.patch_embed(patches)  # [N, E]
         cos, sin = visual.rotary_pos_emb(x, patch_positions)
-        for block in visual.blocks:
-            x = self._vision_block(block, x, cos, sin)
+        last = len(visual.blocks) - 1
+        for i, block in enumerate(visual.blocks):
+            x = self._vision_block(block, x, cos, sin, probe if i == last else None)
         return visual.merger(x)  # [N/4, D]
 
     @staticmethod
@@ -164,8 +168,12 @@ class QwenVL(VLM):
         """
         small = len(positions) <= GRAPHED_CELLS  # big views are compute-bound: graphs would only cost memory
         vision = self.graphed_vision if small and self.decoder.use_graphs else self._vision_forward
-        out = vision(*self._vision_inputs(pixel_values, grid, positions))
-        features, deepstack = out if isinstance(out, tuple) else (out, None)  # Qwen3-VL: (tokens, DeepStack)
+        return self._visual_tokens(vision(*self._vision_inputs(pixel_values, grid, positions)), grid, positions)
+
+    @staticmethod
+    def _visual_tokens(out, grid: tuple[int, int], positions: torch.Tensor) -> VisualTokens:
+        """_vision_forward's output at cells [K, 2] of a grid -> VisualTokens (Qwen3-VL's: tokens and DeepStack)."""
+        features, deepstack = out if isinstance(out, tuple) else (out, None)
         return VisualTokens(features, tuple(grid), positions.cpu().long(), deepstack)
 
     def _vision_inputs(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> tuple:
@@ -187,6 +195,19 @@ class QwenVL(VLM):
         pixels, grid_thw = self.image_inputs(view)
         grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
         return self.encode_patches(pixels, grid, raster_block(grid).positions)
+
+    @torch.no_grad()
+    def encode_view_attention(self, view: Image.Image | torch.Tensor) -> tuple[VisualTokens, VisionAttention]:
+        """
+        encode_view (eager), with the last block's softmax attention computed explicitly, chunked over queries
+        (arr_coc.vlm.attention) -> the tokens and, per cell, the attention it receives and its key.
+        """
+        pixels, grid_thw = self.image_inputs(view)
+        grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
+        positions = raster_block(grid).positions
+        probe = AttentionProbe(self.visual.blocks[-1].attn.scaling)
+        out = self._vision_forward(*self._vision_inputs(pixels, grid, positions), probe=probe)
+        return self._visual_tokens(out, grid, positions), VisionAttention(*probe.per_cell())
 
     # --- text ---
 

@@ -22,6 +22,7 @@ Adapter over transformers' Qwen3VLForConditionalGeneration: what Qwen3-VL does d
 import torch
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
+from arr_coc.vlm.attention import AttentionProbe
 from arr_coc.vlm.qwen2_vl import QwenVL
 from arr_coc.vlm.views import MERGE
 
@@ -174,19 +175,20 @@ class Qwen3VL(QwenVL):
         return patches, patch_positions, taps[rows], weights[rows]
 
     def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor, taps: torch.Tensor,
-                        weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        weights: torch.Tensor, probe: AttentionProbe | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """
         The stock Qwen3-VL tower over one attention sequence of patches [N, 1536] at rotary (h, w) positions
         [N, 2], with their interpolated pos_embed (taps, weights [N, 4]) -> (merged tokens [N/4, D],
-        DeepStack features [k, N/4, D]). No host reads: it can be captured as a CUDA graph.
+        DeepStack features [k, N/4, D]). No host reads: it can be captured as a CUDA graph. A probe, when given,
+        computes the last block's attention (encode_view_attention).
         """
         visual = self.visual
         x = visual.patch_embed(patches)  # [N, E]
         x = x + (visual.pos_embed(taps) * weights[:, :, None]).sum(1).to(x.dtype)  # as the stock forward sums the taps
         cos, sin = visual.rotary_pos_emb(x, patch_positions)
-        deepstack = []
+        deepstack, last = [], len(visual.blocks) - 1
         for i, block in enumerate(visual.blocks):
-            x = self._vision_block(block, x, cos, sin)
+            x = self._vision_block(block, x, cos, sin, probe if i == last else None)
             if i in visual.deepstack_visual_indexes:
                 deepstack.append(visual.deepstack_merger_list[visual.deepstack_visual_indexes.index(i)](x))  # [N/4, D]
         return visual.merger(x), torch.stack(deepstack)  # [N/4, D], [k, N/4, D]
