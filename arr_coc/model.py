@@ -28,7 +28,7 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Request, Saccade, Scene,  # noqa: F401
-                                      check_question, check_request, views_for)
+                                      FASTV_LAYER, check_question, check_request, views_for)
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.texture import generate_texture_array
@@ -89,7 +89,8 @@ class ARRCOCQwen:
         for size in (448, 1792):
             image = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
             for pipeline in PIPELINES:
-                self.answer(image, WARMUP_QUESTION, pipeline, max_new_tokens=2)
+                if not (pipeline in pipelines.FAST_ENGINE_ONLY and self.vlm.engine != "fast"):
+                    self.answer(image, WARMUP_QUESTION, pipeline, max_new_tokens=2)
         return time.perf_counter() - start
 
     # --- ARR layers (checkpoint A/B swaps these without touching the VLM) ---
@@ -143,12 +144,12 @@ class ARRCOCQwen:
 
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
                strategy: str | None = None, budget: int | None = None, layer: ARRCOCLayer | None = None,
-               streamer=None, max_cells: int | None = None) -> Answer:
+               streamer=None, max_cells: int | None = None, fastv_layer: int = FASTV_LAYER) -> Answer:
         """Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed."""
         if pipeline not in pipelines.REGISTRY:
             raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
         question = check_question(question)
-        request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells))
+        request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells, fastv_layer))
         try:
             return pipelines.load(pipeline).answer(self, image, question, request)
         except torch.cuda.OutOfMemoryError:

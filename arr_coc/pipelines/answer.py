@@ -20,6 +20,7 @@ from arr_coc.vlm.views import Views, make_views
 
 MAX_QUESTION_CHARS = 4000
 MAX_NEW_TOKENS = 1024
+FASTV_LAYER = 2  # FastV's K (Chen et al. 2024): the layers below it read every image token
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Request:
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
     streamer: object = None  # a transformers streamer that receives the new tokens
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
+    fastv_layer: int = FASTV_LAYER  # FastV's K: layers >= K read only the top image tokens (fastv only)
 
 
 @dataclass
@@ -79,6 +81,7 @@ class Answer:
     safe_mode: bool = False  # the answer was redone with an fp32 residual stream after fp16 overflowed
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
+    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer kept
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,10 +131,20 @@ def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None =
     return make_views(image, s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
 
 
-def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request) -> tuple[Generation, int]:
-    """Greedy generation timed into watch (prefill up to the first token, decode after it) -> (it, new tokens)."""
+def arr_visual_tokens(model, views: Views, request: Request) -> int:
+    """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades (the
+    reducers keep as many, so every row reads the same number of visual tokens)."""
+    budget = request.budget if request.budget is not None else (request.layer or model.layer).config.budget
+    gh, gw = views.gestalt_grid
+    return gh * gw + int(budget)
+
+
+def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request,
+             prune: tuple[int, int] | None = None) -> tuple[Generation, int]:
+    """Greedy generation timed into watch (prefill up to the first token, decode after it) -> (it, new tokens).
+    prune = (K, N): FastV's pruned prefill (VLM.generate)."""
     timer = TimingStreamer(watch, request.streamer)
-    generation = vlm.generate(inputs, request.max_new_tokens, streamer=timer)
+    generation = vlm.generate(inputs, request.max_new_tokens, streamer=timer, prune=prune)
     return generation, timer.new_tokens
 
 

@@ -147,5 +147,6 @@ class VLM(ABC):
 
     @abstractmethod
     def gflops(self, vision_cells: list[int], prefill_tokens: int, prior_tokens: int = 0,
-               prior_layer_fraction: float = 0.5) -> dict:
-        """Estimated compute {vision, prefill}: one vision pass per entry of vision_cells, the prior, the prefill."""
+               prior_layer_fraction: float = 0.5, pruned: tuple[int, int] | None = None) -> dict:
+        """Estimated compute {vision, prefill}: one vision pass per entry of vision_cells, the prior, the prefill
+        (pruned = (K, full tokens): FastV's, K layers over the full prompt and the rest over prefill_tokens)."""

@@ -361,13 +361,19 @@ class QwenVL(VLM):
     # --- compute ---
 
     def gflops(self, vision_cells: list[int], prefill_tokens: int, prior_tokens: int = 0,
-               prior_layer_fraction: float = 0.5) -> dict:
+               prior_layer_fraction: float = 0.5, pruned: tuple[int, int] | None = None) -> dict:
         """
         Estimated compute (arr_coc.flops) of one vision pass per entry of vision_cells (cells = merged tokens),
         the prior pass over prior_tokens up to its layer (no logits), and the prefill of prefill_tokens.
+        pruned = (K, full tokens): FastV's prefill, its first K layers over the full prompt, the rest over prefill_tokens.
         """
-        config = self.model.config
-        layers = int(prior_layer_fraction * config.text_config.num_hidden_layers)
-        prior = prefill_gflops(config.text_config, prior_tokens, layers, False) if prior_tokens else 0.0
+        config, text = self.model.config, self.model.config.text_config
+        layers = int(prior_layer_fraction * text.num_hidden_layers)
+        prior = prefill_gflops(text, prior_tokens, layers, False) if prior_tokens else 0.0
+        if pruned is None:
+            prefill = prefill_gflops(text, prefill_tokens)
+        else:
+            K, full = pruned
+            prefill = prefill_gflops(text, full, K, False) + prefill_gflops(text, prefill_tokens, text.num_hidden_layers - K)
         return dict(vision=sum(vision_gflops(config.vision_config, MERGE**2 * n) for n in vision_cells),
-                    prefill=prior + prefill_gflops(config.text_config, prefill_tokens))
+                    prefill=prior + prefill)
