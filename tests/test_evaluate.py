@@ -47,8 +47,9 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     report = json.loads((out / "report.json").read_text())
     summary = report["summary"]
     assert report["checkpoint"] == "tiny-charts-documents" and report["metric"] == "contains"  # the app's default rule
-    assert list(summary) == ["full", "gestalt", "budget", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
+    assert list(summary) == ["full", "gestalt", "budget", "fastv", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
+    assert summary["fastv"]["visual_tokens"] == 529  # the reducers read what ARR reads
     assert summary["arr:topk"]["gflops"] < summary["full"]["gflops"]
     assert "box_recall" not in summary["full"] and 0 <= summary["arr:topk"]["box_recall"] <= 1
     records = results(out)
@@ -280,7 +281,8 @@ def test_bench_reports_every_pipeline_and_engine_with_exact_decode_length(tmp_pa
     assert report["layer"]["layer_ms"] > 0 and report["layer"]["layer_eager_ms"] > 0
     assert set(report["sizes"]) == {448, 1000}
     big = report["sizes"][1000]
-    assert set(big["pipelines"]) == {f"{p}/{e}" for p in ("arr", "full", "gestalt", "budget") for e in ("fast", "hf")}
+    assert set(big["pipelines"]) == {f"{p}/{e}" for p in ("arr", "full", "gestalt", "budget") for e in ("fast", "hf")} | {
+        "fastv/fast"}  # FastV runs on the fast engine only
     for r in big["pipelines"].values():
         assert r["new_tokens"] == 3  # EOS suppressed: every answer has the same length, with either engine
         assert r["timings_ms"]["total"] > r["timings_ms"]["prefill"] > 0 and r["ttft_ms"] > r["timings_ms"]["prefill"]
