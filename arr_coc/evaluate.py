@@ -89,6 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
     cli.add_max_cells(p)
+    cli.add_fastv_layer(p)
     p.add_argument("--faithfulness", action="store_true",
                    help="for every ARR row, also measure the deletion / random / insertion curves of the "
                         "reference answer (3 x (steps + 1) teacher-forced forwards per item)")
@@ -125,7 +126,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
     for row in rows:
         pipeline, _, strategy = row.partition(":")
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
-                       strategy=strategy or None, budget=args.budget, max_cells=args.max_cells)
+                       strategy=strategy or None, budget=args.budget, max_cells=args.max_cells,
+                       fastv_layer=args.fastv_layer)
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
                       score=METRICS[metric](a.text, item.answers) if item.answers else None,
                       visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
@@ -163,7 +165,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
                 prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget, max_new_tokens=args.max_new_tokens,
-                max_cells=args.max_cells, faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+                max_cells=args.max_cells, fastv_layer=args.fastv_layer,
+                faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
 
 
 class ResultsFolder:

@@ -28,7 +28,7 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Request, Saccade, Scene,  # noqa: F401
-                                      FASTV_LAYER, check_question, check_request, views_for)
+                                      check_question, check_request, views_for)
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.texture import generate_texture_array
@@ -144,7 +144,7 @@ class ARRCOCQwen:
 
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
                strategy: str | None = None, budget: int | None = None, layer: ARRCOCLayer | None = None,
-               streamer=None, max_cells: int | None = None, fastv_layer: int = FASTV_LAYER) -> Answer:
+               streamer=None, max_cells: int | None = None, fastv_layer: int | None = None) -> Answer:
         """Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed."""
         if pipeline not in pipelines.REGISTRY:
             raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")

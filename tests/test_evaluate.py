@@ -81,7 +81,8 @@ OTHER_VALUES = {
     "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]), "size": ([], ["--size", "1792"]),
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
     "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
-    "max_cells": ([], ["--max-cells", "2048"]), "faithfulness": ([], ["--faithfulness"]),
+    "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
+    "faithfulness": ([], ["--faithfulness"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
 }
 

@@ -20,7 +20,6 @@ from arr_coc.vlm.views import Views, make_views
 
 MAX_QUESTION_CHARS = 4000
 MAX_NEW_TOKENS = 1024
-FASTV_LAYER = 2  # FastV's K (Chen et al. 2024): the layers below it read every image token
 
 
 @dataclass
@@ -32,7 +31,7 @@ class Request:
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
     streamer: object = None  # a transformers streamer that receives the new tokens
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
-    fastv_layer: int = FASTV_LAYER  # FastV's K: layers >= K read only the top image tokens (fastv only)
+    fastv_layer: int | None = None  # FastV's K: layers >= K read only the top image tokens (fastv only; default: the PipelineConfig's)
 
 
 @dataclass

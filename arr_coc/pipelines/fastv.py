@@ -46,7 +46,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     vlm = model.vlm
     if vlm.engine != "fast":
         raise InputError("the fastv baseline runs on the fast engine only (its layers read two sequence lengths)")
-    K = check_layer(model, request.fastv_layer)
+    K = check_layer(model, model.pipeline.fastv_layer if request.fastv_layer is None else request.fastv_layer)
     watch = Stopwatch(vlm.device)
     reset_peak_memory(vlm.device)
     start = watch.now()

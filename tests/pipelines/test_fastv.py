@@ -65,7 +65,8 @@ def test_fastv_is_a_baseline_of_every_command_and_the_app():
 
     assert "fastv" in PIPELINES and "fastv" in BASELINES and "fastv" in FAST_ENGINE_ONLY  # app: Compare's choices
     assert evaluate.parse_args(["--baselines", "fastv", "--strategies", ""]).baselines == "fastv"
-    assert run.parse_args(["--image", "assets/chelsea.png", "--question", "q", "--pipelines", "fastv"]).pipelines == "fastv"
+    args = run.parse_args(["--image", "assets/chelsea.png", "--question", "q", "--pipelines", "fastv", "--fastv-layer", "3"])
+    assert (args.pipelines, args.fastv_layer) == ("fastv", 3)
 
 
 def test_fastv_keeps_arr_token_count_of_unique_cells_in_raster_order(family):
@@ -80,6 +81,8 @@ def test_fastv_keeps_arr_token_count_of_unique_cells_in_raster_order(family):
     full = family.answer(photo(700, 500), QUESTION, "full", max_new_tokens=2)
     assert answer.tokens["text"] == full.tokens["text"] and answer.gflops["vision"] == full.gflops["vision"]
     assert answer.gflops["prefill"] < full.gflops["prefill"]
+    later = family.answer(photo(700, 500), QUESTION, "fastv", max_new_tokens=2, budget=40, fastv_layer=3)
+    assert answer.gflops["prefill"] < later.gflops["prefill"] < full.gflops["prefill"]  # K layers read every token
     with pytest.raises(InputError, match="between 1 and 3"):
         family.answer(photo(), QUESTION, "fastv", max_new_tokens=2, fastv_layer=len(vlm.language_model.layers))
 
