@@ -31,7 +31,7 @@ class Request:
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
     streamer: object = None  # a transformers streamer that receives the new tokens
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
-    fastv_layer: int | None = None  # FastV's K: layers >= K read only the top image tokens (fastv only; default: the PipelineConfig's)
+    fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
 
 
 @dataclass
