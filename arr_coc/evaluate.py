@@ -3,8 +3,9 @@ Compare the pipelines on a dataset: the set's accuracy metric, visual tokens, TT
 row, box recall where items have target boxes, and (with --faithfulness) whether ARR's answers depend on
 its saccades.
 
-Rows are the stock baselines (full, gestalt, budget) and ARR-COC under each allocation strategy (arr:topk,
-arr:logpolar, arr:grid, arr:random), all on the same items: the design's critical experiment at a fixed budget.
+Rows are the baselines (the stock views full, gestalt, budget; fastv, FastV at ARR's token count) and ARR-COC
+under each allocation strategy (arr:topk, arr:logpolar, arr:grid, arr:random), all on the same items: the
+design's critical experiment at a fixed budget.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from arr_coc import cli
+from arr_coc import cli, pipelines
 from arr_coc.config import BASELINES, DEFAULT_BUDGET, DEFAULT_MODEL, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS
@@ -81,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--size", type=cli.bounded_int(64, 8192), default=896, help="synthetic scene side in px")
     p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
     p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
-                   help="stock baselines to run, comma-separated (\"\" for none)")
+                   help=f"baselines to run, comma-separated (\"\" for none): {pipelines.describe(BASELINES)}")
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
                    help="ARR strategies to run, comma-separated (\"\" for none)")
     p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET, help="saccades per image")
