@@ -22,7 +22,7 @@ from PIL import Image
 
 from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
-from arr_coc.pipelines import FROM_EMBEDS
+from arr_coc.pipelines import FAST_ENGINE_ONLY, FROM_EMBEDS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -136,7 +136,8 @@ def bench_pipelines(model, image: Image.Image, pipelines: list[str], engines: li
         # stock generate() cannot run a DeepStack family's ARR embeddings (Qwen3-VL): arr/hf is left out there
         return {f"{pipeline}/{engine}": bench_pipeline(model, image, pipeline, engine, new_tokens, repeats, max_cells)
                 for engine in engines for pipeline in pipelines
-                if not (pipeline in FROM_EMBEDS and engine == "hf" and not vlm.stock_generate_takes_embeds)}
+                if not (pipeline in FROM_EMBEDS and engine == "hf" and not vlm.stock_generate_takes_embeds)
+                and not (pipeline in FAST_ENGINE_ONLY and engine == "hf")}
     finally:
         vlm.engine, vlm.model.generation_config.min_new_tokens = saved
 

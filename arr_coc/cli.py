@@ -190,6 +190,13 @@ def add_max_cells(p: argparse.ArgumentParser) -> None:
                         "the same cap")
 
 
+def add_fastv_layer(p: argparse.ArgumentParser) -> None:
+    """--fastv-layer, the same flag for run and evaluate."""
+    p.add_argument("--fastv-layer", type=bounded_int(1, 1000), default=PipelineConfig.fastv_layer,
+                   help="the fastv baseline's K: LLM layers below it read every image token, layers from it on only "
+                        "the top ones by the last prompt token's attention at layer K-1 (FastV's 2)")
+
+
 def log(message: str) -> None:
     """Progress goes to stderr, so stdout holds only the command's results."""
     print(message, file=sys.stderr, flush=True)
@@ -234,10 +241,10 @@ def load_vlm(name: str, device: str):
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
-           budget: int | None, max_cells: int, ablation: str | None = None):
+           budget: int | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None):
     """The one place the commands ask the model for an answer (so a new keyword is passed once)."""
     return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
-                        max_cells=max_cells, ablation=ablation)
+                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer)
 
 
 def versions() -> dict:

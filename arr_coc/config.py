@@ -25,6 +25,7 @@ class PipelineConfig:
     max_cells: int = 4096  # cap on the native-resolution candidate grid and on the `full` baseline (64x64 at 1792^2)
     budget_tokens: int = 529  # token count of the same-budget `budget` baseline (23x23 at 644^2)
     prior_layer_fraction: float = 0.5  # read question->gestalt attention at this fraction of the LLM's depth
+    fastv_layer: int = 2  # FastV's K (Chen et al. 2024): layers >= K read only the top image tokens (the paper's 2)
 
     def __post_init__(self):
         if not MIN_CELLS <= self.max_cells <= MAX_CELLS:

@@ -3,11 +3,11 @@ Compare the pipelines on a dataset: the set's accuracy metric, visual tokens, TT
 row, box recall where items have target boxes, and (with --faithfulness) whether ARR's answers depend on
 its saccades.
 
-Rows are the stock baselines (full, gestalt, budget), the published token reducers at ARR's visual-token count
-(divprune, visionzip), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid, arr:random) and,
-with --ablations, ARR with one part switched off under topk (arr-information:topk, ..., arr-no-gestalt:topk;
-arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's critical experiment
-at a fixed budget.
+Rows are the baselines (the stock views full, gestalt, budget; the published token reducers divprune, visionzip
+and fastv at ARR's visual-token count), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid,
+arr:random) and, with --ablations, ARR with one part switched off under topk (arr-information:topk, ...,
+arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's
+critical experiment at a fixed budget.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from arr_coc import cli
+from arr_coc import cli, pipelines
 from arr_coc.config import BASELINES, DEFAULT_BUDGET, DEFAULT_MODEL, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS
@@ -88,7 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--size", type=cli.bounded_int(64, 8192), default=896, help="synthetic scene side in px")
     p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
     p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
-                   help="stock baselines to run, comma-separated (\"\" for none)")
+                   help=f"baselines to run, comma-separated (\"\" for none): {pipelines.describe(BASELINES)}")
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
                    help="ARR strategies to run, comma-separated (\"\" for none)")
     p.add_argument("--ablations", type=cli.ablation_list, default="",
@@ -99,6 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
     cli.add_max_cells(p)
+    cli.add_fastv_layer(p)
     p.add_argument("--faithfulness", action="store_true",
                    help="for every ARR strategy row (not the ablations), also measure the deletion / random / "
                         "insertion curves of the reference answer (3 x (steps + 1) teacher-forced forwards per item)")
@@ -137,7 +138,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
         pipeline, _, ablation = pipeline.partition("-")  # "arr-no-gestalt" -> arr under the no-gestalt ablation
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                        strategy=strategy or None, budget=args.budget, max_cells=args.max_cells,
-                       ablation=ablation or None)
+                       ablation=ablation or None, fastv_layer=args.fastv_layer)
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
                       score=METRICS[metric](a.text, item.answers) if item.answers else None,
                       visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
@@ -177,7 +178,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
                 prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget, max_new_tokens=args.max_new_tokens,
-                max_cells=args.max_cells, faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+                max_cells=args.max_cells, fastv_layer=args.fastv_layer,
+                faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
 
 
 class ResultsFolder:

@@ -90,7 +90,8 @@ class ARRCOCQwen:
         for size in (448, 1792):
             image = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
             for pipeline in PIPELINES:
-                self.answer(image, WARMUP_QUESTION, pipeline, max_new_tokens=2)
+                if not (pipeline in pipelines.FAST_ENGINE_ONLY and self.vlm.engine != "fast"):
+                    self.answer(image, WARMUP_QUESTION, pipeline, max_new_tokens=2)
         return time.perf_counter() - start
 
     # --- ARR layers (checkpoint A/B swaps these without touching the VLM) ---
@@ -154,10 +155,12 @@ class ARRCOCQwen:
 
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
                strategy: str | None = None, budget: int | None = None, layer: ARRCOCLayer | None = None,
-               streamer=None, max_cells: int | None = None, ablation: str | None = None) -> Answer:
+               streamer=None, max_cells: int | None = None, ablation: str | None = None,
+               fastv_layer: int | None = None) -> Answer:
         """
         Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed.
-        ablation names what of ARR to switch off (arr_coc.relevance.ablation.ABLATIONS; arr only).
+        ablation names what of ARR to switch off (arr_coc.relevance.ablation.ABLATIONS; arr only); fastv_layer is
+        FastV's K (fastv only).
         """
         if pipeline not in pipelines.REGISTRY:
             raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
@@ -166,7 +169,8 @@ class ARRCOCQwen:
         question = check_question(question)
         chosen = self.ablation(ablation)
         request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells,
-                                        None if chosen is ablations.NO_ABLATION else chosen))
+                                        ablation=None if chosen is ablations.NO_ABLATION else chosen,
+                                        fastv_layer=fastv_layer))
         try:
             return pipelines.load(pipeline).answer(self, image, question, request)
         except torch.cuda.OutOfMemoryError:

@@ -55,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
                    help="answer length limit")
     cli.add_max_cells(p)
+    cli.add_fastv_layer(p)
     p.add_argument("--device", type=cli.device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--faithfulness", action="store_true",
                    help="also measure the deletion / random / insertion curves of ARR's answer (needs the arr pipeline)")
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
             try:
                 answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                                     strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
-                                    ablation=ablation)
+                                    ablation=ablation, fastv_layer=args.fastv_layer)
             except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
                 raise InputError(str(e)) from None
             results[f"arr-{ablation}" if ablation else pipeline] = answer.to_json()

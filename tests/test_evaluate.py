@@ -16,6 +16,7 @@ from conftest import ROOT, write_parquet_set
 
 from arr_coc import bench, evaluate
 from arr_coc.config import PIPELINES
+from arr_coc.pipelines import FAST_ENGINE_ONLY
 from arr_coc.eval import metrics, report
 from arr_coc.eval.sets import Source
 
@@ -48,10 +49,11 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     report = json.loads((out / "report.json").read_text())
     summary = report["summary"]
     assert report["checkpoint"] == "tiny-charts-documents" and report["metric"] == "contains"  # the app's default rule
-    assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "arr:topk", "arr:logpolar", "arr:grid",
-                             "arr:random"]
+    assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "arr:topk", "arr:logpolar",
+                             "arr:grid", "arr:random"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
     assert summary["divprune"]["visual_tokens"] == summary["visionzip"]["visual_tokens"] == 529  # as many as ARR reads
+    assert summary["fastv"]["visual_tokens"] == 529
     assert summary["arr:topk"]["gflops"] < summary["full"]["gflops"]
     assert "box_recall" not in summary["full"] and 0 <= summary["arr:topk"]["box_recall"] <= 1
     records = results(out)
@@ -101,7 +103,8 @@ OTHER_VALUES = {
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
     "ablations": ([], ["--ablations", "raster"]),
     "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
-    "max_cells": ([], ["--max-cells", "2048"]), "faithfulness": ([], ["--faithfulness"]),
+    "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
+    "faithfulness": ([], ["--faithfulness"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
 }
 
@@ -301,7 +304,8 @@ def test_bench_reports_every_pipeline_and_engine_with_exact_decode_length(tmp_pa
     assert report["layer"]["layer_ms"] > 0 and report["layer"]["layer_eager_ms"] > 0
     assert set(report["sizes"]) == {448, 1000}
     big = report["sizes"][1000]
-    assert set(big["pipelines"]) == {f"{p}/{e}" for p in PIPELINES for e in ("fast", "hf")}
+    assert set(big["pipelines"]) == {f"{p}/{e}" for p in PIPELINES for e in ("fast", "hf")} - {
+        f"{p}/hf" for p in FAST_ENGINE_ONLY}  # FastV runs on the fast engine only
     for r in big["pipelines"].values():
         assert r["new_tokens"] == 3  # EOS suppressed: every answer has the same length, with either engine
         assert r["timings_ms"]["total"] > r["timings_ms"]["prefill"] > 0 and r["ttft_ms"] > r["timings_ms"]["prefill"]

@@ -89,6 +89,20 @@ def test_graphed_decode_equals_stock_generate(fp32_cuda_model, pipeline):
     assert vlm.decoder.decode_graphs  # the fast answer replayed a captured decode step
 
 
+def test_graphed_fastv_decode_equals_eager(fp32_cuda_model):
+    """FastV's pruned prefill (eager) then decode steps over the mixed cache: graphed as eager, token for token."""
+    vlm, answers = fp32_cuda_model.vlm, {}
+    try:
+        for graphs in (False, True):
+            vlm.decoder.graphs_enabled = graphs
+            answers[graphs] = fp32_cuda_model.answer(big_image(), QUESTION, "fastv", max_new_tokens=16)
+    finally:
+        vlm.decoder.graphs_enabled = True
+    assert answers[True].text == answers[False].text and answers[True].new_tokens == answers[False].new_tokens
+    assert torch.equal(answers[True].kept, answers[False].kept) and len(answers[True].kept) == 14 * 18 + 273  # ARR's count
+    assert vlm.decoder.decode_graphs  # the graphed answer replayed a captured decode step
+
+
 def test_graphed_arr_equals_eager(cuda_model):
     """Same saccades, and first-token logits within bf16/fp16 tolerance, with and without CUDA graphs."""
     vlm = cuda_model.vlm

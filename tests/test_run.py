@@ -34,17 +34,19 @@ def test_run_measures_faithfulness_of_arrs_answer_or_a_given_one(tmp_path, capsy
 def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
     out = tmp_path / "run.json"
     code = main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
-                 "--json", str(out), "--pipelines", "arr,full,gestalt,budget", "--strategy", "logpolar"])
+                 "--json", str(out), "--pipelines", "arr,full,gestalt,budget,fastv", "--strategy", "logpolar"])
     assert code == 0
     printed = capsys.readouterr().out
-    assert all(name in printed for name in ("arr", "full", "gestalt", "budget"))
+    assert all(name in printed for name in ("arr", "full", "gestalt", "budget", "fastv"))
     report = json.loads(out.read_text())
     assert report["model"] == "tiny" and report["question"] == QUESTION and report["max_cells"] == 4096
     assert report["checkpoint"] == "tiny-charts-documents"  # the app's default: the first made for the model
     assert "answers are meaningless" in report["notice"]
     assert set(report["versions"]) == {"torch", "transformers", "arr_coc"} and all(report["versions"].values())
     results = report["pipelines"]
-    assert list(results) == ["arr", "full", "gestalt", "budget"]
+    assert list(results) == ["arr", "full", "gestalt", "budget", "fastv"]
+    visual = {name: results[name]["tokens"]["total_visual"] for name in ("fastv", "arr", "full")}
+    assert visual["fastv"] == min(visual["arr"], visual["full"])  # ARR's count, capped by the view's own tokens
     for entry in results.values():
         assert set(entry) >= {"answer", "tokens", "timings_ms", "peak_memory_mb"}
         assert set(entry["tokens"]) == {"gestalt", "saccade", "text", "total_visual"}

@@ -8,14 +8,14 @@ them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer: a new 
 line here. This module imports nothing heavy, so the commands check their flags before torch loads.
 
     from arr_coc import pipelines
-    pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", "visionzip")
+    pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", "visionzip", "fastv")
     pipelines.load("full").answer(model, image, "What is here?", Request())
 """
 
 import importlib
 from types import ModuleType
 
-# name -> (module, whether it is a stock baseline, what it reads)
+# name -> (module, whether it is a baseline beside ARR (stock or a published reducer), what it reads)
 REGISTRY = {
     "arr": ("arr_coc.pipelines.arr", False, "ARR-COC: the gestalt, then saccades chosen by relevance at native resolution"),
     "full": ("arr_coc.pipelines.full", True, "stock: the native view, capped at max_cells (the model as users run it)"),
@@ -23,8 +23,11 @@ REGISTRY = {
     "budget": ("arr_coc.pipelines.budget", True, "stock: one view resized to about ARR's token count"),
     "divprune": ("arr_coc.pipelines.divprune", True, "DivPrune: the native view's most diverse tokens, as many as ARR reads"),
     "visionzip": ("arr_coc.pipelines.visionzip", True, "VisionZip: the native view's most-attended tokens plus merged context, as many as ARR reads"),
+    "fastv": ("arr_coc.pipelines.fastv", True, "FastV: the native view, only the image tokens layer K-1 attends to most "
+              "(ARR's token count) read from layer K on"),
 }
 PIPELINES = tuple(REGISTRY)
+FAST_ENGINE_ONLY = ("fastv",)  # pipelines stock generate() cannot run (the hf engine): FastV's layers read two lengths
 BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baseline)
 # the pipelines whose LLM reads our own embeddings (vlm.prompt) under either engine; stock generate() cannot take
 # Qwen3-VL's (it would drop their DeepStack features), so under its hf engine they have no row

@@ -33,6 +33,7 @@ class Request:
     streamer: object = None  # a transformers streamer that receives the new tokens
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
     ablation: Ablation | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None: nothing)
+    fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Answer:
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
     ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
+    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer kept
 
     @property
     def tokens_per_s(self) -> float:
@@ -132,10 +134,20 @@ def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None =
     return make_views(image, s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
 
 
-def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request) -> tuple[Generation, int]:
-    """Greedy generation timed into watch (prefill up to the first token, decode after it) -> (it, new tokens)."""
+def arr_visual_tokens(model, views: Views, request: Request) -> int:
+    """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades (the
+    reducers keep as many, so every row reads the same number of visual tokens)."""
+    budget = request.budget if request.budget is not None else (request.layer or model.layer).config.budget
+    gh, gw = views.gestalt_grid
+    return gh * gw + int(budget)
+
+
+def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request,
+             prune: tuple[int, int] | None = None) -> tuple[Generation, int]:
+    """Greedy generation timed into watch (prefill up to the first token, decode after it) -> (it, new tokens).
+    prune = (K, N): FastV's pruned prefill (VLM.generate)."""
     timer = TimingStreamer(watch, request.streamer)
-    generation = vlm.generate(inputs, request.max_new_tokens, streamer=timer)
+    generation = vlm.generate(inputs, request.max_new_tokens, streamer=timer, prune=prune)
     return generation, timer.new_tokens
 
 

@@ -5,7 +5,7 @@ engine (our encoder and decoder) or, under the hf engine, transformers' own forw
 
 The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
 view through the vision tower, then a reducer keeps N of its tokens at their places, N being what ARR's LLM
-reads at the same budget (reader_tokens).
+reads at the same budget (answer.arr_visual_tokens).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import Answer, Request, finish, generate, token_counts, views_for
+from arr_coc.pipelines.answer import Answer, Request, arr_visual_tokens, finish, generate, token_counts, views_for
 from arr_coc.timing import Stopwatch, reset_peak_memory, timed_module
 
 if TYPE_CHECKING:
@@ -47,18 +47,12 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
     return finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views, vlm.gflops([n], inputs.length))
 
 
-def reader_tokens(model: ARRCOCQwen, views, request: Request) -> int:
-    """N: the visual tokens ARR's LLM reads of this image at this budget (gestalt + saccades): a reducer's count."""
-    budget = request.budget if request.budget is not None else (request.layer or model.layer).config.budget
-    return views.gestalt_grid[0] * views.gestalt_grid[1] + int(budget)
-
-
 @torch.no_grad()
 def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, request: Request,
                    encode: Callable, reduce: Callable) -> Answer:
     """
     A token reducer's answer: the whole native view through the vision tower (encode(vlm, view) -> VisualTokens
-    and what reduce reads), then reduce(tokens, read, n) keeps n of them at their places, n = reader_tokens
+    and what reduce reads), then reduce(tokens, read, n) keeps n of them at their places, n = arr_visual_tokens
     (all of them when the view has fewer), one image block, the fast engine's prompt.
     """
     vlm = model.vlm
@@ -69,7 +63,7 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
     with watch.section("selection"):
-        kept = reduce(every, read, min(reader_tokens(model, views, request), len(every)))  # [n, D]
+        kept = reduce(every, read, min(arr_visual_tokens(model, views, request), len(every)))  # [n, D]
     prompt = vlm.prompt(question, [kept])
     generation, new_tokens = generate(vlm, prompt, watch, request)
     tokens = token_counts(prompt.length, 0, 0, total_visual=len(kept))

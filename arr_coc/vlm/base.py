@@ -8,6 +8,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     prompt = vlm.prompt(question, [tokens, saccades])                    # Prompt: ids, embeds, M-RoPE ids
     attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
     generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], safe_mode
+    pruned = vlm.generate(prompt, 64, prune=(2, 529))                    # FastV: layers >= 2 read 529 image tokens
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
     stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
     vlm.gflops(vision_cells=[256, 273], prefill_tokens=580, prior_tokens=300)
@@ -88,6 +89,7 @@ class Generation:
     """What one greedy generation returns."""
     ids: torch.Tensor  # [1, T] the new token ids (EOS included when reached)
     safe_mode: bool = False  # the request was redone with an fp32 residual stream after fp16 overflowed
+    kept: torch.Tensor | None = None  # [N] under FastV: indices into the prompt's image tokens that layers >= K read
 
 
 class VLM(ABC):
@@ -146,8 +148,10 @@ class VLM(ABC):
 
     @abstractmethod
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
-                 min_new_tokens: int | None = None) -> Generation:
-        """Greedy decoding with self.engine (a Prompt) or stock generate() from pixels (StockInputs)."""
+                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None) -> Generation:
+        """Greedy decoding with self.engine (a Prompt) or stock generate() from pixels (StockInputs). prune = (K, N):
+        FastV on the fast engine: layers >= K read only the N image tokens that layer K - 1's last prompt token
+        attends to most (Generation.kept names them)."""
 
     @abstractmethod
     def decode(self, ids: torch.Tensor) -> str:
@@ -155,5 +159,6 @@ class VLM(ABC):
 
     @abstractmethod
     def gflops(self, vision_cells: list[int], prefill_tokens: int, prior_tokens: int = 0,
-               prior_layer_fraction: float = 0.5) -> dict:
-        """Estimated compute {vision, prefill}: one vision pass per entry of vision_cells, the prior, the prefill."""
+               prior_layer_fraction: float = 0.5, pruned: tuple[int, int] | None = None) -> dict:
+        """Estimated compute {vision, prefill}: one vision pass per entry of vision_cells, the prior, the prefill
+        (pruned = (K, full tokens): FastV's, K layers over the full prompt and the rest over prefill_tokens)."""

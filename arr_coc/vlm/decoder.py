@@ -8,7 +8,12 @@ bandwidth allows. This module owns the loop instead:
 - prefill: one forward over the whole prompt (embeddings + 3-row M-RoPE ids), writing a pre-allocated cache;
 - decode: one captured CUDA graph per cache size, replayed per token; the graph advances its own state
   (token, cache slot, rope position, attention mask), so a step is one launch plus one read of the token;
-- the prior: the LLM up to one middle layer, reading the question's attention to the gestalt tokens there.
+- the prior: the LLM up to one middle layer, reading the question's attention to the gestalt tokens there;
+- FastV (Chen et al. 2024), when a `Pruning` is passed: layers < K prefill the whole prompt; at layer K - 1 the
+  last prompt token's attention to every image token ranks them; layers >= K prefill only the top N (in their
+  order, at their own M-RoPE positions and cache slots). Decoding goes on from that mixed cache: each layer's
+  mask (`DecodeState.dropped`) hides the slots its prefill never wrote, so layers < K read the whole prompt
+  and layers >= K the shortened one. A pruned prefill runs eagerly (unpadded); its decode steps are graphed.
 
 Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
 its DeepStack visual features come as one dense tensor `deepstack` [k, 1, L, D] (zeros outside image tokens),
@@ -62,6 +67,21 @@ class DecodeState:
     rope: torch.Tensor  # [1] M-RoPE position of the next token (t = h = w for text)
     mask: torch.Tensor  # [1, 1, 1, cap] additive: 0 for filled slots, -inf for the rest
     logit_bias: torch.Tensor  # [V] added before argmax: -inf on EOS while min_new_tokens is not reached
+    dropped: torch.Tensor  # [layers, 1, 1, 1, cap] additive, per layer: -inf at the prompt slots a Pruning dropped
+
+
+@dataclass
+class Pruning:
+    """FastV's pruning of one prefill. The prefill fills in `kept`."""
+    layer: int  # K: layers < K read the whole prompt, layer K - 1's attention ranks the candidates
+    candidates: torch.Tensor  # [M] sequence indices of the tokens that may be dropped (the image tokens), ascending
+    keep: int  # N: how many candidates layers >= K read (the top N by attention, in sequence order)
+    kept: torch.Tensor | None = None  # [L'] after the prefill: the sequence indices layers >= K hold, ascending
+
+    def kept_candidates(self) -> torch.Tensor:
+        """After the prefill: which candidates were kept, as indices into `candidates` -> [N] ascending."""
+        kept = self.kept[torch.isin(self.kept, self.candidates)]  # [N] sequence indices
+        return torch.searchsorted(self.candidates, kept)
 
 
 def check_full_attention(config) -> None:
@@ -111,7 +131,7 @@ class Decoder:
         """
         One decoder layer, x [1, L, D] (in the weights' dtype, or fp32 in safe mode: the residual stream then
         never overflows fp16). With a state, K/V are written at `slots` and attention reads the cache:
-        causally over its first L slots (prefill from slot 0), or through `mask` (decode).
+        causally over the L tokens themselves (prefill), or over the whole cache through `mask` (decode).
         """
         attn = layer.self_attn
         h = layer.input_layernorm(x).to(self.dtype)
@@ -120,13 +140,11 @@ class Decoder:
         q, k = self._qk(attn, h)  # [1, H, L, hd], [1, Hkv, L, hd]
         v = attn.v_proj(h).view(B, L, -1, hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if state is not None:
+        if state is not None:  # prefill: attends over its own K/V (written at `slots`); decode: over the cache
             keys, values = state.keys[attn.layer_idx], state.values[attn.layer_idx]
             keys.index_copy_(2, slots, k)
             values.index_copy_(2, slots, v)
-            if mask is None:
-                k, v = keys[:, :, :L], values[:, :, :L]
-            else:
+            if mask is not None:
                 k, v = keys, values
         o = _attend(q, k, v, attn.scaling, causal=mask is None, mask=mask)  # [1, H, L, hd]
         x = x + attn.o_proj(o.transpose(1, 2).reshape(B, L, -1))
@@ -170,6 +188,48 @@ class Decoder:
             x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
         return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
 
+    def last_token_attention(self, layer, x, cos, sin, last: int) -> torch.Tensor:
+        """
+        FastV's statistic: the attention of token `last` to every token 0..last in `layer` (x [1, L, D] its input),
+        post-RoPE, recomputed in fp32 (so it works whatever attention kernel the layer runs) and averaged over
+        heads, grouped KV heads repeated -> [last + 1], sums to 1.
+        """
+        attn = layer.self_attn
+        h = layer.input_layernorm(x[:, :last + 1]).to(self.dtype)
+        q, k = self._qk(attn, h)  # [1, H, L, hd], [1, Hkv, L, hd]
+        q, k = apply_rotary_pos_emb(q.float(), k.float(), cos[..., :last + 1, :].float(), sin[..., :last + 1, :].float())
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [1, H, L, hd]
+        scores = (q[:, :, -1:] @ k.transpose(-1, -2)) * attn.scaling  # [1, H, 1, L]: the last row sees every token
+        return scores.softmax(-1).mean(dim=(0, 1, 2))  # [L]
+
+    def _prefill_pruned(self, embeds, position_ids, cap: int, pruning: Pruning, deepstack=None):
+        """
+        FastV's prefill (unpadded): layers < K over the whole prompt embeds [1, L, D]; layer K - 1's statistic
+        keeps the top pruning.keep candidates; layers >= K over the shortened sequence, each token at its own
+        M-RoPE position and cache slot (DeepStack of dropped tokens dropped with them) -> logits [1, V].
+        Sets pruning.kept and the state's per-layer masks of the dropped slots.
+        """
+        state, K, L = self.states[cap], pruning.layer, embeds.shape[1]
+        cos, sin = self._rope(embeds, position_ids)  # [1, L, hd]
+        slots = torch.arange(L, device=embeds.device)
+        x = embeds.float() if self.safe else embeds
+        for i, layer in enumerate(self.lm.layers[:K]):
+            if i == K - 1:
+                attention = self.last_token_attention(layer, x, cos, sin, L - 1)  # [L]
+            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
+        top = attention[pruning.candidates].topk(pruning.keep).indices  # [N] into the candidates
+        keep = torch.ones(L, dtype=torch.bool, device=embeds.device)  # [L]
+        keep[pruning.candidates] = False
+        keep[pruning.candidates[top]] = True
+        kept = keep.nonzero()[:, 0]  # [L'] ascending: the original order
+        state.dropped[K:, ..., slots[~keep]] = float("-inf")
+        x, cos, sin = x[:, kept], cos[..., kept, :], sin[..., kept, :]  # [1, L', D], [1, L', hd]
+        deepstack = None if deepstack is None else deepstack[:, :, kept]  # [k, 1, L', D]
+        for i, layer in enumerate(self.lm.layers[K:], start=K):
+            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, kept), deepstack, i)
+        pruning.kept = kept
+        return self._logits(x[:, -1])  # [1, V]: the last prompt token is text, always kept
+
     def forward(self, embeds, position_ids, deepstack=None, at=None) -> torch.Tensor:
         """
         The whole LM over embeds [B, L, D] without a cache -> logits [B, L, V] (fp32), differentiable: the
@@ -194,8 +254,8 @@ class Decoder:
         x = x.float() if self.safe else x
         position_ids = state.rope.view(1, 1, 1).expand(3, 1, 1)
         cos, sin = self._rope(x, position_ids)
-        for layer in self.lm.layers:
-            x = self._layer(layer, x, cos, sin, state, state.slot, state.mask)
+        for i, layer in enumerate(self.lm.layers):  # a pruned prefill left some slots empty in layers >= K
+            x = self._layer(layer, x, cos, sin, state, state.slot, state.mask + state.dropped[i])
         logits = self._logits(x[:, -1])  # [1, V]
         token = (logits + state.logit_bias).argmax(-1, keepdim=True)  # [1, 1]
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))  # -1: the step overflowed
@@ -271,7 +331,8 @@ class Decoder:
                 token=torch.zeros(1, 1, dtype=torch.long, device=dev), slot=torch.zeros(1, dtype=torch.long, device=dev),
                 rope=torch.zeros(1, dtype=torch.long, device=dev),
                 mask=torch.full((1, 1, 1, cap), float("-inf"), dtype=dtype, device=dev),
-                logit_bias=torch.zeros(self.model.lm_head.out_features, device=dev))
+                logit_bias=torch.zeros(self.model.lm_head.out_features, device=dev),
+                dropped=torch.zeros((c.num_hidden_layers, 1, 1, 1, cap), dtype=dtype, device=dev))
         return self.states[cap]
 
     def _decode_step(self, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,14 +351,16 @@ class Decoder:
 
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: list[int],
-                 streamer=None, min_new_tokens: int = 0, deepstack=None) -> tuple[torch.Tensor, bool]:
+                 streamer=None, min_new_tokens: int = 0, deepstack=None,
+                 pruning: Pruning | None = None) -> tuple[torch.Tensor, bool]:
         """
         Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, safe_mode).
         deepstack: None, or Qwen3-VL's DeepStack features over the prompt [k, 1, L, D] (zeros outside image tokens).
+        pruning: None, or FastV's (the prefill sets pruning.kept).
         If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
         token is shown, so a streamer never sees garbage.
         """
-        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack)
+        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack, pruning)
         try:
             return self._generate(*args), False
         except NonFiniteLogits as overflow:
@@ -312,11 +375,12 @@ class Decoder:
             finally:
                 self.safe = False
 
-    def start(self, embeds, position_ids, max_new_tokens: int, deepstack=None, suppress: list[int] = ()):
+    def start(self, embeds, position_ids, max_new_tokens: int, deepstack=None, suppress: list[int] = (),
+              pruning: Pruning | None = None):
         """
         Prefill a prompt into a cache big enough for max_new_tokens more and set the decode state to continue
         after it -> (cache size, logits of the prompt's last token [1, V]). `suppress`: token ids kept off the
-        argmax (EOS under min_new_tokens) until state.logit_bias is cleared.
+        argmax (EOS under min_new_tokens) until state.logit_bias is cleared. `pruning`: FastV's prefill instead.
         """
         L = embeds.shape[1]
         cap = -(-(L + BUCKET + max_new_tokens) // CACHE_STEP) * CACHE_STEP
@@ -326,7 +390,11 @@ class Decoder:
         run = self.graphed_prefill if self.use_graphs else self._prefill
         state.logit_bias.zero_()
         state.logit_bias[torch.tensor(list(suppress), dtype=torch.long, device=self.device)] = float("-inf")
-        logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
+        state.dropped.zero_()
+        if pruning is None:
+            logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
+        else:
+            logits = self._prefill_pruned(embeds, position_ids, cap, pruning, deepstack)  # [1, V]
         token = (logits + state.logit_bias).argmax(-1, keepdim=True)
         # the decode state starts after the real prompt: padded slots are masked out and overwritten
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))
@@ -337,8 +405,9 @@ class Decoder:
         return cap, logits
 
     def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
-                  streamed=0):
-        cap, _ = self.start(embeds, position_ids, max_new_tokens, deepstack, eos_token_ids if min_new_tokens > 0 else ())
+                  pruning, streamed=0):
+        cap, _ = self.start(embeds, position_ids, max_new_tokens, deepstack, eos_token_ids if min_new_tokens > 0 else (),
+                            pruning)
         state = self.states[cap]
         token = state.token.clone()
         new = []

@@ -23,7 +23,7 @@ from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.vlm.attention import AttentionProbe
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisionAttention, VisualTokens
-from arr_coc.vlm.decoder import Decoder
+from arr_coc.vlm.decoder import Decoder, Pruning
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from arr_coc.vlm.views import MERGE, view_tensor
 
@@ -333,19 +333,24 @@ class QwenVL(VLM):
 
     @torch.no_grad()
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
-                 min_new_tokens: int | None = None) -> Generation:
+                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None) -> Generation:
         """
         Greedy decoding -> Generation(new ids [1, T], safe_mode). A Prompt runs on self.engine: "fast" is the
         Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
         stream and says so in safe_mode), "hf" stock generate() on the embeddings. StockInputs always run stock
         generate() from pixels. min_new_tokens (default: generation_config's) suppresses EOS until then.
+        prune = (K, N): FastV (a Prompt on the fast engine only), Generation.kept the image tokens layers >= K read.
         """
         if min_new_tokens is None:
             min_new_tokens = self.model.generation_config.min_new_tokens or 0
+        pruning = None if prune is None else self.pruning(inputs, *prune)
         if isinstance(inputs, Prompt) and self.engine == "fast":
             ids, safe_mode = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens,
-                                                   self.eos_token_ids, streamer, min_new_tokens, inputs.deepstack)
-            return Generation(ids, safe_mode)
+                                                   self.eos_token_ids, streamer, min_new_tokens, inputs.deepstack,
+                                                   pruning)
+            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates())
+        if pruning is not None:
+            raise ValueError("FastV pruning runs on the fast engine only: its layers read two sequence lengths")
         if isinstance(inputs, Prompt):
             if inputs.deepstack is not None:
                 raise ValueError("the hf engine cannot run Qwen3-VL image embeddings: stock generate() drops their "
@@ -361,19 +366,35 @@ class QwenVL(VLM):
                                   pad_token_id=self.tokenizer.pad_token_id)
         return Generation(out[:, length:] if isinstance(inputs, StockInputs) else out)
 
+    def pruning(self, inputs: Prompt | StockInputs, layer: int, keep: int) -> Pruning:
+        """FastV's Pruning of a prompt: K = layer, the image tokens the candidates, keep N of them (checked)."""
+        layers, ids = len(self.language_model.layers), getattr(inputs, "ids", None)
+        if not 1 <= layer < layers:
+            raise ValueError(f"FastV's layer K must be between 1 and {layers - 1} (this LLM has {layers}), got {layer}")
+        candidates = (inputs.input_ids if ids is None else ids)[0].eq(self.image_token_id).nonzero()[:, 0]  # [M]
+        if not 1 <= keep <= len(candidates):
+            raise ValueError(f"FastV keeps between 1 and {len(candidates)} image tokens here, got {keep}")
+        return Pruning(layer, candidates, keep)
+
     def decode(self, ids: torch.Tensor) -> str:
         return self.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
 
     # --- compute ---
 
     def gflops(self, vision_cells: list[int], prefill_tokens: int, prior_tokens: int = 0,
-               prior_layer_fraction: float = 0.5) -> dict:
+               prior_layer_fraction: float = 0.5, pruned: tuple[int, int] | None = None) -> dict:
         """
         Estimated compute (arr_coc.flops) of one vision pass per entry of vision_cells (cells = merged tokens),
         the prior pass over prior_tokens up to its layer (no logits), and the prefill of prefill_tokens.
+        pruned = (K, full tokens): FastV's prefill, its first K layers over the full prompt, the rest over prefill_tokens.
         """
-        config = self.model.config
-        layers = int(prior_layer_fraction * config.text_config.num_hidden_layers)
-        prior = prefill_gflops(config.text_config, prior_tokens, layers, False) if prior_tokens else 0.0
+        config, text = self.model.config, self.model.config.text_config
+        layers = int(prior_layer_fraction * text.num_hidden_layers)
+        prior = prefill_gflops(text, prior_tokens, layers, False) if prior_tokens else 0.0
+        if pruned is None:
+            prefill = prefill_gflops(text, prefill_tokens)
+        else:
+            K, full = pruned
+            prefill = prefill_gflops(text, full, K, False) + prefill_gflops(text, prefill_tokens, text.num_hidden_layers - K)
         return dict(vision=sum(vision_gflops(config.vision_config, MERGE**2 * n) for n in vision_cells),
-                    prefill=prior + prefill_gflops(config.text_config, prefill_tokens))
+                    prefill=prior + prefill)

@@ -54,6 +54,15 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
     assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
 
 
+def test_compare_runs_the_fastv_baseline(arr_model):
+    """The Compare tab's baseline choices are the registry's baselines, FastV among them."""
+    from arr_coc.config import BASELINES
+
+    updates = list(handlers.compare(arr_model, CAT, QUESTION, "fastv", 2, "topk", CELLS, 5))
+    assert "fastv" in BASELINES and updates[0][0] == "Running the **fastv** baseline…"
+    assert updates[-1][0].startswith("Done in")
+
+
 def test_state_check_finds_device_objects(arr_model):
     """The check above can fail: an Answer (the old state) holds device tensors through its views."""
     answer = arr_model.answer(CAT, QUESTION, "arr", max_new_tokens=1)

@@ -18,7 +18,7 @@ from transformers.vision_utils import get_vision_window_index
 
 from arr_coc.pipelines import divprune, visionzip
 from arr_coc.pipelines.answer import Request, views_for
-from arr_coc.pipelines.stock import reader_tokens
+from arr_coc.pipelines.answer import arr_visual_tokens
 from arr_coc.vlm.base import VisualTokens
 from arr_coc.vlm.views import MERGE
 
@@ -39,7 +39,7 @@ def reduced(model, image, name: str, request: Request):
     views = views_for(model.vlm, model.pipeline, image)
     with torch.no_grad():
         every, read = encode(model.vlm, views.tensor("native"))
-        n = reader_tokens(model, views, request)
+        n = arr_visual_tokens(model, views, request)
         return every, reduce(every, read, n), n
 
 
