@@ -159,8 +159,9 @@ def compare_tab(model: ARRCOCQwen) -> None:
                   [image, question, baseline, tokens, strategy, cells, numbered],
                   [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, kept],
                   api_name="compare", concurrency_id=GPU)
-    stop.click(handlers.stopped, status, status, cancels=[event], api_name="stop_compare",
-               concurrency_limit=None)  # never waits in a queue; frees the GPU one
+    # Stop cancels first and says so after: an output the cancelled event had already sent cannot land later
+    stop.click(None, cancels=[event]).then(handlers.stopped, status, status, api_name="stop_compare",
+                                           concurrency_limit=None)  # never waits in a queue; frees the GPU one
     numbered.release(handlers.redraw, [kept, numbered], [heatmap, mosaic], api_name="redraw")
 
 
@@ -248,7 +249,8 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
     event = run.click(bind(model, handlers.ab, CHECKPOINTS, gpu_seconds=GPU_SECONDS["ab"]),
                       [image, question, choice_a, files_a, choice_b, files_b, strategy, tokens, cells],
                       [heat_a, heat_b, difference, text_a, text_b, summary], api_name="ab", concurrency_id=GPU)
-    stop.click(handlers.stopped, summary, summary, cancels=[event], api_name="stop_ab", concurrency_limit=None)
+    stop.click(None, cancels=[event]).then(handlers.stopped, summary, summary, api_name="stop_ab",
+                                           concurrency_limit=None)  # as Compare's Stop
 
 
 def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Blocks:
