@@ -15,7 +15,7 @@ from arr_coc.config import PipelineConfig
 from arr_coc.errors import InputError
 from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
-from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb
+from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
 
@@ -160,6 +160,13 @@ def token_counts(prompt_length: int, gestalt: int, saccade: int, total_visual: i
 def latency_split(ms: dict) -> dict:
     """Fill the four-way latency split (missing parts are 0) plus the total."""
     return {k: ms.get(k, 0.0) for k in TIMING_KEYS}
+
+
+def start_watch(device) -> tuple[Stopwatch, float]:
+    """A request's stopwatch and its start, with the device's peak memory reset: each Answer reports its own peak."""
+    watch = Stopwatch(device)
+    reset_peak_memory(device)
+    return watch, watch.now()
 
 
 def finish(vlm: VLM, pipeline: str, generation: Generation, new_tokens: int, tokens: dict, watch: Stopwatch,

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, finish, generate, token_counts,
-                                      views_for)
+from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, finish, generate, start_watch,
+                                      token_counts, views_for)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
-from arr_coc.timing import Stopwatch, reset_peak_memory
+from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Prompt, VisualTokens
 
 if TYPE_CHECKING:
@@ -85,9 +85,7 @@ def saccade_list(observation: Observation, out: ARRCOCOutput) -> list[Saccade]:
 def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     """One ARR answer, the image walking down once (the module docstring's diagram)."""
     vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
-    watch = Stopwatch(vlm.device)
-    reset_peak_memory(vlm.device)
-    start = watch.now()
+    watch, start = start_watch(vlm.device)
     observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)

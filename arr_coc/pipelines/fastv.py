@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import Answer, Request, arr_visual_tokens, finish, generate, token_counts, views_for
-from arr_coc.timing import Stopwatch, reset_peak_memory
+from arr_coc.pipelines.answer import (Answer, Request, arr_visual_tokens, finish, generate, start_watch, token_counts,
+                                      views_for)
 
 if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
@@ -47,9 +47,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     if vlm.engine != "fast":
         raise InputError("the fastv baseline runs on the fast engine only (its layers read two sequence lengths)")
     K = check_layer(model, model.pipeline.fastv_layer if request.fastv_layer is None else request.fastv_layer)
-    watch = Stopwatch(vlm.device)
-    reset_peak_memory(vlm.device)
-    start = watch.now()
+    watch, start = start_watch(vlm.device)
     with watch.section("vision"):
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         tokens = vlm.encode_view(views.tensor(VIEW))  # [M, D] raster order

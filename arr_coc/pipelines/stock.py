@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import Answer, Request, arr_visual_tokens, finish, generate, token_counts, views_for
-from arr_coc.timing import Stopwatch, reset_peak_memory, timed_module
+from arr_coc.pipelines.answer import (Answer, Request, arr_visual_tokens, finish, generate, start_watch, token_counts,
+                                      views_for)
+from arr_coc.timing import timed_module
 
 if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
@@ -25,9 +26,7 @@ if TYPE_CHECKING:
 def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, question: str, request: Request) -> Answer:
     """Answer from the view `view_name` of arr_coc.vlm.views.Views ("native", "gestalt", "budget")."""
     vlm = model.vlm
-    watch = Stopwatch(vlm.device)
-    reset_peak_memory(vlm.device)
-    start = watch.now()
+    watch, start = start_watch(vlm.device)
     with watch.section("vision"):
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
@@ -56,9 +55,7 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
     (all of them when the view has fewer), one image block, the fast engine's prompt.
     """
     vlm = model.vlm
-    watch = Stopwatch(vlm.device)
-    reset_peak_memory(vlm.device)
-    start = watch.now()
+    watch, start = start_watch(vlm.device)
     with watch.section("vision"):
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
