@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
                    help=f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()})")
     p.add_argument("--ablations", type=cli.ablation_list, default="",
-                   help=f"also run ARR under these ablations, comma-separated, or \"all\" (default none): "
+                   help="also run ARR under these ablations, comma-separated, or \"all\" (default none): "
                         + ablations.describe())
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
                    help="answer length limit")

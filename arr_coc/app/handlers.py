@@ -106,11 +106,11 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
             yield compare_outputs(running, base)
     running = f"{RUNNING} **ARR-COC**…"
     yield compare_outputs(running, ui.answer_text(base), base)
-    for arr in model.stream(image, question, "arr", strategy=strategy, **settings):
-        if isinstance(arr, str):
-            yield compare_outputs(running, ui.answer_text(base), base, arr)
+    for ours in model.stream(image, question, "arr", strategy=strategy, **settings):  # ARR's text, then its Answer
+        if isinstance(ours, str):
+            yield compare_outputs(running, ui.answer_text(base), base, ours)
     yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
-                          ui.answer_text(arr), arr, numbered)
+                          ui.answer_text(ours), ours, numbered)
 
 
 def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baseline: str, max_new_tokens: int,

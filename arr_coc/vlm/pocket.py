@@ -26,10 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

@@ -7,7 +7,6 @@ the training script runs, saves and resumes.
 import json
 import re
 
-import numpy as np
 import pytest
 import torch
 from conftest import answers_by_engine
