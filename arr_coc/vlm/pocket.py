@@ -3,8 +3,10 @@ pocket-qwen2-vl: a small stock Qwen2-VL trained here, from scratch, to read the 
 
 It is the stock `Qwen2VLForConditionalGeneration` at a pocket size (ViT 6x256, LLM 4x256, ~10M parameters)
 with its own byte-level BPE tokenizer (Qwen's special tokens and chat template, a vocabulary sized to the task),
-trained as a normal VLM is: whole pages through the stock image processor at mixed native sizes, multi-turn
-conversations whose answers carry the loss. No sparse cells and no ARR: ARR meets it as it meets the real Qwen.
+trained as a normal VLM is: whole pages at mixed native sizes, laid out exactly as the stock image processor lays
+them out (on the GPU; a test pins the two), in multi-turn conversations whose answers carry the loss; a share of
+them opens with "Read the page." and the page's transcript, dense supervision of every glyph as OCR pre-training
+gives. No sparse cells and no ARR: ARR meets it as it meets the real Qwen.
 Its answers are real on fine-print scenes and meaningless elsewhere.
 
 Training follows a curriculum (CURRICULUM): large glyphs, few fields and small pages first, then the suite as
