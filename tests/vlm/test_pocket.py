@@ -60,6 +60,15 @@ def test_stock_generate_answers_in_the_tasks_format(stock, kind):
     assert re.fullmatch(FORMATS[kind], answer), answer
 
 
+def test_the_shipped_tokenizer_is_what_build_tokenizer_makes(stock):
+    """The recipe rebuilds the shipped tokenizer exactly: same vocabulary, same chat template."""
+    from arr_coc.vlm.pocket import build_tokenizer
+
+    _, shipped, _ = stock
+    built = build_tokenizer()
+    assert built.get_vocab() == shipped.get_vocab() and built.chat_template == shipped.chat_template
+
+
 def test_a_training_batch_is_what_the_stock_processor_gives(stock):
     _, tokenizer, processor = stock
     pages = [make_page(kind, 5, 336, 280).image for kind in ("fine_print", "box_word")]
