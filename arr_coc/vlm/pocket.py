@@ -31,6 +31,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -167,9 +168,9 @@ def model_config(tokenizer, arch: PocketConfig = PocketConfig()):
 
 def image_processor():
     """Qwen2-VL's stock image processor (the PIL one: no torchvision needed), capped like the hub's at 16384 tokens."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from arr_coc.vlm.tiny import qwen2_vl_image_processor
 
-    return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 16384)
+    return qwen2_vl_image_processor(max_tokens=16384)
 
 
 # -----------------------------------------------------------------------------
@@ -291,14 +292,15 @@ def gestalt_view(image, max_tokens: int = 256):
     return image.resize((gw * 28, gh * 28), Image.BICUBIC)
 
 
-def heldout(kind: str, size: int, n: int) -> list[tuple]:
+@lru_cache(maxsize=None)  # the same pages at every evaluation of a run: drawn once
+def heldout(kind: str, size: int, n: int) -> tuple[tuple, ...]:
     """n held-out (image, question, answer) of one kind at size x size (spec style, new seeds)."""
     out = []
     for i in range(n):
         page = make_page(kind, EVAL_SEED + size * 1000 + i, size)
         q = random.Random(f"arr_coc:pocket:eval:{kind}:{size}:{i}").choice(page.questions)
         out.append((page.image, q.question, q.answer))
-    return out
+    return tuple(out)
 
 
 @torch.no_grad()

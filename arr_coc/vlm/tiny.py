@@ -191,14 +191,15 @@ def qwen3_vl_2b_config():
     )
 
 
-def qwen2_vl_image_processor():
+def qwen2_vl_image_processor(max_tokens: int = 1280):
     """
-    Qwen2-VL's image processor settings (the PIL one: a processor/video processor would need torchvision).
-    Qwen2.5-VL uses the same class (AutoImageProcessor maps qwen2_5_vl to it), mean, std, patch and merge sizes.
+    Qwen2-VL's image processor settings (the PIL one: a processor/video processor would need torchvision), capped
+    at max_tokens merged tokens. Qwen2.5-VL uses the same class (AutoImageProcessor maps qwen2_5_vl to it), mean,
+    std, patch and merge sizes.
     """
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+    return Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * max_tokens)
 
 
 def qwen3_vl_image_processor():
