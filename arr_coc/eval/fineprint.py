@@ -109,16 +109,19 @@ def _free(box: Box, taken: list[Box], width: int, height: int) -> bool:
 
 
 class Canvas:
-    """A light page with its occupied boxes; targets are drawn first, then clutter fills what is left."""
+    """A light page with its occupied boxes: faint rules first (under everything), then the targets, then clutter
+    fills what is left."""
 
-    def __init__(self, rng: random.Random, width: int, height: int):
-        self.rng, self.width, self.height = rng, width, height
-        tint = [rng.randint(238, 255) for _ in range(3)]
-        self.background = tuple(tint)
+    def __init__(self, rng: random.Random, width: int, height: int, style: PageStyle):
+        self.rng, self.width, self.height, self.style = rng, width, height, style
+        self.background = tuple(rng.randint(238, 255) for _ in range(3))
         self.image = Image.new("RGB", (width, height), self.background)
         self.draw = ImageDraw.Draw(self.image)
         self.taken: list[Box] = []  # target boxes, grown by a gap: clutter stays out of them
-        self.ink = tuple([rng.randint(0, 60)] * 3) if rng.random() < 0.7 else (rng.randint(0, 40), rng.randint(0, 40), rng.randint(60, 110))
+        gray = rng.random() < 0.7  # dark gray ink mostly, else dark blue
+        self.ink = tuple([rng.randint(0, 60)] * 3) if gray else (rng.randint(0, 40), rng.randint(0, 40),
+                                                                  rng.randint(60, 110))
+        self.rules(style.clutter)
 
     def text_size(self, text: str, px: int) -> tuple[int, int, int, int]:
         return self.draw.textbbox((0, 0), text, font=font(px))
@@ -171,14 +174,9 @@ class Canvas:
                 gray = rng.randint(150, 195)
                 self.text(words, px, box[0], box[1], (gray, gray, gray))
 
-    def finish(self, kind: str, questions: list[Question], style: PageStyle) -> Page:
-        self.clutter(style.clutter)
+    def finish(self, kind: str, questions: list[Question]) -> Page:
+        self.clutter(self.style.clutter)
         return Page(self.image, kind, questions)
-
-
-def _background(canvas: Canvas, style: PageStyle):
-    """Rules go under the targets, so they are drawn first."""
-    canvas.rules(style.clutter)
 
 
 # -----------------------------------------------------------------------------
@@ -218,8 +216,7 @@ def _field_slots(canvas: Canvas, n: int, w: int, h: int, layout: str) -> list[Bo
 
 
 def fine_print(rng: random.Random, width: int, height: int, style: PageStyle) -> Page:
-    canvas = Canvas(rng, width, height)
-    _background(canvas, style)
+    canvas = Canvas(rng, width, height, style)
     px = rng.randint(*style.field_font)
     keys = rng.sample(KEYS, min(len(KEYS), rng.randint(*style.fields)))
     l, t, r, b = canvas.text_size("WEIGHT: 0000", px)  # the widest field (pads every slot alike)
@@ -233,12 +230,11 @@ def fine_print(rng: random.Random, width: int, height: int, style: PageStyle) ->
         value = f"{rng.randrange(10000):04d}"
         box = canvas.text(f"{key}: {value}", px, slot[0], slot[1], canvas.ink)
         questions.append(Question(f"What is the value of {key}?", value, box, f"{key}: {value}"))
-    return canvas.finish("fine_print", questions, style)
+    return canvas.finish("fine_print", questions)
 
 
 def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> Page:
-    canvas = Canvas(rng, width, height)
-    _background(canvas, style)
+    canvas = Canvas(rng, width, height, style)
     n = rng.randint(*style.boxes)
     colours = rng.sample(sorted(COLOURS), min(n, len(COLOURS)))
     words = rng.sample(BOX_WORDS, len(colours))
@@ -258,7 +254,7 @@ def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> P
         jy = rng.randint(-pad_y // 2, pad_y // 2)
         canvas.text(word, px, box[0] + border + pad_x + jx, box[1] + border + pad_y + jy, canvas.ink)
         questions.append(Question(f"What word is in the {colour} box?", word, box, f"{colour}: {word}"))
-    return canvas.finish("box_word", questions, style)
+    return canvas.finish("box_word", questions)
 
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: Box, fill):
@@ -275,8 +271,7 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: Box, fill):
 
 
 def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) -> Page:
-    canvas = Canvas(rng, width, height)
-    _background(canvas, style)
+    canvas = Canvas(rng, width, height, style)
     n = rng.randint(*style.shapes)
     shapes, colours = rng.sample(SHAPES, n), rng.sample(sorted(COLOURS), n)
     questions = []
@@ -288,7 +283,7 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
         canvas.taken.append(_grow(box, 4))
         _draw_shape(canvas.draw, shape, box, COLOURS[colour])
         questions.append(Question(f"What colour is the {shape}?", colour, box, f"{colour} {shape}"))
-    return canvas.finish("shape_colour", questions, style)
+    return canvas.finish("shape_colour", questions)
 
 
 _KINDS = {"fine_print": fine_print, "box_word": box_word, "shape_colour": shape_colour}
