@@ -12,7 +12,7 @@ bandwidth allows. This module owns the loop instead:
 - FastV (Chen et al. 2024), when a `Pruning` is passed: layers < K prefill the whole prompt; at layer K - 1 the
   last prompt token's attention to every image token ranks them; layers >= K prefill only the top N (in their
   order, at their own M-RoPE positions and cache slots). Decoding goes on from that mixed cache: each layer's
-  mask (`DecodeState.dropped`) hides the slots its prefill never wrote, so layers < K read the whole prompt
+  own mask (`DecodeState.mask[i]`) hides the slots its prefill never wrote, so layers < K read the whole prompt
   and layers >= K the shortened one. A pruned prefill runs eagerly (unpadded); its decode steps are graphed.
 
 Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
@@ -65,9 +65,8 @@ class DecodeState:
     token: torch.Tensor  # [1, 1] the last token, input of the next step
     slot: torch.Tensor  # [1] cache slot the next token is written to
     rope: torch.Tensor  # [1] M-RoPE position of the next token (t = h = w for text)
-    mask: torch.Tensor  # [1, 1, 1, cap] additive: 0 for filled slots, -inf for the rest
+    mask: torch.Tensor  # [layers, 1, 1, 1, cap] additive, per layer: 0 for the slots it wrote, -inf for the rest
     logit_bias: torch.Tensor  # [V] added before argmax: -inf on EOS while min_new_tokens is not reached
-    dropped: torch.Tensor  # [layers, 1, 1, 1, cap] additive, per layer: -inf at the prompt slots a Pruning dropped
 
 
 @dataclass
@@ -207,7 +206,7 @@ class Decoder:
         FastV's prefill (unpadded): layers < K over the whole prompt embeds [1, L, D]; layer K - 1's statistic
         keeps the top pruning.keep candidates; layers >= K over the shortened sequence, each token at its own
         M-RoPE position and cache slot (DeepStack of dropped tokens dropped with them) -> logits [1, V].
-        Sets pruning.kept and the state's per-layer masks of the dropped slots.
+        Sets pruning.kept (start() masks the other prompt slots in layers >= K).
         """
         state, K, L = self.states[cap], pruning.layer, embeds.shape[1]
         cos, sin = self._rope(embeds, position_ids)  # [1, L, hd]
@@ -222,7 +221,6 @@ class Decoder:
         keep[pruning.candidates] = False
         keep[pruning.candidates[top]] = True
         kept = keep.nonzero()[:, 0]  # [L'] ascending: the original order
-        state.dropped[K:, ..., slots[~keep]] = float("-inf")
         x, cos, sin = x[:, kept], cos[..., kept, :], sin[..., kept, :]  # [1, L', D], [1, L', hd]
         deepstack = None if deepstack is None else deepstack[:, :, kept]  # [k, 1, L', D]
         for i, layer in enumerate(self.lm.layers[K:], start=K):
@@ -254,8 +252,8 @@ class Decoder:
         x = x.float() if self.safe else x
         position_ids = state.rope.view(1, 1, 1).expand(3, 1, 1)
         cos, sin = self._rope(x, position_ids)
-        for i, layer in enumerate(self.lm.layers):  # a pruned prefill left some slots empty in layers >= K
-            x = self._layer(layer, x, cos, sin, state, state.slot, state.mask + state.dropped[i])
+        for i, layer in enumerate(self.lm.layers):  # each layer its own mask: a pruned prefill left slots empty in some
+            x = self._layer(layer, x, cos, sin, state, state.slot, state.mask[i])
         logits = self._logits(x[:, -1])  # [1, V]
         token = (logits + state.logit_bias).argmax(-1, keepdim=True)  # [1, 1]
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))  # -1: the step overflowed
@@ -330,9 +328,8 @@ class Decoder:
                 values=[torch.zeros(shape, dtype=dtype, device=dev) for _ in range(c.num_hidden_layers)],
                 token=torch.zeros(1, 1, dtype=torch.long, device=dev), slot=torch.zeros(1, dtype=torch.long, device=dev),
                 rope=torch.zeros(1, dtype=torch.long, device=dev),
-                mask=torch.full((1, 1, 1, cap), float("-inf"), dtype=dtype, device=dev),
-                logit_bias=torch.zeros(self.model.lm_head.out_features, device=dev),
-                dropped=torch.zeros((c.num_hidden_layers, 1, 1, 1, cap), dtype=dtype, device=dev))
+                mask=torch.full((c.num_hidden_layers, 1, 1, 1, cap), float("-inf"), dtype=dtype, device=dev),
+                logit_bias=torch.zeros(self.model.lm_head.out_features, device=dev))
         return self.states[cap]
 
     def _decode_step(self, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -390,7 +387,6 @@ class Decoder:
         run = self.graphed_prefill if self.use_graphs else self._prefill
         state.logit_bias.zero_()
         state.logit_bias[torch.tensor(list(suppress), dtype=torch.long, device=self.device)] = float("-inf")
-        state.dropped.zero_()
         if pruning is None:
             logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
         else:
@@ -402,6 +398,9 @@ class Decoder:
         state.rope.copy_(position_ids[:, 0, -1].max().view(1) + 1)
         state.mask.fill_(float("-inf"))
         state.mask[..., :L] = 0.0
+        if pruning is not None:  # layers >= K wrote only the prompt slots the pruning kept
+            state.mask[pruning.layer:, ..., :L] = float("-inf")
+            state.mask[pruning.layer:, ..., pruning.kept] = 0.0
         return cap, logits
 
     def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
