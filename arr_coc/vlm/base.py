@@ -7,7 +7,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     saccades = vlm.encode_cells(views.tensor("highres"), positions)      # any cells [K, 2] at their true places
     prompt = vlm.prompt(question, [tokens, saccades])                    # Prompt: ids, embeds, M-RoPE ids
     attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
-    generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], safe_mode
+    generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], probs [T], safe_mode
     pruned = vlm.generate(prompt, 64, prune=(2, 529))                    # FastV: layers >= 2 read 529 image tokens
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
     stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
@@ -90,6 +90,7 @@ class Generation:
     ids: torch.Tensor  # [1, T] the new token ids (EOS included when reached)
     safe_mode: bool = False  # the request was redone with an fp32 residual stream after fp16 overflowed
     kept: torch.Tensor | None = None  # [N] under FastV: indices into the prompt's image tokens that layers >= K read
+    probs: torch.Tensor | None = None  # [T] each new token's probability under the model (softmax of its logits)
 
 
 class VLM(ABC):

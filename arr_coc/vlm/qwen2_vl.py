@@ -335,8 +335,8 @@ class QwenVL(VLM):
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
                  min_new_tokens: int | None = None, prune: tuple[int, int] | None = None) -> Generation:
         """
-        Greedy decoding -> Generation(new ids [1, T], safe_mode). A Prompt runs on self.engine: "fast" is the
-        Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
+        Greedy decoding -> Generation(new ids [1, T], safe_mode, probs [T]). A Prompt runs on self.engine: "fast"
+        is the Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
         stream and says so in safe_mode), "hf" stock generate() on the embeddings. StockInputs always run stock
         generate() from pixels. min_new_tokens (default: generation_config's) suppresses EOS until then.
         prune = (K, N): FastV (a Prompt on the fast engine only), Generation.kept the image tokens layers >= K read.
@@ -345,10 +345,10 @@ class QwenVL(VLM):
             min_new_tokens = self.model.generation_config.min_new_tokens or 0
         pruning = None if prune is None else self.pruning(inputs, *prune)
         if isinstance(inputs, Prompt) and self.engine == "fast":
-            ids, safe_mode = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens,
-                                                   self.eos_token_ids, streamer, min_new_tokens, inputs.deepstack,
-                                                   pruning)
-            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates())
+            ids, probs, safe_mode = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens,
+                                                          self.eos_token_ids, streamer, min_new_tokens,
+                                                          inputs.deepstack, pruning)
+            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates(), probs)
         if pruning is not None:
             raise ValueError("FastV pruning runs on the fast engine only: its layers read two sequence lengths")
         if isinstance(inputs, Prompt):
@@ -363,8 +363,11 @@ class QwenVL(VLM):
         out = self.model.generate(**kwargs, attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
                                   max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=False,
                                   streamer=streamer, eos_token_id=self.eos_token_ids,
-                                  pad_token_id=self.tokenizer.pad_token_id)
-        return Generation(out[:, length:] if isinstance(inputs, StockInputs) else out)
+                                  pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
+                                  return_dict_in_generate=True)
+        ids = out.sequences[:, length:] if isinstance(inputs, StockInputs) else out.sequences  # [1, T]
+        logits = torch.cat(out.logits).float()  # [T, V] the raw logits of each step
+        return Generation(ids, probs=logits.softmax(-1).gather(1, ids[0, :, None].to(logits.device))[:, 0])
 
     def pruning(self, inputs: Prompt | StockInputs, layer: int, keep: int) -> Pruning:
         """FastV's Pruning of a prompt: K = layer, the image tokens the candidates, keep N of them (checked)."""
