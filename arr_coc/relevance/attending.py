@@ -8,7 +8,9 @@ Strategies (DESIGN.md §6), all returning the same shapes so they can be ablated
 - grid      evenly spread coverage, whatever the map says
 - random    seeded random cells
 
-A map that is not finite, or flat (a "semantic void"), falls back to `grid` and says why.
+A map that is not finite, or flat (a "semantic void"), falls back to `grid` and says why. Cells marked in
+`exclude` (those a first fixation already read) are never chosen: the strategy picks on the map with them at
+-inf, and any it still lands on are swapped for the best cells left (see `avoid`).
 """
 
 import math
@@ -62,6 +64,19 @@ def logpolar_cells(scores: torch.Tensor, grid: tuple[int, int], budget: int, rho
     return chosen.nonzero().squeeze(1)
 
 
+def avoid(chosen: torch.Tensor, scores: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+    """
+    [K] chosen indices minus the excluded [N] cells, filled back up to K with the best cells neither chosen nor
+    excluded (raster order on ties). topk never needs it; grid, random and logpolar's empty bins may.
+    """
+    kept = chosen[~excluded[chosen]]
+    taken = excluded.clone()
+    taken[kept] = True
+    free = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0).masked_fill(taken, float("-inf"))  # [N]
+    fill = free.argsort(descending=True, stable=True)[: len(chosen) - len(kept)]
+    return torch.cat([kept, fill])
+
+
 class TokenAllocator:
     def __init__(self, budget: int = ARRCOCConfig.budget, strategy: str = "topk", seed: int = 0, rho_bins: int = 16,
                  theta_bins: int = 17, void_tolerance: float = 1e-4):
@@ -92,10 +107,11 @@ class TokenAllocator:
         return torch.randperm(N, generator=generator)[:K].to(scores.device)
 
     def __call__(self, relevance: torch.Tensor, strategy: str | None = None,
-                 empty_images: list[bool] | None = None) -> Allocation:
+                 empty_images: list[bool] | None = None, exclude: torch.Tensor | None = None) -> Allocation:
         """
         relevance [B, gh, gw] -> Allocation of exactly `budget` cells per image. empty_images marks images with
         nothing in them: whatever the map says there (e.g. attention that only follows position), it is a void.
+        exclude [B, gh, gw] bool: cells never to choose (a second fixation's already-read cells).
         """
         strategy = strategy or self.strategy
         if strategy not in STRATEGIES:
@@ -103,12 +119,20 @@ class TokenAllocator:
         B, gh, gw = relevance.shape
         if self.budget > gh * gw:
             raise ValueError(f"budget {self.budget} exceeds the {gh}x{gw} = {gh * gw} candidate cells")
+        excluded = None if exclude is None else exclude.flatten(1).to(relevance.device, torch.bool)  # [B, N]
+        if excluded is not None and self.budget > gh * gw - int(excluded.sum(1).max()):
+            raise ValueError(f"budget {self.budget} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
+                             "cells not yet read")
         flat = relevance.detach().flatten(1).float()  # [B, N]
         all_indices, all_scores, fallbacks = [], [], []
         for b in range(B):  # B is small (1 in the app); each image may take a different strategy
             scores = flat[b]
             reason = self.fallback_reason(scores, bool(empty_images[b]) if empty_images else False)
-            chosen = self.select(scores, (gh, gw), "grid" if reason else strategy)
+            if excluded is None:
+                chosen = self.select(scores, (gh, gw), "grid" if reason else strategy)
+            else:
+                masked = scores.masked_fill(excluded[b], float("-inf"))
+                chosen = avoid(self.select(masked, (gh, gw), "grid" if reason else strategy), scores, excluded[b])
             safe = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)[chosen]
             order = safe.argsort(descending=True, stable=True)  # relevance order, raster order on ties
             all_indices.append(chosen[order])

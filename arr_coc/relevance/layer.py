@@ -103,10 +103,11 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                     relevance=relevance, weights=weights)
 
     def select(self, maps: dict, grid: tuple[int, int], budget: int | None = None,
-               strategy: str | None = None) -> ARRCOCOutput:
-        """Run the allocator over scored maps; cheap, so the app re-selects without re-scoring."""
+               strategy: str | None = None, exclude: torch.Tensor | None = None) -> ARRCOCOutput:
+        """Run the allocator over scored maps; cheap, so the app re-selects without re-scoring. exclude
+        [B, gh, gw] bool: cells never to select (those a first fixation read)."""
         allocator = self.allocator(budget, strategy)
-        allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist())
+        allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist(), exclude=exclude)
         selected = maps["relevance"].flatten(1).gather(1, allocation.indices)  # [B, K] with grad
         return ARRCOCOutput(indices=allocation.indices, positions=allocation.positions, scores=allocation.scores,
                             selected_scores=selected, fallback=allocation.fallback, strategy=allocator.strategy,

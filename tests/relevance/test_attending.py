@@ -99,3 +99,33 @@ def test_budget_larger_than_the_grid_is_refused():
 def test_an_empty_image_is_a_void_whatever_its_map_says():
     out = TokenAllocator(273, "topk")(torch.cat([peaked_map(), peaked_map()]), empty_images=[False, True])
     assert out.fallback == [None, "semantic_void"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("flat", [False, True])  # True: a void, which falls back to grid
+def test_excluded_cells_are_never_chosen_and_the_budget_is_kept(strategy, flat):
+    """A second fixation's allocation: `exclude` (the first round's cells, here the peak's 273) is never chosen,
+    whatever the strategy or fallback, and the budget is still met with unique cells."""
+    relevance = torch.zeros(1, 32, 32) if flat else peaked_map()
+    first = TokenAllocator(273, "topk")(peaked_map()).indices[0]
+    exclude = torch.zeros(1, 32 * 32, dtype=torch.bool)
+    exclude[0, first] = True
+    out = TokenAllocator(300, strategy)(relevance, exclude=exclude.view(1, 32, 32))
+    idx = out.indices[0]
+    assert idx.unique().numel() == 300 and not exclude[0, idx].any()
+    assert (out.scores[0][:-1] >= out.scores[0][1:]).all()
+
+
+def test_topk_with_exclusion_takes_the_maxima_of_the_rest():
+    relevance = torch.rand(1, 32, 32)
+    exclude = relevance > relevance.flatten().kthvalue(1024 - 100).values  # the 100 best cells
+    out = TokenAllocator(50, "topk")(relevance, exclude=exclude)
+    torch.testing.assert_close(out.indices[0], relevance.masked_fill(exclude, -1).flatten().topk(50).indices)
+
+
+def test_a_budget_over_the_cells_not_yet_read_is_refused():
+    exclude = torch.zeros(1, 10, 10, dtype=torch.bool)
+    exclude[0, :5] = True  # 50 cells read, 50 left
+    assert TokenAllocator(50)(torch.rand(1, 10, 10), exclude=exclude).indices.shape == (1, 50)
+    with pytest.raises(ValueError, match="not yet read"):
+        TokenAllocator(51)(torch.rand(1, 10, 10), exclude=exclude)
