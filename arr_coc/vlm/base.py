@@ -7,6 +7,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     saccades = vlm.encode_cells(views.tensor("highres"), positions)      # any cells [K, 2] at their true places
     prompt = vlm.prompt(question, [tokens, saccades])                    # Prompt: ids, embeds, M-RoPE ids
     attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
+    attention = vlm.prior_attention(question, tokens, 0.5, [saccades])   # ... with saccades read in between
     generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], probs [T], safe_mode
     pruned = vlm.generate(prompt, 64, prune=(2, 529))                    # FastV: layers >= 2 read 529 image tokens
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
@@ -140,8 +141,10 @@ class VLM(ABC):
         """transformers' own inputs for one view and a question (the stock baselines under the hf engine)."""
 
     @abstractmethod
-    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float) -> torch.Tensor:
-        """The prior pass: the question's attention to each gestalt token at one middle layer -> [Ng]."""
+    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float,
+                        context: list[VisualTokens] = ()) -> torch.Tensor:
+        """The prior pass: the question's attention to each gestalt token at one middle layer -> [Ng]; `context`
+        are image blocks read between the gestalt and the question (a second fixation's first saccades)."""
 
     @abstractmethod
     def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:

@@ -316,17 +316,19 @@ class QwenVL(VLM):
     # --- the participatory prior ---
 
     @torch.no_grad()
-    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5) -> torch.Tensor:
+    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5,
+                        context: list[VisualTokens] = ()) -> torch.Tensor:
         """
         "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt [Ng, D] + question] and
-        read the attention of the question's tokens (from the one after <|vision_end|> to the end) to the
-        gestalt tokens there, averaged over heads and tokens; the layers above never run -> [Ng] attention mass.
+        read the attention of the question's tokens (from the one after the last <|vision_end|> to the end) to
+        the gestalt tokens there, averaged over heads and tokens; the layers above never run -> [Ng] attention
+        mass. `context`: image blocks read after the gestalt (a second fixation: the first one's saccades).
         """
-        prompt = self.prompt(question, [gestalt])
+        prompt = self.prompt(question, [gestalt, *context])
         at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]
-        start, end, L = int(at[0]), int(at[-1]) + 1, prompt.length
-        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (end + 1, L), layer_fraction,
-                                                 prompt.deepstack)
+        start, end, L = int(at[0]), int(at[len(gestalt) - 1]) + 1, prompt.length
+        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (int(at[-1]) + 2, L),
+                                                 layer_fraction, prompt.deepstack)
         return attention[start:end]
 
     # --- generation ---
