@@ -4,10 +4,14 @@ split, memory, compute), ARR's Observation and Scene, and the steps the pipeline
 timed generation, the Answer's assembly).
 
     answer = pipelines.load("arr").answer(model, image, question, Request(max_new_tokens=32))
-    answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.to_json()
+    answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.confidence, answer.to_json()
+    answer = pipelines.load("arr").answer(model, image, question, Request(refixate=0.5))   # a second look below 0.5
+    answer.refixated, [f.text for f in answer.fixations]
 """
 
 from dataclasses import asdict, dataclass, field, replace
+
+import math
 
 import torch
 
@@ -21,6 +25,10 @@ from arr_coc.vlm.views import Views, make_views
 
 MAX_QUESTION_CHARS = 4000
 MAX_NEW_TOKENS = 1024
+# A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
+# round's visual tokens (273 -> 409, still a tenth of a 1792 px page's 4096 cells), yet adds half as many
+# cells again as the first look read: enough to cover a line the first one clipped.
+REFIXATE_SHARE = 0.5
 
 
 @dataclass
@@ -34,6 +42,8 @@ class Request:
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
     ablation: Ablation | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None: nothing)
     fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
+    refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
+    refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the budget)
 
 
 @dataclass
@@ -43,6 +53,7 @@ class Saccade:
     col: int  # candidate-grid column
     score: float  # relevance
     box: list[int]  # [x0, y0, x1, y1] in the original image's pixels
+    round: int = 1  # the fixation that chose it: 1, or 2 for a second look (Request.refixate)
 
 
 @dataclass
@@ -70,6 +81,16 @@ class Scene:
 
 
 @dataclass
+class Fixation:
+    """One round of ARR's looking under Request.refixate: the saccades it added and the answer read after them."""
+    saccades: int  # visual tokens this round added (K1, then K2)
+    text: str  # the answer generated after this round
+    confidence: float  # that answer's confidence (answer_confidence)
+    timings_ms: dict  # this round's own {vision, selection, prefill, decode, total}
+    arr: ARRCOCOutput = field(repr=False)  # this round's selection (relevance map, positions)
+
+
+@dataclass
 class Answer:
     pipeline: str  # a name in arr_coc.pipelines.PIPELINES
     text: str  # the generated answer
@@ -85,6 +106,14 @@ class Answer:
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
     ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
     kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer kept
+    confidence: float | None = None  # the least probable answer token's probability (answer_confidence)
+    fixations: list[Fixation] = field(default_factory=list)  # arr under Request.refixate: 1 round, or 2 if it fired
+    refixate: float | None = None  # the threshold tau the answer ran under (None: refixation off)
+
+    @property
+    def refixated(self) -> bool:
+        """Whether a second fixation fired (the first answer's confidence was below tau)."""
+        return len(self.fixations) > 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -111,6 +140,15 @@ class Answer:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
                        strategy=self.arr.strategy, ablation=self.ablation)
+        if self.confidence is not None:
+            out["confidence"] = round(self.confidence, 6)
+        if self.refixate is not None:
+            out["refixation"] = dict(tau=self.refixate, fired=self.refixated,
+                                     answers=[f.text for f in self.fixations],
+                                     confidences=[round(f.confidence, 6) for f in self.fixations],
+                                     saccades=[f.saccades for f in self.fixations],
+                                     timings_ms=[{k: round(v, 2) for k, v in f.timings_ms.items()}
+                                                 for f in self.fixations])
         return out
 
 
@@ -125,7 +163,25 @@ def check_question(question) -> str:
 def check_request(request: Request) -> Request:
     if not 1 <= int(request.max_new_tokens) <= MAX_NEW_TOKENS:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
+    if request.refixate is not None and not (math.isfinite(request.refixate) and 0 <= request.refixate <= 1):
+        raise InputError(f"refixate (tau) is a confidence between 0 and 1, got {request.refixate}")
+    if request.refixate_budget is not None and int(request.refixate_budget) < 1:
+        raise InputError(f"refixate_budget (the second look's saccades) must be at least 1, got {request.refixate_budget}")
     return request
+
+
+def answer_confidence(vlm: VLM, generation: Generation) -> float | None:
+    """
+    How sure the model is of its answer: the probability of its least probable token (special tokens such as
+    EOS left out, as the answer's text leaves them out); 0 for an empty answer; None without probabilities.
+    The minimum, not the mean: in fine print one misread character makes the answer wrong, and a mean over the
+    other, easy tokens would hide it.
+    """
+    if generation.probs is None:
+        return None
+    special = torch.tensor(sorted(vlm.tokenizer.all_special_ids), device=generation.ids.device)
+    text = ~torch.isin(generation.ids[0], special)  # [T]
+    return float(generation.probs[text.to(generation.probs.device)].min()) if text.any() else 0.0
 
 
 def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None = None) -> Views:
@@ -174,4 +230,5 @@ def finish(vlm: VLM, pipeline: str, generation: Generation, new_tokens: int, tok
     """The Answer of a finished generation; `arr` holds ARR's own fields (arr, saccades, observation)."""
     watch.add("total", (watch.now() - start) * 1000)
     return Answer(pipeline, vlm.decode(generation.ids), tokens, latency_split(watch.ms), peak_memory_mb(vlm.device),
-                  new_tokens, views, safe_mode=generation.safe_mode, gflops=gflops, **arr)
+                  new_tokens, views, safe_mode=generation.safe_mode, gflops=gflops,
+                  confidence=answer_confidence(vlm, generation), **arr)

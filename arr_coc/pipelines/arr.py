@@ -4,6 +4,13 @@ arr: ARR-COC. The image walks down once:
     views -> VLM (gestalt tokens, the prior pass) -> relevance (textures, scorers, selection of `budget` cells)
           -> VLM (the selected cells encoded at their true places, gestalt + saccades + question, generate) -> Answer
 
+Under Request.refixate (tau), an answer whose confidence (answer_confidence: its least probable token's
+probability) is below tau makes ARR look again, from relevance down (refixate):
+
+    answer 1 -> VLM (the prior pass with the first saccades in its context) -> relevance (re-scored, the gestalt
+          context now gestalt + first saccades; K2 cells not yet read) -> VLM (gestalt + both rounds' saccades,
+          one block at their true M-RoPE places) -> answer 2
+
 observe / score / select are also ARRCOCQwen's own steps (the app re-selects a scored scene; training scores
 observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
 faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
@@ -11,21 +18,24 @@ the prior and the weights in score, the saccade count and order in select, the g
 
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(budget=273))
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(ablation=ABLATIONS["raster"]))
+    answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(refixate=0.5))
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, finish, generate, start_watch,
-                                      token_counts, views_for)
+from arr_coc.pipelines.answer import (REFIXATE_SHARE, Answer, Fixation, Observation, Request, Saccade,
+                                      answer_confidence, finish, generate, latency_split, start_watch, token_counts,
+                                      views_for)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
 from arr_coc.timing import Stopwatch
-from arr_coc.vlm.base import VLM, Prompt, VisualTokens
+from arr_coc.vlm.base import VLM, Generation, Prompt, VisualTokens
 
 if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
@@ -46,11 +56,14 @@ def observe(model: ARRCOCQwen, image, question: str, watch: Stopwatch, max_cells
     return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
 
 
-def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablation = NO_ABLATION) -> dict:
+def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablation = NO_ABLATION,
+          seen: VisualTokens | None = None) -> dict:
     """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward),
-    under an ablation's prior and weights."""
+    under an ablation's prior and weights. `seen`: saccades already read, which join the gestalt as the
+    scorers' visual context (a second fixation)."""
     o = observation
-    maps = scorer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), ablation.prior(o.prior))
+    context = o.gestalt.features if seen is None else torch.cat([o.gestalt.features, seen.features])  # [Ng (+ K1), D]
+    maps = scorer(o.textures, o.question_embeds, None, context.unsqueeze(0), ablation.prior(o.prior))
     return ablation.mix(maps)
 
 
@@ -75,15 +88,58 @@ def encode_saccades(vlm: VLM, observation: Observation, positions: torch.Tensor)
     return vlm.encode_cells(observation.highres, positions) if len(positions) else None
 
 
-def saccade_list(observation: Observation, out: ARRCOCOutput) -> list[Saccade]:
+def saccade_list(observation: Observation, out: ARRCOCOutput, round: int = 1) -> list[Saccade]:
     views = observation.views
-    return [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)))
+    return [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)), round=round)
             for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
+
+
+def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
+             request: Request, watch: Stopwatch) -> tuple[ARRCOCOutput, VisualTokens]:
+    """
+    The second fixation's relevance and saccades: the prior pass again, now with the first round's saccades
+    `seen` between the gestalt and the question; the layer re-scores with them beside the gestalt; K2 cells
+    not yet read are selected (in the ablation's order) and encoded -> (its selection, its tokens [K2, D]).
+    """
+    vlm, layer, ablation, views = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION, observation.views
+    K2 = request.refixate_budget or max(1, round(REFIXATE_SHARE * first.indices.shape[1]))
+    with watch.section("selection"):
+        context = [] if seen is None else [seen]
+        attention = vlm.prior_attention(observation.question, observation.gestalt, model.pipeline.prior_layer_fraction,
+                                        context)  # [Ng]
+        again = replace(observation, prior=upsample_map(attention, views.gestalt_grid, views.candidate_grid))
+        maps = score(again, layer.graphed_score, ablation, seen)
+        read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
+                           device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
+        out = ablation.order(layer.select(maps, views.candidate_grid, K2, request.strategy,
+                                          exclude=read.view(-1, *first.grid)))
+    with watch.section("vision"):
+        saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
+    return out, saccades
+
+
+def replay(streamer, generation: Generation) -> None:
+    """Hand a finished generation's tokens to a streamer as generate() would have (the prompt first, empty)."""
+    if streamer is not None:
+        for value in (torch.zeros(1, 0, dtype=torch.long), *generation.ids[0].cpu().view(-1, 1)):
+            streamer.put(value)
+        streamer.end()
+
+
+def block_tokens(n: int) -> int:
+    """An image block's tokens in the prompt: its n tokens with its start and end (none for n = 0)."""
+    return n + 2 if n else 0
+
+
+def add_gflops(a: dict, b: dict) -> dict:
+    return {k: a[k] + b[k] for k in a}
 
 
 @torch.no_grad()
 def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
-    """One ARR answer, the image walking down once (the module docstring's diagram)."""
+    """One ARR answer, the image walking down once (the module docstring's diagram); under request.refixate,
+    a second fixation when the first answer's confidence is below tau. The user's streamer then gets only
+    the final answer."""
     vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
     observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
@@ -94,13 +150,35 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question
-    generation, new_tokens = generate(vlm, prompt, watch, request)
+    refixing = request.refixate is not None
+    generation, new_tokens = generate(vlm, prompt, watch, replace(request, streamer=None) if refixing else request)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     read_gestalt = n_gestalt if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
-    block = lambda n: n + 2 if n else 0  # noqa: E731  (an image block's tokens with its start and end)
-    prior_tokens = prompt.length - block(K) + block(n_gestalt) - block(read_gestalt)  # [gestalt + question]
-    gflops = vlm.gflops([n_gestalt, K] if K else [n_gestalt], prompt.length, prior_tokens,
+    text = prompt.length - block_tokens(read_gestalt) - block_tokens(K)  # the question and the template
+    gflops = vlm.gflops([n_gestalt, K] if K else [n_gestalt], prompt.length, text + block_tokens(n_gestalt),
                         model.pipeline.prior_layer_fraction)
+    fixations, saccade_rows = [], saccade_list(observation, out)
+    if refixing:
+        fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
+                                  latency_split(dict(watch.ms, total=(watch.now() - start) * 1000)), out))
+        if fixations[0].confidence >= request.refixate:
+            replay(request.streamer, generation)
+        else:  # look again: K2 cells not yet read, then answer over gestalt + both rounds' saccades
+            before, second_start = dict(watch.ms), watch.now()
+            second, more = refixate(model, observation, out, saccades, request, watch)
+            K2 = second.indices.shape[1]
+            saccades = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
+            prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)
+            generation, new_tokens = generate(vlm, prompt, watch, request)
+            text = prompt.length - block_tokens(read_gestalt) - block_tokens(K + K2)
+            gflops = add_gflops(gflops, vlm.gflops([K2], prompt.length, text + block_tokens(n_gestalt) + block_tokens(K),
+                                                   model.pipeline.prior_layer_fraction))
+            ms = {k: v - before.get(k, 0.0) for k, v in watch.ms.items()}
+            fixations.append(Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation),
+                                      latency_split(dict(ms, total=(watch.now() - second_start) * 1000)), second))
+            saccade_rows += saccade_list(observation, second, round=2)
+            K += K2
     return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, read_gestalt, K), watch, start,
-                  observation.views, gflops, arr=out, saccades=saccade_list(observation, out), observation=observation,
-                  ablation=None if ablation is NO_ABLATION else ablation.name)
+                  observation.views, gflops, arr=out, saccades=saccade_rows, observation=observation,
+                  ablation=None if ablation is NO_ABLATION else ablation.name, fixations=fixations,
+                  refixate=request.refixate)

@@ -46,6 +46,15 @@ class VisualTokens:
         return VisualTokens(self.features[index.to(self.features.device)], self.grid,
                             self.positions[index.cpu()], deepstack)
 
+    @staticmethod
+    def cat(parts: list["VisualTokens"]) -> "VisualTokens":
+        """Encodings of cells of one view as one block, in order (a second fixation's saccades after the first's)."""
+        if len({part.grid for part in parts}) != 1:
+            raise ValueError(f"blocks of different grids {[part.grid for part in parts]} are not one view's cells")
+        deepstack = None if parts[0].deepstack is None else torch.cat([part.deepstack for part in parts], dim=1)
+        return VisualTokens(torch.cat([part.features for part in parts]), parts[0].grid,
+                            torch.cat([part.positions for part in parts]), deepstack)
+
     def scaled(self, weights: torch.Tensor) -> "VisualTokens":
         """The tokens times weights [K, 1] (training's straight-through product); DeepStack features unchanged."""
         return replace(self, features=self.features * weights.to(self.features.dtype))
