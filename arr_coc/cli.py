@@ -197,6 +197,15 @@ def add_fastv_layer(p: argparse.ArgumentParser) -> None:
                         "the top ones by the last prompt token's attention at layer K-1 (FastV's 2)")
 
 
+def add_refixate(p: argparse.ArgumentParser) -> None:
+    """--refixate and --refixate-budget, the same flags for run and evaluate."""
+    p.add_argument("--refixate", type=bounded_float(0.0, 1.0), default=None, metavar="TAU",
+                   help="ARR looks a second time when its answer's confidence (its least probable token's "
+                        "probability) is below TAU, in [0, 1] (default: off)")
+    p.add_argument("--refixate-budget", type=bounded_int(1, MAX_CELLS), default=None,
+                   help="saccades of the second look (default: half of --budget, cells not read in the first)")
+
+
 def log(message: str) -> None:
     """Progress goes to stderr, so stdout holds only the command's results."""
     print(message, file=sys.stderr, flush=True)
@@ -241,10 +250,13 @@ def load_vlm(name: str, device: str):
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
-           budget: int | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None):
-    """The one place the commands ask the model for an answer (so a new keyword is passed once)."""
+           budget: int | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None,
+           refixate: float | None = None, refixate_budget: int | None = None):
+    """The one place the commands ask the model for an answer (so a new keyword is passed once); refixate and
+    refixate_budget reach the arr pipeline only (the others have no second look)."""
+    second_look = dict(refixate=refixate, refixate_budget=refixate_budget) if pipeline == "arr" else {}
     return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
-                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer)
+                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer, **second_look)
 
 
 def versions() -> dict:

@@ -8,6 +8,11 @@ The headless microscope: one image, one question, every pipeline, a table on std
 
 --ablations adds a row per ablation of ARR (arr-no-gestalt, ...: arr_coc.relevance.ablation), at the same budget.
 
+--refixate TAU gives ARR a second look when its answer's confidence is below TAU: a line per ARR row says whether
+it fired, with both confidences and both answers; the JSON records them under each row's "refixation".
+
+    python -m arr_coc.run --model pocket --image page.png --question "What is the code?" --pipelines arr --refixate 0.9
+
 --faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.eval.faithfulness): the answer's
 log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
 curves in the JSON and, with --save-dir, faithfulness.png.
@@ -56,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="answer length limit")
     cli.add_max_cells(p)
     cli.add_fastv_layer(p)
+    cli.add_refixate(p)
     p.add_argument("--device", type=cli.device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--faithfulness", action="store_true",
                    help="also measure the deletion / random / insertion curves of ARR's answer (needs the arr pipeline)")
@@ -73,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
     if args.answer is not None and not args.faithfulness:
         p.error("argument --answer: only used with --faithfulness")
+    if args.refixate_budget is not None and args.refixate is None:
+        p.error("argument --refixate-budget: only used with --refixate")
     return args
 
 
@@ -102,6 +110,18 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def refixation_line(name: str, result: dict) -> str | None:
+    """Whether an ARR row looked a second time, its confidences and answers (None: refixation was off)."""
+    r = result.get("refixation")
+    if r is None:
+        return None
+    first = f"{name}: confidence {r['confidences'][0]:.4f}"
+    if not r["fired"]:
+        return f"{first} >= tau {r['tau']}: no second look"
+    return (f"{first} < tau {r['tau']}: a second look of {r['saccades'][1]} saccades, confidence "
+            f"{r['confidences'][1]:.4f}; answers {r['answers'][0][:40]!r} -> {r['answers'][1][:40]!r}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from arr_coc.model import check_question  # after parsing: --help and bad flags answer without torch
@@ -123,7 +143,8 @@ def main(argv=None) -> int:
             try:
                 answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                                     strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
-                                    ablation=ablation, fastv_layer=args.fastv_layer)
+                                    ablation=ablation, fastv_layer=args.fastv_layer, refixate=args.refixate,
+                                    refixate_budget=args.refixate_budget)
             except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
                 raise InputError(str(e)) from None
             results[f"arr-{ablation}" if ablation else pipeline] = answer.to_json()
@@ -138,6 +159,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table(results))
+    for line in filter(None, (refixation_line(name, r) for name, r in results.items())):
+        print(line)
     if arr_answer is not None and arr_answer.arr.fallback[0]:
         print(f"note: ARR fell back to an even grid ({arr_answer.arr.fallback[0]})")
     if args.faithfulness:
