@@ -7,13 +7,18 @@ Rows are the baselines (the stock views full, gestalt, budget; the published tok
 and fastv at ARR's visual-token count), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid,
 arr:random) and, with --ablations, ARR with one part switched off under topk (arr-information:topk, ...,
 arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's
-critical experiment at a fixed budget.
+critical experiment at a fixed budget. With --refixate TAU, each strategy also gets a row with ARR's second look
+(arr+refix:topk, ...: a second round of --refixate-budget saccades when the answer's confidence is below TAU);
+each of its results records whether it fired, both confidences and the first answer's own score, and report.md
+says how often it fires and the accuracy with and without it.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
     python -m arr_coc.evaluate --dataset data/chartqa --schema chartqa --limit 100 --faithfulness --out runs/chartqa
     python -m arr_coc.evaluate --model tiny --checkpoint tiny-text-vs-distractor --baselines "" --strategies topk \
         --ablations all --out runs/eval-ablations
+    python -m arr_coc.evaluate --model pocket --synthetic 64 --kinds fine_print,box_word,shape_colour --baselines "" \
+        --strategies topk --refixate 0.9 --out runs/eval-refixate
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
 
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
@@ -50,6 +55,7 @@ if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
 
 ABLATION_STRATEGY = "topk"  # the strategy of the ablation rows: ARR's default row, the one they are compared with
+REFIX = "+refix"  # the mark of a row with ARR's second look: "arr+refix:topk"
 TIMING_FIELDS = ("ttft_ms", "total_ms")  # the only fields of a result that differ between two identical runs
 
 
@@ -100,6 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
     cli.add_max_cells(p)
     cli.add_fastv_layer(p)
+    cli.add_refixate(p)
     p.add_argument("--faithfulness", action="store_true",
                    help="for every ARR strategy row (not the ablations), also measure the deletion / random / "
                         "insertion curves of the reference answer (3 x (steps + 1) teacher-forced forwards per item)")
@@ -116,6 +123,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
     if args.faithfulness and not args.strategies:
         p.error("argument --faithfulness: needs an ARR row (--strategies)")
+    if args.refixate is not None and not args.strategies:
+        p.error("argument --refixate: needs an ARR row (--strategies) to look again")
+    if args.refixate_budget is not None and args.refixate is None:
+        p.error("argument --refixate-budget: only used with --refixate")
     args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
     return args
 
@@ -128,6 +139,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
     """Every row's answer to one item, scored: one result dict per row. An item without reference answers (a test
     split) is answered with score None and no faithfulness curves; a benchmark metric also gets the lenient one
     as an extra field."""
+    import torch
+
     from arr_coc.eval.faithfulness import faithfulness_curves
     from arr_coc.eval.metrics import box_recall_precision
 
@@ -135,20 +148,26 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
     results = []
     for row in rows:
         pipeline, _, strategy = row.partition(":")
+        pipeline, refix, _ = pipeline.partition(REFIX)  # "arr+refix" -> arr with its second look
         pipeline, _, ablation = pipeline.partition("-")  # "arr-no-gestalt" -> arr under the no-gestalt ablation
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                        strategy=strategy or None, budget=args.budget, max_cells=args.max_cells,
-                       ablation=ablation or None, fastv_layer=args.fastv_layer)
+                       ablation=ablation or None, fastv_layer=args.fastv_layer,
+                       refixate=args.refixate if refix else None, refixate_budget=args.refixate_budget)
+        score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
-                      score=METRICS[metric](a.text, item.answers) if item.answers else None,
-                      visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
-                      ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2))
+                      score=score(a.text), visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
+                      ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2), confidence=a.confidence)
+        if a.fixations:  # whether the second look fired, and the first answer as it was before it
+            result.update(refixated=a.refixated, confidences=[f.confidence for f in a.fixations],
+                          first_prediction=a.fixations[0].text, first_score=score(a.fixations[0].text))
         if metric != LENIENT and item.answers:
             result[LENIENT] = METRICS[LENIENT](a.text, item.answers)
-        if a.arr is not None and item.box is not None:
-            recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
+        if a.arr is not None and item.box is not None:  # over every cell read, both rounds' under a second look
+            read = torch.cat([f.arr.indices[0] for f in a.fixations]) if a.fixations else a.arr.indices[0]
+            recall, precision = box_recall_precision(a.views.box_coverage(item.box), read)
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
-        if a.arr is not None and not ablation and args.faithfulness and item.answers:  # after the first reference
+        if a.arr is not None and not ablation and not refix and args.faithfulness and item.answers:  # of the 1st reference
             curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
@@ -159,9 +178,10 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
 
 
 def row_names(args: argparse.Namespace) -> list[str]:
-    """The rows to evaluate: the stock baselines, ARR under each strategy ("arr:topk", ...), then each ablation
-    ("arr-raster:topk", ...)."""
-    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
+    """The rows to evaluate: the stock baselines, ARR under each strategy ("arr:topk", ...), with --refixate ARR
+    with its second look under each ("arr+refix:topk", ...), then each ablation ("arr-raster:topk", ...)."""
+    refix = [f"arr{REFIX}:{s}" for s in cli.names(args.strategies)] if args.refixate is not None else []
+    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)] + refix
             + [f"arr-{a}:{ABLATION_STRATEGY}" for a in cli.names(args.ablations)])
 
 
@@ -178,8 +198,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
                 prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget, max_new_tokens=args.max_new_tokens,
-                max_cells=args.max_cells, fastv_layer=args.fastv_layer,
-                faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+                max_cells=args.max_cells, fastv_layer=args.fastv_layer, refixate=args.refixate,
+                refixate_budget=args.refixate_budget, faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
 
 
 class ResultsFolder:
@@ -295,6 +315,8 @@ def main(argv=None) -> int:
         print(f"{items} items, model {model.vlm.name}, checkpoint {checkpoint}, {process.world_size} process(es): "
               f"{fresh} evaluated now in {seconds:.1f} s")
         print(report.markdown_table(summary, metric))
+        if refixation := report.refixation_summary(results):
+            print(report.refixation_table(refixation))
         if unscored:
             print(f"{unscored} of {items} items have no reference answers: answered but not scored, "
                   "and left out of the accuracy")

@@ -5,6 +5,7 @@ evaluate.py on the tiny model: the rows, the set's metric, the report, resuming,
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -79,6 +80,39 @@ def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
     assert "unknown ['nope']; choose from information,perspectival" in capsys.readouterr().err
 
 
+def test_a_second_look_row_records_when_it_fired_and_the_report_compares_with_and_without(tmp_path, capsys):
+    """--refixate 1 fires on every item (no answer is certain): each arr+refix result says so, keeps its first
+    answer's score, and report.md's section counts the firings; arr:topk has no second look."""
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--synthetic", "2", "--kinds", "text_vs_distractor", "--budget", "40",
+                          "--refixate", "1", "--refixate-budget", "20", "--out", str(out)]) == 0
+    assert "## Second look (refixation)" in capsys.readouterr().out
+    records = results(out)
+    assert [r["row"] for r in records[:3]] == ["gestalt", "arr:topk", "arr+refix:topk"]
+    refix = [r for r in records if r["row"] == "arr+refix:topk"]
+    plain = {r["item"]: r for r in records if r["row"] == "arr:topk"}
+    assert all(r["refixated"] and len(r["confidences"]) == 2 and r["visual_tokens"] == 256 + 60 for r in refix)
+    assert all(r["first_prediction"] == plain[r["item"]]["prediction"] for r in refix)  # the first look is arr:topk's
+    assert all(r["first_score"] == plain[r["item"]]["score"] for r in refix) and "refixated" not in plain[0]
+    md = (out / "report.md").read_text()
+    assert "| arr+refix:topk | 2 | 2 | 1.000 |" in md
+    summary = json.loads((out / "report.json").read_text())["refixation"]["arr+refix:topk"]
+    assert summary["fired"] == 2 and summary["accuracy_without"] == statistics.fmean(r["score"] for r in plain.values())
+    never = report.refixation_summary([dict(r, refixated=False) for r in refix])["arr+refix:topk"]
+    assert never["fire_rate"] == 0 and "accuracy_when_fired" not in never
+
+
+def test_the_second_look_section_compares_with_and_without_on_the_items_where_it_fired():
+    row = lambda fired, score, first: dict(row="arr+refix:topk", refixated=fired, score=score, first_score=first)  # noqa: E731
+    records = [row(True, 1.0, 0.0), row(True, 0.0, 0.0), row(False, 1.0, 1.0), row(False, 0.0, 0.0),
+               dict(row="arr:topk", score=1.0)]
+    summary = report.refixation_summary(records)
+    assert list(summary) == ["arr+refix:topk"]
+    assert summary["arr+refix:topk"] == dict(items=4, fired=2, fire_rate=0.5, accuracy=0.5, accuracy_without=0.25,
+                                             accuracy_when_fired=0.5, accuracy_without_when_fired=0.0)
+    assert "| arr+refix:topk | 4 | 2 | 0.500 | 0.500 | 0.250 | 0.500 | 0.000 |" in report.refixation_table(summary)
+
+
 def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
     out = tmp_path / "eval"
     assert evaluate.main([*FAST, "--synthetic", "2", "--out", str(out)]) == 0
@@ -104,7 +138,8 @@ OTHER_VALUES = {
     "ablations": ([], ["--ablations", "raster"]),
     "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
     "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
-    "faithfulness": ([], ["--faithfulness"]),
+    "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
+    "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
 }
 

@@ -4,7 +4,8 @@ The evaluation report: per-row summaries of evaluate.py's results, as a Markdown
 A row is a stock baseline ("full") or ARR under one strategy ("arr:topk"). Per row: the set's metric
 averaged over the items that have reference answers (the others are counted as unscored), the lenient
 `contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
-precision where items have target boxes; faithfulness areas where they were measured.
+precision where items have target boxes; faithfulness areas where they were measured. Rows with ARR's second
+look ("arr+refix:topk") get their own section: how often it fired, and the accuracy with and without it.
 
     summary = summarise(records, rows)
     paths = write_report("runs/eval", summary, header)   # report.md, report.json, accuracy_vs_tokens.png,
@@ -71,6 +72,37 @@ def markdown_table(summary: dict[str, dict], metric: str) -> str:
     return "\n".join(lines)
 
 
+def refixation_summary(records: list[dict]) -> dict[str, dict]:
+    """
+    Per row with a second look: items, how many fired and their share, the accuracy of its final answers (with
+    it) and of its first answers (without it), overall and over the items where it fired.
+    """
+    summary = {}
+    for row in dict.fromkeys(r["row"] for r in records if "refixated" in r):
+        mine = [r for r in records if r["row"] == row]
+        fired = [r for r in mine if r["refixated"]]
+        means = dict(items=len(mine), fired=len(fired), fire_rate=len(fired) / len(mine))
+        for key, subset in (("", mine), ("_when_fired", fired)):
+            scored = [r for r in subset if r["score"] is not None]
+            if scored:
+                means[f"accuracy{key}"] = statistics.fmean(r["score"] for r in scored)
+                means[f"accuracy_without{key}"] = statistics.fmean(r["first_score"] for r in scored)
+        summary[row] = means
+    return summary
+
+
+def refixation_table(summary: dict[str, dict]) -> str:
+    """The second look's Markdown section: one line per row that has one."""
+    lines = ["## Second look (refixation)", "",
+             "| row | items | fired | fire rate | accuracy with | accuracy without | with, when fired | "
+             "without, when fired |", "|---" * 8 + "|"]
+    for row, m in summary.items():
+        cells = [f"{m[key]:.3f}" if key in m else "-" for key in ("accuracy", "accuracy_without", "accuracy_when_fired",
+                                                                  "accuracy_without_when_fired")]
+        lines.append(f"| {row} | {m['items']} | {m['fired']} | {m['fire_rate']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def accuracy_plot(summary: dict[str, dict], x: str, x_label: str, metric: str, path: Path) -> None:
     """Accuracy against a cost (visual tokens, TTFT), one labelled point per row."""
     fig = Figure(figsize=(6, 4), dpi=110, layout="constrained")
@@ -109,10 +141,13 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     """report.md, report.json and the plots in `folder`; `header` holds the run's settings and throughput."""
     folder = Path(folder)
     metric = header["metric"]
-    (folder / "report.json").write_text(json.dumps(dict(header, summary=summary), indent=2))
+    refixation = refixation_summary(records)
+    (folder / "report.json").write_text(json.dumps(dict(header, summary=summary, refixation=refixation), indent=2))
     settings = ", ".join(f"{k} `{v}`".replace("\n", "\\n")  # the prompt's line break shown, not rendered as a space
                          for k, v in header.items() if v is not None and not isinstance(v, dict))
-    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_table(summary, metric)}\n")
+    second_look = f"\n{refixation_table(refixation)}\n" if refixation else ""
+    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_table(summary, metric)}\n"
+                                      + second_look)
     paths = [folder / "report.md", folder / "report.json"]
     for x, label, name in (("visual_tokens", "visual tokens per image", "accuracy_vs_tokens.png"),
                            ("ttft_ms", "time to first token (ms)", "accuracy_vs_ttft.png")):
