@@ -1,7 +1,8 @@
 """
 Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --save-dir`.
 
-- heatmap_overlay   relevance over the image, each saccade a box coloured by rank, the top N numbered (numbers
+- heatmap_overlay   relevance over the image, each saccade a box coloured by rank (a second look's in SECOND_LOOK
+                    green, with a legend), the top N numbered (numbers
                     never overlap: crowded ones move aside on a leader line, or are skipped and listed)
 - saccade_mosaic    the selected high-res cells tiled in rank order: what the LLM read at full detail
 - channel_grid      the 13 texture channels, on one [0, 1] scale
@@ -45,6 +46,8 @@ MIN_SIDE = 768  # cell drawings are at least this long: a small image is upscale
 MAX_SIDE = 2048  # and at most this long: a 64x64 grid at 1792^2 is drawn 1:1, 28 px a cell; still quick to send
 HEAT_CMAP = "inferno"  # relevance: dark = ignored, bright = relevant
 RANK_CMAP = "cool"  # saccade boxes: rank 1 cyan ... last magenta, apart from the heatmap's colours
+SECOND_LOOK = (57, 255, 20)  # a second fixation's saccade boxes: a green in neither RANK_CMAP nor HEAT_CMAP
+SECOND_LOOK_LEGEND = "cyan to magenta: the first look's saccades by rank · green: the second look's"
 DIFF_CMAP = "RdBu_r"  # B - A: red = B finds it more relevant, blue = A does
 TOP_LABELS = 20  # saccades numbered by default: at 64x64 or finer, 273 numbers would hide the image
 MOSAIC_SCALE = 3  # each 28 px saccade cell is shown 3x (84 px): nearest, so every pixel the ViT read is visible
@@ -238,11 +241,12 @@ def skipped_note(canvas: Image.Image, skipped: list[int]) -> None:
 
 
 def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike = (),
-                    alpha: float = 0.5, numbered: int = TOP_LABELS) -> Image.Image:
+                    alpha: float = 0.5, numbered: int = TOP_LABELS, second: CellsLike = ()) -> Image.Image:
     """
     The relevance map (min-max scaled, one flat colour per cell) blended over the image at the image's own
     resolution (see canvas_size), and the saccades, whose (row, col) are cells of the relevance map's grid, as
-    boxes coloured by rank, the first `numbered` of them numbered.
+    boxes coloured by rank, the first `numbered` of them numbered. `second`: a second fixation's saccades,
+    boxes in SECOND_LOOK, said in a legend below.
     """
     rel = as_map(relevance)
     base = to_rgb(image)
@@ -250,7 +254,13 @@ def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike 
     heat = colourise(normalise(rel), HEAT_CMAP).resize(size, Image.Resampling.NEAREST)
     out = Image.blend(base.resize(size, Image.Resampling.BICUBIC), heat, alpha)
     skipped_note(out, draw_saccades(out, as_cells(saccades), rel.shape, numbered))
-    return out
+    second = as_cells(second)
+    if not second:
+        return out
+    draw, cell = ImageDraw.Draw(out), min(size[0] / rel.shape[1], size[1] / rel.shape[0])
+    for r, c in second:  # as thin as the first look's boxes: they never share a cell
+        draw.rectangle(cell_rect(r, c, rel.shape, size), outline=SECOND_LOOK, width=max(1, round(cell / 16)))
+    return with_legend(out, SECOND_LOOK_LEGEND)
 
 
 def saccade_mosaic(highres: Image.Image, grid: tuple[int, int], saccades: CellsLike, numbered: int = TOP_LABELS,
@@ -471,7 +481,10 @@ def save_all(result, folder: str | Path, image: Image.Image | None = None,
         image = views.image
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    drawings = {"heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0], numbered=numbered)}
+    fixations = getattr(result, "fixations", [])
+    second = fixations[1].arr.positions[0] if len(fixations) > 1 else ()  # a second look's saccades, in green
+    drawings = {"heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0], numbered=numbered,
+                                               second=second)}
     if views is not None:
         drawings["mosaic.png"] = saccade_mosaic(views.highres, views.candidate_grid, out.positions[0], numbered)
     drawings.update({"channels.png": channel_grid(out.textures[0]), "scorers.png": scorer_maps(out)})

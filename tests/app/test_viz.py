@@ -119,6 +119,26 @@ def test_every_saccade_gets_a_box_and_only_the_top_n_a_number(grid, side, step, 
             assert pixel(out, (x0, (y0 + y1) / 2)) == colours[rank - 1]
 
 
+def test_the_two_looks_draw_in_two_colours():
+    """A second fixation's boxes are SECOND_LOOK green, the first look's keep their rank colours, a legend says
+    which is which; without a second look the drawing is the one-look drawing."""
+    grid, first, second = (8, 8), torch.tensor([[1, 1], [2, 5], [6, 2]]), torch.tensor([[4, 4], [0, 7]])
+    image, relevance = Image.new("RGB", (768, 768)), torch.zeros(grid)
+    one = viz.heatmap_overlay(image, relevance, first, numbered=0)
+    two = viz.heatmap_overlay(image, relevance, first, numbered=0, second=second)
+    assert two.width == one.width and two.height > one.height  # the legend strip below
+    colours = viz.rank_colours(len(first))
+    for rank, (r, c) in enumerate(first.tolist()[1:], start=2):  # (rank 1 has its white ring)
+        x0, y0, x1, y1 = viz.cell_rect(r, c, grid, one.size)
+        assert pixel(two, (x0, (y0 + y1) / 2)) == colours[rank - 1] != viz.SECOND_LOOK
+    for r, c in second.tolist():
+        x0, y0, x1, y1 = viz.cell_rect(r, c, grid, one.size)
+        assert pixel(two, (x0, (y0 + y1) / 2)) == viz.SECOND_LOOK == pixel(two, ((x0 + x1) / 2, y1 - 1))
+        assert pixel(one, (x0, (y0 + y1) / 2)) != viz.SECOND_LOOK
+    assert np.array_equal(np.asarray(viz.heatmap_overlay(image, relevance, first, numbered=0, second=())),
+                          np.asarray(one))
+
+
 # ----------------------------------------------------------------------------- saccade mosaic
 
 
