@@ -94,6 +94,12 @@ def numbered_slider(config: ARRCOCConfig) -> gr.Slider:
                           "one is moved aside on a line, or listed on the drawing if there is no room)")
 
 
+def refixate_slider() -> gr.Slider:
+    return gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Second look below confidence τ",
+                     info="when ARR's answer is less sure than τ (its least probable token's probability), it looks "
+                          "again at half as many new cells and answers anew; 0 = off")
+
+
 def output_image(label: str, elem_id: str, height: int | None = DRAWING_HEIGHT) -> gr.Image:
     """
     A drawing under its own caption: gradio lays an image's label over its top-left corner, where it would hide
@@ -135,6 +141,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
                 baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
                 strategy = strategy_dropdown(config)
             tokens, cells, numbered = tokens_slider(), cells_slider(model.pipeline), numbered_slider(config)
+            refixate = refixate_slider()
             with gr.Row():
                 run = gr.Button("Compare", variant="primary", elem_id="compare-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
@@ -147,7 +154,8 @@ def compare_tab(model: ARRCOCQwen) -> None:
                 with gr.Column():
                     arr_text = gr.Textbox(label="ARR-COC answer", lines=3, elem_id="arr-answer")
                     arr_stats = output_table("ARR-COC stats", ui.STATS_HEADERS, "arr-stats")
-            heatmap = output_image("Relevance and numbered saccades (1 = most relevant)", "arr-heatmap")
+            heatmap = output_image("Relevance and numbered saccades (1 = most relevant; a second look's in green)",
+                                   "arr-heatmap")
             with gr.Row():
                 gestalt = output_image("Gestalt view, as the model saw it", "arr-gestalt", height=None)
                 mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "arr-mosaic", height=None)
@@ -156,7 +164,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
     gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
 
     event = gr.on([run.click, question.submit], bind(model, handlers.compare, gpu_seconds=GPU_SECONDS["compare"]),
-                  [image, question, baseline, tokens, strategy, cells, numbered],
+                  [image, question, baseline, tokens, strategy, cells, numbered, refixate],
                   [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, kept],
                   api_name="compare", concurrency_id=GPU)
     # Stop cancels first and says so after: an output the cancelled event had already sent cannot land later

@@ -56,8 +56,8 @@ def stats(table: dict) -> dict:
 
 
 def compare(client: Client, image=CAT, question=QUESTION, baseline="gestalt", tokens=TOKENS, strategy="topk",
-            max_cells=CELLS, numbered=viz.TOP_LABELS):
-    return client.predict(handle_file(image), question, baseline, tokens, strategy, max_cells, numbered,
+            max_cells=CELLS, numbered=viz.TOP_LABELS, refixate=0.0):
+    return client.predict(handle_file(image), question, baseline, tokens, strategy, max_cells, numbered, refixate,
                           api_name="/compare")
 
 

@@ -4,6 +4,7 @@ app.py binds each to its components (and, on ZeroGPU, wraps the GPU ones in spac
 directly, without a server.
 
     for outputs in compare(model, image, "What is it?", "full", 64, "topk", 4096, 20): ...
+    for outputs in compare(model, image, "What is it?", "full", 64, "topk", 4096, 20, 0.5): ...   # a second look below 0.5
     kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk",
                                                                             273, 4096, 20, "no-gestalt")
     heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
@@ -46,6 +47,7 @@ class Kept:
     maps: dict | None = None  # the layer's scored maps (textures, scorers, weights): re-selection; Microscope only
     ablation: Ablation = NO_ABLATION  # the ablation the maps were scored under: re-selection applies it too
     gestalt_tokens: int = 0  # the gestalt's token count (the no-gestalt ablation selects budget + these)
+    second: torch.Tensor | None = None  # [K2, 2] a second look's saccades (Compare, when it fired), drawn in green
 
 
 def on_cpu(maps: dict) -> dict:
@@ -55,8 +57,9 @@ def on_cpu(maps: dict) -> dict:
 def kept_answer(answer: Answer) -> Kept:
     """A finished ARR answer as the Compare tab keeps it: enough to renumber its heatmap and mosaic."""
     views = answer.views
+    second = answer.fixations[1].arr.positions[0].cpu() if answer.refixated else None
     return Kept(views.image, views.highres, views.candidate_grid, answer.arr.relevance[0].cpu(),
-                answer.arr.positions[0].cpu())
+                answer.arr.positions[0].cpu(), second=second)
 
 
 def kept_scene(scene: Scene) -> Kept:
@@ -71,7 +74,8 @@ def redraw(kept: Kept | None, numbered: int) -> tuple:
     """The heatmap and the saccade mosaic of a kept selection, the first `numbered` saccades numbered."""
     if kept is None:
         return None, None
-    return (viz.heatmap_overlay(kept.image, kept.relevance, kept.positions, numbered=int(numbered)),
+    second = () if kept.second is None else kept.second
+    return (viz.heatmap_overlay(kept.image, kept.relevance, kept.positions, numbered=int(numbered), second=second),
             viz.saccade_mosaic(kept.highres, kept.grid, kept.positions, int(numbered)))
 
 
@@ -94,8 +98,9 @@ def compare_outputs(status: str, base_text: str = "", base: Answer | None = None
 
 
 def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_new_tokens: int, strategy: str,
-                  max_cells: int, numbered: int):
-    """Stream the baseline's answer, then ARR-COC's; then their stats and ARR's drawings."""
+                  max_cells: int, numbered: int, refixate: float = 0.0):
+    """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`; 0: off);
+    then their stats and ARR's drawings."""
     ui.check_inputs(image, question)
     start = time.perf_counter()
     settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))  # one cap for both pipelines
@@ -106,7 +111,8 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
             yield compare_outputs(running, base)
     running = f"{RUNNING} **ARR-COC**…"
     yield compare_outputs(running, ui.answer_text(base), base)
-    for ours in model.stream(image, question, "arr", strategy=strategy, **settings):  # ARR's text, then its Answer
+    tau = float(refixate) if refixate and float(refixate) > 0 else None  # the slider's 0 is off
+    for ours in model.stream(image, question, "arr", strategy=strategy, refixate=tau, **settings):  # text, then Answer
         if isinstance(ours, str):
             yield compare_outputs(running, ui.answer_text(base), base, ours)
     yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
@@ -114,10 +120,10 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
 
 
 def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baseline: str, max_new_tokens: int,
-            strategy: str, max_cells: int, numbered: int):
+            strategy: str, max_cells: int, numbered: int, refixate: float = 0.0):
     """compare_steps, whose status line says "Failed: why" if a step fails."""
     yield from reporting(ticking(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
-                                               numbered)), status_at=0, outputs=10)
+                                               numbered, refixate)), status_at=0, outputs=10)
 
 
 def ticking(steps):

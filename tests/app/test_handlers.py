@@ -54,6 +54,27 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
     assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
 
 
+def test_compare_with_a_second_look_shows_both_looks_and_draws_them_in_two_colours(arr_model):
+    """The tau slider: at 1 the second look fires (no answer is certain); the stats show both looks' saccades,
+    times, confidences and answers, the kept state its cells, the heatmap them in green; at 0 it is off."""
+    from arr_coc.app import viz
+
+    on = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5, 1.0))[-1]
+    off = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5, 0.0))[-1]
+    stats = dict(on[4])
+    assert stats["second look"].startswith("fired: confidence") and stats["look 1: saccades"] == 273
+    assert stats["look 2: saccades"] == 136 and stats["visual tokens: saccade"] == 273 + 136
+    assert stats["look 2: total ms"] > 0 and "look 2: answer" in stats and "look 1: confidence" in stats
+    kept = on[-1]
+    assert kept.second.shape == (136, 2) and holds_only_cpu_data(kept) == []
+    assert not {tuple(c) for c in kept.second.tolist()} & {tuple(c) for c in kept.positions.tolist()}
+    assert on[5].height > off[5].height  # the legend of the two colours
+    r, c = kept.second[0].tolist()
+    x0, y0, x1, y1 = viz.cell_rect(r, c, kept.grid, off[5].size)
+    assert on[5].getpixel((x0, (y0 + y1) // 2)) == viz.SECOND_LOOK
+    assert "second look" not in dict(off[4]) and off[-1].second is None
+
+
 def test_compare_runs_the_fastv_baseline(arr_model):
     """The Compare tab's baseline choices are the registry's baselines, FastV among them."""
     from arr_coc.config import BASELINES
