@@ -88,7 +88,8 @@ def test_run_prints_and_records_a_second_look(tmp_path, capsys):
     both confidences and both answers; the baseline rows have no second look."""
     args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
             "--pipelines", "arr,gestalt", "--budget", "40"]
-    assert main([*args, "--refixate", "1", "--refixate-budget", "25", "--json", str(tmp_path / "on.json")]) == 0
+    assert main([*args, "--refixate", "1", "--refixate-budget", "25", "--json", str(tmp_path / "on.json"),
+                 "--save-dir", str(tmp_path / "on")]) == 0
     printed = capsys.readouterr().out
     results = json.loads((tmp_path / "on.json").read_text())["pipelines"]
     r = results["arr"]["refixation"]
@@ -96,8 +97,10 @@ def test_run_prints_and_records_a_second_look(tmp_path, capsys):
     assert len(r["confidences"]) == 2 and len(r["timings_ms"]) == 2 and results["arr"]["tokens"]["saccade"] == 65
     assert f"arr: confidence {r['confidences'][0]:.4f} < tau 1.0: a second look of 25 saccades" in printed
     assert {s["round"] for s in results["arr"]["saccades"]} == {1, 2} and "refixation" not in results["gestalt"]
-    assert main([*args, "--refixate", "0", "--json", str(tmp_path / "off.json")]) == 0
+    assert main([*args, "--refixate", "0", "--json", str(tmp_path / "off.json"), "--save-dir", str(tmp_path / "off")]) == 0
     assert ">= tau 0.0: no second look" in capsys.readouterr().out
+    heatmaps = [Image.open(tmp_path / look / "heatmap.png") for look in ("on", "off")]
+    assert heatmaps[0].height > heatmaps[1].height  # the second look's legend: its boxes are green
     r = json.loads((tmp_path / "off.json").read_text())["pipelines"]["arr"]["refixation"]
     assert r["fired"] is False and len(r["answers"]) == 1 and r["saccades"] == [40]
     with pytest.raises(SystemExit) as e:
