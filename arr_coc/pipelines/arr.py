@@ -101,7 +101,8 @@ def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, s
     `seen` between the gestalt and the question; the layer re-scores with them beside the gestalt; K2 cells
     not yet read are selected (in the ablation's order) and encoded -> (its selection, its tokens [K2, D]).
     """
-    vlm, layer, ablation, views = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION, observation.views
+    vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
+    views = observation.views
     K2 = request.refixate_budget or max(1, round(REFIXATE_SHARE * first.indices.shape[1]))
     with watch.section("selection"):
         context = [] if seen is None else [seen]
@@ -131,15 +132,46 @@ def block_tokens(n: int) -> int:
     return n + 2 if n else 0
 
 
-def add_gflops(a: dict, b: dict) -> dict:
-    return {k: a[k] + b[k] for k in a}
+def round_gflops(vlm: VLM, model: ARRCOCQwen, vision_cells: list[int], prompt: Prompt, read_gestalt: int,
+                 n_gestalt: int, seen: int, saccades: int) -> dict:
+    """One round's compute: its vision passes, its prior pass over [gestalt + the `seen` saccades of rounds before
+    + question], and its prefill of `prompt` (read_gestalt gestalt tokens, seen + this round's saccades)."""
+    text = prompt.length - block_tokens(read_gestalt) - block_tokens(seen + saccades)  # the question and the template
+    return vlm.gflops(vision_cells, prompt.length, text + block_tokens(n_gestalt) + block_tokens(seen),
+                      model.pipeline.prior_layer_fraction)
+
+
+def round_ms(watch: Stopwatch, before: dict, start: float) -> dict:
+    """The latency split of the round that began at `start`, when watch.ms read `before`."""
+    return latency_split({**{k: v - before.get(k, 0.0) for k, v in watch.ms.items()},
+                          "total": (watch.now() - start) * 1000})
+
+
+def second_look(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
+                request: Request, watch: Stopwatch) -> tuple[Fixation, VisualTokens, Prompt, Generation, int, dict]:
+    """
+    The second fixation, from relevance down (refixate), then the answer read anew over the gestalt and both
+    rounds' saccades -> (its Fixation, every saccade [K + K2, D], the prompt, its generation, new tokens, its
+    compute), the user's streamer receiving the answer.
+    """
+    vlm, ablation = model.vlm, request.ablation or NO_ABLATION
+    before, start = dict(watch.ms), watch.now()
+    second, more = refixate(model, observation, first, saccades, request, watch)
+    everything = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
+    prompt = arr_prompt(vlm, observation, everything, gestalt=ablation.gestalt)
+    generation, new_tokens = generate(vlm, prompt, watch, request)
+    n_gestalt, K, K2 = len(observation.gestalt), first.indices.shape[1], second.indices.shape[1]
+    gflops = round_gflops(vlm, model, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2)
+    look = Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation), round_ms(watch, before, start),
+                    second)
+    return look, everything, prompt, generation, new_tokens, gflops
 
 
 @torch.no_grad()
 def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     """One ARR answer, the image walking down once (the module docstring's diagram); under request.refixate,
-    a second fixation when the first answer's confidence is below tau. The user's streamer then gets only
-    the final answer."""
+    a second fixation when the first answer's confidence is below tau (the user's streamer then gets only the
+    final answer)."""
     vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
     observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
@@ -150,35 +182,25 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question
-    refixing = request.refixate is not None
+    refixing = request.refixate is not None  # then the first answer may not be the last: nothing streamed yet
     generation, new_tokens = generate(vlm, prompt, watch, replace(request, streamer=None) if refixing else request)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     read_gestalt = n_gestalt if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
-    text = prompt.length - block_tokens(read_gestalt) - block_tokens(K)  # the question and the template
-    gflops = vlm.gflops([n_gestalt, K] if K else [n_gestalt], prompt.length, text + block_tokens(n_gestalt),
-                        model.pipeline.prior_layer_fraction)
-    fixations, saccade_rows = [], saccade_list(observation, out)
+    gflops = round_gflops(vlm, model, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
+    fixations, rows = [], saccade_list(observation, out)
     if refixing:
         fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
-                                  latency_split(dict(watch.ms, total=(watch.now() - start) * 1000)), out))
+                                  round_ms(watch, {}, start), out))
         if fixations[0].confidence >= request.refixate:
             replay(request.streamer, generation)
-        else:  # look again: K2 cells not yet read, then answer over gestalt + both rounds' saccades
-            before, second_start = dict(watch.ms), watch.now()
-            second, more = refixate(model, observation, out, saccades, request, watch)
-            K2 = second.indices.shape[1]
-            saccades = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
-            prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)
-            generation, new_tokens = generate(vlm, prompt, watch, request)
-            text = prompt.length - block_tokens(read_gestalt) - block_tokens(K + K2)
-            gflops = add_gflops(gflops, vlm.gflops([K2], prompt.length, text + block_tokens(n_gestalt) + block_tokens(K),
-                                                   model.pipeline.prior_layer_fraction))
-            ms = {k: v - before.get(k, 0.0) for k, v in watch.ms.items()}
-            fixations.append(Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation),
-                                      latency_split(dict(ms, total=(watch.now() - second_start) * 1000)), second))
-            saccade_rows += saccade_list(observation, second, round=2)
-            K += K2
+        else:  # look again: K2 cells not yet read, then the answer over gestalt + both rounds' saccades
+            look, saccades, prompt, generation, new_tokens, more = second_look(model, observation, out, saccades,
+                                                                                request, watch)
+            fixations.append(look)
+            gflops = {k: gflops[k] + more[k] for k in gflops}
+            rows += saccade_list(observation, look.arr, round=2)
+    K = sum(f.saccades for f in fixations) if fixations else K
     return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, read_gestalt, K), watch, start,
-                  observation.views, gflops, arr=out, saccades=saccade_rows, observation=observation,
+                  observation.views, gflops, arr=out, saccades=rows, observation=observation,
                   ablation=None if ablation is NO_ABLATION else ablation.name, fixations=fixations,
                   refixate=request.refixate)

@@ -16,7 +16,7 @@ from PIL import Image
 from arr_coc.errors import InputError
 from arr_coc.eval.fineprint import make_page
 from arr_coc.pipelines import arr
-from arr_coc.pipelines.answer import REFIXATE_SHARE, Request, answer_confidence
+from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
 from arr_coc.vlm.base import VisualTokens
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 
