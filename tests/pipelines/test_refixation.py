@@ -17,7 +17,6 @@ from arr_coc.errors import InputError
 from arr_coc.eval.fineprint import make_page
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
-from arr_coc.vlm.base import VisualTokens
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 
 QUESTION = "What does the gray text say?"
@@ -87,9 +86,11 @@ def test_with_tau_off_the_answer_and_visual_tokens_are_the_single_walks(pocket):
     assert (never.text, never.tokens) == (a.text, a.tokens) and torch.equal(never.arr.positions, a.arr.positions)
 
 
-def test_the_final_answer_reads_both_rounds_at_their_true_places(arr_model, monkeypatch):
+def test_the_final_answer_reads_both_rounds_at_their_true_places(family, monkeypatch):
     """The last prompt: the gestalt block, then one saccade block (round 1's cells, then round 2's), each token at
-    its cell's M-RoPE place and with the features encode_cells gives its round."""
+    its cell's M-RoPE place and with the features (and Qwen3-VL's DeepStack features) encode_cells gives its
+    round; on every family."""
+    arr_model = family
     vlm, prompts, priors = arr_model.vlm, [], []
     generate, prior_attention = vlm.generate, vlm.prior_attention
     monkeypatch.setattr(vlm, "generate", lambda prompt, *a, **k: prompts.append(prompt) or generate(prompt, *a, **k))
@@ -101,13 +102,17 @@ def test_the_final_answer_reads_both_rounds_at_their_true_places(arr_model, monk
     assert torch.equal(priors[1][0].positions, first)  # the second prior pass reads the first round's saccades
     highres = a.observation.views.tensor("highres")
     with torch.no_grad():
-        expected = VisualTokens.cat([vlm.encode_cells(highres, first), vlm.encode_cells(highres, second)])
+        rounds = [vlm.encode_cells(highres, first), vlm.encode_cells(highres, second)]
     final = prompts[-1]
     image = final.ids[0] == vlm.image_token_id
+    n_gestalt = len(a.observation.gestalt)
     blocks = [raster_block(a.views.gestalt_grid), ImageBlock(a.views.candidate_grid, torch.cat([first, second]))]
-    assert int(image.sum()) == 256 + 273 + 40
+    assert int(image.sum()) == n_gestalt + 273 + 40
     assert torch.equal(final.position_ids, mrope_position_ids(final.ids, vlm.image_token_id, blocks))
-    torch.testing.assert_close(final.embeds[0, image][256:], expected.features)
+    torch.testing.assert_close(final.embeds[0, image][n_gestalt:], torch.cat([r.features for r in rounds]))
+    if rounds[0].deepstack is not None:  # Qwen3-VL: each level's features at the same tokens
+        torch.testing.assert_close(final.deepstack[:, 0, image][:, n_gestalt:],
+                                   torch.cat([r.deepstack for r in rounds], dim=1))
 
 
 def test_a_second_look_that_cannot_fit_or_a_bad_tau_is_a_clear_error(arr_model):
