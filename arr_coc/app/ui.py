@@ -229,7 +229,7 @@ def stats_rows(answer: Answer) -> list[list]:
         *[[f"{part} ms", round(ms[part], 1)] for part in TIMING_KEYS],
         ["TTFT ms", round(answer.ttft_ms, 1)],
         ["new tokens", answer.new_tokens],
-        ["ms/token (decode)", round(answer.timings_ms["decode"] / max(answer.new_tokens - 1, 1), 2)],
+        ["ms/token (decode)", round(answer.decode_ms_per_token, 2)],
         ["tokens/s (decode)", round(answer.tokens_per_s, 1)],
         ["GFLOPs: vision", round(answer.gflops.get("vision", 0.0))],
         ["GFLOPs: prefill", round(answer.gflops.get("prefill", 0.0))],

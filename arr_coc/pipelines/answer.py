@@ -116,19 +116,26 @@ class Answer:
         return len(self.fixations) > 1
 
     @property
+    def answer_decode_ms(self) -> float:
+        """The decode time of the answer returned: after a second look, its own (timings_ms holds both looks')."""
+        return self.fixations[-1].timings_ms["decode"] if self.refixated else self.timings_ms["decode"]
+
+    @property
     def tokens_per_s(self) -> float:
         """Decode rate: the tokens after the first (which the prefill produces) over the decode time."""
-        return max(self.new_tokens - 1, 0) / max(self.timings_ms["decode"], 1e-6) * 1000
+        return max(self.new_tokens - 1, 0) / max(self.answer_decode_ms, 1e-6) * 1000
 
     @property
     def decode_ms_per_token(self) -> float:
         """Decode time per token after the first (the app's stats and run --json show it)."""
-        return self.timings_ms["decode"] / max(self.new_tokens - 1, 1)
+        return self.answer_decode_ms / max(self.new_tokens - 1, 1)
 
     @property
     def ttft_ms(self) -> float:
-        """Time to first token: vision, selection and prefill."""
-        return sum(self.timings_ms[k] for k in ("vision", "selection", "prefill"))
+        """Time to first token: vision, selection and prefill (after a second look, the first answer's decode
+        too: the answer returned starts only after it)."""
+        first_decode = self.fixations[0].timings_ms["decode"] if self.refixated else 0.0
+        return sum(self.timings_ms[k] for k in ("vision", "selection", "prefill")) + first_decode
 
     def to_json(self) -> dict:
         out = dict(answer=self.text, tokens=self.tokens, timings_ms={k: round(v, 2) for k, v in self.timings_ms.items()},

@@ -65,6 +65,12 @@ def test_it_fires_below_tau_and_not_at_or_above(arr_model):
     j = above.to_json()["refixation"]
     assert j["fired"] is True and j["confidences"][0] == round(c, 6) and len(j["answers"]) == 2
     assert j["saccades"] == [273, 136] and all(t["total"] > 0 for t in j["timings_ms"])
+    looks = above.fixations  # the request's split is the sum of the two looks'; its TTFT waits for the first answer
+    assert all(above.timings_ms[k] == pytest.approx(sum(f.timings_ms[k] for f in looks), rel=1e-6)
+               for k in ("vision", "selection", "prefill", "decode"))
+    before_first_token = sum(above.timings_ms[k] for k in ("vision", "selection", "prefill"))
+    assert before_first_token + looks[0].timings_ms["decode"] <= above.ttft_ms + 1e-6 < above.timings_ms["total"]
+    assert above.decode_ms_per_token == looks[1].timings_ms["decode"] / max(above.new_tokens - 1, 1)
 
 
 def test_with_tau_off_the_answer_and_visual_tokens_are_the_single_walks(pocket):
