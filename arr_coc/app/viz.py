@@ -1,9 +1,9 @@
 """
 Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --save-dir`.
 
-- heatmap_overlay   relevance over the image, each saccade a box coloured by rank (a second look's in SECOND_LOOK
-                    green, with a legend), the top N numbered (numbers
-                    never overlap: crowded ones move aside on a leader line, or are skipped and listed)
+- heatmap_overlay   relevance over the image, each saccade a box coloured by rank, the top N numbered (numbers
+                    never overlap: crowded ones move aside on a leader line, or are skipped and listed); a second
+                    look's saccades (Request.refixate) in SECOND_LOOK green, said in a legend
 - saccade_mosaic    the selected high-res cells tiled in rank order: what the LLM read at full detail
 - channel_grid      the 13 texture channels, on one [0, 1] scale
 - scorer_maps       the three scorer maps, the participatory prior and the balanced relevance

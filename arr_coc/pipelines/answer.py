@@ -9,9 +9,8 @@ timed generation, the Answer's assembly).
     answer.refixated, [f.text for f in answer.fixations]
 """
 
-from dataclasses import asdict, dataclass, field, replace
-
 import math
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
