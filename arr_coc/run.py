@@ -11,7 +11,8 @@ The headless microscope: one image, one question, every pipeline, a table on std
 --refixate TAU gives ARR a second look when its answer's confidence is below TAU: a line per ARR row says whether
 it fired, with both confidences and both answers; the JSON records them under each row's "refixation".
 
-    python -m arr_coc.run --model pocket --image page.png --question "What is the code?" --pipelines arr --refixate 0.9
+    python -m arr_coc.run --model tiny --image assets/synth_invoice_page.png --question "What is the total?" \
+        --pipelines arr --refixate 0.9 --save-dir out/run      # heatmap.png: the second look in green
 
 --faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.eval.faithfulness): the answer's
 log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
