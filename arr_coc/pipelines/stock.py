@@ -1,7 +1,9 @@
 """
 The stock baselines' one path: one view, the whole vision tower, one image block, generated with the fast
 engine (our encoder and decoder) or, under the hf engine, transformers' own forward from pixels end to end
-(the reference the fast engine is measured against). full.py, gestalt.py and budget.py each name their view.
+(the reference the fast engine is measured against). full.py, gestalt.py and budget.py each name their view; the
+budget view is sized to what ARR's LLM reads at the request's budget (answer.arr_visual_tokens), so a budget sweep
+moves it with ARR.
 
 The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
 view through the vision tower, then a reducer keeps N of its tokens at their places, N being what ARR's LLM
@@ -10,6 +12,7 @@ reads at the same budget (answer.arr_visual_tokens).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -17,6 +20,7 @@ import torch
 from arr_coc.pipelines.answer import (Answer, Request, arr_visual_tokens, finish, generate, start_watch, token_counts,
                                       views_for)
 from arr_coc.timing import timed_module
+from arr_coc.vlm.views import fit_grid
 
 if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
@@ -29,6 +33,9 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
         views = views_for(vlm, model.pipeline, image, request.max_cells)
+        if view_name == "budget":  # about as many tokens as ARR reads at this budget (529 at the default 273)
+            n_arr = arr_visual_tokens(model, views, request)
+            views = replace(views, budget_grid=fit_grid(views.image.width, views.image.height, n_arr))
         view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
     n = grid[0] * grid[1]
     if vlm.engine == "fast":
