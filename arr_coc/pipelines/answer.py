@@ -84,7 +84,10 @@ class Answer:
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
     ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
-    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer kept
+    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer
+    # kept: the places of the image tokens its LLM read (divprune, visionzip, fastv), raster order
+    merged: torch.Tensor | None = field(default=None, repr=False)  # [C, 2] the kept places that hold merged context
+    # rather than their own cell (VisionZip's contextual tokens; None for the other reducers)
 
     @property
     def tokens_per_s(self) -> float:

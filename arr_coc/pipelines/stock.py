@@ -7,7 +7,8 @@ moves it with ARR.
 
 The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
 view through the vision tower, then a reducer keeps N of its tokens at their places, N being what ARR's LLM
-reads at the same budget (answer.arr_visual_tokens).
+reads at the same budget (answer.arr_visual_tokens). The Answer names the places it kept (Answer.kept) and,
+for VisionZip, those that hold merged context (Answer.merged): the app draws them beside ARR's saccades.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
                    encode: Callable, reduce: Callable) -> Answer:
     """
     A token reducer's answer: the whole native view through the vision tower (encode(vlm, view) -> VisualTokens
-    and what reduce reads), then reduce(tokens, read, n) keeps n of them at their places, n = arr_visual_tokens
-    (all of them when the view has fewer), one image block, the fast engine's prompt.
+    and what reduce reads), then reduce(tokens, read, n) -> (n of them at their places, the places [C, 2] of
+    merged ones or None), n = arr_visual_tokens (all of them when the view has fewer), one image block, the fast
+    engine's prompt.
     """
     vlm = model.vlm
     watch, start = start_watch(vlm.device)
@@ -67,9 +69,9 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
     with watch.section("selection"):
-        kept = reduce(every, read, min(arr_visual_tokens(model, views, request), len(every)))  # [n, D]
+        kept, merged = reduce(every, read, min(arr_visual_tokens(model, views, request), len(every)))  # [n, D]
     prompt = vlm.prompt(question, [kept])
     generation, new_tokens = generate(vlm, prompt, watch, request)
     tokens = token_counts(prompt.length, 0, 0, total_visual=len(kept))
     return finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views,
-                  vlm.gflops([len(every)], prompt.length))
+                  vlm.gflops([len(every)], prompt.length), kept=kept.positions, merged=merged)
