@@ -148,7 +148,7 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
 
 
 def test_max_cells_caps_both_pipelines_and_numbers_redraw(client):
-    status, _, base_stats, _, arr_stats, heatmap, _, _, mosaic = compare(
+    status, _, base_stats, _, arr_stats, heatmap, _, _, mosaic, _ = compare(
         client, image=STREET, baseline="full", tokens=1, max_cells=2048, numbered=0)
     views = make_views(Image.open(STREET), max_cells=2048)
     base, arr = stats(base_stats), stats(arr_stats)
@@ -245,7 +245,7 @@ def test_odd_images_are_answered(client, tmp_path, mode):
         Image.new("RGB", (1, 1), (200, 10, 10)).save(path)
     else:
         Image.open(CAT).convert(mode).save(path)
-    status, *_, arr_stats, heatmap, _, _, _ = compare(client, image=str(path), tokens=1)
+    status, *_, arr_stats, heatmap, _, _, _, _ = compare(client, image=str(path), tokens=1)
     assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
 
 
@@ -315,7 +315,7 @@ def test_bad_input_gets_a_clear_error(app_url, bad, case):
 
 
 def test_the_app_still_answers_after_bad_inputs(client):
-    status, *_, arr_stats, _, _, _, _ = compare(client, tokens=1)
+    status, *_, arr_stats, _, _, _, _, _ = compare(client, tokens=1)
     assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
 
 
