@@ -9,8 +9,9 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
-faithfulness, ab, and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space (SPACES_ZERO_GPU),
-the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs (arr_coc/zerogpu.py).
+faithfulness, ab, and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space
+(SPACES_ZERO_GPU), the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs
+(arr_coc/zerogpu.py).
 """
 
 import argparse
@@ -60,7 +61,7 @@ ROOT = Path(__file__).parent
 CHECKPOINTS = ROOT / "checkpoints"
 EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
-GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, ab=120)  # ZeroGPU: the most one call may hold it
+GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, ab=120)  # ZeroGPU: most one call holds
 MAX_NEW_TOKENS = 256
 DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
 

@@ -22,9 +22,9 @@ that image, with one line saying so.
     python -m arr_coc.evaluate --model tiny --synthetic 16 --budgets 64,128,273,529,1024 --out runs/eval-sweep
 
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
-(one line per item and row, in order, with its budget in a sweep; an item without reference answers has score null), report.md,
-report.json and the plots (arr_coc.eval.report). While running, each process appends its finished items to
-part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
+(one line per item and row, in order, with its budget in a sweep; an item without reference answers has score
+null), report.md, report.json and the plots (arr_coc.eval.report). While running, each process appends its
+finished items to part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
 (every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out
 by index and the merged results equal a one-process run, item for item.
 
@@ -173,8 +173,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens, strategy=strategy,
                        budget=args.budget if budget is None else budget, max_cells=args.max_cells,
                        ablation=ablation, fastv_layer=args.fastv_layer)
-        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **({"budget": budget} if args.budgets else {}),
-                      prediction=a.text, answers=item.answers,
+        swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
+        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text, answers=item.answers,
                       score=METRICS[metric](a.text, item.answers) if item.answers else None,
                       visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
                       ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2))

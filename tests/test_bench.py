@@ -25,7 +25,8 @@ def test_bench_restores_the_engine_and_min_new_tokens_it_sets(arr_model, monkeyp
 
 def test_arr_beside_each_reducer_and_full_in_one_table_with_its_ratios(arr_model, capsys):
     rows = ["full", "divprune", "fastv", "arr", "arr-no-gestalt"]
-    assert bench.parse_args(["--model", "tiny", "--device", "cpu", "--pipelines", ",".join(rows)]).pipelines == ",".join(rows)
+    args = bench.parse_args(["--model", "tiny", "--device", "cpu", "--pipelines", ",".join(rows)])
+    assert args.pipelines == ",".join(rows)
     with pytest.raises(SystemExit):
         bench.parse_args(["--model", "tiny", "--device", "cpu", "--pipelines", "arr-nope"])
     assert "unknown ['arr-nope']" in capsys.readouterr().err
@@ -39,8 +40,8 @@ def test_arr_beside_each_reducer_and_full_in_one_table_with_its_ratios(arr_model
     for line, row in zip(table[3:], rows):
         cells = [c.strip() for c in line.strip("|").split("|")]
         r = results[f"{row}/fast"]
-        assert cells[1:6] == [str(r["tokens"]["total_visual"]), *(f"{r['timings_ms'][k]:.1f}" for k in
-                                                                  ("vision", "selection", "prefill")), f"{r['ttft_ms']:.1f}"]
+        times = [f"{r['timings_ms'][k]:.1f}" for k in ("vision", "selection", "prefill")]
+        assert cells[1:6] == [str(r["tokens"]["total_visual"]), *times, f"{r['ttft_ms']:.1f}"]
         assert cells[-1] == f"{results['arr/fast']['ttft_ms'] / r['ttft_ms']:.2f}x"
     ratios = bench.ratios(results)
     assert set(ratios) == {"arr/fast vs full/fast", "arr/fast vs divprune/fast", "arr/fast vs fastv/fast"}

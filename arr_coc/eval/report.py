@@ -2,9 +2,9 @@
 The evaluation report: per-row summaries of evaluate.py's results, as a Markdown table, JSON and plots.
 
 A row is a baseline ("full", "divprune") or ARR under one strategy ("arr:topk"); in a budget sweep, a row at one
-budget is labelled row@budget ("arr:topk@64"; full and gestalt read no budget and keep their names). Per row: the set's metric
-averaged over the items that have reference answers (the others are counted as unscored), the lenient
-`contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
+budget is labelled row@budget ("arr:topk@64"; full and gestalt read no budget and keep their names). Per row:
+the set's metric averaged over the items that have reference answers (the others are counted as unscored), the
+lenient `contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
 precision where items have target boxes; faithfulness areas where they were measured.
 
     summary = summarise(records, [label(row, budget) for row, budget in jobs])

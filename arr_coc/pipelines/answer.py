@@ -114,6 +114,8 @@ class Answer:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
                        strategy=self.arr.strategy, ablation=self.ablation)
+        if self.kept is not None:  # a reducer: the (row, col) native cells its LLM read, and the merged ones
+            out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
         return out
 
 

@@ -200,10 +200,12 @@ def test_the_answer_names_exactly_the_cells_the_llm_read(arr_model, name, monkey
     assert torch.equal(answer.kept, tokens.positions) and len(answer.kept) == n < nh * nw
     assert len({tuple(c) for c in answer.kept.tolist()}) == n
     assert ((answer.kept >= 0) & (answer.kept < torch.tensor([nh, nw]))).all()
+    assert answer.to_json()["kept"] == answer.kept.tolist()  # run --json lists them
     if name == "divprune":
-        assert answer.merged is None
+        assert answer.merged is None and answer.to_json()["merged"] is None
         return
     merged = {tuple(c) for c in answer.merged.tolist()}
+    assert answer.to_json()["merged"] == answer.merged.tolist()
     assert len(merged) == visionzip.contextual_count(n) and merged <= {tuple(c) for c in answer.kept.tolist()}
     monkeypatch.setattr(vlm, "prompt", prompt)
     every = vlm.encode_view(answer.views.tensor("native"))  # each cell's own token, in raster order
