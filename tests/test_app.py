@@ -123,8 +123,8 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
     assert baseline_partial and arr_partial
     assert updates.index(baseline_partial[-1]) < updates.index(arr_partial[0])
 
-    status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic = final
-    assert status.startswith("Done in") and base_text and arr_text
+    status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, base_cells = final
+    assert status.startswith("Done in") and base_text and arr_text and base_cells is None  # full keeps every cell
     views = make_views(Image.open(CAT))
     base, arr = stats(base_stats), stats(arr_stats)
     gh, gw = views.gestalt_grid
@@ -185,6 +185,13 @@ def test_microscope_then_reselect_without_the_vlm(client):
     _, summary, spread, _ = client.predict("grid", 50, 5, api_name="/reselect")
     assert summary.startswith("**50 saccades** · strategy `grid`")
     assert {tuple(r[1:3]) for r in spread["data"]} != {tuple(r[1:3]) for r in fewer["data"]}
+
+
+def test_the_microscope_draws_a_reducers_kept_cells_over_the_relevance(client):
+    _, _, heatmap, *_ = client.predict(handle_file(CAT), QUESTION, "topk", 60, CELLS, 0, api_name="/microscope")
+    drawing = client.predict(handle_file(CAT), QUESTION, "visionzip", 60, CELLS, api_name="/kept_cells")
+    assert Image.open(drawing).width == Image.open(heatmap).width  # the heatmap's canvas, a legend under it
+    assert client.predict(handle_file(CAT), QUESTION, "none", 60, CELLS, api_name="/kept_cells") is None
 
 
 def test_faithfulness_curves_of_arrs_answer_or_a_typed_one(client):
