@@ -235,7 +235,7 @@ def test_ten_concurrent_compares_all_complete(app_url):
     questions = [f"Question {i}: what is in the picture?" for i in range(10)]
     with ThreadPoolExecutor(10) as pool:  # ten users at once: the queue runs them one by one
         results = list(pool.map(lambda q: compare(Client(app_url, verbose=False), question=q, tokens=2), questions))
-    for status, _, _, _, arr_stats, heatmap, _, _, _ in results:
+    for status, _, _, _, arr_stats, heatmap, _, _, _, _ in results:
         assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
         assert Path(heatmap).is_file()
 
