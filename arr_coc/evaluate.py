@@ -174,7 +174,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
                        budget=args.budget if budget is None else budget, max_cells=args.max_cells,
                        ablation=ablation, fastv_layer=args.fastv_layer)
         swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
-        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text, answers=item.answers,
+        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text,
+                      answers=item.answers,
                       score=METRICS[metric](a.text, item.answers) if item.answers else None,
                       visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
                       ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2))
