@@ -84,7 +84,10 @@ class Answer:
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
     ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
-    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer kept
+    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer
+    # kept: the places of the image tokens its LLM read (divprune, visionzip, fastv), raster order
+    merged: torch.Tensor | None = field(default=None, repr=False)  # [C, 2] the kept places that hold merged context
+    # rather than their own cell (VisionZip's contextual tokens; None for the other reducers)
 
     @property
     def tokens_per_s(self) -> float:
@@ -111,6 +114,8 @@ class Answer:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
                        strategy=self.arr.strategy, ablation=self.ablation)
+        if self.kept is not None:  # a reducer: the (row, col) native cells its LLM read, and the merged ones
+            out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
         return out
 
 
