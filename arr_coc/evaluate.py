@@ -7,10 +7,14 @@ Rows are the baselines (the stock views full, gestalt, budget; the published tok
 and fastv at ARR's visual-token count), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid,
 arr:random) and, with --ablations, ARR with one part switched off under topk (arr-information:topk, ...,
 arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's
-critical experiment at a fixed budget. With --refixate TAU, each strategy also gets a row with ARR's second look
-(arr+refix:topk, ...: a second round of --refixate-budget saccades when the answer's confidence is below TAU);
-each of its results records whether it fired, both confidences and the first answer's own score, and report.md
-says how often it fires and the accuracy with and without it.
+critical experiment at a fixed budget. --budgets runs that experiment at several budgets (a budget sweep): every
+row but full and gestalt (which read no budget, and run once) at each budget, each budget being a number of
+saccades and every other row reading ARR's visual tokens at it; the report gets a table per budget and accuracy
+curves against visual tokens and TTFT, one per row. A budget over an image's candidate grid is skipped for
+that image, with one line saying so. With --refixate TAU, each strategy also gets a row with ARR's second look
+(arr+refix:topk, ...: a second round of --refixate-budget saccades when the answer's confidence is below TAU;
+in a sweep, at each budget); each of its results records whether it fired, both confidences and the first
+answer's own score, and report.md says how often it fires and the accuracy with and without it.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
@@ -20,11 +24,12 @@ says how often it fires and the accuracy with and without it.
     python -m arr_coc.evaluate --model pocket --synthetic 64 --kinds fine_print,box_word,shape_colour --baselines "" \
         --strategies topk --refixate 0.9 --out runs/eval-refixate
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
+    python -m arr_coc.evaluate --model tiny --synthetic 16 --budgets 64,128,273,529,1024 --out runs/eval-sweep
 
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
-(one line per item and row, in order; an item without reference answers has score null), report.md,
-report.json and the plots (arr_coc.eval.report). While running, each process appends its finished items to
-part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
+(one line per item and row, in order, with its budget in a sweep; an item without reference answers has score
+null), report.md, report.json and the plots (arr_coc.eval.report). While running, each process appends its
+finished items to part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
 (every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out
 by index and the merged results equal a one-process run, item for item.
 
@@ -100,7 +105,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ablations", type=cli.ablation_list, default="",
                    help=f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default none): "
                         + ablations.describe())
-    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET, help="saccades per image")
+    budgets = p.add_mutually_exclusive_group()
+    budgets.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET,
+                         help="saccades per image")
+    budgets.add_argument("--budgets", type=cli.int_list(1, cli.MAX_CELLS), default=None,
+                         help="a budget sweep: saccade counts, comma-separated (e.g. 64,128,273,529,1024); every row "
+                              "but full and gestalt runs at each, reading ARR's visual tokens at that budget")
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
@@ -119,8 +129,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.baselines and not args.strategies and not args.ablations:
         p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")
-    if args.budget > args.max_cells:
-        p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
+    for budget in args.budgets or [args.budget]:
+        if budget > args.max_cells:
+            p.error(f"argument --budget{'s' if args.budgets else ''}: {budget} exceeds --max-cells {args.max_cells}")
+    args.budgets = sorted(set(args.budgets)) if args.budgets else None
     if args.faithfulness and not args.strategies:
         p.error("argument --faithfulness: needs an ARR row (--strategies)")
     if args.refixate is not None and not args.strategies:
@@ -134,30 +146,61 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- one item
 
 
-def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str], metric: str,
-                  args: argparse.Namespace) -> list[dict]:
-    """Every row's answer to one item, scored: one result dict per row. An item without reference answers (a test
-    split) is answered with score None and no faithfulness curves; a benchmark metric also gets the lenient one
-    as an extra field."""
+Job = tuple[str, int | None]  # (row, budget): None for the one --budget, and in a sweep for the rows that read none
+
+
+def split_row(row: str) -> tuple[str, str | None, str | None, bool]:
+    """A row's name -> (pipeline, strategy, ablation, whether ARR looks again): "arr-no-gestalt:topk" ->
+    ("arr", "topk", "no-gestalt", False); "arr+refix:topk" -> ("arr", "topk", None, True)."""
+    pipeline, _, strategy = row.partition(":")
+    pipeline, refix, _ = pipeline.partition(REFIX)
+    pipeline, _, ablation = pipeline.partition("-")
+    return pipeline, strategy or None, ablation or None, bool(refix)
+
+
+def beyond_grid(row: str, budget: int, views, refixate_budget: int | None) -> str | None:
+    """Why a row cannot run at this budget on this image (more saccades than candidate cells, counting a second
+    look's should it fire), or None."""
+    from arr_coc.pipelines.answer import second_look_saccades
+
+    gh, gw = views.candidate_grid
+    _, _, ablation, refix = split_row(row)
+    needed = ablations.get(ablation).saccade_budget(budget, views.gestalt_grid[0] * views.gestalt_grid[1])
+    if refix:  # the second look reads cells the first did not
+        needed += second_look_saccades(refixate_budget, needed)
+    if needed <= gh * gw:
+        return None
+    return f"{needed} saccades exceed the {gh}x{gw} = {gh * gw} candidate cells"
+
+
+def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job], metric: str,
+                  args: argparse.Namespace) -> tuple[list[dict], list[tuple[Job, str]]]:
+    """Every job's answer to one item, scored: (one result dict per job, the jobs skipped here with why). An item
+    without reference answers (a test split) is answered with score None and no faithfulness curves; a benchmark
+    metric also gets the lenient one as an extra field. In a sweep, a result records its budget."""
     import torch
 
     from arr_coc.eval.faithfulness import faithfulness_curves
     from arr_coc.eval.metrics import box_recall_precision
 
     image, question = item.open(), source.prompt(item)
-    results = []
-    for row in rows:
-        pipeline, _, strategy = row.partition(":")
-        pipeline, refix, _ = pipeline.partition(REFIX)  # "arr+refix" -> arr with its second look
-        pipeline, _, ablation = pipeline.partition("-")  # "arr-no-gestalt" -> arr under the no-gestalt ablation
-        a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
-                       strategy=strategy or None, budget=args.budget, max_cells=args.max_cells,
-                       ablation=ablation or None, fastv_layer=args.fastv_layer,
+    views = model.views(image, args.max_cells) if args.budgets else None  # the grid a sweep's budgets must fit
+    results, skipped = [], []
+    for row, budget in jobs:
+        if budget is not None and (why := beyond_grid(row, budget, views, args.refixate_budget)):
+            skipped.append(((row, budget), why))
+            continue
+        pipeline, strategy, ablation, refix = split_row(row)  # "arr-no-gestalt:topk": arr under the no-gestalt ablation
+        a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens, strategy=strategy,
+                       budget=args.budget if budget is None else budget, max_cells=args.max_cells,
+                       ablation=ablation, fastv_layer=args.fastv_layer,
                        refixate=args.refixate if refix else None, refixate_budget=args.refixate_budget)
         score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
-        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
-                      score=score(a.text), visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
-                      ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2), confidence=a.confidence)
+        swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
+        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text,
+                      answers=item.answers, score=score(a.text), visual_tokens=a.tokens["total_visual"],
+                      gflops=round(sum(a.gflops.values()), 1), ttft_ms=round(a.ttft_ms, 2),
+                      total_ms=round(a.timings_ms["total"], 2), confidence=a.confidence)
         if a.fixations:  # whether the second look fired, and the first answer as it was before it
             result.update(refixated=a.refixated, confidences=[f.confidence for f in a.fixations],
                           first_prediction=a.fixations[0].text, first_score=score(a.fixations[0].text))
@@ -171,7 +214,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
             curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
-    return results
+    return results, skipped
 
 
 # ----------------------------------------------------------------------------- the results folder
@@ -183,6 +226,16 @@ def row_names(args: argparse.Namespace) -> list[str]:
     refix = [f"arr{REFIX}:{s}" for s in cli.names(args.strategies)] if args.refixate is not None else []
     return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)] + refix
             + [f"arr-{a}:{ABLATION_STRATEGY}" for a in cli.names(args.ablations)])
+
+
+def job_list(args: argparse.Namespace) -> list[Job]:
+    """What to evaluate on each item, in order: every row once at --budget; in a sweep, the rows that read no
+    budget (full, gestalt) once, then every other row at each budget."""
+    rows = row_names(args)
+    if not args.budgets:
+        return [(row, None) for row in rows]
+    free = [row for row in rows if row in pipelines.BUDGET_FREE]
+    return [(row, None) for row in free] + [(row, b) for b in args.budgets for row in rows if row not in free]
 
 
 def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoint: str) -> dict:
@@ -197,9 +250,11 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 synthetic_kinds=args.kinds if synthetic else None, size=args.size if synthetic else None,
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
-                prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget, max_new_tokens=args.max_new_tokens,
+                prompt_reference=SCHEMAS[source.schema].reference,
+                budget=None if args.budgets else args.budget, budgets=args.budgets, max_new_tokens=args.max_new_tokens,
                 max_cells=args.max_cells, fastv_layer=args.fastv_layer, refixate=args.refixate,
-                refixate_budget=args.refixate_budget, faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+                refixate_budget=args.refixate_budget,
+                faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
 
 
 class ResultsFolder:
@@ -240,10 +295,10 @@ class ResultsFolder:
         with self.part.open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in results))
 
-    def merge(self, rows: list[str]) -> list[dict]:
-        """Rank 0, after every process is done: all results, one per (item, row), in order -> results.jsonl."""
-        unique = {(r["item"], r["row"]): r for r in self.read() if r["row"] in rows}
-        merged = [unique[key] for key in sorted(unique, key=lambda key: (key[0], rows.index(key[1])))]
+    def merge(self, jobs: list[Job]) -> list[dict]:
+        """Rank 0, after every process is done: all results, one per (item, row, budget), in order -> results.jsonl."""
+        unique = {(r["item"], *job_of(r)): r for r in self.read() if job_of(r) in jobs}
+        merged = [unique[key] for key in sorted(unique, key=lambda key: (key[0], jobs.index(key[1:])))]
         tmp = self.folder / "results.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in merged))
         tmp.replace(self.folder / "results.jsonl")
@@ -252,10 +307,15 @@ class ResultsFolder:
         return merged
 
 
-def pending(items: Iterable[Item], done: set[tuple[int, str]], rows: list[str], process: Process) -> Iterable[Item]:
-    """This process's share of the items (by index) that still lack a row's result."""
+def job_of(result: dict) -> Job:
+    """The (row, budget) a result answers (budget None outside a sweep: results made before sweeps resume too)."""
+    return result["row"], result.get("budget")
+
+
+def pending(items: Iterable[Item], done: set[tuple], jobs: list[Job], process: Process) -> Iterable[Item]:
+    """This process's share of the items (by index) that still lack a job's result."""
     for item in items:
-        if item.index % process.world_size == process.rank and any((item.index, row) not in done for row in rows):
+        if item.index % process.world_size == process.rank and any((item.index, *job) not in done for job in jobs):
             yield item
 
 
@@ -281,19 +341,23 @@ def main(argv=None) -> int:
         metric = args.metric or source.metric
         args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main)
-        rows = row_names(args)
+        jobs = job_list(args)
         settings = run_settings(args, source, metric, checkpoint)
         if process.is_main:
             folder.check_settings(settings)
-        done = {(r["item"], r["row"]) for r in folder.read()}
+        done = {(r["item"], *job_of(r)) for r in folder.read()}
+        skipped: dict[Job, list] = {}  # a sweep's jobs over an image's grid -> [items, the last reason]
         model.warmup()  # CUDA graphs of the common shapes, captured before the clock starts
         process.barrier()
         start = time.perf_counter()
         with torch.no_grad():
-            for item in tqdm(pending(source.items, done, rows, process), desc="evaluate", unit="item",
+            for item in tqdm(pending(source.items, done, jobs, process), desc="evaluate", unit="item",
                              disable=not process.is_main):
-                todo = [row for row in rows if (item.index, row) not in done]
-                folder.append(evaluate_item(model, source, item, todo, metric, args))
+                todo = [job for job in jobs if (item.index, *job) not in done]
+                results, skips = evaluate_item(model, source, item, todo, metric, args)
+                folder.append(results)
+                for job, why in skips:
+                    skipped[job] = [skipped.get(job, [0])[0] + 1, why]
     except (InputError, CheckpointError, OutOfMemory) as e:
         process.log(f"error: {e}")
         if folder.read():
@@ -301,20 +365,22 @@ def main(argv=None) -> int:
         return 2
     process.barrier()
     seconds = time.perf_counter() - start
+    for (row, budget), (count, why) in skipped.items():
+        process.log(f"skipped {row} at budget {budget} on {count} item(s): {why}")
     if process.is_main:
-        results = folder.merge(rows)
+        results = folder.merge(jobs)
         items = len({r["item"] for r in results})
         unscored = len({r["item"] for r in results if r["score"] is None})
-        fresh = items - len({item for item, _ in done})
+        fresh = items - len({item for item, *_ in done})
         header = dict(settings, model_name=model.vlm.name, items=items, unscored_items=unscored,
                       versions=cli.versions(),
                       throughput=dict(processes=process.world_size, items=fresh, seconds=round(seconds, 2),
                                       items_per_s=round(fresh / seconds, 3) if fresh else None))
-        summary = report.summarise(results, rows)
+        summary = report.summarise(results, [report.label(*job) for job in jobs])
         paths = report.write_report(args.out, summary, header, results)
         print(f"{items} items, model {model.vlm.name}, checkpoint {checkpoint}, {process.world_size} process(es): "
               f"{fresh} evaluated now in {seconds:.1f} s")
-        print(report.markdown_table(summary, metric))
+        print(report.markdown_tables(summary, metric))
         if refixation := report.refixation_summary(results):
             print(report.refixation_table(refixation))
         if unscored:

@@ -113,6 +113,82 @@ def test_the_second_look_section_compares_with_and_without_on_the_items_where_it
     assert "| arr+refix:topk | 4 | 2 | 0.500 | 0.500 | 0.250 | 0.500 | 0.000 |" in report.refixation_table(summary)
 
 
+SWEEP = ["--model", "tiny", "--synthetic", "1", "--kinds", "text_vs_distractor", "--size", "560",  # 20x20 native cells
+         "--baselines", "full,budget,divprune", "--strategies", "topk", "--max-new-tokens", "1"]
+
+
+def test_a_budget_sweep_runs_each_row_at_each_budget_at_arrs_visual_tokens(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert evaluate.main([*SWEEP, "--budgets", "128,2000,64", "--out", str(out)]) == 0
+    # 2000 saccades do not fit the 32x32 candidate grid: skipped, said in one line, not a crash
+    assert ("skipped arr:topk at budget 2000 on 1 item(s): 2000 saccades exceed the 32x32 = 1024 candidate cells"
+            in capsys.readouterr().err)
+    records = results(out)
+    assert [(r["row"], r["budget"]) for r in records] == [("full", None)] + [
+        (row, budget) for budget in (64, 128) for row in ("budget", "divprune", "arr:topk")]  # full runs once
+    tokens = {(r["row"], r["budget"]): r["visual_tokens"] for r in records}
+    for budget in (64, 128):  # ARR reads the 16x16 gestalt + the saccades; the others as many, or about as many
+        assert tokens["arr:topk", budget] == tokens["divprune", budget] == 256 + budget
+        assert 256 + budget - 40 < tokens["budget", budget] <= 256 + budget  # a whole grid of cells
+    assert tokens["budget", 64] < tokens["budget", 128] and tokens["full", None] == 20 * 20  # the native grid
+    report_json = json.loads((out / "report.json").read_text())
+    assert report_json["budgets"] == [64, 128, 2000] and report_json["budget"] is None
+    curves = report_json["curves"]
+    assert list(curves) == ["full", "budget", "divprune", "arr:topk"] and len(curves["full"]) == 1
+    for row in ("budget", "divprune", "arr:topk"):  # one point per budget; 2000's holds no item
+        assert [(p["budget"], p["items"]) for p in curves[row]] == [(64, 1), (128, 1), (2000, 0)]
+        assert [p["visual_tokens"] for p in curves[row][:2]] == [tokens[row, 64], tokens[row, 128]]
+    markdown = (out / "report.md").read_text()
+    assert "### budget 64 saccades" in markdown and "### budget 128 saccades" in markdown
+    assert "budget 2000" not in markdown  # skipped on every item: no table
+    assert "![accuracy against visual tokens](accuracy_vs_tokens.png)" in markdown
+    assert "![accuracy against TTFT](accuracy_vs_ttft.png)" in markdown
+    for plot in ("accuracy_vs_tokens.png", "accuracy_vs_ttft.png"):
+        assert (out / plot).stat().st_size > 10_000
+    figure = report.sweep_plot(curves, "visual_tokens", "visual tokens", "contains", tmp_path / "again.png")
+    lines = {line.get_label(): list(line.get_xdata()) for line in figure.axes[0].lines}
+    assert lines == {"full": [400], "budget": [tokens["budget", 64], tokens["budget", 128]],
+                     "divprune": [320, 384], "arr:topk": [320, 384]}  # one curve per row, through its budgets
+    styles = {line.get_label(): line.get_linestyle() for line in figure.axes[0].lines}
+    assert styles == {"full": "None", "budget": "-", "divprune": "-", "arr:topk": "-"}  # full: a lone point
+    # the same command resumes (nothing new to evaluate); another sweep is refused, naming the budgets
+    assert evaluate.main([*SWEEP, "--budgets", "64,128,2000", "--out", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 0
+    assert without_timings(results(out)) == without_timings(records)
+    assert evaluate.main([*SWEEP, "--budgets", "64", "--out", str(out)]) == 2
+    assert "(budgets: [64, 128, 2000] there, [64] now)" in capsys.readouterr().err
+
+
+def test_a_sweep_gives_the_second_look_its_row_at_each_budget_and_skips_it_where_both_looks_overflow(tmp_path,
+                                                                                                         capsys):
+    """arr+refix runs per budget like any row; at 700 saccades its second look's 400 more would not fit the 32x32
+    candidate grid, so that job alone is skipped; the second-look section has a line per budget."""
+    out = tmp_path / "sweep-refix"
+    assert evaluate.main([*SWEEP[:8], "--baselines", "", "--strategies", "topk", "--max-new-tokens", "1",
+                          "--budgets", "64,700",
+                          "--refixate", "1", "--refixate-budget", "400", "--out", str(out)]) == 0
+    assert ("skipped arr+refix:topk at budget 700 on 1 item(s): 1100 saccades exceed the 32x32 = 1024 candidate "
+            "cells" in capsys.readouterr().err)
+    records = results(out)
+    assert [(r["row"], r["budget"]) for r in records] == [("arr:topk", 64), ("arr+refix:topk", 64), ("arr:topk", 700)]
+    assert records[1]["refixated"] and records[1]["visual_tokens"] == 256 + 64 + 400
+    assert records[1]["first_prediction"] == records[0]["prediction"]  # the first look is arr:topk's at that budget
+    markdown = (out / "report.md").read_text()
+    assert "### budget 64 saccades" in markdown and "## Second look (refixation)" in markdown
+    assert "| arr+refix:topk@64 | 1 | 1 | 1.000 |" in markdown and "arr+refix:topk@700 |" not in markdown
+    assert list(json.loads((out / "report.json").read_text())["refixation"]) == ["arr+refix:topk@64"]
+
+
+def test_budgets_are_checked_before_anything_loads(capsys):
+    for argv, message in ((["--budget", "100", "--budgets", "64"], "argument --budgets: not allowed with argument --budget"),
+                          (["--budgets", "64,5000"], "argument --budgets: 5000 exceeds --max-cells 4096"),
+                          (["--budgets", "64,x"], "argument --budgets: expected an integer, got 'x'")):
+        with pytest.raises(SystemExit):
+            evaluate.parse_args(argv)
+        assert message in capsys.readouterr().err
+    assert evaluate.parse_args(["--budgets", "128,64,128"]).budgets == [64, 128]
+
+
 def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
     out = tmp_path / "eval"
     assert evaluate.main([*FAST, "--synthetic", "2", "--out", str(out)]) == 0
@@ -136,7 +212,7 @@ OTHER_VALUES = {
     "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]), "size": ([], ["--size", "1792"]),
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
     "ablations": ([], ["--ablations", "raster"]),
-    "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
+    "budget": ([], ["--budget", "100"]), "budgets": ([], ["--budgets", "64,128"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
     "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
     "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
     "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),

@@ -104,7 +104,10 @@ class Answer:
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
     ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
-    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer kept
+    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer
+    # kept: the places of the image tokens its LLM read (divprune, visionzip, fastv), raster order
+    merged: torch.Tensor | None = field(default=None, repr=False)  # [C, 2] the kept places that hold merged context
+    # rather than their own cell (VisionZip's contextual tokens; None for the other reducers)
     confidence: float | None = None  # the least probable answer token's probability (answer_confidence)
     fixations: list[Fixation] = field(default_factory=list)  # arr under Request.refixate: 1 round, or 2 if it fired
     refixate: float | None = None  # the threshold tau the answer ran under (None: refixation off)
@@ -146,6 +149,8 @@ class Answer:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
                        strategy=self.arr.strategy, ablation=self.ablation)
+        if self.kept is not None:  # a reducer: the (row, col) native cells its LLM read, and the merged ones
+            out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
         if self.confidence is not None:
             out["confidence"] = round(self.confidence, 6)
         if self.refixate is not None:
@@ -156,6 +161,11 @@ class Answer:
                                      timings_ms=[{k: round(v, 2) for k, v in f.timings_ms.items()}
                                                  for f in self.fixations])
         return out
+
+
+def second_look_saccades(refixate_budget: int | None, first: int) -> int:
+    """The second look's saccades K2: refixate_budget, or by default REFIXATE_SHARE of the first look's `first`."""
+    return int(refixate_budget) if refixate_budget else max(1, round(REFIXATE_SHARE * first))
 
 
 def check_question(question) -> str:

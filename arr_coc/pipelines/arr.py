@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (REFIXATE_SHARE, Answer, Fixation, Observation, Request, Saccade,
-                                      answer_confidence, finish, generate, latency_split, start_watch, token_counts,
+from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Request, Saccade, answer_confidence, finish,
+                                      generate, latency_split, second_look_saccades, start_watch, token_counts,
                                       views_for)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
@@ -103,7 +103,7 @@ def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, s
     """
     vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
     views = observation.views
-    K2 = request.refixate_budget or max(1, round(REFIXATE_SHARE * first.indices.shape[1]))
+    K2 = second_look_saccades(request.refixate_budget, first.indices.shape[1])
     with watch.section("selection"):
         context = [] if seen is None else [seen]
         attention = vlm.prior_attention(observation.question, observation.gestalt, model.pipeline.prior_layer_fraction,

@@ -12,13 +12,15 @@ import time
 from pathlib import Path
 
 import gradio as gr
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from arr_coc.app import handlers
+from arr_coc.app import handlers, viz
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, Observation, Scene
+from arr_coc.pipelines import REDUCERS
 from arr_coc.vlm.views import Views
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +54,18 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
     assert isinstance(kept, handlers.Kept) and holds_only_cpu_data(kept) == []
     heatmap, mosaic = handlers.redraw(kept, 0)  # renumbered from the kept state alone
     assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
+    assert updates[-1][9] is None  # a stock view keeps every cell: no kept-cell drawing
+
+
+def test_compare_draws_the_cells_a_reducer_kept_under_its_answer(arr_model):
+    """Under a reducer's answer, its kept cells on the heatmap's canvas (ARR's saccades beside it); another
+    reducer keeps other cells, and its drawing differs."""
+    drawings = {}
+    for reducer in ("divprune", "visionzip"):
+        final = list(handlers.compare(arr_model, CAT, QUESTION, reducer, 1, "topk", CELLS, 5))[-1]
+        drawings[reducer] = final[9]
+        assert final[9].width == final[5].width  # the same canvas as ARR's heatmap, a legend underneath
+    assert not np.array_equal(np.asarray(drawings["divprune"]), np.asarray(drawings["visionzip"]))
 
 
 def test_compare_with_a_second_look_shows_both_looks_and_draws_them_in_two_colours(arr_model):
@@ -82,6 +96,20 @@ def test_compare_runs_the_fastv_baseline(arr_model):
     updates = list(handlers.compare(arr_model, CAT, QUESTION, "fastv", 2, "topk", CELLS, 5))
     assert "fastv" in BASELINES and updates[0][0] == "Running the **fastv** baseline…"
     assert updates[-1][0].startswith("Done in")
+
+
+def test_the_microscope_draws_any_reducers_kept_cells_over_arrs_relevance(arr_model):
+    kept = handlers.microscope(arr_model, CAT, QUESTION, "topk", 60, CELLS, 5)[0]
+    assert handlers.kept_cells(arr_model, kept, CAT, QUESTION, handlers.NO_REDUCER, 60, CELLS) is None
+    drawings = [handlers.kept_cells(arr_model, kept, CAT, QUESTION, reducer, 60, CELLS) for reducer in REDUCERS]
+    heat = np.asarray(viz.heat_canvas(kept.image, kept.relevance))  # ARR's relevance over the image, no boxes
+    for i, drawing in enumerate(drawings):
+        canvas = np.asarray(drawing)[:heat.shape[0]]  # the drawing above its legend
+        assert canvas.shape == heat.shape and not np.array_equal(canvas, heat)
+        assert (canvas == heat).mean() > 0.5  # boxes over the map: most of it shows through
+        assert all(not np.array_equal(np.asarray(drawing), np.asarray(other)) for other in drawings[i + 1:])
+    with pytest.raises(gr.Error, match="Analyse an image first"):
+        handlers.kept_cells(arr_model, None, CAT, QUESTION, "divprune", 60, CELLS)
 
 
 def test_state_check_finds_device_objects(arr_model):
