@@ -24,6 +24,7 @@ from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, fin
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
+from arr_coc.relevance.tensions import NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Prompt, VisualTokens
 
@@ -54,12 +55,15 @@ def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablat
     return ablation.mix(maps)
 
 
-def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | None = None,
-           strategy: str | None = None, ablation: Ablation = NO_ABLATION) -> ARRCOCOutput:
-    """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, or with no gestalt the
-    budget + its tokens) and in the order the ablation says (budget None: the layer's)."""
+def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | str | None = None,
+           strategy: str | None = None, ablation: Ablation = NO_ABLATION,
+           settings: TensionSettings | None = None) -> ARRCOCOutput:
+    """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, "auto" for the adaptive one,
+    or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
+    under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions)."""
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
-    return ablation.order(layer.select(maps, grid, budget, strategy))
+    settings = (settings or NO_SETTINGS).over(ablation.tensions)
+    return ablation.order(layer.select(maps, grid, budget, strategy, settings))
 
 
 def arr_prompt(vlm: VLM, observation: Observation, saccades: VisualTokens | None, answer: str | None = None,
@@ -90,7 +94,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)
         out = select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), request.budget,
-                     request.strategy, ablation)
+                     request.strategy, ablation, request.tensions)
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question

@@ -60,7 +60,7 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
     with watch.section("selection"):
-        kept = reduce(every, read, min(arr_visual_tokens(model, views, request), len(every)))  # [n, D]
+        kept = reduce(every, read, min(arr_visual_tokens(model, views, request, question), len(every)))  # [n, D]
     prompt = vlm.prompt(question, [kept])
     generation, new_tokens = generate(vlm, prompt, watch, request)
     tokens = token_counts(prompt.length, 0, 0, total_visual=len(kept))

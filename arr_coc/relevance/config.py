@@ -32,11 +32,24 @@ class ARRCOCConfig:
     logpolar_rho: int = 16  # radial bins of the logpolar strategy
     logpolar_theta: int = 17  # angular bins of the logpolar strategy (16 x 17 = 272 <= 273)
     void_tolerance: float = 1e-4  # relevance range below this (relative) is a "semantic void": fall back to grid
+    void_top_fraction: float = 0.02  # the top cells the busy-image test weighs (2 % of the candidate cells)
+    # a busy image is a semantic void too: its content map's top 2 % of cells hold less than this many times the
+    # 2 % a uniform map gives them (concentration.image_structure). Measured with the prior's scorers: noise 2.04-2.12,
+    # periodic textures 1.91-2.03 fall back; data.py documents 2.19-2.20, photos >= 2.56, fine-print pages >= 8 do not
+    void_structure: float = 2.15
+    # --- the three tensions (arr_coc.relevance.tensions); each prior is what a fresh or older checkpoint does ---
+    spacing_radius: float = 2.0  # cells: the width of the proximity a spacing penalty lambda > 0 pushes picks apart by
+    min_budget: int = 64  # the adaptive budget's floor (--budget auto; --min-budget)
+    max_budget: int = 512  # the adaptive budget's ceiling (--budget auto; --max-budget), capped by the grid's cells
+    budget_temperature: float = 0.5  # softmax temperature of the relevance map's entropy, the adaptive budget's prior
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.budget < 0:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
+        if not 1 <= self.min_budget <= self.max_budget:
+            raise ValueError(f"the adaptive budget needs 1 <= min_budget <= max_budget, got {self.min_budget}, "
+                             f"{self.max_budget}")
         if len(self.prior_weights) != 3:
             raise ValueError(f"prior_weights needs 3 values, got {self.prior_weights}")
