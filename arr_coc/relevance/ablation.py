@@ -10,7 +10,7 @@ callers at four well-defined points, so every part of ARR has to earn its keep a
 and one on the LLM's input: whether the gestalt block is in the prompt (Ablation.gestalt).
 
 Three rows switch a tension on instead, with a fixed value (arr_coc.relevance.tensions), against ARR's own row where
-each is at its prior: arr-explore (e = 0.25), arr-diversify (lambda = 1) and arr-auto-budget (K from the map's
+each is at its prior: arr-explore (e = 0.25), arr-diversify (lambda = 2) and arr-auto-budget (K from the map's
 concentration, --budget auto) (Ablation.tensions and Ablation.auto_budget, at selection).
 
     from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION
@@ -97,8 +97,8 @@ ABLATIONS = {a.name: a for a in (
     Ablation("no-gestalt", "no gestalt: budget + gestalt-token saccades and nothing else", gestalt=False),
     Ablation("explore", "exploit<->explore on: a quarter of the budget on coverage (e = 0.25)",
              tensions=TensionSettings(explore=0.25)),
-    Ablation("diversify", "focus<->diversify on: topk with a spacing penalty (lambda = 1)",
-             tensions=TensionSettings(diversify=1.0)),
+    Ablation("diversify", "focus<->diversify on: topk with a spacing penalty (lambda = 2 standard units)",
+             tensions=TensionSettings(diversify=2.0)),
     Ablation("auto-budget", "compress<->particularize on: the adaptive budget (--budget auto)", auto_budget=True),
 )}
 

@@ -99,3 +99,67 @@ def test_budget_larger_than_the_grid_is_refused():
 def test_an_empty_image_is_a_void_whatever_its_map_says():
     out = TokenAllocator(273, "topk")(torch.cat([peaked_map(), peaked_map()]), empty_images=[False, True])
     assert out.fallback == [None, "semantic_void"]
+
+
+# ----------------------------------------------------------------------------- the tensions' selection
+
+
+def mean_pairwise_distance(positions: torch.Tensor) -> float:
+    """[K, 2] cells -> their mean pairwise Euclidean distance, in cells."""
+    return float(torch.pdist(positions.float()).mean())
+
+
+def quadrants(positions: torch.Tensor, grid=(32, 32)) -> set:
+    """[K, 2] cells -> the quadrants of the grid they fall in."""
+    return {(int(r) * 2 // grid[0], int(c) * 2 // grid[1]) for r, c in positions.tolist()}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_tension_at_its_prior_is_exactly_topk(seed):
+    torch.manual_seed(seed)
+    relevance = torch.rand(1, 32, 32)
+    relevance[0, 4, :8] = relevance[0, 4, 0]  # ties: topk's own tie order must survive too
+    plain = TokenAllocator(273, "topk")(relevance)
+    prior = TokenAllocator(273, "topk")(relevance, explore=[0.0], diversify=[0.0], budgets=[273])
+    assert torch.equal(prior.indices, plain.indices) and torch.equal(prior.scores, plain.scores)
+    order = relevance.flatten().topk(273).indices
+    assert set(prior.indices[0].tolist()) == set(order.tolist())
+    assert (prior.kinds == 0).all()
+
+
+def test_a_spacing_penalty_spreads_the_picks():
+    relevance = peaked_map(centre=(10, 20))
+    plain = TokenAllocator(40, "topk")(relevance)
+    spaced = TokenAllocator(40, "topk")(relevance, diversify=[2.0])  # λ in standard units of the map: the peak is ~5
+    distances = [mean_pairwise_distance(TokenAllocator(40, "topk")(relevance, diversify=[lam]).positions[0])
+                 for lam in (0.0, 2.0, 4.0, 8.0)]
+    assert distances == sorted(set(distances)), distances  # strictly increasing with λ
+    assert spaced.indices[0].unique().numel() == 40 and spaced.indices[0, 0] == plain.indices[0, 0]  # the peak first
+    assert (spaced.kinds == 1).any()  # the penalty brought in cells plain topk leaves out
+
+
+def test_exploring_covers_more_of_the_grid():
+    relevance = peaked_map(centre=(6, 6))  # everything relevant in the top-left quadrant
+    plain = TokenAllocator(60, "topk")(relevance)
+    explored = TokenAllocator(60, "topk")(relevance, explore=[0.25])
+    assert quadrants(plain.positions[0]) == {(0, 0)}
+    assert quadrants(explored.positions[0]) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert int((explored.kinds == 2).sum()) == 15  # a quarter of the budget went to coverage
+    assert explored.indices[0].unique().numel() == 60
+    focus = set(explored.indices[0][explored.kinds[0] != 2].tolist())
+    assert focus == set(plain.indices[0, :45].tolist())  # the rest is the top 45, as before
+
+
+def test_logpolar_explores_too_and_grid_ignores_the_tensions():
+    relevance = peaked_map(centre=(6, 6))
+    logpolar = TokenAllocator(60, "logpolar")(relevance, explore=[0.25])
+    assert int((logpolar.kinds == 2).sum()) == 15
+    grid = TokenAllocator(60, "grid")
+    assert torch.equal(grid(relevance, explore=[0.25], diversify=[2.0]).indices, grid(relevance).indices)
+
+
+def test_a_busy_image_falls_back_to_grid():
+    relevance = peaked_map()
+    out = TokenAllocator(50, "topk")(relevance, busy_images=[True])
+    assert out.fallback == ["semantic_void"]
+    assert torch.equal(out.indices, TokenAllocator(50, "grid")(relevance).indices)
