@@ -7,7 +7,11 @@ Rows are the baselines (the stock views full, gestalt, budget; the published tok
 and fastv at ARR's visual-token count), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid,
 arr:random) and, with --ablations, ARR with one part switched off under topk (arr-information:topk, ...,
 arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's
-critical experiment at a fixed budget.
+critical experiment at a fixed budget. Three more --ablations switch one tension on, with a fixed value, against
+arr:topk where each is at its prior: arr-explore:topk (e = 0.25), arr-diversify:topk (lambda = 2) and
+arr-auto-budget:topk (the adaptive budget). Every ARR row records its tensions per item in results.jsonl (explore,
+diversify, particularize, budget K, auto_budget, structure); report.md adds the mean visual tokens and accuracy
+per scene kind. --budget auto puts every ARR row on the adaptive budget (the reducers keep as many tokens).
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
@@ -44,6 +48,7 @@ from arr_coc.eval.data import SCENE_KINDS
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.sets import SCHEMAS, Item, Source, open_source, synthetic_source
 from arr_coc.relevance import ablation as ablations
+from arr_coc.relevance.config import AUTO
 
 if TYPE_CHECKING:
     from arr_coc.distributed import Process
@@ -94,7 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ablations", type=cli.ablation_list, default="",
                    help=f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default none): "
                         + ablations.describe())
-    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET, help="saccades per image")
+    cli.add_budget(p, DEFAULT_BUDGET)
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
@@ -112,8 +117,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.baselines and not args.strategies and not args.ablations:
         p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")
-    if args.budget > args.max_cells:
-        p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
+    cli.check_budget(p, args, args.max_cells)
     if args.faithfulness and not args.strategies:
         p.error("argument --faithfulness: needs an ARR row (--strategies)")
     args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -130,6 +134,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
     as an extra field."""
     from arr_coc.eval.faithfulness import faithfulness_curves
     from arr_coc.eval.metrics import box_recall_precision
+    from arr_coc.pipelines.answer import tension_record
 
     image, question = item.open(), source.prompt(item)
     results = []
@@ -138,13 +143,15 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str]
         pipeline, _, ablation = pipeline.partition("-")  # "arr-no-gestalt" -> arr under the no-gestalt ablation
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                        strategy=strategy or None, budget=args.budget, max_cells=args.max_cells,
-                       ablation=ablation or None, fastv_layer=args.fastv_layer)
+                       ablation=ablation or None, fastv_layer=args.fastv_layer, tensions=cli.budget_settings(args))
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
                       score=METRICS[metric](a.text, item.answers) if item.answers else None,
                       visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
                       ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2))
         if metric != LENIENT and item.answers:
             result[LENIENT] = METRICS[LENIENT](a.text, item.answers)
+        if a.arr is not None:  # ARR's tensions on this item: e, λ, K (and f under the adaptive budget)
+            result.update(tension_record(a.arr))
         if a.arr is not None and item.box is not None:
             recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
@@ -177,9 +184,18 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 synthetic_kinds=args.kinds if synthetic else None, size=args.size if synthetic else None,
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
-                prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget, max_new_tokens=args.max_new_tokens,
+                prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget,
+                **adaptive_bounds(args),
+                max_new_tokens=args.max_new_tokens,
                 max_cells=args.max_cells, fastv_layer=args.fastv_layer,
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+
+
+def adaptive_bounds(args: argparse.Namespace) -> dict:
+    """--min-budget and --max-budget, where a row uses them (--budget auto or the arr-auto-budget row); else
+    nothing, so that a folder from before the adaptive budget resumes."""
+    used = args.budget == AUTO or "auto-budget" in cli.names(args.ablations)
+    return dict(min_budget=args.min_budget, max_budget=args.max_budget) if used else {}
 
 
 class ResultsFolder:

@@ -32,7 +32,7 @@ from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, R
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
-from arr_coc.relevance.tensions import TensionSettings
+from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.texture import generate_texture_array
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM

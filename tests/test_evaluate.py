@@ -67,16 +67,39 @@ def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
     assert evaluate.main(["--model", "tiny", "--checkpoint", "tiny-text-vs-distractor", "--baselines", "",
                           "--strategies", "topk", "--ablations", "all", "--synthetic", "1", "--kinds", "text_vs_distractor",
                           "--max-new-tokens", "1", "--out", str(out)]) == 0
-    names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "no-gestalt"]
+    names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "no-gestalt",
+             "explore", "diversify", "auto-budget"]
     summary = json.loads((out / "report.json").read_text())["summary"]
     assert list(summary) == ["arr:topk", *(f"arr-{name}:topk" for name in names)]
-    assert {row["visual_tokens"] for row in summary.values()} == {529}
+    assert {row["visual_tokens"] for name, row in summary.items() if name != "arr-auto-budget:topk"} == {529}
     records = {r["row"]: r for r in results(out)}
+    # the tension rows: each tension on, at its fixed value, against arr:topk where all are at their priors
+    assert (records["arr:topk"]["explore"], records["arr:topk"]["diversify"], records["arr:topk"]["budget"]) == (0, 0, 273)
+    assert records["arr-explore:topk"]["explore"] == 0.25 and records["arr-diversify:topk"]["diversify"] == 2.0
+    auto = records["arr-auto-budget:topk"]
+    assert auto["auto_budget"] and 64 <= auto["budget"] <= 512 and auto["visual_tokens"] == 256 + auto["budget"]
+    assert "Mean visual tokens (accuracy) per scene kind" in (out / "report.md").read_text()
     no_gestalt, arr = records["arr-no-gestalt:topk"], records["arr:topk"]  # 529 saccades hold the 273 most relevant
     assert no_gestalt["box_recall"] == arr["box_recall"] == 1 and no_gestalt["box_precision"] < arr["box_precision"]
     with pytest.raises(SystemExit):
         evaluate.parse_args(["--ablations", "raster,nope"])
     assert "unknown ['nope']; choose from information,perspectival" in capsys.readouterr().err
+
+
+def test_the_adaptive_budget_spends_each_images_own_tokens_and_the_reducers_follow(tmp_path):
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", "tiny", "--checkpoint", "prior", "--baselines", "divprune", "--strategies", "topk",
+                          "--budget", "auto", "--min-budget", "20", "--max-budget", "300", "--synthetic", "2",
+                          "--kinds", "text_vs_distractor,chart", "--max-new-tokens", "1", "--out", str(out)]) == 0
+    records = results(out)
+    arr = {r["item"]: r for r in records if r["row"] == "arr:topk"}
+    assert all(r["auto_budget"] and 20 <= r["budget"] <= 300 for r in arr.values())
+    assert len({r["budget"] for r in arr.values()}) == 2  # each image its own K
+    for r in records:
+        if r["row"] == "divprune":  # the reducer keeps as many tokens as ARR read of the same image and question
+            assert r["visual_tokens"] == arr[r["item"]]["visual_tokens"] == 256 + arr[r["item"]]["budget"]
+    report_md = (out / "report.md").read_text()
+    assert f"| arr:topk | {arr[0]['visual_tokens']} (" in report_md  # one item per kind: its tokens are the mean
 
 
 def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
@@ -103,6 +126,8 @@ OTHER_VALUES = {
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
     "ablations": ([], ["--ablations", "raster"]),
     "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
+    "min_budget": (["--budget", "auto"], ["--min-budget", "10"]),
+    "max_budget": (["--ablations", "auto-budget"], ["--max-budget", "100"]),
     "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
     "faithfulness": ([], ["--faithfulness"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),

@@ -105,6 +105,25 @@ def faithfulness_plot(records: list[dict], path: Path) -> bool:
     return True
 
 
+def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
+    """Markdown: per ARR row (those that record a budget K) and scene kind, the mean visual tokens and the
+    accuracy; "" when no row records K. Under --budget auto, K (and so the tokens) is each image's own."""
+    rows = [row for row in rows if any(r["row"] == row and "budget" in r for r in records)]
+    kinds = list(dict.fromkeys(r["kind"] for r in records))
+    if not rows:
+        return ""
+    lines = ["| row | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    for row in rows:
+        cells = []
+        for kind in kinds:
+            mine = [r for r in records if r["row"] == row and r["kind"] == kind]
+            scored = [r["score"] for r in mine if r["score"] is not None]
+            accuracy = f" ({statistics.fmean(scored):.2f})" if scored else ""
+            cells.append(f"{statistics.fmean(r['visual_tokens'] for r in mine):.0f}{accuracy}" if mine else "-")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "Mean visual tokens (accuracy) per scene kind:\n\n" + "\n".join(lines)
+
+
 def write_report(folder: str | Path, summary: dict[str, dict], header: dict, records: list[dict]) -> list[Path]:
     """report.md, report.json and the plots in `folder`; `header` holds the run's settings and throughput."""
     folder = Path(folder)
@@ -112,7 +131,9 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     (folder / "report.json").write_text(json.dumps(dict(header, summary=summary), indent=2))
     settings = ", ".join(f"{k} `{v}`".replace("\n", "\\n")  # the prompt's line break shown, not rendered as a space
                          for k, v in header.items() if v is not None and not isinstance(v, dict))
-    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_table(summary, metric)}\n")
+    by_kind = tokens_by_kind(records, list(summary))
+    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_table(summary, metric)}\n"
+                                      + (f"\n{by_kind}\n" if by_kind else ""))
     paths = [folder / "report.md", folder / "report.json"]
     for x, label, name in (("visual_tokens", "visual tokens per image", "accuracy_vs_tokens.png"),
                            ("ttft_ms", "time to first token (ms)", "accuracy_vs_ttft.png")):

@@ -15,7 +15,7 @@ from arr_coc.config import PipelineConfig
 from arr_coc.errors import InputError
 from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
-from arr_coc.relevance.tensions import AUTO, TensionSettings
+from arr_coc.relevance.config import AUTO, TensionSettings
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views

@@ -24,7 +24,7 @@ from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, fin
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
-from arr_coc.relevance.tensions import NO_SETTINGS, TensionSettings
+from arr_coc.relevance.config import NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Prompt, VisualTokens
 

@@ -23,8 +23,7 @@ from __future__ import annotations  # torch-free at import: the commands check -
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from arr_coc.relevance.config import ARRCOCConfig
-from arr_coc.relevance.tensions import AUTO, TensionSettings
+from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
 if TYPE_CHECKING:
     import torch

@@ -29,9 +29,9 @@ from arr_coc.graphs import CUDAGraphed
 from arr_coc.relevance.attending import TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
 from arr_coc.relevance.concentration import image_structure
-from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.config import AUTO, NO_SETTINGS, ARRCOCConfig, TensionSettings
 from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
-from arr_coc.relevance.tensions import AUTO, NO_SETTINGS, TensionSettings, budgets, gates, soft_budget, tension_values
+from arr_coc.relevance.tensions import budgets, gates, soft_budget, tension_values
 from arr_coc.relevance.texture import is_flat
 
 CONFIG_FILE = "config.json"

@@ -31,50 +31,19 @@ whose gradient is what a tension brings minus what it gives away (so a tension a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
 from arr_coc.relevance.concentration import normalised_entropy
+from arr_coc.relevance.config import MAX_EXPLORE, NO_SETTINGS, TensionSettings
 
-MAX_EXPLORE = 0.5  # at most half the budget goes to coverage: ARR stays relevance-led
-AUTO = "auto"  # the budget value that turns the adaptive budget on (--budget auto)
 RANK_SOFTNESS = 4.0  # saccades: the width of the soft rank mask that relaxes K
 EXPLORE_PROBE = 0.05  # the weakest 5 % of the relevance picks: what a little more exploring would give away
 TENSIONS = ("explore", "diversify", "particularize")  # the tension_head's outputs, in order
 
 # what put a saccade in the selection (Allocation.kinds), for the gates
 RELEVANCE, SPACED, COVERAGE = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class TensionSettings:
-    """Tensions fixed by hand in place of the balancer's (None: the balancer's own), and the adaptive budget's
-    bounds (None: the layer config's)."""
-    explore: float | None = None  # e in [0, 0.5]
-    diversify: float | None = None  # lambda >= 0
-    particularize: float | None = None  # f in [0, 1] (--budget auto only)
-    min_budget: int | None = None  # the adaptive budget's floor
-    max_budget: int | None = None  # the adaptive budget's ceiling
-
-    def __post_init__(self):
-        checks = dict(explore=(0.0, MAX_EXPLORE), diversify=(0.0, float("inf")), particularize=(0.0, 1.0))
-        for name, (lo, hi) in checks.items():
-            value = getattr(self, name)
-            if value is not None and not lo <= value <= hi:
-                raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-        if self.min_budget is not None and self.max_budget is not None and not 1 <= self.min_budget <= self.max_budget:
-            raise ValueError(f"the adaptive budget needs 1 <= min <= max, got {self.min_budget}, {self.max_budget}")
-
-    def over(self, other: TensionSettings | None) -> TensionSettings:
-        """These settings, each unset one taken from `other`."""
-        if other is None:
-            return self
-        return TensionSettings(**{f.name: getattr(self, f.name) if getattr(self, f.name) is not None
-                                  else getattr(other, f.name) for f in fields(self)})
-
-
-NO_SETTINGS = TensionSettings()
 
 
 @dataclass

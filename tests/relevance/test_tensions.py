@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.config import ARRCOCConfig, TensionSettings
 from arr_coc.relevance.layer import ARRCOCLayer
-from arr_coc.relevance.tensions import TensionSettings, budgets, tension_values
+from arr_coc.relevance.tensions import budgets, tension_values
 from tests.relevance.test_attending import peaked_map
 from tests.relevance.test_layer import D, run
 
