@@ -122,6 +122,20 @@ def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
     assert "strategy `grid`" in summary and spread != fewer
 
 
+def test_the_microscope_shows_the_tensions_and_the_sliders_override_them(arr_model):
+    kept, _, _, _, summary, saccades, _ = handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5)
+    assert ("**Tensions** (set by the balancer) · explore e = 0.00 · diversify λ = 0.00 · K = 273 (fixed)"
+            in summary)
+    _, summary, explored, _ = handlers.reselect(arr_model, kept, "topk", 273, 5, False, True, 0.25, 0.0, 0.5)
+    assert "(the sliders) · explore e = 0.25 · diversify λ = 0.00 · K = 273 (fixed)" in summary
+    assert len(explored) == 273 and explored != saccades  # a quarter of them now cover the rest of the image
+    _, summary, adaptive, _ = handlers.reselect(arr_model, kept, "topk", 273, 5, True, False, 0.0, 0.0, 0.5)
+    K = len(adaptive)
+    assert f"**{K} saccades**" in summary and f"K = {K} (adaptive, f = " in summary and 64 <= K <= 512
+    _, summary, most, _ = handlers.reselect(arr_model, kept, "topk", 273, 5, True, True, 0.0, 0.0, 1.0)
+    assert len(most) == 512 and "K = 512 (adaptive, f = 1.00)" in summary  # f = 1: the ceiling
+
+
 @pytest.mark.parametrize("ablation", ["no-gestalt", "raster", "fixed-weights"])
 def test_the_microscope_analyses_under_an_ablation_and_reselects_under_it(arr_model, ablation):
     kept, _, _, _, summary, rows, _ = handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5, ablation)
