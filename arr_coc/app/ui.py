@@ -38,8 +38,8 @@ MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the sh
 STATS_HEADERS = ["metric", "value"]
 SACCADE_HEADERS = ["rank", "row", "col", "score"]
 FALLBACKS = {
-    "semantic_void": "semantic void: the relevance map is flat, or the image is busy with no structure (noise, a "
-                     "dense texture), so the saccades fall back to an even grid",
+    "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (a busy "
+                     "image, noise or a dense texture with no cells that stand out, counts as flat)",
     "non_finite": "non-finite relevance: the map has NaN or inf values, so the saccades fall back to an even grid",
 }
 USER_ERRORS = (InputError, CheckpointError, OutOfMemory)  # their messages are written for the user
