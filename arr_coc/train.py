@@ -269,6 +269,8 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
                     f"{watch.ms['observe'] / 1000:.1f}s")
 
     layer = model.layer.train()
+    # only the answer loss and the token cost reach the tension head; DDP wants a gradient for every trained parameter
+    layer.balancer.tension_head.requires_grad_(cfg.lm_weight > 0 or cfg.token_cost > 0)
     scorer = DistributedDataParallel(layer) if process.distributed else layer
     optimizer = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     kinds = list(dict.fromkeys(s.kind for s in eval_samples))  # every process reports every kind, in this order
@@ -289,7 +291,7 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
                             **evaluate(model, eval_data, kinds, cfg, process)))
             if process.is_main:
                 tqdm.write(json.dumps(log[-1]))
-    layer.eval()
+    layer.eval().requires_grad_(True)
     assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in vlm_state.items()), "the VLM changed"
     return model, log
 

@@ -109,14 +109,14 @@ def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
     """Markdown: per ARR row (those that record a budget K) and scene kind, the mean visual tokens and the
     accuracy; "" when no row records K. Under --budget auto, K (and so the tokens) is each image's own."""
     rows = [row for row in rows if any(r["row"] == row and "budget" in r for r in records)]
-    kinds = list(dict.fromkeys(r["kind"] for r in records))
+    kinds = list(dict.fromkeys(r.get("kind") for r in records))  # real sets may have no kinds: one column, None
     if not rows:
         return ""
-    lines = ["| row | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    lines = ["| row | " + " | ".join(str(kind or "all items") for kind in kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
     for row in rows:
         cells = []
         for kind in kinds:
-            mine = [r for r in records if r["row"] == row and r["kind"] == kind]
+            mine = [r for r in records if r["row"] == row and r.get("kind") == kind]
             scored = [r["score"] for r in mine if r["score"] is not None]
             accuracy = f" ({statistics.fmean(scored):.2f})" if scored else ""
             cells.append(f"{statistics.fmean(r['visual_tokens'] for r in mine):.0f}{accuracy}" if mine else "-")
