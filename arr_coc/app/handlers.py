@@ -207,7 +207,8 @@ def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int,
 @ui.reports_errors
 def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, strategy: str, budget: int,
                max_cells: int, numbered: int, ablation: str = NO_ABLATION.name, auto: bool = False,
-               override: bool = False, explore: float = 0.0, diversify: float = 0.0, particularize: float = 0.5) -> tuple:
+               override: bool = False, explore: float = 0.0, diversify: float = 0.0,
+               particularize: float = 0.5) -> tuple:
     """Run ARR (under an ablation: arr_coc.relevance.ablation) up to selection once, keep its maps (CPU) for
     re-selection, and draw every map; the tension controls as in selection_outputs."""
     scene = model.prepare(image, question, max_cells=int(max_cells), ablation=ablation)

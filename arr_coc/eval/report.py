@@ -112,7 +112,8 @@ def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
     kinds = list(dict.fromkeys(r.get("kind") for r in records))  # real sets may have no kinds: one column, None
     if not rows:
         return ""
-    lines = ["| row | " + " | ".join(str(kind or "all items") for kind in kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    lines = ["| row | " + " | ".join(str(kind or "all items") for kind in kinds) + " |",
+             "|---" * (len(kinds) + 1) + "|"]
     for row in rows:
         cells = []
         for kind in kinds:
