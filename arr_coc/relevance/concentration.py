@@ -10,7 +10,7 @@ How concentrated a map is: the two measures the allocator reads off a relevance 
 
     ratio = top_mass_ratio(maps, 0.02)            # [B]; Gaussian noise gives about 2.1 at 2 %
     spread = normalised_entropy(relevance, 0.5)   # [B] in [0, 1], differentiable
-    structure = image_structure(information, perspectival, 0.02)   # [B]: the void test's number
+    structure = image_structure(layer.information.prior(t), layer.perspectival.prior(t), 0.02)   # [B]: the void test
 """
 
 import math
@@ -41,9 +41,11 @@ def normalised_entropy(maps: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def image_structure(information: torch.Tensor, perspectival: torch.Tensor, fraction: float) -> torch.Tensor:
     """
-    [B, gh, gw] x 2 -> [B]: top_mass_ratio of the image's content map (the information and perspectival maps,
-    standardised and averaged). Not the participatory map: the question's gaze on the gestalt follows the
-    VLM's attention (sinks, position), which is structured even on pure noise; busyness is the image's.
+    [B, gh, gw] x 2 -> [B]: top_mass_ratio of the image's content map (the information and perspectival scorers'
+    hand-designed priors, standardised and averaged). Not the participatory map: the question's gaze on the
+    gestalt follows the VLM's attention (sinks, position), which is structured even on pure noise. Not the trained
+    scorers either: training flattens their maps differently per checkpoint (tiny-charts-documents puts a cat
+    photo at 1.90, its prior at 2.56); busyness is the image's, measured the same way for every checkpoint.
     """
     content = standardise(torch.stack([information, perspectival], dim=1)).mean(1)  # [B, gh, gw]
     return top_mass_ratio(content, fraction)

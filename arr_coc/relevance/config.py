@@ -39,7 +39,8 @@ class ARRCOCConfig:
     void_tolerance: float = 1e-4  # relevance range below this (relative) is a "semantic void": fall back to grid
     void_top_fraction: float = 0.02  # the top cells the busy-image test weighs (2 % of the candidate cells)
     # a busy image is a semantic void too: its content map's top 2 % of cells hold less than this many times the
-    # 2 % a uniform map gives them (concentration.image_structure). Measured with the prior's scorers: noise 2.04-2.12,
+    # 2 % a uniform map gives them (concentration.image_structure, on the scorers' hand-designed priors, so the same
+    # for every checkpoint). Measured at 896-1792 px: noise 2.04-2.12,
     # periodic textures 1.91-2.03 fall back; data.py documents 2.19-2.20, photos >= 2.56, fine-print pages >= 8 do not
     void_structure: float = 2.15
     # --- the three tensions (arr_coc.relevance.tensions); each prior is what a fresh or older checkpoint does ---

@@ -131,7 +131,9 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         auto = budget == AUTO
         tensions = tension_values(maps["tension_residuals"], maps["relevance"], c.budget_temperature, settings)
         bounds = self.budget_bounds(grid, settings)
-        structure = image_structure(maps["information"], maps["perspectival"], c.void_top_fraction)  # [B]
+        textures = maps["textures"]  # the scorers' priors, not their trained maps: every checkpoint agrees on busyness
+        structure = image_structure(self.information.prior(textures), self.perspectival.prior(textures),
+                                    c.void_top_fraction)  # [B]
         allocator = self.allocator(None if auto else budget, strategy)
         allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist(),
                                busy_images=(structure < c.void_structure).tolist(),
