@@ -9,9 +9,10 @@ Strategies (DESIGN.md §6), all returning the same shapes so they can be ablated
 - grid      evenly spread coverage, whatever the map says
 - random    seeded random cells
 
-Two tensions shape topk and logpolar (arr_coc.relevance.tensions; both 0 by default, which is exactly the above):
-- explore e   round(e * K) of the K cells go to coverage: farthest-point sampling from the cells already picked
-- diversify λ topk becomes a greedy pick of relevance (standardised) minus λ x proximity to the cells picked so far
+Two tensions shape the selection (arr_coc.relevance.tensions; both 0 by default, which is exactly the above):
+- explore e   (topk, logpolar) round(e * K) of the K cells go to coverage: farthest-point sampling from the cells
+              already picked
+- diversify λ (topk) a greedy pick of relevance (standardised) minus λ x proximity to the cells picked so far
 
 A map that is not finite, or flat, or of a busy image (voids: noise, a dense texture) is a "semantic void": it
 falls back to `grid` and says why.
