@@ -8,9 +8,10 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.
     python app.py --checkpoint NAME --port 8000 --share
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
-Every event has an api_name, so gradio_client can drive it: compare, microscope, reselect, faithfulness, ab,
-and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space (SPACES_ZERO_GPU),
-the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs (arr_coc/zerogpu.py).
+Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
+faithfulness, ab, and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space
+(SPACES_ZERO_GPU), the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs
+(arr_coc/zerogpu.py).
 """
 
 import argparse
@@ -48,6 +49,7 @@ import gradio as gr  # noqa: E402
 from arr_coc import zerogpu  # noqa: E402
 from arr_coc.app import handlers, ui, viz  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
+from arr_coc.pipelines import REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
 from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
 from arr_coc.relevance import ablation as ablations  # noqa: E402
@@ -59,7 +61,7 @@ ROOT = Path(__file__).parent
 CHECKPOINTS = ROOT / "checkpoints"
 EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
-GPU_SECONDS = dict(compare=120, microscope=60, faithfulness=120, ab=120)  # ZeroGPU: the most one call may hold it
+GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, ab=120)  # ZeroGPU: most one call holds
 MAX_NEW_TOKENS = 256
 DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
 
@@ -92,6 +94,12 @@ def numbered_slider(config: ARRCOCConfig) -> gr.Slider:
     return gr.Slider(0, config.budget, value=viz.TOP_LABELS, step=1, label="Numbered saccades",
                      info="every saccade gets a box; the most relevant this many also get their rank (a crowded "
                           "one is moved aside on a line, or listed on the drawing if there is no room)")
+
+
+def refixate_slider() -> gr.Slider:
+    return gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Second look below confidence τ",
+                     info="when ARR's answer is less sure than τ (its least probable token's probability), it looks "
+                          "again at half as many new cells and answers anew; 0 = off")
 
 
 def output_image(label: str, elem_id: str, height: int | None = DRAWING_HEIGHT) -> gr.Image:
@@ -135,6 +143,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
                 baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
                 strategy = strategy_dropdown(config)
             tokens, cells, numbered = tokens_slider(), cells_slider(model.pipeline), numbered_slider(config)
+            refixate = refixate_slider()
             with gr.Row():
                 run = gr.Button("Compare", variant="primary", elem_id="compare-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
@@ -144,10 +153,13 @@ def compare_tab(model: ARRCOCQwen) -> None:
                 with gr.Column():
                     base_text = gr.Textbox(label="Baseline answer", lines=3, elem_id="baseline-answer")
                     base_stats = output_table("Baseline stats", ui.STATS_HEADERS, "baseline-stats")
+                    base_cells = output_image("The cells a reducer baseline kept (stock views read every cell)",
+                                              "baseline-cells")
                 with gr.Column():
                     arr_text = gr.Textbox(label="ARR-COC answer", lines=3, elem_id="arr-answer")
                     arr_stats = output_table("ARR-COC stats", ui.STATS_HEADERS, "arr-stats")
-            heatmap = output_image("Relevance and numbered saccades (1 = most relevant)", "arr-heatmap")
+            heatmap = output_image("Relevance and numbered saccades (1 = most relevant; a second look's in green)",
+                                   "arr-heatmap")
             with gr.Row():
                 gestalt = output_image("Gestalt view, as the model saw it", "arr-gestalt", height=None)
                 mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "arr-mosaic", height=None)
@@ -156,8 +168,9 @@ def compare_tab(model: ARRCOCQwen) -> None:
     gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
 
     event = gr.on([run.click, question.submit], bind(model, handlers.compare, gpu_seconds=GPU_SECONDS["compare"]),
-                  [image, question, baseline, tokens, strategy, cells, numbered],
-                  [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, kept],
+                  [image, question, baseline, tokens, strategy, cells, numbered, refixate],
+                  [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, base_cells,
+                   kept],
                   api_name="compare", concurrency_id=GPU)
     # Stop cancels first and says so after: an output the cancelled event had already sent cannot land later
     stop.click(None, cancels=[event]).then(handlers.stopped, status, status, api_name="stop_compare",
@@ -180,10 +193,14 @@ def microscope_tab(model: ARRCOCQwen) -> None:
                                label="Saccade budget (re-selects instantly)")
             tensions = tension_controls()
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
+            reducer = gr.Dropdown([handlers.NO_REDUCER, *REDUCERS], value=handlers.NO_REDUCER,
+                                  label="Draw a reducer's kept cells over the relevance", elem_id="microscope-reducer",
+                                  info="as many visual tokens as ARR reads at the budget (runs the reducer)")
             summary = gr.Markdown(label="Selection", elem_id="microscope-summary")
         with gr.Column(scale=2):
             heatmap = output_image("Relevance and numbered saccades", "microscope-heatmap")
             mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "microscope-mosaic", height=None)
+            reduced = output_image("The reducer's kept cells over ARR's relevance", "microscope-reducer-cells")
             with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
                 saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
             curves, answer, measure, verdict = faithfulness_panel()
@@ -193,9 +210,16 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
     gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
 
-    run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
-              [image, question, strategy, budget, cells, numbered, ablation, *tensions],
-              [kept, channels, scorers, heatmap, summary, saccades, mosaic], api_name="microscope", concurrency_id=GPU)
+    analysed = run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
+                         [image, question, strategy, budget, cells, numbered, ablation, *tensions],
+                         [kept, channels, scorers, heatmap, summary, saccades, mosaic], api_name="microscope",
+                         concurrency_id=GPU)
+    draw_reducer = bind(model, handlers.kept_cells, gpu_seconds=GPU_SECONDS["kept_cells"])
+    reducer_inputs = [kept, image, question, reducer, budget, cells, *tensions]
+    analysed.success(draw_reducer, reducer_inputs, reduced, api_name="kept_cells", concurrency_id=GPU)
+    auto, override, _, _, particularize = tensions  # what moves the adaptive K, and so the reducer's tokens
+    gr.on([reducer.change, budget.release, auto.change, override.change, particularize.release], draw_reducer,
+          reducer_inputs, reduced, api_visibility="private", concurrency_id=GPU)  # kept_cells, on a new choice or K
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
                   concurrency_id=GPU)

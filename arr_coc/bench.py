@@ -4,10 +4,15 @@ Benchmarks: the ARR relevance layer alone, then every pipeline end to end, with 
 Latency and memory do not depend on weight values, so on a GPU the full-size Qwen2-VL-2B architecture
 (or Qwen2.5-VL-3B: --family qwen2_5_vl) with random weights stands in for the real model (--random-weights).
 Timings are medians of CUDA-synchronised runs after warm-up; every decode generates exactly --new-tokens tokens.
+With the published token reducers among --pipelines, a second table sets ARR beside each of them and stock `full`
+on the fast engine (vision, selection and prefill ms, TTFT, GFLOPs, peak memory, ARR's TTFT over theirs): the
+reducers pay for the whole native view before they prune, ARR encodes only what it picked. --pipelines also
+takes ARR's ablations (arr-no-gestalt, ...: arr_coc.relevance.ablation).
 
     python -m arr_coc.bench --model tiny                              # CPU smoke run (on a CPU, the only kind)
     python -m arr_coc.bench --random-weights --json out/bench.json    # on a GPU: the numbers in the README
     python -m arr_coc.bench --random-weights --family qwen2_5_vl      # the Qwen2.5-VL-3B architecture
+    python -m arr_coc.bench --random-weights --sizes 1792 --pipelines full,divprune,visionzip,fastv,arr --engines fast
 """
 
 import argparse
@@ -22,7 +27,10 @@ from PIL import Image
 
 from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
-from arr_coc.pipelines import FAST_ENGINE_ONLY, FROM_EMBEDS
+from arr_coc.pipelines import FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
+from arr_coc.relevance.ablation import ABLATIONS
+
+CHOICES = (*PIPELINES, *(f"arr-{name}" for name in ABLATIONS))  # --pipelines: the pipelines and ARR's ablations
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tokens generated per answer (EOS is suppressed)")
     p.add_argument("--repeats", type=cli.bounded_int(1, 10_000), default=3, help="timed runs per measurement (median reported)")
     p.add_argument("--layer-repeats", type=cli.bounded_int(1, 100_000), default=50, help="timed runs of the relevance layer")
-    p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
-                   help="comma-separated pipelines to time")
+    p.add_argument("--pipelines", type=cli.comma_list(CHOICES), default=",".join(PIPELINES),
+                   help="comma-separated pipelines to time, or ARR under an ablation (arr-no-gestalt, ...)")
     p.add_argument("--engines", type=cli.comma_list(ENGINES), default="fast,hf",
                    help="comma-separated engines: fast (static cache + CUDA graphs) and hf (stock generate)")
     p.add_argument("--json", type=cli.output_file, default=None, help="write all numbers here (a file path)")
@@ -134,22 +142,30 @@ def bench_pipelines(model, image: Image.Image, pipelines: list[str], engines: li
     try:
         vlm.model.generation_config.min_new_tokens = new_tokens  # exact length: EOS is suppressed until then
         # stock generate() cannot run a DeepStack family's ARR embeddings (Qwen3-VL): arr/hf is left out there
-        return {f"{pipeline}/{engine}": bench_pipeline(model, image, pipeline, engine, new_tokens, repeats, max_cells)
-                for engine in engines for pipeline in pipelines
-                if not (pipeline in FROM_EMBEDS and engine == "hf" and not vlm.stock_generate_takes_embeds)
-                and not (pipeline in FAST_ENGINE_ONLY and engine == "hf")}
+        return {f"{row}/{engine}": bench_pipeline(model, image, row, engine, new_tokens, repeats, max_cells)
+                for engine in engines for row in pipelines if runs_on(vlm, row.partition("-")[0], engine)}
     finally:
         vlm.engine, vlm.model.generation_config.min_new_tokens = saved
 
 
-def bench_pipeline(model, image: Image.Image, pipeline: str, engine: str, new_tokens: int, repeats: int,
+def runs_on(vlm, pipeline: str, engine: str) -> bool:
+    """Whether an engine can run a pipeline: stock generate() cannot run a DeepStack family's embeddings
+    (Qwen3-VL: arr, divprune, visionzip), nor FastV's two sequence lengths."""
+    return (not (pipeline in FROM_EMBEDS and engine == "hf" and not vlm.stock_generate_takes_embeds)
+            and not (pipeline in FAST_ENGINE_ONLY and engine == "hf"))
+
+
+def bench_pipeline(model, image: Image.Image, row: str, engine: str, new_tokens: int, repeats: int,
                    max_cells: int) -> dict:
-    """One pipeline with one engine: medians over `repeats` runs after two warm-up runs."""
+    """One pipeline (or ARR under an ablation: "arr-no-gestalt") with one engine: medians over `repeats` runs
+    after two warm-up runs."""
     model.vlm.engine = engine
+    pipeline, _, ablation = row.partition("-")
     runs = [model.answer(image, "Describe the image in detail.", pipeline, max_new_tokens=new_tokens,
-                         max_cells=max_cells) for _ in range(repeats + 2)][2:]  # two warm-up runs
+                         max_cells=max_cells, ablation=ablation or None)
+            for _ in range(repeats + 2)][2:]  # two warm-up runs
     timings = {k: statistics.median(r.timings_ms[k] for r in runs) for k in runs[0].timings_ms}
-    return dict(pipeline=pipeline, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
+    return dict(pipeline=row, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
                 ttft_ms=statistics.median(r.ttft_ms for r in runs), new_tokens=runs[0].new_tokens,
                 decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
                 peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid),
@@ -157,7 +173,8 @@ def bench_pipeline(model, image: Image.Image, pipeline: str, engine: str, new_to
 
 
 def ratios(results: dict) -> dict:
-    """ARR over `full`: TTFT and total, against stock generate (hf) and against the fast engine."""
+    """ARR over `full` (TTFT and total, against stock generate (hf) and against the fast engine), and ARR over
+    each reducer on the same engine (TTFT, total, GFLOPs and peak memory)."""
     out = {}
     for arr_engine in ("fast", "hf"):
         for full_engine in ("hf", "fast"):
@@ -165,6 +182,13 @@ def ratios(results: dict) -> dict:
             if a and f:
                 out[f"arr/{arr_engine} vs full/{full_engine}"] = dict(
                     ttft=a["ttft_ms"] / f["ttft_ms"], total=a["timings_ms"]["total"] / f["timings_ms"]["total"])
+        for reducer in REDUCERS:  # ARR over each reducer on the same engine
+            a, r = results.get(f"arr/{arr_engine}"), results.get(f"{reducer}/{arr_engine}")
+            if a and r:
+                out[f"arr/{arr_engine} vs {reducer}/{arr_engine}"] = dict(
+                    ttft=a["ttft_ms"] / r["ttft_ms"], total=a["timings_ms"]["total"] / r["timings_ms"]["total"],
+                    gflops=sum(a["gflops"].values()) / max(sum(r["gflops"].values()), 1e-9),
+                    peak_memory=a["peak_memory_mb"] / r["peak_memory_mb"])
     return out
 
 
@@ -180,6 +204,25 @@ def format_table(results: dict) -> str:
                     f"{t['vision']:.1f} | {t['selection']:.1f} | {t['prefill']:.1f} | {r['decode_ms_per_token']:.2f} | "
                     f"{t['total']:.1f} | {r['peak_memory_mb']:.0f} |")
     return "\n".join(rows)
+
+
+def versus_table(results: dict, engine: str = "fast") -> str | None:
+    """ARR (and its ablations) beside each reducer and stock `full` on one engine: the cost of pruning after the
+    whole vision tower against selecting before it. None without ARR and a reducer among the results."""
+    rows = [r for key, r in results.items() if key.endswith(f"/{engine}")
+            and (r["pipeline"] in ("full", *REDUCERS) or r["pipeline"].startswith("arr"))]
+    arr = results.get(f"arr/{engine}")
+    if arr is None or not any(r["pipeline"] in REDUCERS for r in rows):
+        return None
+    lines = [f"ARR against the token reducers ({engine} engine), stock full beside them:",
+             "| pipeline | visual tokens | vision ms | selection ms | prefill ms | TTFT ms | GFLOPs | peak MB | "
+             "ARR's TTFT / its |", "|" + "---|" * 9]
+    for r in rows:
+        t = r["timings_ms"]
+        lines.append(f"| {r['pipeline']} | {r['tokens']['total_visual']} | {t['vision']:.1f} | {t['selection']:.1f} | "
+                     f"{t['prefill']:.1f} | {r['ttft_ms']:.1f} | {sum(r['gflops'].values()):.1f} | "
+                     f"{r['peak_memory_mb']:.0f} | {arr['ttft_ms'] / r['ttft_ms']:.2f}x |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
@@ -217,6 +260,8 @@ def main(argv=None) -> dict:
                                   args.new_tokens, args.repeats, args.max_cells)
         report["sizes"][size] = dict(pipelines=results, ratios=ratios(results))
         print(f"\n{size}x{size} px, {args.new_tokens} new tokens:\n{format_table(results)}")
+        if versus := versus_table(results):
+            print(f"\n{versus}")
         for k, v in report["sizes"][size]["ratios"].items():
             print(f"  {k}: TTFT {v['ttft']:.2f}x, total {v['total']:.2f}x")
         if args.json:  # written after every size, so a run cut short keeps what it measured

@@ -192,12 +192,14 @@ def budget(text: str) -> int | str:
 budget.__name__ = "budget"
 
 
-def add_budget(p: argparse.ArgumentParser, default: int | str) -> None:
-    """--budget, --min-budget and --max-budget, the same flags for run, evaluate and train."""
-    p.add_argument("--budget", type=budget, default=default,
-                   help="saccades per image (at most the candidate grid's cells), or 'auto': the adaptive budget, "
-                        "K from the relevance map's concentration between --min-budget and --max-budget (a "
-                        "spread-out map gets more saccades than a peaked one; the reducers keep as many tokens)")
+def add_budget(p: argparse.ArgumentParser, default: int | str, group=None) -> None:
+    """--budget, --min-budget and --max-budget, the same flags for run, evaluate and train; --budget in `group`
+    when given (evaluate's, where --budgets excludes it)."""
+    (group or p).add_argument("--budget", type=budget, default=default,
+                              help="saccades per image (at most the candidate grid's cells), or 'auto': the adaptive "
+                                   "budget, K from the relevance map's concentration between --min-budget and "
+                                   "--max-budget (a spread-out map gets more saccades than a peaked one; the "
+                                   "reducers keep as many tokens)")
     p.add_argument("--min-budget", type=bounded_int(1, MAX_CELLS), default=ARRCOCConfig.min_budget,
                    help="with --budget auto: the fewest saccades per image")
     p.add_argument("--max-budget", type=bounded_int(1, MAX_CELLS), default=ARRCOCConfig.max_budget,
@@ -229,6 +231,15 @@ def add_fastv_layer(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fastv-layer", type=bounded_int(1, 1000), default=PipelineConfig.fastv_layer,
                    help="the fastv baseline's K: LLM layers below it read every image token, layers from it on only "
                         "the top ones by the last prompt token's attention at layer K-1 (FastV's 2)")
+
+
+def add_refixate(p: argparse.ArgumentParser) -> None:
+    """--refixate and --refixate-budget, the same flags for run and evaluate."""
+    p.add_argument("--refixate", type=bounded_float(0.0, 1.0), default=None, metavar="TAU",
+                   help="ARR looks a second time when its answer's confidence (its least probable token's "
+                        "probability) is below TAU, in [0, 1] (default: off)")
+    p.add_argument("--refixate-budget", type=bounded_int(1, MAX_CELLS), default=None,
+                   help="saccades of the second look (default: half of --budget, cells not read in the first)")
 
 
 def log(message: str) -> None:
@@ -276,10 +287,14 @@ def load_vlm(name: str, device: str):
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
            budget: int | str | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None,
-           tensions: TensionSettings | None = None):
-    """The one place the commands ask the model for an answer (so a new keyword is passed once)."""
+           tensions: TensionSettings | None = None, refixate: float | None = None,
+           refixate_budget: int | None = None):
+    """The one place the commands ask the model for an answer (so a new keyword is passed once); refixate and
+    refixate_budget reach the arr pipeline only (the others have no second look)."""
+    second_look = dict(refixate=refixate, refixate_budget=refixate_budget) if pipeline == "arr" else {}
     return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
-                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer, tensions=tensions)
+                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer, tensions=tensions,
+                        **second_look)
 
 
 def versions() -> dict:

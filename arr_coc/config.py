@@ -23,7 +23,8 @@ MIN_CELLS, MAX_CELLS = 1024, 16384  # bounds of PipelineConfig.max_cells (1024 =
 class PipelineConfig:
     gestalt_max_tokens: int = 256  # at most this many merged gestalt tokens (16x16 at 448^2)
     max_cells: int = 4096  # cap on the native-resolution candidate grid and on the `full` baseline (64x64 at 1792^2)
-    budget_tokens: int = 529  # token count of the same-budget `budget` baseline (23x23 at 644^2)
+    budget_tokens: int = 529  # token count of Views.budget_grid when no budget is asked for (the `budget` baseline
+    # sizes its view to ARR's count at the request's budget instead: 23x23 at 644^2 by default)
     prior_layer_fraction: float = 0.5  # read question->gestalt attention at this fraction of the LLM's depth
     fastv_layer: int = 2  # FastV's K (Chen et al. 2024): layers >= K read only the top image tokens (the paper's 2)
 

@@ -9,21 +9,35 @@ arr:random) and, with --ablations, ARR with one part switched off under topk (ar
 arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's
 critical experiment at a fixed budget. Three more --ablations switch one tension on, with a fixed value, against
 arr:topk where each is at its prior: arr-explore:topk (e = 0.25), arr-diversify:topk (lambda = 2) and
-arr-auto-budget:topk (the adaptive budget). Every ARR row records its tensions per item in results.jsonl (explore,
-diversify, particularize, budget K, auto_budget, structure); report.md adds the mean visual tokens and accuracy
-per scene kind. --budget auto puts every ARR row on the adaptive budget (the reducers keep as many tokens).
+arr-auto-budget:topk (the adaptive budget). Every ARR row records its tensions per item in results.jsonl (under
+"tensions": explore, diversify, particularize, budget K, auto_budget, structure); report.md adds the mean visual
+tokens and accuracy per scene kind. --budget auto puts every ARR row on the adaptive budget (the reducers keep as
+many tokens).
+
+--budgets runs that experiment at several budgets (a budget sweep): every row but full, gestalt and
+arr-auto-budget:topk (which read no fixed budget, and run once) at each budget, each budget being a number of
+saccades and every other row reading ARR's visual tokens at it; the report gets a table per budget and accuracy
+curves against visual tokens and TTFT, one per row. A sweep is of fixed budgets: it is refused with --budget
+(auto included). A budget over an image's candidate grid is skipped for that image, with one line saying so.
+With --refixate TAU, each strategy also gets a row with ARR's second look (arr+refix:topk, ...: a second round of
+--refixate-budget saccades, default half the first look's K, when the answer's confidence is below TAU; in a
+sweep, at each budget); each of its results records whether it fired, both confidences and the first answer's own
+score, and report.md says how often it fires and the accuracy with and without it.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
     python -m arr_coc.evaluate --dataset data/chartqa --schema chartqa --limit 100 --faithfulness --out runs/chartqa
     python -m arr_coc.evaluate --model tiny --checkpoint tiny-text-vs-distractor --baselines "" --strategies topk \
         --ablations all --out runs/eval-ablations
+    python -m arr_coc.evaluate --model pocket --synthetic 64 --kinds fine_print,box_word,shape_colour --baselines "" \
+        --strategies topk --refixate 0.9 --out runs/eval-refixate
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
+    python -m arr_coc.evaluate --model tiny --synthetic 16 --budgets 64,128,273,529,1024 --out runs/eval-sweep
 
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
-(one line per item and row, in order; an item without reference answers has score null), report.md,
-report.json and the plots (arr_coc.eval.report). While running, each process appends its finished items to
-part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
+(one line per item and row, in order, with its budget in a sweep; an item without reference answers has score
+null), report.md, report.json and the plots (arr_coc.eval.report). While running, each process appends its
+finished items to part-RANK.jsonl; run the same command again to resume: finished items are skipped. A different command
 (every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out
 by index and the merged results equal a one-process run, item for item.
 
@@ -55,6 +69,7 @@ if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
 
 ABLATION_STRATEGY = "topk"  # the strategy of the ablation rows: ARR's default row, the one they are compared with
+REFIX = "+refix"  # the mark of a row with ARR's second look: "arr+refix:topk"
 TIMING_FIELDS = ("ttft_ms", "total_ms")  # the only fields of a result that differ between two identical runs
 
 
@@ -99,12 +114,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ablations", type=cli.ablation_list, default="",
                    help=f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default none): "
                         + ablations.describe())
-    cli.add_budget(p, DEFAULT_BUDGET)
+    budgets = p.add_mutually_exclusive_group()
+    cli.add_budget(p, DEFAULT_BUDGET, budgets)
+    budgets.add_argument("--budgets", type=cli.int_list(1, cli.MAX_CELLS), default=None,
+                         help="a budget sweep: saccade counts, comma-separated (e.g. 64,128,273,529,1024); every row "
+                              "but full, gestalt and arr-auto-budget runs at each, reading ARR's visual tokens at that "
+                              "budget (fixed budgets: not with --budget, auto included)")
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
     cli.add_max_cells(p)
     cli.add_fastv_layer(p)
+    cli.add_refixate(p)
     p.add_argument("--faithfulness", action="store_true",
                    help="for every ARR strategy row (not the ablations), also measure the deletion / random / "
                         "insertion curves of the reference answer (3 x (steps + 1) teacher-forced forwards per item)")
@@ -118,8 +139,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.baselines and not args.strategies and not args.ablations:
         p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")
     cli.check_budget(p, args, args.max_cells)
+    for budget in args.budgets or []:
+        if budget > args.max_cells:
+            p.error(f"argument --budgets: {budget} exceeds --max-cells {args.max_cells}")
+    args.budgets = sorted(set(args.budgets)) if args.budgets else None
     if args.faithfulness and not args.strategies:
         p.error("argument --faithfulness: needs an ARR row (--strategies)")
+    if args.refixate is not None and not args.strategies:
+        p.error("argument --refixate: needs an ARR row (--strategies) to look again")
+    if args.refixate_budget is not None and args.refixate is None:
+        p.error("argument --refixate-budget: only used with --refixate")
     args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
     return args
 
@@ -127,49 +156,104 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- one item
 
 
-def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, rows: list[str], metric: str,
-                  args: argparse.Namespace) -> list[dict]:
-    """Every row's answer to one item, scored: one result dict per row. An item without reference answers (a test
-    split) is answered with score None and no faithfulness curves; a benchmark metric also gets the lenient one
-    as an extra field."""
+Job = tuple[str, int | None]  # (row, budget): None for the one --budget, and in a sweep for the rows that read none
+
+
+def split_row(row: str) -> tuple[str, str | None, str | None, bool]:
+    """A row's name -> (pipeline, strategy, ablation, whether ARR looks again): "arr-no-gestalt:topk" ->
+    ("arr", "topk", "no-gestalt", False); "arr+refix:topk" -> ("arr", "topk", None, True)."""
+    pipeline, _, strategy = row.partition(":")
+    pipeline, refix, _ = pipeline.partition(REFIX)
+    pipeline, _, ablation = pipeline.partition("-")
+    return pipeline, strategy or None, ablation or None, bool(refix)
+
+
+def beyond_grid(row: str, budget: int, views, refixate_budget: int | None) -> str | None:
+    """Why a row cannot run at this budget on this image (more saccades than candidate cells, counting a second
+    look's should it fire), or None."""
+    from arr_coc.pipelines.answer import second_look_saccades
+
+    gh, gw = views.candidate_grid
+    _, _, ablation, refix = split_row(row)
+    needed = ablations.get(ablation).saccade_budget(budget, views.gestalt_grid[0] * views.gestalt_grid[1])
+    if refix:  # the second look reads cells the first did not
+        needed += second_look_saccades(refixate_budget, needed)
+    if needed <= gh * gw:
+        return None
+    return f"{needed} saccades exceed the {gh}x{gw} = {gh * gw} candidate cells"
+
+
+def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job], metric: str,
+                  args: argparse.Namespace) -> tuple[list[dict], list[tuple[Job, str]]]:
+    """Every job's answer to one item, scored: (one result dict per job, the jobs skipped here with why). An item
+    without reference answers (a test split) is answered with score None and no faithfulness curves; a benchmark
+    metric also gets the lenient one as an extra field. In a sweep, a result records its budget."""
+    import torch
+
     from arr_coc.eval.faithfulness import faithfulness_curves
     from arr_coc.eval.metrics import box_recall_precision
     from arr_coc.pipelines.answer import tension_record
 
     image, question = item.open(), source.prompt(item)
-    results = []
-    for row in rows:
-        pipeline, _, strategy = row.partition(":")
-        pipeline, _, ablation = pipeline.partition("-")  # "arr-no-gestalt" -> arr under the no-gestalt ablation
-        a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
-                       strategy=strategy or None, budget=args.budget, max_cells=args.max_cells,
-                       ablation=ablation or None, fastv_layer=args.fastv_layer, tensions=cli.budget_settings(args))
-        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, prediction=a.text, answers=item.answers,
-                      score=METRICS[metric](a.text, item.answers) if item.answers else None,
-                      visual_tokens=a.tokens["total_visual"], gflops=round(sum(a.gflops.values()), 1),
-                      ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings_ms["total"], 2))
+    views = model.views(image, args.max_cells) if args.budgets else None  # the grid a sweep's budgets must fit
+    results, skipped = [], []
+    for row, budget in jobs:
+        if budget is not None and (why := beyond_grid(row, budget, views, args.refixate_budget)):
+            skipped.append(((row, budget), why))
+            continue
+        pipeline, strategy, ablation, refix = split_row(row)  # "arr-no-gestalt:topk": arr under the no-gestalt ablation
+        a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens, strategy=strategy,
+                       budget=args.budget if budget is None else budget, max_cells=args.max_cells,
+                       ablation=ablation, fastv_layer=args.fastv_layer, tensions=cli.budget_settings(args),
+                       refixate=args.refixate if refix else None, refixate_budget=args.refixate_budget)
+        score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
+        swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
+        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text,
+                      answers=item.answers, score=score(a.text), visual_tokens=a.tokens["total_visual"],
+                      gflops=round(sum(a.gflops.values()), 1), ttft_ms=round(a.ttft_ms, 2),
+                      total_ms=round(a.timings_ms["total"], 2), confidence=a.confidence)
+        if a.fixations:  # whether the second look fired, and the first answer as it was before it
+            result.update(refixated=a.refixated, confidences=[f.confidence for f in a.fixations],
+                          first_prediction=a.fixations[0].text, first_score=score(a.fixations[0].text))
         if metric != LENIENT and item.answers:
             result[LENIENT] = METRICS[LENIENT](a.text, item.answers)
-        if a.arr is not None:  # ARR's tensions on this item: e, λ, K (and f under the adaptive budget)
-            result.update(tension_record(a.arr))
-        if a.arr is not None and item.box is not None:
-            recall, precision = box_recall_precision(a.views.box_coverage(item.box), a.arr.indices[0])
+        if a.arr is not None:  # its tensions (its first look's): e, λ, K, and f under the adaptive budget
+            result["tensions"] = tension_record(a.arr)
+        if a.arr is not None and item.box is not None:  # over every cell read, both rounds' under a second look
+            read = torch.cat([f.arr.indices[0] for f in a.fixations]) if a.fixations else a.arr.indices[0]
+            recall, precision = box_recall_precision(a.views.box_coverage(item.box), read)
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
-        if a.arr is not None and not ablation and args.faithfulness and item.answers:  # after the first reference
+        if a.arr is not None and not ablation and not refix and args.faithfulness and item.answers:  # of the 1st reference
             curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
-    return results
+    return results, skipped
 
 
 # ----------------------------------------------------------------------------- the results folder
 
 
 def row_names(args: argparse.Namespace) -> list[str]:
-    """The rows to evaluate: the stock baselines, ARR under each strategy ("arr:topk", ...), then each ablation
-    ("arr-raster:topk", ...)."""
-    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)]
+    """The rows to evaluate: the stock baselines, ARR under each strategy ("arr:topk", ...), with --refixate ARR
+    with its second look under each ("arr+refix:topk", ...), then each ablation ("arr-raster:topk", ...)."""
+    refix = [f"arr{REFIX}:{s}" for s in cli.names(args.strategies)] if args.refixate is not None else []
+    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)] + refix
             + [f"arr-{a}:{ABLATION_STRATEGY}" for a in cli.names(args.ablations)])
+
+
+def job_list(args: argparse.Namespace) -> list[Job]:
+    """What to evaluate on each item, in order: every row once at --budget; in a sweep, the rows that read no
+    fixed budget (budget_free) once, then every other row at each budget."""
+    rows = row_names(args)
+    if not args.budgets:
+        return [(row, None) for row in rows]
+    free = [row for row in rows if budget_free(row)]
+    return [(row, None) for row in free] + [(row, b) for b in args.budgets for row in rows if row not in free]
+
+
+def budget_free(row: str) -> bool:
+    """Whether no fixed budget changes a row: full and gestalt, and ARR on its adaptive budget (arr-auto-budget)."""
+    return row in pipelines.BUDGET_FREE or ablations.get(split_row(row)[2]).auto_budget
 
 
 def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoint: str) -> dict:
@@ -184,10 +268,10 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 synthetic_kinds=args.kinds if synthetic else None, size=args.size if synthetic else None,
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
-                prompt_reference=SCHEMAS[source.schema].reference, budget=args.budget,
-                **adaptive_bounds(args),
-                max_new_tokens=args.max_new_tokens,
-                max_cells=args.max_cells, fastv_layer=args.fastv_layer,
+                prompt_reference=SCHEMAS[source.schema].reference,
+                budget=None if args.budgets else args.budget, budgets=args.budgets, **adaptive_bounds(args),
+                max_new_tokens=args.max_new_tokens, max_cells=args.max_cells, fastv_layer=args.fastv_layer,
+                refixate=args.refixate, refixate_budget=args.refixate_budget,
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
 
 
@@ -236,10 +320,10 @@ class ResultsFolder:
         with self.part.open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in results))
 
-    def merge(self, rows: list[str]) -> list[dict]:
-        """Rank 0, after every process is done: all results, one per (item, row), in order -> results.jsonl."""
-        unique = {(r["item"], r["row"]): r for r in self.read() if r["row"] in rows}
-        merged = [unique[key] for key in sorted(unique, key=lambda key: (key[0], rows.index(key[1])))]
+    def merge(self, jobs: list[Job]) -> list[dict]:
+        """Rank 0, after every process is done: all results, one per (item, row, budget), in order -> results.jsonl."""
+        unique = {(r["item"], *job_of(r)): r for r in self.read() if job_of(r) in jobs}
+        merged = [unique[key] for key in sorted(unique, key=lambda key: (key[0], jobs.index(key[1:])))]
         tmp = self.folder / "results.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in merged))
         tmp.replace(self.folder / "results.jsonl")
@@ -248,10 +332,15 @@ class ResultsFolder:
         return merged
 
 
-def pending(items: Iterable[Item], done: set[tuple[int, str]], rows: list[str], process: Process) -> Iterable[Item]:
-    """This process's share of the items (by index) that still lack a row's result."""
+def job_of(result: dict) -> Job:
+    """The (row, budget) a result answers (budget None outside a sweep: results made before sweeps resume too)."""
+    return result["row"], result.get("budget")
+
+
+def pending(items: Iterable[Item], done: set[tuple], jobs: list[Job], process: Process) -> Iterable[Item]:
+    """This process's share of the items (by index) that still lack a job's result."""
     for item in items:
-        if item.index % process.world_size == process.rank and any((item.index, row) not in done for row in rows):
+        if item.index % process.world_size == process.rank and any((item.index, *job) not in done for job in jobs):
             yield item
 
 
@@ -277,19 +366,23 @@ def main(argv=None) -> int:
         metric = args.metric or source.metric
         args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main)
-        rows = row_names(args)
+        jobs = job_list(args)
         settings = run_settings(args, source, metric, checkpoint)
         if process.is_main:
             folder.check_settings(settings)
-        done = {(r["item"], r["row"]) for r in folder.read()}
+        done = {(r["item"], *job_of(r)) for r in folder.read()}
+        skipped: dict[Job, list] = {}  # a sweep's jobs over an image's grid -> [items, the last reason]
         model.warmup()  # CUDA graphs of the common shapes, captured before the clock starts
         process.barrier()
         start = time.perf_counter()
         with torch.no_grad():
-            for item in tqdm(pending(source.items, done, rows, process), desc="evaluate", unit="item",
+            for item in tqdm(pending(source.items, done, jobs, process), desc="evaluate", unit="item",
                              disable=not process.is_main):
-                todo = [row for row in rows if (item.index, row) not in done]
-                folder.append(evaluate_item(model, source, item, todo, metric, args))
+                todo = [job for job in jobs if (item.index, *job) not in done]
+                results, skips = evaluate_item(model, source, item, todo, metric, args)
+                folder.append(results)
+                for job, why in skips:
+                    skipped[job] = [skipped.get(job, [0])[0] + 1, why]
     except (InputError, CheckpointError, OutOfMemory) as e:
         process.log(f"error: {e}")
         if folder.read():
@@ -297,20 +390,24 @@ def main(argv=None) -> int:
         return 2
     process.barrier()
     seconds = time.perf_counter() - start
+    for (row, budget), (count, why) in skipped.items():
+        process.log(f"skipped {row} at budget {budget} on {count} item(s): {why}")
     if process.is_main:
-        results = folder.merge(rows)
+        results = folder.merge(jobs)
         items = len({r["item"] for r in results})
         unscored = len({r["item"] for r in results if r["score"] is None})
-        fresh = items - len({item for item, _ in done})
+        fresh = items - len({item for item, *_ in done})
         header = dict(settings, model_name=model.vlm.name, items=items, unscored_items=unscored,
                       versions=cli.versions(),
                       throughput=dict(processes=process.world_size, items=fresh, seconds=round(seconds, 2),
                                       items_per_s=round(fresh / seconds, 3) if fresh else None))
-        summary = report.summarise(results, rows)
+        summary = report.summarise(results, [report.label(*job) for job in jobs])
         paths = report.write_report(args.out, summary, header, results)
         print(f"{items} items, model {model.vlm.name}, checkpoint {checkpoint}, {process.world_size} process(es): "
               f"{fresh} evaluated now in {seconds:.1f} s")
-        print(report.markdown_table(summary, metric))
+        print(report.markdown_tables(summary, metric))
+        if refixation := report.refixation_summary(results):
+            print(report.refixation_table(refixation))
         if unscored:
             print(f"{unscored} of {items} items have no reference answers: answered but not scored, "
                   "and left out of the accuracy")

@@ -158,22 +158,28 @@ class ARRCOCQwen:
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
                strategy: str | None = None, budget: int | str | None = None, layer: ARRCOCLayer | None = None,
                streamer=None, max_cells: int | None = None, ablation: str | None = None,
-               fastv_layer: int | None = None, tensions: TensionSettings | None = None) -> Answer:
+               fastv_layer: int | None = None, tensions: TensionSettings | None = None,
+               refixate: float | None = None, refixate_budget: int | None = None) -> Answer:
         """
         Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed.
         ablation names what of ARR to switch off (arr_coc.relevance.ablation.ABLATIONS; arr only); fastv_layer is
         FastV's K (fastv only). budget "auto" is ARR's adaptive budget, and tensions fix its tensions by hand
-        (arr_coc.relevance.tensions); the reducers then keep as many tokens as ARR reads of that image.
+        (arr_coc.relevance.tensions); the reducers then keep as many tokens as ARR reads of that image. refixate is
+        tau: ARR looks again, refixate_budget more saccades, when its answer's confidence is below it (arr only;
+        None: never).
         """
         if pipeline not in pipelines.REGISTRY:
             raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
         if ablation not in (None, ablations.NO_ABLATION.name) and pipeline != "arr":
             raise InputError(f"an ablation ({ablation}) switches off part of ARR: it needs the arr pipeline, not {pipeline}")
+        if refixate is not None and pipeline != "arr":
+            raise InputError(f"refixation is ARR's second look: it needs the arr pipeline, not {pipeline}")
         question = check_question(question)
         chosen = self.ablation(ablation)
         request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells,
                                         ablation=None if chosen is ablations.NO_ABLATION else chosen,
-                                        fastv_layer=fastv_layer, tensions=tensions))
+                                        fastv_layer=fastv_layer, tensions=tensions, refixate=refixate,
+                                        refixate_budget=refixate_budget))
         try:
             return pipelines.load(pipeline).answer(self, image, question, request)
         except torch.cuda.OutOfMemoryError:

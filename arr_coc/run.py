@@ -11,6 +11,12 @@ arr-explore, arr-diversify and arr-auto-budget switch one tension on instead. Ev
 explore share e, the spacing penalty lambda, the budget K) after the table; the JSON records them per row.
 --budget auto spends K saccades chosen from the relevance map's concentration, in [--min-budget, --max-budget].
 
+--refixate TAU gives ARR a second look when its answer's confidence is below TAU: a line per ARR row says whether
+it fired, with both confidences and both answers; the JSON records them under each row's "refixation".
+
+    python -m arr_coc.run --model tiny --image assets/synth_invoice_page.png --question "What is the total?" \
+        --pipelines arr --refixate 0.9 --save-dir out/run      # heatmap.png: the second look in green
+
 --faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.eval.faithfulness): the answer's
 log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
 curves in the JSON and, with --save-dir, faithfulness.png.
@@ -58,6 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="answer length limit")
     cli.add_max_cells(p)
     cli.add_fastv_layer(p)
+    cli.add_refixate(p)
     p.add_argument("--device", type=cli.device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--faithfulness", action="store_true",
                    help="also measure the deletion / random / insertion curves of ARR's answer (needs the arr pipeline)")
@@ -74,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
     if args.answer is not None and not args.faithfulness:
         p.error("argument --answer: only used with --faithfulness")
+    if args.refixate_budget is not None and args.refixate is None:
+        p.error("argument --refixate-budget: only used with --refixate")
     return args
 
 
@@ -111,6 +120,18 @@ def tension_line(name: str, tensions: dict) -> str:
             f"{budget}; image structure {tensions['structure']:.2f}")
 
 
+def refixation_line(name: str, result: dict) -> str | None:
+    """Whether an ARR row looked a second time, its confidences and answers (None: refixation was off)."""
+    r = result.get("refixation")
+    if r is None:
+        return None
+    first = f"{name}: confidence {r['confidences'][0]:.4f}"
+    if not r["fired"]:
+        return f"{first} >= tau {r['tau']}: no second look"
+    return (f"{first} < tau {r['tau']}: a second look of {r['saccades'][1]} saccades, confidence "
+            f"{r['confidences'][1]:.4f}; answers {r['answers'][0][:40]!r} -> {r['answers'][1][:40]!r}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from arr_coc.model import check_question  # after parsing: --help and bad flags answer without torch
@@ -133,7 +154,8 @@ def main(argv=None) -> int:
                 answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                                     strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
                                     ablation=ablation, fastv_layer=args.fastv_layer,
-                                    tensions=cli.budget_settings(args))
+                                    tensions=cli.budget_settings(args), refixate=args.refixate,
+                                    refixate_budget=args.refixate_budget)
             except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
                 raise InputError(str(e)) from None
             results[f"arr-{ablation}" if ablation else pipeline] = answer.to_json()
@@ -151,6 +173,8 @@ def main(argv=None) -> int:
     for name, result in results.items():
         if "tensions" in result:
             print(tension_line(name, result["tensions"]))
+    for line in filter(None, (refixation_line(name, r) for name, r in results.items())):
+        print(line)
     if arr_answer is not None and arr_answer.arr.fallback[0]:
         print(f"note: ARR fell back to an even grid ({arr_answer.arr.fallback[0]})")
     if args.faithfulness:

@@ -56,8 +56,8 @@ def stats(table: dict) -> dict:
 
 
 def compare(client: Client, image=CAT, question=QUESTION, baseline="gestalt", tokens=TOKENS, strategy="topk",
-            max_cells=CELLS, numbered=viz.TOP_LABELS):
-    return client.predict(handle_file(image), question, baseline, tokens, strategy, max_cells, numbered,
+            max_cells=CELLS, numbered=viz.TOP_LABELS, refixate=0.0):
+    return client.predict(handle_file(image), question, baseline, tokens, strategy, max_cells, numbered, refixate,
                           api_name="/compare")
 
 
@@ -123,8 +123,8 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
     assert baseline_partial and arr_partial
     assert updates.index(baseline_partial[-1]) < updates.index(arr_partial[0])
 
-    status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic = final
-    assert status.startswith("Done in") and base_text and arr_text
+    status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, base_cells = final
+    assert status.startswith("Done in") and base_text and arr_text and base_cells is None  # full keeps every cell
     views = make_views(Image.open(CAT))
     base, arr = stats(base_stats), stats(arr_stats)
     gh, gw = views.gestalt_grid
@@ -148,7 +148,7 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
 
 
 def test_max_cells_caps_both_pipelines_and_numbers_redraw(client):
-    status, _, base_stats, _, arr_stats, heatmap, _, _, mosaic = compare(
+    status, _, base_stats, _, arr_stats, heatmap, _, _, mosaic, _ = compare(
         client, image=STREET, baseline="full", tokens=1, max_cells=2048, numbered=0)
     views = make_views(Image.open(STREET), max_cells=2048)
     base, arr = stats(base_stats), stats(arr_stats)
@@ -185,6 +185,13 @@ def test_microscope_then_reselect_without_the_vlm(client):
     _, summary, spread, _ = client.predict("grid", 50, 5, api_name="/reselect")
     assert summary.startswith("**50 saccades** · strategy `grid`")
     assert {tuple(r[1:3]) for r in spread["data"]} != {tuple(r[1:3]) for r in fewer["data"]}
+
+
+def test_the_microscope_draws_a_reducers_kept_cells_over_the_relevance(client):
+    _, _, heatmap, *_ = client.predict(handle_file(CAT), QUESTION, "topk", 60, CELLS, 0, api_name="/microscope")
+    drawing = client.predict(handle_file(CAT), QUESTION, "visionzip", 60, CELLS, api_name="/kept_cells")
+    assert Image.open(drawing).width == Image.open(heatmap).width  # the heatmap's canvas, a legend under it
+    assert client.predict(handle_file(CAT), QUESTION, "none", 60, CELLS, api_name="/kept_cells") is None
 
 
 def test_faithfulness_curves_of_arrs_answer_or_a_typed_one(client):
@@ -228,7 +235,7 @@ def test_ten_concurrent_compares_all_complete(app_url):
     questions = [f"Question {i}: what is in the picture?" for i in range(10)]
     with ThreadPoolExecutor(10) as pool:  # ten users at once: the queue runs them one by one
         results = list(pool.map(lambda q: compare(Client(app_url, verbose=False), question=q, tokens=2), questions))
-    for status, _, _, _, arr_stats, heatmap, _, _, _ in results:
+    for status, _, _, _, arr_stats, heatmap, _, _, _, _ in results:
         assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
         assert Path(heatmap).is_file()
 
@@ -245,7 +252,7 @@ def test_odd_images_are_answered(client, tmp_path, mode):
         Image.new("RGB", (1, 1), (200, 10, 10)).save(path)
     else:
         Image.open(CAT).convert(mode).save(path)
-    status, *_, arr_stats, heatmap, _, _, _ = compare(client, image=str(path), tokens=1)
+    status, *_, arr_stats, heatmap, _, _, _, _ = compare(client, image=str(path), tokens=1)
     assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
 
 
@@ -315,7 +322,7 @@ def test_bad_input_gets_a_clear_error(app_url, bad, case):
 
 
 def test_the_app_still_answers_after_bad_inputs(client):
-    status, *_, arr_stats, _, _, _, _ = compare(client, tokens=1)
+    status, *_, arr_stats, _, _, _, _, _ = compare(client, tokens=1)
     assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
 
 

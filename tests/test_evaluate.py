@@ -5,6 +5,7 @@ evaluate.py on the tiny model: the rows, the set's metric, the report, resuming,
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -73,11 +74,13 @@ def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
     assert list(summary) == ["arr:topk", *(f"arr-{name}:topk" for name in names)]
     assert {row["visual_tokens"] for name, row in summary.items() if name != "arr-auto-budget:topk"} == {529}
     records = {r["row"]: r for r in results(out)}
+    tensions = {row: r["tensions"] for row, r in records.items()}
     # the tension rows: each tension on, at its fixed value, against arr:topk where all are at their priors
-    assert (records["arr:topk"]["explore"], records["arr:topk"]["diversify"], records["arr:topk"]["budget"]) == (0, 0, 273)
-    assert records["arr-explore:topk"]["explore"] == 0.25 and records["arr-diversify:topk"]["diversify"] == 2.0
-    auto = records["arr-auto-budget:topk"]
-    assert auto["auto_budget"] and 64 <= auto["budget"] <= 512 and auto["visual_tokens"] == 256 + auto["budget"]
+    assert (tensions["arr:topk"]["explore"], tensions["arr:topk"]["diversify"], tensions["arr:topk"]["budget"]) == (0, 0, 273)
+    assert tensions["arr-explore:topk"]["explore"] == 0.25 and tensions["arr-diversify:topk"]["diversify"] == 2.0
+    auto = tensions["arr-auto-budget:topk"]
+    assert auto["auto_budget"] and 64 <= auto["budget"] <= 512
+    assert records["arr-auto-budget:topk"]["visual_tokens"] == 256 + auto["budget"]
     assert "Mean visual tokens (accuracy) per scene kind" in (out / "report.md").read_text()
     no_gestalt, arr = records["arr-no-gestalt:topk"], records["arr:topk"]  # 529 saccades hold the 273 most relevant
     assert no_gestalt["box_recall"] == arr["box_recall"] == 1 and no_gestalt["box_precision"] < arr["box_precision"]
@@ -93,13 +96,141 @@ def test_the_adaptive_budget_spends_each_images_own_tokens_and_the_reducers_foll
                           "--kinds", "text_vs_distractor,chart", "--max-new-tokens", "1", "--out", str(out)]) == 0
     records = results(out)
     arr = {r["item"]: r for r in records if r["row"] == "arr:topk"}
-    assert all(r["auto_budget"] and 20 <= r["budget"] <= 300 for r in arr.values())
-    assert len({r["budget"] for r in arr.values()}) == 2  # each image its own K
+    assert all(r["tensions"]["auto_budget"] and 20 <= r["tensions"]["budget"] <= 300 for r in arr.values())
+    assert len({r["tensions"]["budget"] for r in arr.values()}) == 2  # each image its own K
     for r in records:
         if r["row"] == "divprune":  # the reducer keeps as many tokens as ARR read of the same image and question
-            assert r["visual_tokens"] == arr[r["item"]]["visual_tokens"] == 256 + arr[r["item"]]["budget"]
+            assert r["visual_tokens"] == arr[r["item"]]["visual_tokens"] == 256 + arr[r["item"]]["tensions"]["budget"]
     report_md = (out / "report.md").read_text()
     assert f"| arr:topk | {arr[0]['visual_tokens']} (" in report_md  # one item per kind: its tokens are the mean
+
+
+def test_a_second_look_row_records_when_it_fired_and_the_report_compares_with_and_without(tmp_path, capsys):
+    """--refixate 1 fires on every item (no answer is certain): each arr+refix result says so, keeps its first
+    answer's score, and report.md's section counts the firings; arr:topk has no second look."""
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--synthetic", "2", "--kinds", "text_vs_distractor", "--budget", "40",
+                          "--refixate", "1", "--refixate-budget", "20", "--out", str(out)]) == 0
+    assert "## Second look (refixation)" in capsys.readouterr().out
+    records = results(out)
+    assert [r["row"] for r in records[:3]] == ["gestalt", "arr:topk", "arr+refix:topk"]
+    refix = [r for r in records if r["row"] == "arr+refix:topk"]
+    plain = {r["item"]: r for r in records if r["row"] == "arr:topk"}
+    assert all(r["refixated"] and len(r["confidences"]) == 2 and r["visual_tokens"] == 256 + 60 for r in refix)
+    assert all(r["first_prediction"] == plain[r["item"]]["prediction"] for r in refix)  # the first look is arr:topk's
+    assert all(r["first_score"] == plain[r["item"]]["score"] for r in refix) and "refixated" not in plain[0]
+    md = (out / "report.md").read_text()
+    assert "| arr+refix:topk | 2 | 2 | 1.000 |" in md
+    summary = json.loads((out / "report.json").read_text())["refixation"]["arr+refix:topk"]
+    assert summary["fired"] == 2 and summary["accuracy_without"] == statistics.fmean(r["score"] for r in plain.values())
+    never = report.refixation_summary([dict(r, refixated=False) for r in refix])["arr+refix:topk"]
+    assert never["fire_rate"] == 0 and "accuracy_when_fired" not in never
+
+
+def test_the_second_look_section_compares_with_and_without_on_the_items_where_it_fired():
+    row = lambda fired, score, first: dict(row="arr+refix:topk", refixated=fired, score=score, first_score=first)  # noqa: E731
+    records = [row(True, 1.0, 0.0), row(True, 0.0, 0.0), row(False, 1.0, 1.0), row(False, 0.0, 0.0),
+               dict(row="arr:topk", score=1.0)]
+    summary = report.refixation_summary(records)
+    assert list(summary) == ["arr+refix:topk"]
+    assert summary["arr+refix:topk"] == dict(items=4, fired=2, fire_rate=0.5, accuracy=0.5, accuracy_without=0.25,
+                                             accuracy_when_fired=0.5, accuracy_without_when_fired=0.0)
+    assert "| arr+refix:topk | 4 | 2 | 0.500 | 0.500 | 0.250 | 0.500 | 0.000 |" in report.refixation_table(summary)
+
+
+SWEEP = ["--model", "tiny", "--synthetic", "1", "--kinds", "text_vs_distractor", "--size", "560",  # 20x20 native cells
+         "--baselines", "full,budget,divprune", "--strategies", "topk", "--max-new-tokens", "1"]
+
+
+def test_a_budget_sweep_runs_each_row_at_each_budget_at_arrs_visual_tokens(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert evaluate.main([*SWEEP, "--budgets", "128,2000,64", "--out", str(out)]) == 0
+    # 2000 saccades do not fit the 32x32 candidate grid: skipped, said in one line, not a crash
+    assert ("skipped arr:topk at budget 2000 on 1 item(s): 2000 saccades exceed the 32x32 = 1024 candidate cells"
+            in capsys.readouterr().err)
+    records = results(out)
+    assert [(r["row"], r["budget"]) for r in records] == [("full", None)] + [
+        (row, budget) for budget in (64, 128) for row in ("budget", "divprune", "arr:topk")]  # full runs once
+    tokens = {(r["row"], r["budget"]): r["visual_tokens"] for r in records}
+    for budget in (64, 128):  # ARR reads the 16x16 gestalt + the saccades; the others as many, or about as many
+        assert tokens["arr:topk", budget] == tokens["divprune", budget] == 256 + budget
+        assert 256 + budget - 40 < tokens["budget", budget] <= 256 + budget  # a whole grid of cells
+    assert tokens["budget", 64] < tokens["budget", 128] and tokens["full", None] == 20 * 20  # the native grid
+    report_json = json.loads((out / "report.json").read_text())
+    assert report_json["budgets"] == [64, 128, 2000] and report_json["budget"] is None
+    curves = report_json["curves"]
+    assert list(curves) == ["full", "budget", "divprune", "arr:topk"] and len(curves["full"]) == 1
+    for row in ("budget", "divprune", "arr:topk"):  # one point per budget; 2000's holds no item
+        assert [(p["budget"], p["items"]) for p in curves[row]] == [(64, 1), (128, 1), (2000, 0)]
+        assert [p["visual_tokens"] for p in curves[row][:2]] == [tokens[row, 64], tokens[row, 128]]
+    markdown = (out / "report.md").read_text()
+    assert "### budget 64 saccades" in markdown and "### budget 128 saccades" in markdown
+    assert "budget 2000" not in markdown  # skipped on every item: no table
+    assert "![accuracy against visual tokens](accuracy_vs_tokens.png)" in markdown
+    assert "![accuracy against TTFT](accuracy_vs_ttft.png)" in markdown
+    for plot in ("accuracy_vs_tokens.png", "accuracy_vs_ttft.png"):
+        assert (out / plot).stat().st_size > 10_000
+    figure = report.sweep_plot(curves, "visual_tokens", "visual tokens", "contains", tmp_path / "again.png")
+    lines = {line.get_label(): list(line.get_xdata()) for line in figure.axes[0].lines}
+    assert lines == {"full": [400], "budget": [tokens["budget", 64], tokens["budget", 128]],
+                     "divprune": [320, 384], "arr:topk": [320, 384]}  # one curve per row, through its budgets
+    styles = {line.get_label(): line.get_linestyle() for line in figure.axes[0].lines}
+    assert styles == {"full": "None", "budget": "-", "divprune": "-", "arr:topk": "-"}  # full: a lone point
+    # the same command resumes (nothing new to evaluate); another sweep is refused, naming the budgets
+    assert evaluate.main([*SWEEP, "--budgets", "64,128,2000", "--out", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 0
+    assert without_timings(results(out)) == without_timings(records)
+    assert evaluate.main([*SWEEP, "--budgets", "64", "--out", str(out)]) == 2
+    assert "(budgets: [64, 128, 2000] there, [64] now)" in capsys.readouterr().err
+
+
+def test_a_sweep_gives_the_second_look_its_row_at_each_budget_and_skips_it_where_both_looks_overflow(tmp_path,
+                                                                                                         capsys):
+    """arr+refix runs per budget like any row; at 700 saccades its second look's 400 more would not fit the 32x32
+    candidate grid, so that job alone is skipped; the second-look section has a line per budget."""
+    out = tmp_path / "sweep-refix"
+    assert evaluate.main([*SWEEP[:8], "--baselines", "", "--strategies", "topk", "--max-new-tokens", "1",
+                          "--budgets", "64,700",
+                          "--refixate", "1", "--refixate-budget", "400", "--out", str(out)]) == 0
+    assert ("skipped arr+refix:topk at budget 700 on 1 item(s): 1100 saccades exceed the 32x32 = 1024 candidate "
+            "cells" in capsys.readouterr().err)
+    records = results(out)
+    assert [(r["row"], r["budget"]) for r in records] == [("arr:topk", 64), ("arr+refix:topk", 64), ("arr:topk", 700)]
+    assert records[1]["refixated"] and records[1]["visual_tokens"] == 256 + 64 + 400
+    assert records[1]["first_prediction"] == records[0]["prediction"]  # the first look is arr:topk's at that budget
+    markdown = (out / "report.md").read_text()
+    assert "### budget 64 saccades" in markdown and "## Second look (refixation)" in markdown
+    assert "| arr+refix:topk@64 | 1 | 1 | 1.000 |" in markdown and "arr+refix:topk@700 |" not in markdown
+    assert list(json.loads((out / "report.json").read_text())["refixation"]) == ["arr+refix:topk@64"]
+
+
+def test_in_a_sweep_the_adaptive_budget_row_runs_once_and_each_budget_gets_its_line_per_scene_kind(tmp_path):
+    """arr-auto-budget reads no fixed budget: like full, it runs once and sits in every budget's table; the
+    tokens-by-kind table has a line per row and budget (arr:topk@64, ...); every ARR result records its tensions."""
+    out = tmp_path / "sweep-auto"
+    assert evaluate.main([*SWEEP[:8], "--baselines", "", "--strategies", "topk", "--ablations", "auto-budget",
+                          "--max-budget", "100", "--max-new-tokens", "1", "--budgets", "64,128", "--out", str(out)]) == 0
+    records = results(out)
+    assert [(r["row"], r["budget"]) for r in records] == [("arr-auto-budget:topk", None), ("arr:topk", 64),
+                                                          ("arr:topk", 128)]
+    assert records[0]["tensions"]["auto_budget"] and 64 <= records[0]["tensions"]["budget"] <= 100
+    assert [r["tensions"]["budget"] for r in records[1:]] == [64, 128]
+    markdown = (out / "report.md").read_text()
+    assert "| arr-auto-budget:topk |" in markdown.split("### budget 64 saccades")[1].split("### budget 128")[0]
+    kinds = markdown.split("Mean visual tokens (accuracy) per scene kind:")[1]
+    assert "| arr:topk@64 | 320" in kinds and "| arr:topk@128 | 384" in kinds and "| arr-auto-budget:topk |" in kinds
+    assert json.loads((out / "report.json").read_text())["max_budget"] == 100  # the settings check knows the bounds
+
+
+def test_budgets_are_checked_before_anything_loads(capsys):
+    for argv, message in ((["--budget", "100", "--budgets", "64"], "argument --budgets: not allowed with argument --budget"),
+                          (["--budget", "auto", "--budgets", "64"], "argument --budgets: not allowed with argument --budget"),
+                          (["--budgets", "64,5000"], "argument --budgets: 5000 exceeds --max-cells 4096"),
+                          (["--budgets", "64,x"], "argument --budgets: expected an integer, got 'x'")):
+        with pytest.raises(SystemExit):
+            evaluate.parse_args(argv)
+        assert message in capsys.readouterr().err
+    assert evaluate.parse_args(["--budgets", "128,64,128"]).budgets == [64, 128]
 
 
 def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
@@ -125,11 +256,12 @@ OTHER_VALUES = {
     "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]), "size": ([], ["--size", "1792"]),
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
     "ablations": ([], ["--ablations", "raster"]),
-    "budget": ([], ["--budget", "100"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
+    "budget": ([], ["--budget", "100"]), "budgets": ([], ["--budgets", "64,128"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
     "min_budget": (["--budget", "auto"], ["--min-budget", "10"]),
     "max_budget": (["--ablations", "auto-budget"], ["--max-budget", "100"]),
     "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
-    "faithfulness": ([], ["--faithfulness"]),
+    "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
+    "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
 }
 

@@ -53,7 +53,8 @@ def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
     arr = results["arr"]
     assert arr["tokens"]["saccade"] == 273 and len(arr["saccades"]) == 273 and arr["strategy"] == "logpolar"
     first = arr["saccades"][0]
-    assert set(first) == {"rank", "row", "col", "score", "box"} and first["rank"] == 1
+    assert set(first) == {"rank", "row", "col", "score", "box", "round"} and first["rank"] == 1 and first["round"] == 1
+    assert "refixation" not in arr and 0 <= arr["confidence"] <= 1  # the second look is off by default
     w, h = Image.open("assets/chelsea.png").size
     assert all(0 <= s["box"][0] < s["box"][2] <= w and 0 <= s["box"][1] < s["box"][3] <= h for s in arr["saccades"])
     assert arr["grid"] == [26, 38] and len(arr["weights"]) == 3 and "fallback" in arr
@@ -99,6 +100,31 @@ def test_run_saves_the_microscope_pngs(tmp_path):
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert names == ["channels.png", "heatmap.png", "mosaic.png", "scorers.png"]
     assert Image.open(tmp_path / "png" / "heatmap.png").size[0] > 200
+
+
+def test_run_prints_and_records_a_second_look(tmp_path, capsys):
+    """--refixate 1 always fires (no answer is certain), --refixate 0 never: the line and the JSON say so, with
+    both confidences and both answers; the baseline rows have no second look."""
+    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
+            "--pipelines", "arr,gestalt", "--budget", "40"]
+    assert main([*args, "--refixate", "1", "--refixate-budget", "25", "--json", str(tmp_path / "on.json"),
+                 "--save-dir", str(tmp_path / "on")]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((tmp_path / "on.json").read_text())["pipelines"]
+    r = results["arr"]["refixation"]
+    assert r["tau"] == 1.0 and r["fired"] is True and r["saccades"] == [40, 25] and len(r["answers"]) == 2
+    assert len(r["confidences"]) == 2 and len(r["timings_ms"]) == 2 and results["arr"]["tokens"]["saccade"] == 65
+    assert f"arr: confidence {r['confidences'][0]:.4f} < tau 1.0: a second look of 25 saccades" in printed
+    assert {s["round"] for s in results["arr"]["saccades"]} == {1, 2} and "refixation" not in results["gestalt"]
+    assert main([*args, "--refixate", "0", "--json", str(tmp_path / "off.json"), "--save-dir", str(tmp_path / "off")]) == 0
+    assert ">= tau 0.0: no second look" in capsys.readouterr().out
+    heatmaps = [Image.open(tmp_path / look / "heatmap.png") for look in ("on", "off")]
+    assert heatmaps[0].height > heatmaps[1].height  # the second look's legend: its boxes are green
+    r = json.loads((tmp_path / "off.json").read_text())["pipelines"]["arr"]["refixation"]
+    assert r["fired"] is False and len(r["answers"]) == 1 and r["saccades"] == [40]
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--refixate-budget", "25"])
+    assert e.value.code == 2 and "only used with --refixate" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [  # a missing image is refused at parse time (tests/test_cli.py)

@@ -3,7 +3,9 @@ The app's event handlers: top-level functions of (model, the components' values)
 app.py binds each to its components (and, on ZeroGPU, wraps the GPU ones in spaces.GPU); tests call them
 directly, without a server.
 
-    for outputs in compare(model, image, "What is it?", "full", 64, "topk", 4096, 20): ...
+    for outputs in compare(model, image, "What is it?", "divprune", 64, "topk", 4096, 20): ...
+    for outputs in compare(model, image, "What is it?", "full", 64, "topk", 4096, 20, 0.5): ...  # a second look below 0.5
+    drawing = kept_cells(model, kept, image, "What is it?", "visionzip", 273, 4096)  # over the Microscope's map
     kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk",
                                                                             273, 4096, 20, "no-gestalt")
     heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
@@ -29,6 +31,7 @@ from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc.pipelines import arr
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 
+NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
 TICK_S = 0.25  # a streaming handler yields at least this often, so Stop takes effect at once (see ticking)
@@ -48,6 +51,7 @@ class Kept:
     maps: dict | None = None  # the layer's scored maps (textures, scorers, weights): re-selection; Microscope only
     ablation: Ablation = NO_ABLATION  # the ablation the maps were scored under: re-selection applies it too
     gestalt_tokens: int = 0  # the gestalt's token count (the no-gestalt ablation selects budget + these)
+    second: torch.Tensor | None = None  # [K2, 2] a second look's saccades (Compare, when it fired), drawn in green
 
 
 def on_cpu(maps: dict) -> dict:
@@ -57,8 +61,9 @@ def on_cpu(maps: dict) -> dict:
 def kept_answer(answer: Answer) -> Kept:
     """A finished ARR answer as the Compare tab keeps it: enough to renumber its heatmap and mosaic."""
     views = answer.views
+    second = answer.fixations[1].arr.positions[0].cpu() if answer.refixated else None
     return Kept(views.image, views.highres, views.candidate_grid, answer.arr.relevance[0].cpu(),
-                answer.arr.positions[0].cpu())
+                answer.arr.positions[0].cpu(), second=second)
 
 
 def kept_scene(scene: Scene) -> Kept:
@@ -73,31 +78,43 @@ def redraw(kept: Kept | None, numbered: int) -> tuple:
     """The heatmap and the saccade mosaic of a kept selection, the first `numbered` saccades numbered."""
     if kept is None:
         return None, None
-    return (viz.heatmap_overlay(kept.image, kept.relevance, kept.positions, numbered=int(numbered)),
+    second = () if kept.second is None else kept.second
+    return (viz.heatmap_overlay(kept.image, kept.relevance, kept.positions, numbered=int(numbered), second=second),
             viz.saccade_mosaic(kept.highres, kept.grid, kept.positions, int(numbered)))
 
 
 # ----------------------------------------------------------------------------- Compare
 
 
+def baseline_cells(base: Answer) -> Image.Image | None:
+    """The cells a reducer baseline kept, boxed as ARR's saccades are (VisionZip's merged ones shaded); None for
+    a stock view, which reads every cell of its view."""
+    if base.kept is None:
+        return None
+    return viz.kept_overlay(base.views.image, base.views.native_grid, base.kept, base.merged, name=base.pipeline)
+
+
 def compare_outputs(status: str, base_text: str = "", base: Answer | None = None, arr_text: str = "",
-                    arr: Answer | None = None, numbered: int = viz.TOP_LABELS) -> tuple:
+                    arr: Answer | None = None, numbered: int = viz.TOP_LABELS, base_cells: Image.Image | None = None
+                    ) -> tuple:
     """
     The Compare tab's outputs; a pipeline still running shows its text so far, and no stats or drawings.
-    The last is the finished ARR answer as kept for redrawing (CPU only).
+    The last but one is the baseline's kept cells (a reducer's; drawn once, by the caller); the last, the
+    finished ARR answer as kept for redrawing (CPU only).
     """
     base_stats, arr_stats = (None if a is None else ui.stats_rows(a) for a in (base, arr))
     if arr is None:
-        return status, base_text, base_stats, arr_text, arr_stats, None, None, None, None, None
+        return status, base_text, base_stats, arr_text, arr_stats, None, None, None, None, base_cells, None
     kept = kept_answer(arr)
     heatmap, mosaic = redraw(kept, numbered)
     return (status, base_text, base_stats, arr_text, arr_stats, heatmap, arr.views.gestalt,
-            viz.weights_bar(arr.arr.weights[0]), mosaic, kept)
+            viz.weights_bar(arr.arr.weights[0]), mosaic, base_cells, kept)
 
 
 def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_new_tokens: int, strategy: str,
-                  max_cells: int, numbered: int):
-    """Stream the baseline's answer, then ARR-COC's; then their stats and ARR's drawings."""
+                  max_cells: int, numbered: int, refixate: float = 0.0):
+    """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`; 0: off);
+    then their stats and ARR's drawings."""
     ui.check_inputs(image, question)
     start = time.perf_counter()
     settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))  # one cap for both pipelines
@@ -106,20 +123,21 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
     for base in model.stream(image, question, baseline, **settings):  # the text as it grows, then the Answer
         if isinstance(base, str):
             yield compare_outputs(running, base)
-    running = f"{RUNNING} **ARR-COC**…"
-    yield compare_outputs(running, ui.answer_text(base), base)
-    for ours in model.stream(image, question, "arr", strategy=strategy, **settings):  # ARR's text, then its Answer
+    running, cells = f"{RUNNING} **ARR-COC**…", baseline_cells(base)
+    yield compare_outputs(running, ui.answer_text(base), base, base_cells=cells)
+    tau = float(refixate) if refixate and float(refixate) > 0 else None  # the slider's 0 is off
+    for ours in model.stream(image, question, "arr", strategy=strategy, refixate=tau, **settings):  # text, then Answer
         if isinstance(ours, str):
-            yield compare_outputs(running, ui.answer_text(base), base, ours)
+            yield compare_outputs(running, ui.answer_text(base), base, ours, base_cells=cells)
     yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
-                          ui.answer_text(ours), ours, numbered)
+                          ui.answer_text(ours), ours, numbered, cells)
 
 
 def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baseline: str, max_new_tokens: int,
-            strategy: str, max_cells: int, numbered: int):
+            strategy: str, max_cells: int, numbered: int, refixate: float = 0.0):
     """compare_steps, whose status line says "Failed: why" if a step fails."""
     yield from reporting(ticking(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
-                                               numbered)), status_at=0, outputs=10)
+                                               numbered, refixate)), status_at=0, outputs=11)
 
 
 def ticking(steps):
@@ -228,6 +246,25 @@ def reselect(model: ARRCOCQwen, kept: Kept | None, strategy: str, budget: int, n
         raise ui.user_error("Analyse an image first: re-selection reuses its maps.")
     return selection_outputs(model, kept, strategy, budget, numbered, (auto, override, explore, diversify,
                                                                         particularize))
+
+
+@ui.reports_errors
+def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, question: str, reducer: str,
+               budget: int, max_cells: int, auto: bool = False, override: bool = False, explore: float = 0.0,
+               diversify: float = 0.0, particularize: float = 0.5) -> Image.Image | None:
+    """A token reducer's kept cells at the Microscope's budget (ARR's visual-token count: under the adaptive budget,
+    ARR's K for this image and question, as the tension controls set it), drawn over the analysed image's
+    relevance map; no drawing for "none"."""
+    if reducer == NO_REDUCER:
+        return None
+    if kept is None:
+        raise ui.user_error("Analyse an image first: the reducer's cells are drawn over its relevance map.")
+    ui.check_inputs(image, question)
+    adaptive, settings = ui.tension_request(auto, override, explore, diversify, particularize)
+    answer = model.answer(image, question, reducer, 1, budget=adaptive or int(budget), max_cells=int(max_cells),
+                          tensions=settings)
+    return viz.kept_overlay(kept.image, answer.views.native_grid, answer.kept, answer.merged, kept.relevance,
+                            name=reducer)
 
 
 @ui.reports_errors

@@ -237,13 +237,31 @@ def stats_rows(answer: Answer) -> list[list]:
         *[[f"{part} ms", round(ms[part], 1)] for part in TIMING_KEYS],
         ["TTFT ms", round(answer.ttft_ms, 1)],
         ["new tokens", answer.new_tokens],
-        ["ms/token (decode)", round(answer.timings_ms["decode"] / max(answer.new_tokens - 1, 1), 2)],
+        ["ms/token (decode)", round(answer.decode_ms_per_token, 2)],
         ["tokens/s (decode)", round(answer.tokens_per_s, 1)],
         ["GFLOPs: vision", round(answer.gflops.get("vision", 0.0))],
         ["GFLOPs: prefill", round(answer.gflops.get("prefill", 0.0))],
         ["peak memory MB", memory_text(answer.peak_memory_mb)],
         *([["safe mode", "fp16 overflowed: redone with an fp32 residual stream"]] if answer.safe_mode else []),
+        *([["confidence (least probable token)", round(answer.confidence, 4)]] if answer.confidence is not None else []),
+        *fixation_rows(answer),
     ]
+
+
+def fixation_rows(answer: Answer) -> list[list]:
+    """Under a second-look threshold: whether it fired, and each look's saccades, time, confidence and answer."""
+    if answer.refixate is None:
+        return []
+    first = answer.fixations[0].confidence
+    fired = (f"fired: confidence {first:.4f} < tau {answer.refixate}" if answer.refixated
+             else f"not needed: confidence {first:.4f} >= tau {answer.refixate}")
+    rows = [["second look", fired]]
+    for i, look in enumerate(answer.fixations, start=1):
+        rows += [[f"look {i}: saccades", look.saccades], [f"look {i}: total ms", round(look.timings_ms["total"], 1)],
+                 [f"look {i}: ms (vision / selection / prefill / decode)",
+                  " / ".join(f"{look.timings_ms[k]:.1f}" for k in ("vision", "selection", "prefill", "decode"))],
+                 [f"look {i}: confidence", round(look.confidence, 4)], [f"look {i}: answer", look.text]]
+    return rows
 
 
 def memory_text(mb: float) -> int | str:

@@ -2,8 +2,11 @@
 Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --save-dir`.
 
 - heatmap_overlay   relevance over the image, each saccade a box coloured by rank, the top N numbered (numbers
-                    never overlap: crowded ones move aside on a leader line, or are skipped and listed)
+                    never overlap: crowded ones move aside on a leader line, or are skipped and listed); a second
+                    look's saccades (Request.refixate) in SECOND_LOOK green, said in a legend
 - saccade_mosaic    the selected high-res cells tiled in rank order: what the LLM read at full detail
+- kept_overlay      the cells a token reducer (divprune, visionzip, fastv) kept, boxed as ARR's saccades are, over
+                    the image or ARR's relevance map; VisionZip's merged context cells shaded
 - channel_grid      the 13 texture channels, on one [0, 1] scale
 - scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
 - weights_bar       the balancer's three weights
@@ -45,6 +48,8 @@ MIN_SIDE = 768  # cell drawings are at least this long: a small image is upscale
 MAX_SIDE = 2048  # and at most this long: a 64x64 grid at 1792^2 is drawn 1:1, 28 px a cell; still quick to send
 HEAT_CMAP = "inferno"  # relevance: dark = ignored, bright = relevant
 RANK_CMAP = "cool"  # saccade boxes: rank 1 cyan ... last magenta, apart from the heatmap's colours
+SECOND_LOOK = (57, 255, 20)  # a second fixation's saccade boxes: a green in neither RANK_CMAP nor HEAT_CMAP
+SECOND_LOOK_LEGEND = "cyan to magenta: the first look's saccades by rank · green: the second look's"
 DIFF_CMAP = "RdBu_r"  # B - A: red = B finds it more relevant, blue = A does
 TOP_LABELS = 20  # saccades numbered by default: at 64x64 or finer, 273 numbers would hide the image
 MOSAIC_SCALE = 3  # each 28 px saccade cell is shown 3x (84 px): nearest, so every pixel the ViT read is visible
@@ -54,6 +59,8 @@ SCORERS = ("information", "perspectival", "participatory")
 SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # one per scorer, in weights_bar
 FAITHFULNESS_TITLE_CHARS = 56  # a long answer in the chart's title is cut to fit the chart's width
 FAITHFULNESS_STYLES = {"deletion": ("#c44e52", "-"), "random": ("#8c8c8c", "--"), "insertion": ("#4c72b0", "-")}
+KEPT_COLOUR = (0, 255, 255)  # a reducer's kept cells: one colour (it does not rank them), the saccades' rank-1 cyan
+MERGED_FILL = (255, 140, 0, 110)  # VisionZip's merged context cells: shaded orange (RGBA) under their box
 A_MARK, B_MARK = (0, 0, 0), (0, 200, 0)  # difference_map: A's saccades black squares, B's green dots
 DPI = 100
 
@@ -237,20 +244,68 @@ def skipped_note(canvas: Image.Image, skipped: list[int]) -> None:
     draw.text((6, canvas.height - 6), text, font=typeface, anchor="ld", fill="white")
 
 
-def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike = (),
-                    alpha: float = 0.5, numbered: int = TOP_LABELS) -> Image.Image:
-    """
-    The relevance map (min-max scaled, one flat colour per cell) blended over the image at the image's own
-    resolution (see canvas_size), and the saccades, whose (row, col) are cells of the relevance map's grid, as
-    boxes coloured by rank, the first `numbered` of them numbered.
-    """
-    rel = as_map(relevance)
+def heat_canvas(image: Image.Image, relevance: MapLike | None, alpha: float = 0.5) -> Image.Image:
+    """The image at its own resolution (see canvas_size), with the relevance map (min-max scaled, one flat
+    colour per cell) blended over it; the image alone when there is no map."""
     base = to_rgb(image)
     size = canvas_size(*base.size)
-    heat = colourise(normalise(rel), HEAT_CMAP).resize(size, Image.Resampling.NEAREST)
-    out = Image.blend(base.resize(size, Image.Resampling.BICUBIC), heat, alpha)
-    skipped_note(out, draw_saccades(out, as_cells(saccades), rel.shape, numbered))
-    return out
+    canvas = base.resize(size, Image.Resampling.BICUBIC)
+    if relevance is None:
+        return canvas
+    heat = colourise(normalise(as_map(relevance)), HEAT_CMAP).resize(size, Image.Resampling.NEAREST)
+    return Image.blend(canvas, heat, alpha)
+
+
+def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike = (),
+                    alpha: float = 0.5, numbered: int = TOP_LABELS, second: CellsLike = ()) -> Image.Image:
+    """
+    The relevance map blended over the image (heat_canvas), and the saccades, whose (row, col) are cells of the
+    relevance map's grid, as boxes coloured by rank, the first `numbered` of them numbered. `second`: a second
+    fixation's saccades, boxes in SECOND_LOOK, said in a legend below.
+    """
+    out, shape = heat_canvas(image, relevance, alpha), as_map(relevance).shape
+    skipped_note(out, draw_saccades(out, as_cells(saccades), shape, numbered))
+    second = as_cells(second)
+    if not second:
+        return out
+    draw_boxes(out, second, shape, SECOND_LOOK)  # as thin as the first look's boxes: they never share a cell
+    return with_legend(out, SECOND_LOOK_LEGEND)
+
+
+def draw_boxes(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple[int, int], colour: tuple) -> None:
+    """Unnumbered boxes of one colour around cells of `grid`, as thin as draw_saccades' for the same cell size."""
+    draw, cell = ImageDraw.Draw(canvas), min(canvas.width / grid[1], canvas.height / grid[0])  # px per cell side
+    for r, c in cells:
+        draw.rectangle(cell_rect(r, c, grid, canvas.size), outline=colour, width=max(1, round(cell / 16)))
+
+
+def draw_kept(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple[int, int],
+              merged: list[tuple[int, int]] = ()) -> None:
+    """A reducer's kept cells as draw_saccades boxes ARR's (the same line for the same cell size), in one colour
+    since a reducer does not rank them; the merged ones (VisionZip's context tokens) shaded under their box."""
+    if merged:
+        shade = Image.new("RGBA", canvas.size, (0, 0, 0, 0))
+        fill = ImageDraw.Draw(shade)
+        for r, c in merged:
+            fill.rectangle(cell_rect(r, c, grid, canvas.size), fill=MERGED_FILL)
+        canvas.paste(Image.alpha_composite(canvas.convert("RGBA"), shade).convert("RGB"))
+    draw_boxes(canvas, cells, grid, KEPT_COLOUR)
+
+
+def kept_overlay(image: Image.Image, grid: tuple[int, int], kept: CellsLike, merged: CellsLike | None = None,
+                 relevance: MapLike | None = None, name: str = "the baseline") -> Image.Image:
+    """
+    The cells a token reducer kept (positions on `grid`, the native view's grid), boxed over the image, or over
+    ARR's relevance map when one is given (the Microscope), at heatmap_overlay's size, so its selection and
+    ARR's saccades can be compared by eye; VisionZip's merged context cells shaded; a legend underneath.
+    """
+    canvas = heat_canvas(image, relevance)
+    cells, context = as_cells(kept), as_cells(merged if merged is not None else ())
+    draw_kept(canvas, cells, grid, context)
+    legend = f"{name}: the {len(cells)} cells its LLM read (cyan boxes)"
+    if context:
+        legend += f", of which {len(context)} hold merged context (shaded orange)"
+    return with_legend(canvas, legend + (" · over ARR's relevance" if relevance is not None else ""))
 
 
 def saccade_mosaic(highres: Image.Image, grid: tuple[int, int], saccades: CellsLike, numbered: int = TOP_LABELS,
@@ -471,7 +526,10 @@ def save_all(result, folder: str | Path, image: Image.Image | None = None,
         image = views.image
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    drawings = {"heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0], numbered=numbered)}
+    fixations = getattr(result, "fixations", [])
+    second = fixations[1].arr.positions[0] if len(fixations) > 1 else ()  # a second look's saccades, in green
+    drawings = {"heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0], numbered=numbered,
+                                               second=second)}
     if views is not None:
         drawings["mosaic.png"] = saccade_mosaic(views.highres, views.candidate_grid, out.positions[0], numbered)
     drawings.update({"channels.png": channel_grid(out.textures[0]), "scorers.png": scorer_maps(out)})

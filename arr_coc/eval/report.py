@@ -1,20 +1,28 @@
 """
 The evaluation report: per-row summaries of evaluate.py's results, as a Markdown table, JSON and plots.
 
-A row is a stock baseline ("full") or ARR under one strategy ("arr:topk"). Per row: the set's metric
-averaged over the items that have reference answers (the others are counted as unscored), the lenient
-`contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
-precision where items have target boxes; faithfulness areas where they were measured.
+A row is a baseline ("full", "divprune") or ARR under one strategy ("arr:topk"); in a budget sweep, a row at one
+budget is labelled row@budget ("arr:topk@64"; full and gestalt read no budget and keep their names). Per row:
+the set's metric averaged over the items that have reference answers (the others are counted as unscored), the
+lenient `contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
+precision where items have target boxes; faithfulness areas where they were measured. Rows with ARR's second
+look ("arr+refix:topk", at each budget in a sweep) get their own section: how often it fired, and the accuracy
+with and without it. ARR rows, which record their tensions, get a table of the mean visual tokens and accuracy
+per scene kind (tokens_by_kind: each image's own K under --budget auto).
 
-    summary = summarise(records, rows)
+    summary = summarise(records, [label(row, budget) for row, budget in jobs])
     paths = write_report("runs/eval", summary, header)   # report.md, report.json, accuracy_vs_tokens.png,
                                                          # accuracy_vs_ttft.png (+ faithfulness.png)
+
+A sweep's report has a table per budget (full and gestalt in each), its report.json the curves (each row's
+points in budget order), and its two plots one curve per row: accuracy against visual tokens and against TTFT.
 """
 
 import json
 import statistics
 from pathlib import Path
 
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 from PIL import Image
 
@@ -36,13 +44,33 @@ COLUMNS = (
     *((f"{name}_area", f"{name} area", "{:.3f}") for name in CURVES),
 )
 
+PLOTS = (("visual_tokens", "visual tokens per image", "accuracy_vs_tokens.png", "accuracy against visual tokens"),
+         ("ttft_ms", "time to first token (ms)", "accuracy_vs_ttft.png", "accuracy against TTFT"))
+AT = "@"  # a sweep's label: row@budget
+
+
+def label(row: str, budget: int | None = None) -> str:
+    """A summary's key: the row, at its budget in a sweep ("arr:topk@64")."""
+    return row if budget is None else f"{row}{AT}{budget}"
+
+
+def record_label(record: dict) -> str:
+    """The summary key of one result: its row, at its budget in a sweep."""
+    return label(record["row"], record.get("budget"))
+
+
+def split_label(key: str) -> tuple[str, int | None]:
+    """label's inverse: "arr:topk@64" -> ("arr:topk", 64); "full" -> ("full", None)."""
+    row, at, budget = key.partition(AT)
+    return row, int(budget) if at else None
+
 
 def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
-    """Means per row over its records (a key only where the row's records have a value for it); records scored
-    None (items without reference answers) are counted under "unscored"."""
+    """Means per row label over its records (a key only where the row's records have a value for it); records
+    scored None (items without reference answers) are counted under "unscored"."""
     summary = {}
     for row in rows:
-        mine = [r for r in records if r["row"] == row]
+        mine = [r for r in records if record_label(r) == row]
         means = {"items": float(len(mine))}
         unscored = sum(r["score"] is None for r in mine)
         if unscored:
@@ -69,6 +97,88 @@ def markdown_table(summary: dict[str, dict], metric: str) -> str:
         cells = [fmt.format(means[key]) if key in means else "-" for key, _, fmt in columns]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def refixation_summary(records: list[dict]) -> dict[str, dict]:
+    """
+    Per row with a second look (per row@budget in a sweep): items, how many fired and their share, the accuracy
+    of its final answers (with it) and of its first answers (without it), overall and over the items where it
+    fired.
+    """
+    summary = {}
+    for row in dict.fromkeys(record_label(r) for r in records if "refixated" in r):
+        mine = [r for r in records if record_label(r) == row]
+        fired = [r for r in mine if r["refixated"]]
+        means = dict(items=len(mine), fired=len(fired), fire_rate=len(fired) / len(mine))
+        for key, subset in (("", mine), ("_when_fired", fired)):
+            scored = [r for r in subset if r["score"] is not None]
+            if scored:
+                means[f"accuracy{key}"] = statistics.fmean(r["score"] for r in scored)
+                means[f"accuracy_without{key}"] = statistics.fmean(r["first_score"] for r in scored)
+        summary[row] = means
+    return summary
+
+
+def refixation_table(summary: dict[str, dict]) -> str:
+    """The second look's Markdown section: one line per row that has one."""
+    lines = ["## Second look (refixation)", "",
+             "| row | items | fired | fire rate | accuracy with | accuracy without | with, when fired | "
+             "without, when fired |", "|---" * 8 + "|"]
+    for row, m in summary.items():
+        cells = [f"{m[key]:.3f}" if key in m else "-" for key in ("accuracy", "accuracy_without", "accuracy_when_fired",
+                                                                  "accuracy_without_when_fired")]
+        lines.append(f"| {row} | {m['items']} | {m['fired']} | {m['fire_rate']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def is_sweep(summary: dict[str, dict]) -> bool:
+    return any(split_label(key)[1] is not None for key in summary)
+
+
+def markdown_tables(summary: dict[str, dict], metric: str) -> str:
+    """The one table, or in a sweep a table per budget: that budget's rows beside the ones that read none (a
+    budget skipped on every item, over every image's candidate grid, has none)."""
+    if not is_sweep(summary):
+        return markdown_table(summary, metric)
+    free = {key: means for key, means in summary.items() if split_label(key)[1] is None}
+    budgets = sorted({budget for key in summary if (budget := split_label(key)[1]) is not None})
+    tables = []
+    for budget in budgets:
+        rows = {split_label(key)[0]: means for key, means in summary.items() if split_label(key)[1] == budget}
+        if not any(means["items"] for means in rows.values()):
+            continue
+        tables.append(f"### budget {budget} saccades\n\n{markdown_table({**free, **rows}, metric)}")
+    return "\n\n".join(tables)
+
+
+def curves(summary: dict[str, dict]) -> dict[str, list[dict]]:
+    """A sweep's summary -> each row's points in budget order, [{budget, **means}] (one point, budget None, for
+    a row that reads no budget)."""
+    points: dict[str, list[dict]] = {}
+    for key, means in summary.items():
+        row, budget = split_label(key)
+        points.setdefault(row, []).append(dict(budget=budget, **means))
+    return {row: sorted(mine, key=lambda p: p["budget"] or 0) for row, mine in points.items()}
+
+
+def sweep_plot(rows: dict[str, list[dict]], x: str, x_label: str, metric: str, path: Path) -> Figure:
+    """Accuracy against a cost, one curve per row through its budgets (a lone square for a row that reads none)."""
+    fig = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    palette = colormaps["tab20"]
+    for i, (row, points) in enumerate(rows.items()):
+        scored = [p for p in points if "accuracy" in p and x in p]  # a budget skipped on every item has none
+        if not scored:
+            continue
+        budget_free = scored[0]["budget"] is None
+        ax.plot([p[x] for p in scored], [p["accuracy"] for p in scored], label=row, color=palette(i % 20),
+                marker="s" if budget_free else "o", linestyle="none" if budget_free else "-", markersize=5)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(f"accuracy ({metric})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.savefig(path)
+    return fig
 
 
 def accuracy_plot(summary: dict[str, dict], x: str, x_label: str, metric: str, path: Path) -> None:
@@ -106,9 +216,10 @@ def faithfulness_plot(records: list[dict], path: Path) -> bool:
 
 
 def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
-    """Markdown: per ARR row (those that record a budget K) and scene kind, the mean visual tokens and the
-    accuracy; "" when no row records K. Under --budget auto, K (and so the tokens) is each image's own."""
-    rows = [row for row in rows if any(r["row"] == row and "budget" in r for r in records)]
+    """Markdown: per ARR row label (those that record their tensions, K among them) and scene kind, the mean visual
+    tokens and the accuracy; "" when no row records K. Under --budget auto, K (and so the tokens) is each image's
+    own."""
+    rows = [row for row in rows if any(record_label(r) == row and "tensions" in r for r in records)]
     kinds = list(dict.fromkeys(r.get("kind") for r in records))  # real sets may have no kinds: one column, None
     if not rows:
         return ""
@@ -117,7 +228,7 @@ def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
     for row in rows:
         cells = []
         for kind in kinds:
-            mine = [r for r in records if r["row"] == row and r.get("kind") == kind]
+            mine = [r for r in records if record_label(r) == row and r.get("kind") == kind]
             scored = [r["score"] for r in mine if r["score"] is not None]
             accuracy = f" ({statistics.fmean(scored):.2f})" if scored else ""
             cells.append(f"{statistics.fmean(r['visual_tokens'] for r in mine):.0f}{accuracy}" if mine else "-")
@@ -128,19 +239,26 @@ def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
 def write_report(folder: str | Path, summary: dict[str, dict], header: dict, records: list[dict]) -> list[Path]:
     """report.md, report.json and the plots in `folder`; `header` holds the run's settings and throughput."""
     folder = Path(folder)
-    metric = header["metric"]
-    (folder / "report.json").write_text(json.dumps(dict(header, summary=summary), indent=2))
-    settings = ", ".join(f"{k} `{v}`".replace("\n", "\\n")  # the prompt's line break shown, not rendered as a space
-                         for k, v in header.items() if v is not None and not isinstance(v, dict))
-    by_kind = tokens_by_kind(records, list(summary))
-    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_table(summary, metric)}\n"
-                                      + (f"\n{by_kind}\n" if by_kind else ""))
+    metric, sweep = header["metric"], is_sweep(summary)
+    refixation = refixation_summary(records)
+    (folder / "report.json").write_text(json.dumps(dict(header, summary=summary, refixation=refixation, **(
+        {"curves": curves(summary)} if sweep else {})), indent=2))
     paths = [folder / "report.md", folder / "report.json"]
-    for x, label, name in (("visual_tokens", "visual tokens per image", "accuracy_vs_tokens.png"),
-                           ("ttft_ms", "time to first token (ms)", "accuracy_vs_ttft.png")):
+    for x, x_label, name, _ in PLOTS:
         if any("accuracy" in means for means in summary.values()):  # not when every item is unscored (a test split)
-            accuracy_plot(summary, x, label, metric, folder / name)
+            if sweep:
+                sweep_plot(curves(summary), x, x_label, metric, folder / name)
+            else:
+                accuracy_plot(summary, x, x_label, metric, folder / name)
             paths.append(folder / name)
     if faithfulness_plot(records, folder / "faithfulness.png"):
         paths.append(folder / "faithfulness.png")
+    settings = ", ".join(f"{k} `{v}`".replace("\n", "\\n")  # the prompt's line break shown, not rendered as a space
+                         for k, v in header.items() if v is not None and not isinstance(v, dict))
+    titles = {name: title for _, _, name, title in PLOTS} | {"faithfulness.png": "faithfulness curves"}
+    links = "".join(f"\n![{titles[p.name]}]({p.name})\n" for p in paths[2:])
+    second_look = f"\n{refixation_table(refixation)}\n" if refixation else ""
+    by_kind = tokens_by_kind(records, list(summary))
+    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_tables(summary, metric)}\n"
+                                      + (f"\n{by_kind}\n" if by_kind else "") + second_look + links)
     return paths

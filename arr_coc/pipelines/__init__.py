@@ -32,6 +32,8 @@ BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baselin
 # the pipelines whose LLM reads our own embeddings (vlm.prompt) under either engine; stock generate() cannot take
 # Qwen3-VL's (it would drop their DeepStack features), so under its hf engine they have no row
 FROM_EMBEDS = ("arr", "divprune", "visionzip")
+REDUCERS = ("divprune", "visionzip", "fastv")  # the published token reducers: each names its kept cells (Answer.kept)
+BUDGET_FREE = ("full", "gestalt")  # the pipelines whose view no budget changes: a budget sweep runs them once
 
 
 def describe(names: tuple[str, ...] = PIPELINES) -> str:

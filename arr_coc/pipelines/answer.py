@@ -4,9 +4,12 @@ split, memory, compute), ARR's Observation and Scene, and the steps the pipeline
 timed generation, the Answer's assembly).
 
     answer = pipelines.load("arr").answer(model, image, question, Request(max_new_tokens=32))
-    answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.to_json()
+    answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.confidence, answer.to_json()
+    answer = pipelines.load("arr").answer(model, image, question, Request(refixate=0.5))   # a second look below 0.5
+    answer.refixated, [f.text for f in answer.fixations]
 """
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -22,6 +25,10 @@ from arr_coc.vlm.views import Views, make_views
 
 MAX_QUESTION_CHARS = 4000
 MAX_NEW_TOKENS = 1024
+# A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
+# round's visual tokens (273 -> 409, still a tenth of a 1792 px page's 4096 cells), yet adds half as many
+# cells again as the first look read: enough to cover a line the first one clipped.
+REFIXATE_SHARE = 0.5
 
 
 @dataclass
@@ -36,6 +43,8 @@ class Request:
     ablation: Ablation | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None: nothing)
     fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
     tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
+    refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
+    refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Saccade:
     col: int  # candidate-grid column
     score: float  # relevance
     box: list[int]  # [x0, y0, x1, y1] in the original image's pixels
+    round: int = 1  # the fixation that chose it: 1, or 2 for a second look (Request.refixate)
 
 
 @dataclass
@@ -72,6 +82,16 @@ class Scene:
 
 
 @dataclass
+class Fixation:
+    """One round of ARR's looking under Request.refixate: the saccades it added and the answer read after them."""
+    saccades: int  # visual tokens this round added (K1, then K2)
+    text: str  # the answer generated after this round
+    confidence: float  # that answer's confidence (answer_confidence)
+    timings_ms: dict  # this round's own {vision, selection, prefill, decode, total}
+    arr: ARRCOCOutput = field(repr=False)  # this round's selection (relevance map, positions)
+
+
+@dataclass
 class Answer:
     pipeline: str  # a name in arr_coc.pipelines.PIPELINES
     text: str  # the generated answer
@@ -86,22 +106,40 @@ class Answer:
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
     observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
     ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
-    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer kept
+    kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer
+    # kept: the places of the image tokens its LLM read (divprune, visionzip, fastv), raster order
+    merged: torch.Tensor | None = field(default=None, repr=False)  # [C, 2] the kept places that hold merged context
+    # rather than their own cell (VisionZip's contextual tokens; None for the other reducers)
+    confidence: float | None = None  # the least probable answer token's probability (answer_confidence)
+    fixations: list[Fixation] = field(default_factory=list)  # arr under Request.refixate: 1 round, or 2 if it fired
+    refixate: float | None = None  # the threshold tau the answer ran under (None: refixation off)
+
+    @property
+    def refixated(self) -> bool:
+        """Whether a second fixation fired (the first answer's confidence was below tau)."""
+        return len(self.fixations) > 1
+
+    @property
+    def answer_decode_ms(self) -> float:
+        """The decode time of the answer returned: after a second look, its own (timings_ms holds both looks')."""
+        return self.fixations[-1].timings_ms["decode"] if self.refixated else self.timings_ms["decode"]
 
     @property
     def tokens_per_s(self) -> float:
         """Decode rate: the tokens after the first (which the prefill produces) over the decode time."""
-        return max(self.new_tokens - 1, 0) / max(self.timings_ms["decode"], 1e-6) * 1000
+        return max(self.new_tokens - 1, 0) / max(self.answer_decode_ms, 1e-6) * 1000
 
     @property
     def decode_ms_per_token(self) -> float:
         """Decode time per token after the first (the app's stats and run --json show it)."""
-        return self.timings_ms["decode"] / max(self.new_tokens - 1, 1)
+        return self.answer_decode_ms / max(self.new_tokens - 1, 1)
 
     @property
     def ttft_ms(self) -> float:
-        """Time to first token: vision, selection and prefill."""
-        return sum(self.timings_ms[k] for k in ("vision", "selection", "prefill"))
+        """Time to first token: vision, selection and prefill (after a second look, the first answer's decode
+        too: the answer returned starts only after it)."""
+        first_decode = self.fixations[0].timings_ms["decode"] if self.refixated else 0.0
+        return sum(self.timings_ms[k] for k in ("vision", "selection", "prefill")) + first_decode
 
     def to_json(self) -> dict:
         out = dict(answer=self.text, tokens=self.tokens, timings_ms={k: round(v, 2) for k, v in self.timings_ms.items()},
@@ -113,7 +151,23 @@ class Answer:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
                        strategy=self.arr.strategy, ablation=self.ablation, tensions=tension_record(self.arr))
+        if self.kept is not None:  # a reducer: the (row, col) native cells its LLM read, and the merged ones
+            out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
+        if self.confidence is not None:
+            out["confidence"] = round(self.confidence, 6)
+        if self.refixate is not None:
+            out["refixation"] = dict(tau=self.refixate, fired=self.refixated,
+                                     answers=[f.text for f in self.fixations],
+                                     confidences=[round(f.confidence, 6) for f in self.fixations],
+                                     saccades=[f.saccades for f in self.fixations],
+                                     timings_ms=[{k: round(v, 2) for k, v in f.timings_ms.items()}
+                                                 for f in self.fixations])
         return out
+
+
+def second_look_saccades(refixate_budget: int | None, first: int) -> int:
+    """The second look's saccades K2: refixate_budget, or by default REFIXATE_SHARE of the first look's `first`."""
+    return int(refixate_budget) if refixate_budget else max(1, round(REFIXATE_SHARE * first))
 
 
 def tension_record(out: ARRCOCOutput) -> dict:
@@ -135,7 +189,25 @@ def check_question(question) -> str:
 def check_request(request: Request) -> Request:
     if not 1 <= int(request.max_new_tokens) <= MAX_NEW_TOKENS:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
+    if request.refixate is not None and not (math.isfinite(request.refixate) and 0 <= request.refixate <= 1):
+        raise InputError(f"refixate (tau) is a confidence between 0 and 1, got {request.refixate}")
+    if request.refixate_budget is not None and int(request.refixate_budget) < 1:
+        raise InputError(f"refixate_budget (the second look's saccades) must be at least 1, got {request.refixate_budget}")
     return request
+
+
+def answer_confidence(vlm: VLM, generation: Generation) -> float | None:
+    """
+    How sure the model is of its answer: the probability of its least probable token (special tokens such as
+    EOS left out, as the answer's text leaves them out); 0 for an empty answer; None without probabilities.
+    The minimum, not the mean: in fine print one misread character makes the answer wrong, and a mean over the
+    other, easy tokens would hide it.
+    """
+    if generation.probs is None:
+        return None
+    special = torch.tensor(sorted(vlm.tokenizer.all_special_ids), device=generation.ids.device)
+    text = ~torch.isin(generation.ids[0], special)  # [T]
+    return float(generation.probs[text.to(generation.probs.device)].min()) if text.any() else 0.0
 
 
 def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None = None) -> Views:
@@ -201,4 +273,5 @@ def finish(vlm: VLM, pipeline: str, generation: Generation, new_tokens: int, tok
     """The Answer of a finished generation; `arr` holds ARR's own fields (arr, saccades, observation)."""
     watch.add("total", (watch.now() - start) * 1000)
     return Answer(pipeline, vlm.decode(generation.ids), tokens, latency_split(watch.ms), peak_memory_mb(vlm.device),
-                  new_tokens, views, safe_mode=generation.safe_mode, gflops=gflops, **arr)
+                  new_tokens, views, safe_mode=generation.safe_mode, gflops=gflops,
+                  confidence=answer_confidence(vlm, generation), **arr)

@@ -4,6 +4,13 @@ arr: ARR-COC. The image walks down once:
     views -> VLM (gestalt tokens, the prior pass) -> relevance (textures, scorers, selection of `budget` cells)
           -> VLM (the selected cells encoded at their true places, gestalt + saccades + question, generate) -> Answer
 
+Under Request.refixate (tau), an answer whose confidence (answer_confidence: its least probable token's
+probability) is below tau makes ARR look again, from relevance down (refixate):
+
+    answer 1 -> VLM (the prior pass with the first saccades in its context) -> relevance (re-scored, the gestalt
+          context now gestalt + first saccades; K2 cells not yet read) -> VLM (gestalt + both rounds' saccades,
+          one block at their true M-RoPE places) -> answer 2
+
 observe / score / select are also ARRCOCQwen's own steps (the app re-selects a scored scene; training scores
 observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
 faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
@@ -11,22 +18,25 @@ the prior and the weights in score, the saccade count and order in select, the g
 
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(budget=273))
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(ablation=ABLATIONS["raster"]))
+    answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(refixate=0.5))
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Observation, Request, Saccade, finish, generate, start_watch,
-                                      token_counts, views_for)
+from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Request, Saccade, answer_confidence, finish,
+                                      generate, latency_split, second_look_saccades, start_watch, token_counts,
+                                      views_for)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
 from arr_coc.relevance.config import NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
-from arr_coc.vlm.base import VLM, Prompt, VisualTokens
+from arr_coc.vlm.base import VLM, Generation, Prompt, VisualTokens
 
 if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
@@ -47,11 +57,14 @@ def observe(model: ARRCOCQwen, image, question: str, watch: Stopwatch, max_cells
     return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
 
 
-def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablation = NO_ABLATION) -> dict:
+def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablation = NO_ABLATION,
+          seen: VisualTokens | None = None) -> dict:
     """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward),
-    under an ablation's prior and weights."""
+    under an ablation's prior and weights. `seen`: saccades already read, which join the gestalt as the
+    scorers' visual context (a second fixation)."""
     o = observation
-    maps = scorer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), ablation.prior(o.prior))
+    context = o.gestalt.features if seen is None else torch.cat([o.gestalt.features, seen.features])  # [Ng (+ K1), D]
+    maps = scorer(o.textures, o.question_embeds, None, context.unsqueeze(0), ablation.prior(o.prior))
     return ablation.mix(maps)
 
 
@@ -62,8 +75,12 @@ def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens
     or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
     under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions)."""
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
-    settings = (settings or NO_SETTINGS).over(ablation.tensions)
-    return ablation.order(layer.select(maps, grid, budget, strategy, settings))
+    return ablation.order(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation)))
+
+
+def tension_settings(settings: TensionSettings | None, ablation: Ablation) -> TensionSettings:
+    """The tensions a request fixes by hand, under those its ablation fixes."""
+    return (settings or NO_SETTINGS).over(ablation.tensions)
 
 
 def arr_prompt(vlm: VLM, observation: Observation, saccades: VisualTokens | None, answer: str | None = None,
@@ -79,15 +96,102 @@ def encode_saccades(vlm: VLM, observation: Observation, positions: torch.Tensor)
     return vlm.encode_cells(observation.highres, positions) if len(positions) else None
 
 
-def saccade_list(observation: Observation, out: ARRCOCOutput) -> list[Saccade]:
+def saccade_list(observation: Observation, out: ARRCOCOutput, round: int = 1) -> list[Saccade]:
     views = observation.views
-    return [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)))
+    return [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)), round=round)
             for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
+
+
+def second_look_budget(request: Request, first: ARRCOCOutput) -> int:
+    """
+    The second look's saccades K2, from the first look's K (request.refixate_budget, else a share of K). After an
+    adaptive first look (--budget auto: a K the user did not choose) K2 is capped by the cells not yet read, 0
+    when none is left (no second look); a fixed budget whose second look cannot fit is the allocator's error.
+    """
+    K = first.indices.shape[1]
+    K2 = second_look_saccades(request.refixate_budget, K)
+    return min(K2, first.grid[0] * first.grid[1] - K) if first.auto_budget else K2
+
+
+def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
+             request: Request, watch: Stopwatch) -> tuple[ARRCOCOutput, VisualTokens]:
+    """
+    The second fixation's relevance and saccades: the prior pass again, now with the first round's saccades
+    `seen` between the gestalt and the question; the layer re-scores with them beside the gestalt; K2 cells
+    not yet read are selected (under the request's tensions, a fixed K2 even after an adaptive first look; in the
+    ablation's order) and encoded -> (its selection, its tokens [K2, D]).
+    """
+    vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
+    views = observation.views
+    K2 = second_look_budget(request, first)
+    with watch.section("selection"):
+        context = [] if seen is None else [seen]
+        attention = vlm.prior_attention(observation.question, observation.gestalt, model.pipeline.prior_layer_fraction,
+                                        context)  # [Ng]
+        again = replace(observation, prior=upsample_map(attention, views.gestalt_grid, views.candidate_grid))
+        maps = score(again, layer.graphed_score, ablation, seen)
+        read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
+                           device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
+        out = ablation.order(layer.select(maps, views.candidate_grid, K2, request.strategy,
+                                          tension_settings(request.tensions, ablation), read.view(-1, *first.grid)))
+    with watch.section("vision"):
+        saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
+    return out, saccades
+
+
+def replay(streamer, generation: Generation) -> None:
+    """Hand a finished generation's tokens to a streamer as generate() would have (the prompt first, empty)."""
+    if streamer is not None:
+        for value in (torch.zeros(1, 0, dtype=torch.long), *generation.ids[0].cpu().view(-1, 1)):
+            streamer.put(value)
+        streamer.end()
+
+
+def block_tokens(n: int) -> int:
+    """An image block's tokens in the prompt: its n tokens with its start and end (none for n = 0)."""
+    return n + 2 if n else 0
+
+
+def round_gflops(vlm: VLM, model: ARRCOCQwen, vision_cells: list[int], prompt: Prompt, read_gestalt: int,
+                 n_gestalt: int, seen: int, saccades: int) -> dict:
+    """One round's compute: its vision passes, its prior pass over [gestalt + the `seen` saccades of rounds before
+    + question], and its prefill of `prompt` (read_gestalt gestalt tokens, seen + this round's saccades)."""
+    text = prompt.length - block_tokens(read_gestalt) - block_tokens(seen + saccades)  # the question and the template
+    return vlm.gflops(vision_cells, prompt.length, text + block_tokens(n_gestalt) + block_tokens(seen),
+                      model.pipeline.prior_layer_fraction)
+
+
+def round_ms(watch: Stopwatch, before: dict, start: float) -> dict:
+    """The latency split of the round that began at `start`, when watch.ms read `before`."""
+    return latency_split({**{k: v - before.get(k, 0.0) for k, v in watch.ms.items()},
+                          "total": (watch.now() - start) * 1000})
+
+
+def second_look(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
+                request: Request, watch: Stopwatch) -> tuple[Fixation, VisualTokens, Prompt, Generation, int, dict]:
+    """
+    The second fixation, from relevance down (refixate), then the answer read anew over the gestalt and both
+    rounds' saccades -> (its Fixation, every saccade [K + K2, D], the prompt, its generation, new tokens, its
+    compute), the user's streamer receiving the answer.
+    """
+    vlm, ablation = model.vlm, request.ablation or NO_ABLATION
+    before, start = dict(watch.ms), watch.now()
+    second, more = refixate(model, observation, first, saccades, request, watch)
+    everything = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
+    prompt = arr_prompt(vlm, observation, everything, gestalt=ablation.gestalt)
+    generation, new_tokens = generate(vlm, prompt, watch, request)
+    n_gestalt, K, K2 = len(observation.gestalt), first.indices.shape[1], second.indices.shape[1]
+    gflops = round_gflops(vlm, model, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2)
+    look = Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation), round_ms(watch, before, start),
+                    second)
+    return look, everything, prompt, generation, new_tokens, gflops
 
 
 @torch.no_grad()
 def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
-    """One ARR answer, the image walking down once (the module docstring's diagram)."""
+    """One ARR answer, the image walking down once (the module docstring's diagram); under request.refixate,
+    a second fixation when the first answer's confidence is below tau (the user's streamer then gets only the
+    final answer)."""
     vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
     observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
@@ -98,13 +202,25 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question
-    generation, new_tokens = generate(vlm, prompt, watch, request)
+    refixing = request.refixate is not None  # then the first answer may not be the last: nothing streamed yet
+    generation, new_tokens = generate(vlm, prompt, watch, replace(request, streamer=None) if refixing else request)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     read_gestalt = n_gestalt if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
-    block = lambda n: n + 2 if n else 0  # noqa: E731  (an image block's tokens with its start and end)
-    prior_tokens = prompt.length - block(K) + block(n_gestalt) - block(read_gestalt)  # [gestalt + question]
-    gflops = vlm.gflops([n_gestalt, K] if K else [n_gestalt], prompt.length, prior_tokens,
-                        model.pipeline.prior_layer_fraction)
+    gflops = round_gflops(vlm, model, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
+    fixations, rows = [], saccade_list(observation, out)
+    if refixing:
+        fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
+                                  round_ms(watch, {}, start), out))
+        if fixations[0].confidence >= request.refixate or not second_look_budget(request, out):
+            replay(request.streamer, generation)
+        else:  # look again: K2 cells not yet read, then the answer over gestalt + both rounds' saccades
+            look, saccades, prompt, generation, new_tokens, more = second_look(model, observation, out, saccades,
+                                                                                request, watch)
+            fixations.append(look)
+            gflops = {k: gflops[k] + more[k] for k in gflops}
+            rows += saccade_list(observation, look.arr, round=2)
+    K = sum(f.saccades for f in fixations) if fixations else K
     return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, read_gestalt, K), watch, start,
-                  observation.views, gflops, arr=out, saccades=saccade_list(observation, out), observation=observation,
-                  ablation=None if ablation is NO_ABLATION else ablation.name)
+                  observation.views, gflops, arr=out, saccades=rows, observation=observation,
+                  ablation=None if ablation is NO_ABLATION else ablation.name, fixations=fixations,
+                  refixate=request.refixate)

@@ -1,5 +1,6 @@
 """
-budget: the stock model on one view resized to about ARR's token count (529 by default).
+budget: the stock model on one view resized to about ARR's token count at the request's budget (gestalt +
+saccades: 529 at the default 273 saccades on a square image; arr_coc.pipelines.stock.answer_view).
 
     answer = pipelines.load("budget").answer(model, image, "What is here?", Request())
 """

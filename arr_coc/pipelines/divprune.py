@@ -41,9 +41,10 @@ def diverse_order(embeddings: torch.Tensor, n: int) -> torch.Tensor:
     return picks
 
 
-def keep_diverse(tokens: VisualTokens, read, n: int) -> VisualTokens:
-    """The n most diverse tokens, in raster order at their places (`read` is unused: DivPrune reads the tokens)."""
-    return tokens.take(diverse_order(tokens.features, n).sort().values)
+def keep_diverse(tokens: VisualTokens, read, n: int) -> tuple[VisualTokens, None]:
+    """The n most diverse tokens, in raster order at their places (`read` is unused: DivPrune reads the tokens);
+    none of them merged."""
+    return tokens.take(diverse_order(tokens.features, n).sort().values), None
 
 
 def encode_native(vlm, view) -> tuple[VisualTokens, None]:

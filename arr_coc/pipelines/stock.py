@@ -1,15 +1,19 @@
 """
 The stock baselines' one path: one view, the whole vision tower, one image block, generated with the fast
 engine (our encoder and decoder) or, under the hf engine, transformers' own forward from pixels end to end
-(the reference the fast engine is measured against). full.py, gestalt.py and budget.py each name their view.
+(the reference the fast engine is measured against). full.py, gestalt.py and budget.py each name their view; the
+budget view is sized to what ARR's LLM reads at the request's budget (answer.arr_visual_tokens), so a budget sweep
+moves it with ARR.
 
 The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
 view through the vision tower, then a reducer keeps N of its tokens at their places, N being what ARR's LLM
-reads at the same budget (answer.arr_visual_tokens).
+reads at the same budget (answer.arr_visual_tokens). The Answer names the places it kept (Answer.kept) and,
+for VisionZip, those that hold merged context (Answer.merged): the app draws them beside ARR's saccades.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -17,6 +21,7 @@ import torch
 from arr_coc.pipelines.answer import (Answer, Request, arr_visual_tokens, finish, generate, start_watch, token_counts,
                                       views_for)
 from arr_coc.timing import timed_module
+from arr_coc.vlm.views import fit_grid
 
 if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
@@ -29,6 +34,9 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
         views = views_for(vlm, model.pipeline, image, request.max_cells)
+        if view_name == "budget":  # about as many tokens as ARR reads at this budget (529 at the default 273)
+            n_arr = arr_visual_tokens(model, views, request, question)
+            views = replace(views, budget_grid=fit_grid(views.image.width, views.image.height, n_arr))
         view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
     n = grid[0] * grid[1]
     if vlm.engine == "fast":
@@ -51,8 +59,9 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
                    encode: Callable, reduce: Callable) -> Answer:
     """
     A token reducer's answer: the whole native view through the vision tower (encode(vlm, view) -> VisualTokens
-    and what reduce reads), then reduce(tokens, read, n) keeps n of them at their places, n = arr_visual_tokens
-    (all of them when the view has fewer), one image block, the fast engine's prompt.
+    and what reduce reads), then reduce(tokens, read, n) -> (n of them at their places, the places [C, 2] of
+    merged ones or None), n = arr_visual_tokens (all of them when the view has fewer), one image block, the fast
+    engine's prompt.
     """
     vlm = model.vlm
     watch, start = start_watch(vlm.device)
@@ -60,9 +69,10 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
     with watch.section("selection"):
-        kept = reduce(every, read, min(arr_visual_tokens(model, views, request, question), len(every)))  # [n, D]
+        n = min(arr_visual_tokens(model, views, request, question), len(every))  # as many tokens as ARR reads
+        kept, merged = reduce(every, read, n)  # [n, D]
     prompt = vlm.prompt(question, [kept])
     generation, new_tokens = generate(vlm, prompt, watch, request)
     tokens = token_counts(prompt.length, 0, 0, total_visual=len(kept))
     return finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views,
-                  vlm.gflops([len(every)], prompt.length))
+                  vlm.gflops([len(every)], prompt.length), kept=kept.positions, merged=merged)

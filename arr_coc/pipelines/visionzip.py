@@ -52,8 +52,9 @@ def merge_contextual(tokens: VisualTokens, keys: torch.Tensor, rest: torch.Tenso
     return targets, (features[targets].float() + sums / counts).to(features.dtype)
 
 
-def keep_zipped(tokens: VisualTokens, attention: VisionAttention, n: int) -> VisualTokens:
-    """n tokens: the dominant cells and the contextual tokens at their targets' places, in raster order."""
+def keep_zipped(tokens: VisualTokens, attention: VisionAttention, n: int) -> tuple[VisualTokens, torch.Tensor]:
+    """n tokens: the dominant cells and the contextual tokens at their targets' places, in raster order; and
+    the targets' places [C, 2] (row, col), which hold merged context."""
     K, device = len(tokens), attention.received.device
     dominant = dominant_cells(attention.received, n)  # [D]
     is_rest = torch.ones(K, dtype=torch.bool, device=device)
@@ -64,7 +65,7 @@ def keep_zipped(tokens: VisualTokens, attention: VisionAttention, n: int) -> Vis
     features = kept.features.clone()
     is_target = index.indices >= len(dominant)  # [n] which kept places hold a contextual token
     features[is_target.to(features.device)] = contextual[index.indices[is_target] - len(dominant)]
-    return replace(kept, features=features)
+    return replace(kept, features=features), tokens.positions[targets.cpu()]
 
 
 def encode_with_attention(vlm, view) -> tuple[VisualTokens, VisionAttention]:

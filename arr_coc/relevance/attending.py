@@ -15,7 +15,9 @@ Two tensions shape the selection (arr_coc.relevance.tensions; both 0 by default,
 - diversify λ (topk) a greedy pick of relevance (standardised) minus λ x proximity to the cells picked so far
 
 A map that is not finite, or flat, or of a busy image (voids: noise, a dense texture) is a "semantic void": it
-falls back to `grid` and says why.
+falls back to `grid` and says why. Cells marked in `exclude` (those a first fixation already read) are never
+chosen: the strategy picks on the map with them at -inf, and any it still lands on are swapped for the best cells
+left (see `avoid`).
 """
 
 import math
@@ -87,7 +89,8 @@ def spaced_topk(scores: torch.Tensor, grid: tuple[int, int], budget: int, spacin
     plain = scores.topk(budget).indices
     if spacing == 0 or budget == 0:
         return plain, torch.full_like(plain, RELEVANCE)
-    z = (scores - scores.mean()) / scores.std(unbiased=False).clamp_min(1e-12)  # [N]: λ in standard units
+    readable = scores[torch.isfinite(scores)]  # cells at -inf (excluded: already read) stay at -inf
+    z = (scores - readable.mean()) / readable.std(unbiased=False).clamp_min(1e-12)  # [N]: λ in standard units
     proximity = torch.zeros_like(z)  # [N] to the nearest pick so far
     taken = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
     picks = []
@@ -102,9 +105,13 @@ def spaced_topk(scores: torch.Tensor, grid: tuple[int, int], budget: int, spacin
 
 
 def coverage_cells(scores: torch.Tensor, grid: tuple[int, int], chosen: torch.Tensor, count: int) -> torch.Tensor:
-    """`count` more indices, each the cell farthest from every pick so far (the relevance peak if there is none)."""
+    """
+    `count` more indices, each the cell farthest from every pick so far (the relevance peak if there is none); cells
+    at -inf (excluded: already read) are never picked.
+    """
     N = scores.numel()
     nearest = torch.full((N,), float("inf"), device=scores.device)  # [N] distance to the nearest pick
+    nearest = nearest.masked_fill(scores == float("-inf"), float("-inf"))
     for i in chosen.tolist():
         nearest = torch.minimum(nearest, cell_distances(i, grid, scores.device))
     picks = []
@@ -113,6 +120,22 @@ def coverage_cells(scores: torch.Tensor, grid: tuple[int, int], chosen: torch.Te
         picks.append(i)
         nearest = torch.minimum(nearest, cell_distances(i, grid, scores.device))
     return torch.tensor(picks, dtype=torch.long, device=scores.device)
+
+
+def avoid(chosen: torch.Tensor, kinds: torch.Tensor, scores: torch.Tensor,
+          excluded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    [K] chosen indices and their kinds minus the excluded [N] cells, filled back up to K with the best cells neither
+    chosen nor excluded (raster order on ties; kind RELEVANCE). topk and coverage never need it; grid, random and
+    logpolar's empty bins may.
+    """
+    keep = ~excluded[chosen]  # [K]
+    kept = chosen[keep]
+    taken = excluded.clone()
+    taken[kept] = True
+    free = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0).masked_fill(taken, float("-inf"))  # [N]
+    fill = free.argsort(descending=True, stable=True)[: len(chosen) - len(kept)]
+    return torch.cat([kept, fill]), torch.cat([kinds[keep], torch.full_like(fill, RELEVANCE)])
 
 
 class TokenAllocator:
@@ -156,12 +179,14 @@ class TokenAllocator:
 
     def __call__(self, relevance: torch.Tensor, strategy: str | None = None, empty_images: list[bool] | None = None,
                  busy_images: list[bool] | None = None, budgets: list[int] | None = None,
-                 explore: list[float] | None = None, diversify: list[float] | None = None) -> Allocation:
+                 explore: list[float] | None = None, diversify: list[float] | None = None,
+                 exclude: torch.Tensor | None = None) -> Allocation:
         """
         relevance [B, gh, gw] -> Allocation of exactly K cells per image (budgets: each image's K; default the
         budget). empty_images marks images with nothing in them, busy_images those without structure: whatever
         the map says there (e.g. attention that only follows position), it is a void. explore and diversify are
-        each image's e and λ (default 0: plain topk).
+        each image's e and λ (default 0: plain topk). exclude [B, gh, gw] bool: cells never to choose (a second
+        fixation's already-read cells).
         """
         strategy = strategy or self.strategy
         if strategy not in STRATEGIES:
@@ -172,14 +197,21 @@ class TokenAllocator:
             raise ValueError(f"budget {max(budgets)} exceeds the {gh}x{gw} = {gh * gw} candidate cells")
         if len(set(budgets)) > 1:
             raise ValueError(f"adaptive budgets {budgets} differ across the batch: select one image at a time")
+        excluded = None if exclude is None else exclude.flatten(1).to(relevance.device, torch.bool)  # [B, N]
+        if excluded is not None and budgets[0] > gh * gw - int(excluded.sum(1).max()):
+            raise ValueError(f"budget {budgets[0]} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
+                             "cells not yet read")
         flat = relevance.detach().flatten(1).float()  # [B, N]
         all_indices, all_scores, all_kinds, fallbacks = [], [], [], []
         for b in range(B):  # B is small (1 in the app); each image may take a different strategy
             scores = flat[b]
             reason = self.fallback_reason(scores, bool(empty_images[b]) if empty_images else False,
                                           bool(busy_images[b]) if busy_images else False)
-            chosen, kinds = self.select(scores, (gh, gw), "grid" if reason else strategy, budgets[b],
+            masked = scores if excluded is None else scores.masked_fill(excluded[b], float("-inf"))  # [N]
+            chosen, kinds = self.select(masked, (gh, gw), "grid" if reason else strategy, budgets[b],
                                         explore[b] if explore else 0.0, diversify[b] if diversify else 0.0)
+            if excluded is not None:
+                chosen, kinds = avoid(chosen, kinds, scores, excluded[b])
             safe = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)[chosen]
             order = safe.argsort(descending=True, stable=True)  # relevance order, raster order on ties
             all_indices.append(chosen[order])

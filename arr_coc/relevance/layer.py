@@ -122,10 +122,12 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         return min(settings.min_budget or c.min_budget, hi), hi
 
     def select(self, maps: dict, grid: tuple[int, int], budget: int | str | None = None,
-               strategy: str | None = None, settings: TensionSettings | None = None) -> ARRCOCOutput:
+               strategy: str | None = None, settings: TensionSettings | None = None,
+               exclude: torch.Tensor | None = None) -> ARRCOCOutput:
         """
         Run the allocator over scored maps; cheap, so the app re-selects without re-scoring. budget: a fixed K,
-        "auto" (tensions.AUTO: K from the map's concentration) or None (the config's); settings fix tensions by hand.
+        "auto" (tensions.AUTO: K from the map's concentration) or None (the config's); settings fix tensions by hand;
+        exclude [B, gh, gw] bool: cells never to select (those a first fixation read).
         """
         c, settings = self.config, settings or NO_SETTINGS
         auto = budget == AUTO
@@ -138,7 +140,8 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist(),
                                busy_images=(structure < c.void_structure).tolist(),
                                budgets=budgets(tensions.particularize, bounds) if auto else None,
-                               explore=tensions.explore.tolist(), diversify=tensions.diversify.tolist())
+                               explore=tensions.explore.tolist(), diversify=tensions.diversify.tolist(),
+                               exclude=exclude)
         selected = maps["relevance"].flatten(1).gather(1, allocation.indices)  # [B, K] with grad
         soft_k = soft_budget(tensions.particularize, bounds) if auto else None  # [B]
         K = allocation.indices.shape[1]

@@ -7,7 +7,8 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     saccades = vlm.encode_cells(views.tensor("highres"), positions)      # any cells [K, 2] at their true places
     prompt = vlm.prompt(question, [tokens, saccades])                    # Prompt: ids, embeds, M-RoPE ids
     attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
-    generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], safe_mode
+    attention = vlm.prior_attention(question, tokens, 0.5, [saccades])   # ... with saccades read in between
+    generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], probs [T], safe_mode
     pruned = vlm.generate(prompt, 64, prune=(2, 529))                    # FastV: layers >= 2 read 529 image tokens
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
     stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
@@ -44,6 +45,15 @@ class VisualTokens:
         deepstack = None if self.deepstack is None else self.deepstack[:, index.to(self.deepstack.device)]
         return VisualTokens(self.features[index.to(self.features.device)], self.grid,
                             self.positions[index.cpu()], deepstack)
+
+    @staticmethod
+    def cat(parts: list["VisualTokens"]) -> "VisualTokens":
+        """Encodings of cells of one view as one block, in order (a second fixation's saccades after the first's)."""
+        if len({part.grid for part in parts}) != 1:
+            raise ValueError(f"blocks of different grids {[part.grid for part in parts]} are not one view's cells")
+        deepstack = None if parts[0].deepstack is None else torch.cat([part.deepstack for part in parts], dim=1)
+        return VisualTokens(torch.cat([part.features for part in parts]), parts[0].grid,
+                            torch.cat([part.positions for part in parts]), deepstack)
 
     def scaled(self, weights: torch.Tensor) -> "VisualTokens":
         """The tokens times weights [K, 1] (training's straight-through product); DeepStack features unchanged."""
@@ -90,6 +100,7 @@ class Generation:
     ids: torch.Tensor  # [1, T] the new token ids (EOS included when reached)
     safe_mode: bool = False  # the request was redone with an fp32 residual stream after fp16 overflowed
     kept: torch.Tensor | None = None  # [N] under FastV: indices into the prompt's image tokens that layers >= K read
+    probs: torch.Tensor | None = None  # [T] each new token's probability under the model (softmax of its logits)
 
 
 class VLM(ABC):
@@ -139,8 +150,10 @@ class VLM(ABC):
         """transformers' own inputs for one view and a question (the stock baselines under the hf engine)."""
 
     @abstractmethod
-    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float) -> torch.Tensor:
-        """The prior pass: the question's attention to each gestalt token at one middle layer -> [Ng]."""
+    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float,
+                        context: list[VisualTokens] = ()) -> torch.Tensor:
+        """The prior pass: the question's attention to each gestalt token at one middle layer -> [Ng]; `context`
+        are image blocks read between the gestalt and the question (a second fixation's first saccades)."""
 
     @abstractmethod
     def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:

@@ -28,7 +28,7 @@ or `layer_types` other than "full_attention") is refused by name rather than run
 attention call is written here, and tests pin prefill logits, decode tokens and the prior to transformers.
 
     decoder = Decoder(model)                        # model: e.g. Qwen2VLForConditionalGeneration
-    ids, safe_mode = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
+    ids, probs, safe_mode = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
 """
 
 from collections import OrderedDict
@@ -349,9 +349,10 @@ class Decoder:
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: list[int],
                  streamer=None, min_new_tokens: int = 0, deepstack=None,
-                 pruning: Pruning | None = None) -> tuple[torch.Tensor, bool]:
+                 pruning: Pruning | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """
-        Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, safe_mode).
+        Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, each new
+        token's probability [T] under the model's softmax, safe_mode).
         deepstack: None, or Qwen3-VL's DeepStack features over the prompt [k, 1, L, D] (zeros outside image tokens).
         pruning: None, or FastV's (the prefill sets pruning.kept).
         If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
@@ -359,7 +360,7 @@ class Decoder:
         """
         args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack, pruning)
         try:
-            return self._generate(*args), False
+            return *self._generate(*args), False
         except NonFiniteLogits as overflow:
             # masked slots still enter attention as 0 x value: inf/NaN left in the cache would poison every
             # later step (and request), so the overflowed run's cache is wiped before the redo
@@ -368,7 +369,7 @@ class Decoder:
                     t.zero_()
             self.safe = True
             try:  # the tokens streamed before the overflow were finite: stream only what comes after them
-                return self._generate(*args, streamed=overflow.streamed), True
+                return *self._generate(*args, streamed=overflow.streamed), True
             finally:
                 self.safe = False
 
@@ -405,16 +406,17 @@ class Decoder:
 
     def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
                   pruning, streamed=0):
-        cap, _ = self.start(embeds, position_ids, max_new_tokens, deepstack, eos_token_ids if min_new_tokens > 0 else (),
-                            pruning)
+        cap, logits = self.start(embeds, position_ids, max_new_tokens, deepstack,
+                                 eos_token_ids if min_new_tokens > 0 else (), pruning)
         state = self.states[cap]
         token = state.token.clone()
-        new = []
+        new, probs = [], []
         for i in range(max_new_tokens):
             t = int(token)
             if t == NON_FINITE:
                 raise NonFiniteLogits(f"non-finite logits at new token {i}", streamed=max(streamed, i))
             new.append(t)
+            probs.append(logits[0].softmax(-1)[t])  # read before the next step overwrites a graph's logits
             if streamer is not None and i >= streamed:
                 if i == 0:
                     streamer.put(torch.zeros(1, 0, dtype=torch.long))  # like generate(): the prompt comes first
@@ -423,10 +425,10 @@ class Decoder:
                 break
             if i + 1 == min_new_tokens:
                 state.logit_bias.zero_()
-            token, _ = self._decode_step(cap)
+            token, logits = self._decode_step(cap)
         if streamer is not None:
             streamer.end()
-        return torch.tensor([new], device=self.device)
+        return torch.tensor([new], device=self.device), torch.stack(probs).float()
 
 
 class NonFiniteLogits(RuntimeError):

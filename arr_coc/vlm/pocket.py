@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from arr_coc.checkpoints import shipped
+from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 
 POCKET = "pocket"  # --model pocket
@@ -55,8 +56,7 @@ IGNORE = -100
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of the curriculum."""
-    until: int  # the stage lasts until this training step
+    """One step of the curriculum. The model moves on once it reads this stage's own held-out pages."""
     sides: tuple[int, int]  # page side range in px (each side drawn separately; aspect kept within 3:4..4:3)
     style: PageStyle  # what the pages hold
     turns: int  # at most this many questions per page (a multi-turn conversation)
@@ -64,15 +64,19 @@ class Stage:
 
 
 CURRICULUM = (
-    Stage(3000, (168, 336), PageStyle(fields=(1, 3), field_font=(18, 28), boxes=(1, 3), word_font=(18, 28),
-                                      shapes=(1, 3), clutter=0.1), turns=3, read=0.6),
-    Stage(8000, (224, 560), PageStyle(fields=(2, 8), field_font=(14, 24), boxes=(2, 5), word_font=(14, 24),
-                                      clutter=0.4), turns=6, read=0.4),
-    Stage(16000, (336, 896), PageStyle(fields=(4, 16), field_font=(11, 20), boxes=(3, 8), word_font=(12, 20),
-                                       clutter=0.8), turns=8, read=0.25),
-    Stage(26000, (448, 1344), SPEC, turns=8, read=0.15),
-    Stage(10**9, (448, 1792), SPEC, turns=8, read=0.1),
+    Stage((112, 224), PageStyle(fields=(1, 2), field_font=(20, 28), boxes=(1, 2), word_font=(20, 28),
+                                shapes=(1, 2), clutter=0.1), turns=2, read=0.5),
+    Stage((168, 336), PageStyle(fields=(1, 4), field_font=(16, 26), boxes=(1, 3), word_font=(16, 26),
+                                shapes=(1, 3), clutter=0.3), turns=4, read=0.5),
+    Stage((224, 560), PageStyle(fields=(2, 8), field_font=(13, 22), boxes=(2, 5), word_font=(13, 22),
+                                clutter=0.5), turns=6, read=0.35),
+    Stage((336, 896), PageStyle(fields=(4, 16), field_font=(11, 19), boxes=(3, 8), word_font=(12, 19),
+                                clutter=0.8), turns=8, read=0.25),
+    Stage((448, 1344), SPEC, turns=8, read=0.15),
+    Stage((448, 1792), SPEC, turns=8, read=0.1),  # the last stage: the suite as specified, at every size
 )
+PASS_MARK = 0.8  # a stage is passed when held-out exact match on its own pages reaches this on both reading kinds
+READING_KINDS = ("fine_print", "box_word")  # the kinds that need the print read (shape_colour does not)
 
 
 @dataclass
@@ -96,14 +100,14 @@ class TrainConfig:
     seed: int = 0  # the data stream's seed
     steps: int = 10**9  # stop after this many steps in total ...
     minutes: float = 8.0  # ... or after this many minutes of this run, whichever comes first
-    lr: float = 6e-4  # peak AdamW learning rate
+    lr: float = 1e-3  # peak AdamW learning rate
     warmup: int = 300  # linear warm-up steps (after a resume too: the optimizer may be fresh)
     weight_decay: float = 0.05  # AdamW weight decay (matrices only)
     image_tokens: int = 8192  # image tokens per batch: B = image_tokens // tokens per page (bucketed sizes) ...
-    max_pages: int = 48  # ... but at most this many pages (small batches early: more steps per page drawn)
+    max_pages: int = 96  # ... but at most this many pages (the first stage's pages are small)
     workers: int = 14  # page-drawing processes
-    eval_every: int = 1000  # held-out evaluation every this many steps (and at the end)
-    eval_pages: int = 32  # held-out pages per kind and size
+    eval_every: int = 500  # check the stage (held-out pages of its own) every this many steps
+    eval_pages: int = 32  # held-out pages per kind and size (stage checks and the suite at the end of a run)
     eval_sizes: tuple[int, ...] = (896, 1792)  # held-out square page sides
     device: str = "cuda"  # where to train
 
@@ -166,6 +170,34 @@ def model_config(tokenizer, arch: PocketConfig = PocketConfig()):
         tie_word_embeddings=True)
 
 
+VISION_ATTENTION = "flash_same_size_pages"  # "flash" in the name: Qwen2-VL's ViT then hands over cu_seqlens whole
+
+
+def same_size_pages_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
+                              cu_seq_lens_q=None, **kwargs):
+    """
+    Qwen2-VL's vision attention for a batch of same-size pages as ONE batched sdpa call: the same block-diagonal
+    attention as the stock per-image loop (which launches 2 x pages kernels per block), for training only.
+    The stock ViT asks this of any attention whose name holds "flash"; registered under VISION_ATTENTION.
+    """
+    import torch.nn.functional as F
+
+    _, heads, S, d = query.shape  # [1, H, S, d]: every page's patches, one page after another
+    n = cu_seq_lens_q.numel() - 1  # pages (same size: S // n patches each)
+    q, k, v = (t.view(heads, n, S // n, d).transpose(0, 1) for t in (query, key, value))  # [n, H, S/n, d]
+    out = F.scaled_dot_product_attention(q, k, v, scale=scaling)  # [n, H, S/n, d]
+    return out.permute(0, 2, 1, 3).reshape(1, S, heads, d), None  # [1, S, H, d], as the interface returns
+
+
+def use_same_size_pages_attention(model):
+    """Switch the model's ViT to same_size_pages_attention (every batch must hold pages of one size)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VISION_ATTENTION, same_size_pages_attention)
+    model.config.vision_config._attn_implementation = VISION_ATTENTION
+    return model
+
+
 def image_processor():
     """Qwen2-VL's stock image processor (the PIL one: no torchvision needed), capped like the hub's at 16384 tokens."""
     from arr_coc.vlm.tiny import qwen2_vl_image_processor
@@ -204,7 +236,7 @@ def encode(tokenizer, questions: list[tuple[str, str]], n_image_tokens: int) -> 
 def collate(tokenizer, images, conversations) -> dict:
     """
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
-    attention mask and the pages as uint8 [B, H, W, 3]. Pixels travel between processes as bytes, 8x smaller than
+    attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]. Pixels travel between processes as bytes, 8x smaller than
     the processor's float patches; `model_inputs` lays them out on the GPU exactly as the stock processor does.
     """
     w, h = images[0].size
@@ -217,7 +249,10 @@ def collate(tokenizer, images, conversations) -> dict:
     for i, (ids, lab) in enumerate(rows):
         input_ids[i, :len(ids)], labels[i, :len(lab)], attention[i, :len(ids)] = torch.tensor(ids), torch.tensor(lab), 1
     pages = torch.from_numpy(np.stack([np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images]))  # [B, H, W, 3]
-    return dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages)
+    image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    block = raster_block((h // 28, w // 28))  # M-RoPE positions drawn here, in the workers: not per row on the GPU
+    position_ids = torch.cat([mrope_position_ids(row[None], image_token_id, [block]) for row in input_ids], 1)  # [3, B, L]
+    return dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages, position_ids=position_ids)
 
 
 def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
@@ -231,10 +266,6 @@ def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
     return out
 
 
-def stage_at(step: int) -> Stage:
-    return next(s for s in CURRICULUM if step < s.until)
-
-
 def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
     """A (width, height) in multiples of 28 px within `sides`, aspect between 3:4 and 4:3."""
     lo, hi = sides[0] // 28, sides[1] // 28
@@ -243,27 +274,28 @@ def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
     return w * 28, h * 28
 
 
-def batch_pages(index: int, seed: int, image_tokens: int, max_pages: int = TrainConfig.max_pages):
-    """The pages and conversations of training batch `index`: a pure function of (seed, index)."""
-    rng = random.Random(f"arr_coc:pocket:{seed}:{index}")
-    stage = stage_at(index)
-    w, h = page_size(rng, stage.sides)
+def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = TrainConfig.max_pages):
+    """The pages and conversations of training batch `index` at curriculum `stage`: a pure function of them."""
+    rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}")
+    s = CURRICULUM[stage]
+    w, h = page_size(rng, s.sides)
     n = min(max_pages, max(2, image_tokens // (w * h // 784)))
     images, conversations = [], []
     for _ in range(n):
-        page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, stage.style)
-        k = rng.randint(1, min(stage.turns, len(page.questions)))
+        page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, s.style)
+        k = rng.randint(1, min(s.turns, len(page.questions)))
         turns = [(q.question, q.answer) for q in rng.sample(page.questions, k)]
         images.append(page.image)
-        conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < stage.read else turns)
+        conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
     return images, conversations
 
 
 class PageStream(torch.utils.data.IterableDataset):
-    """Batches start, start+1, ... drawn by the DataLoader's workers (worker k draws every k-th batch)."""
+    """Batches start, start+1, ... of one stage, drawn by the DataLoader's workers (worker k: every k-th batch)."""
 
-    def __init__(self, folder: str, seed: int, start: int, image_tokens: int):
-        self.folder, self.seed, self.start, self.image_tokens = folder, seed, start, image_tokens
+    def __init__(self, folder: str, seed: int, stage: int, start: int, image_tokens: int, max_pages: int):
+        self.folder, self.seed, self.stage, self.start = folder, seed, stage, start
+        self.image_tokens, self.max_pages = image_tokens, max_pages
 
     def __iter__(self):
         from transformers import AutoTokenizer
@@ -274,7 +306,7 @@ class PageStream(torch.utils.data.IterableDataset):
         tokenizer = AutoTokenizer.from_pretrained(self.folder)
         index = self.start + k
         while True:
-            yield collate(tokenizer, *batch_pages(index, self.seed, self.image_tokens))
+            yield collate(tokenizer, *batch_pages(index, self.seed, self.stage, self.image_tokens, self.max_pages))
             index += n
 
 
@@ -293,12 +325,13 @@ def gestalt_view(image, max_tokens: int = 256):
 
 
 @lru_cache(maxsize=None)  # the same pages at every evaluation of a run: drawn once
-def heldout(kind: str, size: int, n: int) -> tuple[tuple, ...]:
-    """n held-out (image, question, answer) of one kind at size x size (spec style, new seeds)."""
+def heldout(kind: str, size: int, n: int, stage: int | None = None) -> tuple[tuple, ...]:
+    """n held-out (image, question, answer) of one kind at size x size: spec style, or a stage's; new seeds."""
+    style = SPEC if stage is None else CURRICULUM[stage].style
     out = []
     for i in range(n):
-        page = make_page(kind, EVAL_SEED + size * 1000 + i, size)
-        q = random.Random(f"arr_coc:pocket:eval:{kind}:{size}:{i}").choice(page.questions)
+        page = make_page(kind, EVAL_SEED + size * 1000 + i, size, style=style)
+        q = random.Random(f"arr_coc:pocket:eval:{kind}:{size}:{stage}:{i}").choice(page.questions)
         out.append((page.image, q.question, q.answer))
     return tuple(out)
 
@@ -400,9 +433,9 @@ def load_or_init(folder: Path, resume: bool, device):
     else:
         torch.manual_seed(0)
         model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer), dtype=torch.float32)
-        state = dict(step=0, gpu_seconds=0.0, samples=0, curve=[], runs=[])
+        state = dict(step=0, stage=0, gpu_seconds=0.0, samples=0, curve=[], runs=[])
     model.config._attn_implementation = "sdpa"
-    return model.to(device).train(), tokenizer, state
+    return use_same_size_pages_attention(model).to(device).train(), tokenizer, state
 
 
 def train(cfg: TrainConfig, resume: bool) -> dict:
@@ -415,43 +448,70 @@ def train(cfg: TrainConfig, resume: bool) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(folder / "weights")
     processor = image_processor()
-    start_step, t0 = state["step"], time.time()
-    print(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {start_step}, "
-          f"{state['gpu_seconds'] / 60:.1f} GPU-minutes so far", flush=True)
-    stream = PageStream(str(folder / "weights"), cfg.seed, start_step, cfg.image_tokens)
+    run = dict(start=state["step"], t0=time.time(), seen=0)
+    print(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {state['step']}, "
+          f"stage {state.setdefault('stage', 0)}, {state['gpu_seconds'] / 60:.1f} GPU-minutes so far", flush=True)
+    while _train_stage(model, optimizer, tokenizer, processor, cfg, state, run):
+        pass  # the stage was passed: the next one draws its own pages
+    elapsed = time.time() - run["t0"]
+    state.update(gpu_seconds=state["gpu_seconds"] + elapsed, samples=state["samples"] + run["seen"])
+    _evaluate(model, tokenizer, processor, device, cfg, state)
+    state["runs"].append(dict(steps=state["step"] - run["start"], seconds=round(elapsed, 1),
+                              device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"))
+    save_state(model, optimizer, folder, state)
+    return state
+
+
+def _train_stage(model, optimizer, tokenizer, processor, cfg: TrainConfig, state: dict, run: dict) -> bool:
+    """Train on the current stage's pages until time or steps run out (False) or the stage is passed (True)."""
+    device = next(model.parameters()).device
+    stream = PageStream(str(Path(cfg.out) / "weights"), cfg.seed, state["stage"], state["step"], cfg.image_tokens,
+                        cfg.max_pages)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
-    step, losses, seen, waited, last = start_step, [], 0, 0.0, time.time()
+    losses, waited, last = [], 0.0, time.time()
     for batch in loader:
         waited += time.time() - last  # the GPU idles while the page workers catch up
-        if step >= cfg.steps or time.time() - t0 > cfg.minutes * 60:
-            break
-        loss = _train_step(model, optimizer, model_inputs(batch, processor, model.config.image_token_id, device),
-                           lr_at(step, start_step, cfg))
+        if state["step"] >= cfg.steps or time.time() - run["t0"] > cfg.minutes * 60:
+            return False
+        lr = lr_at(state["step"], run["start"], cfg)
+        loss = _train_step(model, optimizer, model_inputs(batch, processor, model.config.image_token_id, device), lr)
         if loss is None:  # a bf16 blow-up: the step was skipped, the weights kept
             state["skipped"] = state.get("skipped", 0) + 1
         else:
             losses.append(loss)
-        seen += batch["input_ids"].shape[0]
-        step += 1
-        if step % 100 == 0:
-            losses = losses or [float("nan")]
-            print(f"step {step} loss {sum(losses) / len(losses):.4f} lr {lr_at(step, start_step, cfg):.2e} "
-                  f"stage {CURRICULUM.index(stage_at(step))} {seen / (time.time() - t0):.0f} pages/s, "
-                  f"waiting for pages {waited / (time.time() - t0):.0%} of the time", flush=True)
-            state["curve"].append(dict(step=step, loss=round(sum(losses) / len(losses), 4)))
+        run["seen"] += batch["input_ids"].shape[0]
+        state["step"] += 1
+        if state["step"] % 100 == 0:
+            mean = sum(losses) / len(losses) if losses else float("nan")
+            elapsed = time.time() - run["t0"]
+            print(f"step {state['step']} loss {mean:.4f} lr {lr:.2e} stage {state['stage']} "
+                  f"{run['seen'] / elapsed:.0f} pages/s, waiting for pages {waited / elapsed:.0%} of the time", flush=True)
+            state["curve"].append(dict(step=state["step"], loss=round(mean, 4)))
             losses = []
-        if step % cfg.eval_every == 0:
-            _evaluate(model, tokenizer, processor, device, cfg, state, step)
+        if state["step"] % cfg.eval_every == 0 and _stage_passed(model, tokenizer, processor, cfg, state):
+            return True
         last = time.time()
-    elapsed = time.time() - t0
-    state.update(step=step, gpu_seconds=state["gpu_seconds"] + elapsed, samples=state["samples"] + seen)
-    if step % cfg.eval_every:
-        _evaluate(model, tokenizer, processor, device, cfg, state, step)
-    state["runs"].append(dict(steps=step - start_step, seconds=round(elapsed, 1),
-                              device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"))
-    save_state(model, optimizer, folder, state)
-    return state
+    return False
+
+
+def _stage_passed(model, tokenizer, processor, cfg: TrainConfig, state: dict) -> bool:
+    """Held-out exact match on the current stage's own pages (square, its middle size); move on at PASS_MARK."""
+    stage = state["stage"]
+    if stage == len(CURRICULUM) - 1:
+        return False
+    side = sum(CURRICULUM[stage].sides) // 2 // 28 * 28
+    device = next(model.parameters()).device
+    model.eval()
+    accuracy = {kind: exact_match(model, tokenizer, processor, heldout(kind, side, cfg.eval_pages, stage), device)
+                for kind in PAGE_KINDS}
+    model.train()
+    passed = min(accuracy[k] for k in READING_KINDS) >= PASS_MARK
+    state.setdefault("stage_checks", []).append(dict(step=state["step"], stage=stage, side=side, accuracy=accuracy))
+    print(f"stage {stage} check at step {state['step']} ({side} px): {json.dumps(accuracy)}"
+          + (f" -> stage {stage + 1}" if passed else ""), flush=True)
+    state["stage"] += passed
+    return passed
 
 
 def _train_step(model, optimizer, inputs: dict, lr: float) -> float | None:
@@ -469,10 +529,11 @@ def _train_step(model, optimizer, inputs: dict, lr: float) -> float | None:
     return loss.item()
 
 
-def _evaluate(model, tokenizer, processor, device, cfg, state, step):
+def _evaluate(model, tokenizer, processor, device, cfg, state):
+    """The suite as specified (held-out, every kind, native and gestalt views): the model card's curve."""
     accuracy = evaluate_heldout(model, tokenizer, processor, device, cfg.eval_pages, cfg.eval_sizes)
-    state.setdefault("heldout", []).append(dict(step=step, accuracy=accuracy))
-    print(f"eval step {step}: {json.dumps(accuracy)}", flush=True)
+    state.setdefault("heldout", []).append(dict(step=state["step"], stage=state["stage"], accuracy=accuracy))
+    print(f"eval step {state['step']}: {json.dumps(accuracy)}", flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -507,7 +568,8 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
     parser.add_argument("--image-tokens", type=int, default=TrainConfig.image_tokens, help="image tokens per batch")
     parser.add_argument("--workers", type=int, default=TrainConfig.workers, help="page-drawing worker processes")
-    parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every, help="held-out eval interval (steps)")
+    parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every, help="stage check interval (steps)")
+    parser.add_argument("--max-pages", type=int, default=TrainConfig.max_pages, help="at most this many pages a batch")
     parser.add_argument("--eval-pages", type=int, default=TrainConfig.eval_pages, help="held-out pages per kind and size")
     parser.add_argument("--eval-sizes", default="896,1792", help="held-out square page sides, comma-separated")
     parser.add_argument("--seed", type=int, default=TrainConfig.seed, help="the training data stream's seed")
@@ -519,7 +581,8 @@ def main(argv=None):
         build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
         return
     cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      image_tokens=args.image_tokens, workers=args.workers, eval_every=args.eval_every,
+                      image_tokens=args.image_tokens, max_pages=args.max_pages, workers=args.workers,
+                      eval_every=args.eval_every,
                       eval_pages=args.eval_pages, device=args.device,
                       eval_sizes=tuple(int(v) for v in args.eval_sizes.split(",")))
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():

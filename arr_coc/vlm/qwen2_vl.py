@@ -316,17 +316,19 @@ class QwenVL(VLM):
     # --- the participatory prior ---
 
     @torch.no_grad()
-    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5) -> torch.Tensor:
+    def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5,
+                        context: list[VisualTokens] = ()) -> torch.Tensor:
         """
         "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt [Ng, D] + question] and
-        read the attention of the question's tokens (from the one after <|vision_end|> to the end) to the
-        gestalt tokens there, averaged over heads and tokens; the layers above never run -> [Ng] attention mass.
+        read the attention of the question's tokens (from the one after the last <|vision_end|> to the end) to
+        the gestalt tokens there, averaged over heads and tokens; the layers above never run -> [Ng] attention
+        mass. `context`: image blocks read after the gestalt (a second fixation: the first one's saccades).
         """
-        prompt = self.prompt(question, [gestalt])
+        prompt = self.prompt(question, [gestalt, *context])
         at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]
-        start, end, L = int(at[0]), int(at[-1]) + 1, prompt.length
-        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (end + 1, L), layer_fraction,
-                                                 prompt.deepstack)
+        start, end, L = int(at[0]), int(at[len(gestalt) - 1]) + 1, prompt.length
+        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (int(at[-1]) + 2, L),
+                                                 layer_fraction, prompt.deepstack)
         return attention[start:end]
 
     # --- generation ---
@@ -335,8 +337,8 @@ class QwenVL(VLM):
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
                  min_new_tokens: int | None = None, prune: tuple[int, int] | None = None) -> Generation:
         """
-        Greedy decoding -> Generation(new ids [1, T], safe_mode). A Prompt runs on self.engine: "fast" is the
-        Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
+        Greedy decoding -> Generation(new ids [1, T], safe_mode, probs [T]). A Prompt runs on self.engine: "fast"
+        is the Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
         stream and says so in safe_mode), "hf" stock generate() on the embeddings. StockInputs always run stock
         generate() from pixels. min_new_tokens (default: generation_config's) suppresses EOS until then.
         prune = (K, N): FastV (a Prompt on the fast engine only), Generation.kept the image tokens layers >= K read.
@@ -345,10 +347,10 @@ class QwenVL(VLM):
             min_new_tokens = self.model.generation_config.min_new_tokens or 0
         pruning = None if prune is None else self.pruning(inputs, *prune)
         if isinstance(inputs, Prompt) and self.engine == "fast":
-            ids, safe_mode = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens,
-                                                   self.eos_token_ids, streamer, min_new_tokens, inputs.deepstack,
-                                                   pruning)
-            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates())
+            ids, probs, safe_mode = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens,
+                                                          self.eos_token_ids, streamer, min_new_tokens,
+                                                          inputs.deepstack, pruning)
+            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates(), probs)
         if pruning is not None:
             raise ValueError("FastV pruning runs on the fast engine only: its layers read two sequence lengths")
         if isinstance(inputs, Prompt):
@@ -363,8 +365,11 @@ class QwenVL(VLM):
         out = self.model.generate(**kwargs, attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
                                   max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=False,
                                   streamer=streamer, eos_token_id=self.eos_token_ids,
-                                  pad_token_id=self.tokenizer.pad_token_id)
-        return Generation(out[:, length:] if isinstance(inputs, StockInputs) else out)
+                                  pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
+                                  return_dict_in_generate=True)
+        ids = out.sequences[:, length:] if isinstance(inputs, StockInputs) else out.sequences  # [1, T]
+        logits = torch.cat(out.logits).float()  # [T, V] the raw logits of each step
+        return Generation(ids, probs=logits.softmax(-1).gather(1, ids[0, :, None].to(logits.device))[:, 0])
 
     def pruning(self, inputs: Prompt | StockInputs, layer: int, keep: int) -> Pruning:
         """FastV's Pruning of a prompt: K = layer, the image tokens the candidates, keep N of them (checked)."""

@@ -12,13 +12,16 @@ import time
 from pathlib import Path
 
 import gradio as gr
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from arr_coc.app import handlers
+from arr_coc.app import handlers, viz
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, Observation, Scene
+from arr_coc.pipelines import REDUCERS
+from arr_coc.relevance.config import TensionSettings
 from arr_coc.vlm.views import Views
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +55,39 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
     assert isinstance(kept, handlers.Kept) and holds_only_cpu_data(kept) == []
     heatmap, mosaic = handlers.redraw(kept, 0)  # renumbered from the kept state alone
     assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
+    assert updates[-1][9] is None  # a stock view keeps every cell: no kept-cell drawing
+
+
+def test_compare_draws_the_cells_a_reducer_kept_under_its_answer(arr_model):
+    """Under a reducer's answer, its kept cells on the heatmap's canvas (ARR's saccades beside it); another
+    reducer keeps other cells, and its drawing differs."""
+    drawings = {}
+    for reducer in ("divprune", "visionzip"):
+        final = list(handlers.compare(arr_model, CAT, QUESTION, reducer, 1, "topk", CELLS, 5))[-1]
+        drawings[reducer] = final[9]
+        assert final[9].width == final[5].width  # the same canvas as ARR's heatmap, a legend underneath
+    assert not np.array_equal(np.asarray(drawings["divprune"]), np.asarray(drawings["visionzip"]))
+
+
+def test_compare_with_a_second_look_shows_both_looks_and_draws_them_in_two_colours(arr_model):
+    """The tau slider: at 1 the second look fires (no answer is certain); the stats show both looks' saccades,
+    times, confidences and answers, the kept state its cells, the heatmap them in green; at 0 it is off."""
+    from arr_coc.app import viz
+
+    on = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5, 1.0))[-1]
+    off = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5, 0.0))[-1]
+    stats = dict(on[4])
+    assert stats["second look"].startswith("fired: confidence") and stats["look 1: saccades"] == 273
+    assert stats["look 2: saccades"] == 136 and stats["visual tokens: saccade"] == 273 + 136
+    assert stats["look 2: total ms"] > 0 and "look 2: answer" in stats and "look 1: confidence" in stats
+    kept = on[-1]
+    assert kept.second.shape == (136, 2) and holds_only_cpu_data(kept) == []
+    assert not {tuple(c) for c in kept.second.tolist()} & {tuple(c) for c in kept.positions.tolist()}
+    assert on[5].height > off[5].height  # the legend of the two colours
+    r, c = kept.second[0].tolist()
+    x0, y0, x1, y1 = viz.cell_rect(r, c, kept.grid, off[5].size)
+    assert on[5].getpixel((x0, (y0 + y1) // 2)) == viz.SECOND_LOOK
+    assert "second look" not in dict(off[4]) and off[-1].second is None
 
 
 def test_compare_runs_the_fastv_baseline(arr_model):
@@ -61,6 +97,34 @@ def test_compare_runs_the_fastv_baseline(arr_model):
     updates = list(handlers.compare(arr_model, CAT, QUESTION, "fastv", 2, "topk", CELLS, 5))
     assert "fastv" in BASELINES and updates[0][0] == "Running the **fastv** baseline…"
     assert updates[-1][0].startswith("Done in")
+
+
+def test_the_microscope_draws_any_reducers_kept_cells_over_arrs_relevance(arr_model):
+    kept = handlers.microscope(arr_model, CAT, QUESTION, "topk", 60, CELLS, 5)[0]
+    assert handlers.kept_cells(arr_model, kept, CAT, QUESTION, handlers.NO_REDUCER, 60, CELLS) is None
+    drawings = [handlers.kept_cells(arr_model, kept, CAT, QUESTION, reducer, 60, CELLS) for reducer in REDUCERS]
+    heat = np.asarray(viz.heat_canvas(kept.image, kept.relevance))  # ARR's relevance over the image, no boxes
+    for i, drawing in enumerate(drawings):
+        canvas = np.asarray(drawing)[:heat.shape[0]]  # the drawing above its legend
+        assert canvas.shape == heat.shape and not np.array_equal(canvas, heat)
+        assert (canvas == heat).mean() > 0.5  # boxes over the map: most of it shows through
+        assert all(not np.array_equal(np.asarray(drawing), np.asarray(other)) for other in drawings[i + 1:])
+    with pytest.raises(gr.Error, match="Analyse an image first"):
+        handlers.kept_cells(arr_model, None, CAT, QUESTION, "divprune", 60, CELLS)
+
+
+def test_under_the_adaptive_budget_the_reducer_keeps_as_many_tokens_as_arr_reads(arr_model, monkeypatch):
+    """The Tensions' auto switch on (f overridden to 0.2): the reducer's kept cells are ARR's gestalt + its adaptive
+    K for this image and question, whatever the budget slider says."""
+    cat = CAT.resize((CAT.width * 3, CAT.height * 3))  # a native view with more tokens than ARR reads
+    kept = handlers.microscope(arr_model, cat, QUESTION, "topk", 60, CELLS, 5)[0]
+    answers, answer = [], arr_model.answer
+    monkeypatch.setattr(arr_model, "answer", lambda *a, **k: answers.append(answer(*a, **k)) or answers[-1])
+    handlers.kept_cells(arr_model, kept, cat, QUESTION, "divprune", 60, CELLS, True, True, 0.0, 0.0, 0.2)
+    ours = answer(cat, QUESTION, "arr", max_new_tokens=1, budget="auto", max_cells=CELLS,
+                  tensions=TensionSettings(explore=0.0, diversify=0.0, particularize=0.2))
+    assert ours.arr.auto_budget and ours.arr.budgets[0] != 60
+    assert len(answers[0].kept) == ours.tokens["total_visual"] == len(ours.observation.gestalt) + ours.arr.budgets[0]
 
 
 def test_state_check_finds_device_objects(arr_model):

@@ -119,6 +119,26 @@ def test_every_saccade_gets_a_box_and_only_the_top_n_a_number(grid, side, step, 
             assert pixel(out, (x0, (y0 + y1) / 2)) == colours[rank - 1]
 
 
+def test_the_two_looks_draw_in_two_colours():
+    """A second fixation's boxes are SECOND_LOOK green, the first look's keep their rank colours, a legend says
+    which is which; without a second look the drawing is the one-look drawing."""
+    grid, first, second = (8, 8), torch.tensor([[1, 1], [2, 5], [6, 2]]), torch.tensor([[4, 4], [0, 7]])
+    image, relevance = Image.new("RGB", (768, 768)), torch.zeros(grid)
+    one = viz.heatmap_overlay(image, relevance, first, numbered=0)
+    two = viz.heatmap_overlay(image, relevance, first, numbered=0, second=second)
+    assert two.width == one.width and two.height > one.height  # the legend strip below
+    colours = viz.rank_colours(len(first))
+    for rank, (r, c) in enumerate(first.tolist()[1:], start=2):  # (rank 1 has its white ring)
+        x0, y0, x1, y1 = viz.cell_rect(r, c, grid, one.size)
+        assert pixel(two, (x0, (y0 + y1) / 2)) == colours[rank - 1] != viz.SECOND_LOOK
+    for r, c in second.tolist():
+        x0, y0, x1, y1 = viz.cell_rect(r, c, grid, one.size)
+        assert pixel(two, (x0, (y0 + y1) / 2)) == viz.SECOND_LOOK == pixel(two, ((x0 + x1) / 2, y1 - 1))
+        assert pixel(one, (x0, (y0 + y1) / 2)) != viz.SECOND_LOOK
+    assert np.array_equal(np.asarray(viz.heatmap_overlay(image, relevance, first, numbered=0, second=())),
+                          np.asarray(one))
+
+
 # ----------------------------------------------------------------------------- saccade mosaic
 
 
@@ -324,3 +344,32 @@ def test_a_portrait_difference_maps_legend_wraps_inside_it():
         dark = np.nonzero((strip < 100).all(-1).any(0))[0]
         assert dark.size and dark.max() < out.width - 4, (out.size, dark.max())  # nothing cut at the edge
     assert tall.height - viz.canvas_size(20, 60)[1] > wide.height - viz.canvas_size(60, 20)[1]  # more lines
+
+
+def test_kept_overlay_boxes_exactly_the_kept_cells_and_shades_only_the_merged_ones():
+    grey = Image.new("RGB", (280, 280), (128, 128, 128))  # a 10 x 10 grid of 28 px cells
+    drawing = viz.kept_overlay(grey, (10, 10), torch.tensor([[0, 0], [5, 5]]), torch.tensor([[5, 5]]), name="visionzip")
+    size = viz.canvas_size(280, 280)
+    assert drawing.width == size[0] and drawing.height > size[1]  # the heatmap's canvas, a legend underneath
+
+    def at(image, row, col, where):
+        pixels = np.asarray(image).astype(int)
+        x0, y0, x1, y1 = viz.cell_rect(row, col, (10, 10), size)
+        return tuple(pixels[y0, x0]) if where == "edge" else tuple(pixels[(y0 + y1) // 2, (x0 + x1) // 2])
+
+    assert at(drawing, 0, 0, "edge") == at(drawing, 5, 5, "edge") == viz.KEPT_COLOUR  # both kept cells boxed
+    assert at(drawing, 0, 0, "inside") == at(drawing, 3, 7, "inside") == at(drawing, 3, 7, "edge") == (128, 128, 128)
+    red, green, blue = at(drawing, 5, 5, "inside")
+    assert red > 128 > blue  # the merged cell shaded orange
+    other = viz.kept_overlay(grey, (10, 10), torch.tensor([[0, 0], [5, 6]]), torch.tensor([[5, 6]]), name="visionzip")
+    assert not np.array_equal(np.asarray(other), np.asarray(drawing))  # another kept set, another drawing
+    plain = viz.kept_overlay(grey, (10, 10), torch.tensor([[0, 0], [5, 5]]), name="divprune")  # nothing merged
+    assert at(plain, 5, 5, "edge") == viz.KEPT_COLOUR and at(plain, 5, 5, "inside") == (128, 128, 128)
+
+
+def test_kept_overlay_over_a_relevance_map_shows_the_map():
+    grey = Image.new("RGB", (280, 280), (128, 128, 128))
+    relevance = torch.zeros(20, 20)
+    relevance[:10] = 1.0  # the top half relevant (a finer grid than the reducer's, as ARR's candidate grid is)
+    drawing = np.asarray(viz.kept_overlay(grey, (10, 10), torch.tensor([[9, 9]]), relevance=relevance)).astype(int)
+    assert drawing[100, 100].sum() > drawing[600, 100].sum()  # hotter where ARR finds more relevance

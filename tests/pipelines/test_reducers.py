@@ -40,7 +40,8 @@ def reduced(model, image, name: str, request: Request):
     with torch.no_grad():
         every, read = encode(model.vlm, views.tensor("native"))
         n = arr_visual_tokens(model, views, request)
-        return every, reduce(every, read, n), n
+        kept, _ = reduce(every, read, n)
+        return every, kept, n
 
 
 def image_positions(vlm, tokens) -> torch.Tensor:
@@ -155,8 +156,8 @@ def test_divprune_picks_in_the_greedy_order_worked_out_by_hand():
     embeddings = torch.stack([degrees.cos(), degrees.sin()], dim=1) * norms[:, None]  # [5, 2]
     assert divprune.diverse_order(embeddings, 5).tolist() == [3, 0, 2, 1, 4]
     tokens = VisualTokens(embeddings, (1, 5), torch.tensor([[0, c] for c in range(5)]))
-    kept = divprune.keep_diverse(tokens, None, 3)
-    assert kept.positions[:, 1].tolist() == [0, 2, 3]  # the first three picks, in raster order
+    kept, merged = divprune.keep_diverse(tokens, None, 3)
+    assert kept.positions[:, 1].tolist() == [0, 2, 3] and merged is None  # the first three picks, in raster order
 
 
 def test_divprune_never_picks_a_cell_twice_among_duplicates():
@@ -177,3 +178,38 @@ def test_the_reducers_are_baselines_for_evaluate_run_bench_and_the_app(capsys):
         with pytest.raises(SystemExit):
             main(["--model", "tiny", *flags, "divprune,visionzip,fastzip"])
         assert "unknown ['fastzip']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", REDUCERS)
+def test_the_answer_names_exactly_the_cells_the_llm_read(arr_model, name, monkeypatch):
+    """Answer.kept: the places of the image tokens the reducer put in the prompt (N, unique, on the native grid);
+    VisionZip's Answer.merged: C of them, the contextual tokens' places, whose features are not their own cell's."""
+    vlm, fed = arr_model.vlm, []
+    prompt = vlm.prompt
+
+    def recording(question, images, **kwargs):
+        fed.extend(images)
+        return prompt(question, images, **kwargs)
+
+    monkeypatch.setattr(vlm, "prompt", recording)
+    answer = arr_model.answer(photo(700, 500), QUESTION, name, max_new_tokens=1, budget=40)
+    (tokens,) = fed
+    gh, gw = answer.views.gestalt_grid
+    nh, nw = answer.views.native_grid
+    n = gh * gw + 40
+    assert torch.equal(answer.kept, tokens.positions) and len(answer.kept) == n < nh * nw
+    assert len({tuple(c) for c in answer.kept.tolist()}) == n
+    assert ((answer.kept >= 0) & (answer.kept < torch.tensor([nh, nw]))).all()
+    assert answer.to_json()["kept"] == answer.kept.tolist()  # run --json lists them
+    if name == "divprune":
+        assert answer.merged is None and answer.to_json()["merged"] is None
+        return
+    merged = {tuple(c) for c in answer.merged.tolist()}
+    assert answer.to_json()["merged"] == answer.merged.tolist()
+    assert len(merged) == visionzip.contextual_count(n) and merged <= {tuple(c) for c in answer.kept.tolist()}
+    monkeypatch.setattr(vlm, "prompt", prompt)
+    every = vlm.encode_view(answer.views.tensor("native"))  # each cell's own token, in raster order
+    own = every.features[answer.kept[:, 0] * nw + answer.kept[:, 1]]  # [N, D]
+    is_merged = torch.tensor([tuple(c) in merged for c in answer.kept.tolist()])
+    unchanged = torch.isclose(tokens.features, own, atol=1e-5).all(dim=1)  # [N]
+    assert torch.equal(unchanged, ~is_merged)  # the merged places hold context, the others their own cell

@@ -7,6 +7,7 @@ import torch
 
 from arr_coc.config import STRATEGIES
 from arr_coc.relevance.attending import TokenAllocator
+from arr_coc.relevance.tensions import COVERAGE
 
 
 def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):
@@ -163,3 +164,69 @@ def test_a_busy_image_falls_back_to_grid():
     out = TokenAllocator(50, "topk")(relevance, busy_images=[True])
     assert out.fallback == ["semantic_void"]
     assert torch.equal(out.indices, TokenAllocator(50, "grid")(relevance).indices)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("flat", [False, True])  # True: a void, which falls back to grid
+def test_excluded_cells_are_never_chosen_and_the_budget_is_kept(strategy, flat):
+    """A second fixation's allocation: `exclude` (the first round's cells, here the peak's 273) is never chosen,
+    whatever the strategy or fallback, and the budget is still met with unique cells."""
+    relevance = torch.zeros(1, 32, 32) if flat else peaked_map()
+    first = TokenAllocator(273, "topk")(peaked_map()).indices[0]
+    exclude = torch.zeros(1, 32 * 32, dtype=torch.bool)
+    exclude[0, first] = True
+    out = TokenAllocator(300, strategy)(relevance, exclude=exclude.view(1, 32, 32))
+    idx = out.indices[0]
+    assert idx.unique().numel() == 300 and not exclude[0, idx].any()
+    assert (out.scores[0][:-1] >= out.scores[0][1:]).all()
+
+
+def test_topk_with_exclusion_takes_the_maxima_of_the_rest():
+    relevance = torch.rand(1, 32, 32)
+    exclude = relevance > relevance.flatten().kthvalue(1024 - 100).values  # the 100 best cells
+    out = TokenAllocator(50, "topk")(relevance, exclude=exclude)
+    torch.testing.assert_close(out.indices[0], relevance.masked_fill(exclude, -1).flatten().topk(50).indices)
+
+
+def test_a_budget_over_the_cells_not_yet_read_is_refused():
+    exclude = torch.zeros(1, 10, 10, dtype=torch.bool)
+    exclude[0, :5] = True  # 50 cells read, 50 left
+    assert TokenAllocator(50)(torch.rand(1, 10, 10), exclude=exclude).indices.shape == (1, 50)
+    with pytest.raises(ValueError, match="not yet read"):
+        TokenAllocator(51)(torch.rand(1, 10, 10), exclude=exclude)
+
+
+# ----------------------------------------------------------------------------- the tensions on a second look
+
+
+def read_by_a_first_look(relevance: torch.Tensor, budget: int = 273) -> torch.Tensor:
+    """[1, gh, gw] bool: the cells a plain topk first look of `budget` read."""
+    exclude = torch.zeros(1, relevance[0].numel(), dtype=torch.bool)
+    exclude[0, TokenAllocator(budget, "topk")(relevance).indices[0]] = True
+    return exclude.view_as(relevance)
+
+
+@pytest.mark.parametrize("strategy", ["topk", "logpolar"])
+def test_coverage_on_a_second_look_reads_only_cells_not_yet_read(strategy):
+    """Exploring after a first look: the coverage share is still round(e * K), all of it among the cells not yet
+    read (the excluded blob's middle, far from every pick, is never taken), and the cells stay unique."""
+    relevance = peaked_map(centre=(6, 6))
+    exclude = read_by_a_first_look(relevance)
+    out = TokenAllocator(100, strategy)(relevance, exclude=exclude, explore=[0.25])
+    idx = out.indices[0]
+    assert idx.unique().numel() == 100 and not exclude.flatten()[idx].any()
+    assert int((out.kinds == COVERAGE).sum()) == 25
+
+
+def test_spacing_on_a_second_look_starts_at_the_best_cell_left_and_spreads():
+    """Diversifying after a first look: λ in standard units of the cells not yet read, so the first pick is the
+    best of them and the picks spread as λ grows; none was read before."""
+    relevance = peaked_map(centre=(10, 20))
+    exclude = read_by_a_first_look(relevance, 100)
+    plain = TokenAllocator(40, "topk")(relevance, exclude=exclude)
+    distances = []
+    for lam in (0.0, 2.0, 8.0):
+        out = TokenAllocator(40, "topk")(relevance, exclude=exclude, diversify=[lam])
+        assert out.indices[0, 0] == plain.indices[0, 0] and not exclude.flatten()[out.indices[0]].any()
+        distances.append(mean_pairwise_distance(out.positions[0]))
+    assert distances == sorted(set(distances)), distances

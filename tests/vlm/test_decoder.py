@@ -42,6 +42,21 @@ def test_greedy_tokens_equal_stock_generate_from_pixels(family, min_new_tokens):
         assert len(ours) == 12 or ours[-1] in eos
 
 
+def test_each_token_probability_is_the_stock_softmax_of_its_step(arr_model):
+    """Generation.probs (the answer's confidence reads it): the fast engine's equal stock generate()'s own
+    per-step softmax at the chosen token, and greedy picks each step's most probable token."""
+    vlm = arr_model.vlm
+    view = view_of(vlm, seed=3)
+    ours = vlm.generate(one_view_prompt(vlm, view), 8, min_new_tokens=8)
+    stock = vlm.generate(vlm.stock_inputs(QUESTION, view), 8, min_new_tokens=8)
+    assert ours.ids.tolist() == stock.ids.tolist() and ours.probs.shape == (8,)
+    torch.testing.assert_close(ours.probs.cpu(), stock.probs.cpu(), rtol=1e-4, atol=0)
+    with torch.no_grad():  # the first token's probability, from one stock forward over the prompt
+        prompt = one_view_prompt(vlm, view)
+        logits = vlm.model(inputs_embeds=prompt.embeds, position_ids=prompt.position_ids).logits[0, -1].float()
+    torch.testing.assert_close(float(ours.probs[0]), float(logits.softmax(-1).max()), rtol=1e-4, atol=0)
+
+
 def test_eos_stops_and_is_kept(arr_model):
     vlm = arr_model.vlm
     prompt = one_view_prompt(vlm, image(seed=2))

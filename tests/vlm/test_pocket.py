@@ -113,6 +113,31 @@ def test_training_runs_saves_and_resumes(tmp_path):
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 3
 
 
+def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypatch):
+    """A stage check below PASS_MARK keeps the stage; one at it moves on, and the next batches are the next stage's."""
+    from arr_coc.vlm import pocket
+
+    stage0_checks = []  # exact_match on stage 0's pages (168 px): the first check (3 kinds) fails, the second passes
+
+    def fake_exact_match(model, tokenizer, processor, items, device, batch=8):
+        if items[0][0].width != 168:
+            return 0.0
+        stage0_checks.append(1)
+        return 0.5 if len(stage0_checks) <= len(pocket.PAGE_KINDS) else pocket.PASS_MARK
+
+    monkeypatch.setattr(pocket, "exact_match", fake_exact_match)
+    drawn = []
+    real_batch_pages = pocket.batch_pages
+    monkeypatch.setattr(pocket, "batch_pages", lambda *a, **k: drawn.append(a[2]) or real_batch_pages(*a, **k))
+    cfg = TrainConfig(out=str(tmp_path), steps=3, minutes=5, image_tokens=64, workers=0, eval_every=1,
+                      eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
+    state = train(cfg, resume=False)
+    assert [c["stage"] for c in state["stage_checks"]] == [0, 0, 1]
+    assert state["stage"] == 1 and drawn[:3] == [0, 0, 1]  # the third batch is drawn at stage 1
+    w, h = pocket.batch_pages(0, 0, 1, 4096)[0][0].size
+    assert all(pocket.CURRICULUM[1].sides[0] <= side <= pocket.CURRICULUM[1].sides[1] for side in (w, h))
+
+
 def _weights(folder):
     from safetensors.torch import load_file
 

@@ -130,7 +130,10 @@ def test_no_image_is_a_clear_error():
         to_rgb("cat.png")
 
 
-def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
+@pytest.mark.parametrize("with_saccades", [False, True])
+def test_gestalt_attention_equals_the_eager_attention_weights(arr_model, with_saccades):
+    """The prior pass; with saccades in its context (a second fixation's), the question reads after them and its
+    attention to the gestalt block is what is returned."""
     from transformers import Qwen2VLForConditionalGeneration
 
     from arr_coc.vlm.tiny import tiny_model_path
@@ -141,12 +144,15 @@ def test_gestalt_attention_equals_the_eager_attention_weights(arr_model):
     views = make_views(photo())
     with torch.no_grad():
         gestalt = vlm.encode_view(views.gestalt)
-        ours = vlm.prior_attention("Where is the cat?", gestalt, 0.5)
-        ids = vlm.prompt_ids("Where is the cat?", [len(gestalt)])
+        cells = torch.tensor([[3, 4], [10, 2], [0, 31]])
+        context = [vlm.encode_cells(views.tensor("highres"), cells)] if with_saccades else []
+        ours = vlm.prior_attention("Where is the cat?", gestalt, 0.5, context)
+        ids = vlm.prompt_ids("Where is the cat?", [len(gestalt)] + [len(c) for c in context])
         at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
-        span, query_start = (int(at[0]), int(at[-1]) + 1), int(at[-1]) + 2  # the question: after <|vision_end|>
-        embeds = vlm.embed(ids, [gestalt.features])
-        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)])
+        span, query_start = (int(at[0]), int(at[len(gestalt) - 1]) + 1), int(at[-1]) + 2  # after <|vision_end|>
+        embeds = vlm.embed(ids, [gestalt.features] + [c.features for c in context])
+        positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)]
+                                       + [c.block for c in context])
         eager = Qwen2VLForConditionalGeneration.from_pretrained(tiny_model_path(), attn_implementation="eager",
                                                                 dtype=vlm.dtype).to(vlm.device)
         weights = eager(inputs_embeds=embeds, position_ids=positions, output_attentions=True).attentions[2]  # layer 4 * 0.5

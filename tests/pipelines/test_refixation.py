@@ -1,0 +1,164 @@
+"""
+ARR's second fixation (arr_coc/pipelines/arr.py, Request.refixate): it fires only below tau, never revisits a
+cell, adds exactly K2 saccades read with the first round's at their true M-RoPE places, re-runs the prior pass
+with the first round's saccades in its context, and with tau off leaves the answer and visual tokens as they were.
+
+    python -m pytest -x -q tests/pipelines/test_refixation.py
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc.errors import InputError
+from arr_coc.eval.fineprint import make_page
+from arr_coc.pipelines import arr
+from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
+from arr_coc.relevance.config import TensionSettings
+from arr_coc.relevance.tensions import COVERAGE
+from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
+
+QUESTION = "What does the gray text say?"
+
+
+def scene_image(w=448, h=448):
+    rng = np.random.default_rng(0)
+    a = np.full((h, w, 3), 128, np.uint8)
+    a[h // 2:, : w // 2] = rng.integers(0, 255, (h - h // 2, w // 2, 3))
+    return Image.fromarray(a)
+
+
+@pytest.fixture(scope="module")
+def pocket():
+    from arr_coc.model import ARRCOCQwen
+
+    return ARRCOCQwen.from_pretrained("pocket", device="cpu", dtype=torch.float32)
+
+
+def cells(saccades) -> set[tuple[int, int]]:
+    return {(s.row, s.col) for s in saccades}
+
+
+@pytest.mark.parametrize("strategy, k2", [("topk", 50), ("grid", None), ("random", 7)])
+def test_refixation_never_revisits_a_cell_and_adds_exactly_k2(arr_model, strategy, k2):
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, strategy=strategy, refixate=1.0,
+                         refixate_budget=k2)
+    K2 = k2 or round(REFIXATE_SHARE * 273)
+    first = [s for s in a.saccades if s.round == 1]
+    second = [s for s in a.saccades if s.round == 2]
+    assert a.refixated and len(first) == 273 and len(second) == K2
+    assert not cells(first) & cells(second) and len(cells(second)) == K2
+    assert a.tokens["saccade"] == 273 + K2 and a.tokens["total_visual"] == 256 + 273 + K2
+    assert [f.saccades for f in a.fixations] == [273, K2]
+    assert a.fixations[1].arr.positions.shape == (1, K2, 2)
+
+
+def test_it_fires_below_tau_and_not_at_or_above(arr_model):
+    first = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=0.0)
+    c = first.fixations[0].confidence
+    assert not first.refixated and len(first.fixations) == 1 and first.tokens["saccade"] == 273
+    at = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=c)  # not below: no second look
+    above = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=math.nextafter(c, 1.0))
+    assert not at.refixated and above.refixated
+    assert above.fixations[0].confidence == c and above.tokens["saccade"] == 273 + round(REFIXATE_SHARE * 273)
+    j = above.to_json()["refixation"]
+    assert j["fired"] is True and j["confidences"][0] == round(c, 6) and len(j["answers"]) == 2
+    assert j["saccades"] == [273, 136] and all(t["total"] > 0 for t in j["timings_ms"])
+    looks = above.fixations  # the request's split is the sum of the two looks'; its TTFT waits for the first answer
+    assert all(above.timings_ms[k] == pytest.approx(sum(f.timings_ms[k] for f in looks), rel=1e-6)
+               for k in ("vision", "selection", "prefill", "decode"))
+    before_first_token = sum(above.timings_ms[k] for k in ("vision", "selection", "prefill"))
+    assert before_first_token + looks[0].timings_ms["decode"] <= above.ttft_ms + 1e-6 < above.timings_ms["total"]
+    assert above.decode_ms_per_token == looks[1].timings_ms["decode"] / max(above.new_tokens - 1, 1)
+
+
+def test_with_tau_off_the_answer_and_visual_tokens_are_the_single_walks(pocket):
+    """refixate None: the pipeline is the documented single walk, step by step (non-trivial pocket answers)."""
+    page = make_page("fine_print", 10**9 + 11, 448)
+    question = page.questions[0].question
+    a = pocket.answer(page.image, question, "arr", max_new_tokens=8)
+    with torch.no_grad():
+        observation = pocket.observe(page.image, question)
+        out = arr.select(pocket.layer, arr.score(observation, pocket.layer.graphed_score),
+                         observation.views.candidate_grid, len(observation.gestalt))
+        saccades = arr.encode_saccades(pocket.vlm, observation, out.positions[0])
+        generation = pocket.vlm.generate(arr.arr_prompt(pocket.vlm, observation, saccades), 8)
+    assert a.text == pocket.vlm.decode(generation.ids) and a.text.strip()
+    assert torch.equal(a.arr.positions, out.positions) and a.tokens["saccade"] == 273
+    assert a.confidence == answer_confidence(pocket.vlm, generation)
+    assert a.fixations == [] and "refixation" not in a.to_json() and {s.round for s in a.saccades} == {1}
+    never = pocket.answer(page.image, question, "arr", max_new_tokens=8, refixate=0.0)  # on, but it cannot fire
+    assert (never.text, never.tokens) == (a.text, a.tokens) and torch.equal(never.arr.positions, a.arr.positions)
+
+
+def test_the_final_answer_reads_both_rounds_at_their_true_places(family, monkeypatch):
+    """The last prompt: the gestalt block, then one saccade block (round 1's cells, then round 2's), each token at
+    its cell's M-RoPE place and with the features (and Qwen3-VL's DeepStack features) encode_cells gives its
+    round; on every family."""
+    arr_model = family
+    vlm, prompts, priors = arr_model.vlm, [], []
+    generate, prior_attention = vlm.generate, vlm.prior_attention
+    monkeypatch.setattr(vlm, "generate", lambda prompt, *a, **k: prompts.append(prompt) or generate(prompt, *a, **k))
+    monkeypatch.setattr(vlm, "prior_attention", lambda q, g, f, context=(): priors.append(context)
+                        or prior_attention(q, g, f, context))
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=40)
+    first, second = a.arr.positions[0].cpu(), a.fixations[1].arr.positions[0].cpu()
+    assert len(prompts) == 2 and len(priors) == 2 and list(priors[0]) == []
+    assert torch.equal(priors[1][0].positions, first)  # the second prior pass reads the first round's saccades
+    highres = a.observation.views.tensor("highres")
+    with torch.no_grad():
+        rounds = [vlm.encode_cells(highres, first), vlm.encode_cells(highres, second)]
+    final = prompts[-1]
+    image = final.ids[0] == vlm.image_token_id
+    n_gestalt = len(a.observation.gestalt)
+    blocks = [raster_block(a.views.gestalt_grid), ImageBlock(a.views.candidate_grid, torch.cat([first, second]))]
+    assert int(image.sum()) == n_gestalt + 273 + 40
+    assert torch.equal(final.position_ids, mrope_position_ids(final.ids, vlm.image_token_id, blocks))
+    torch.testing.assert_close(final.embeds[0, image][n_gestalt:], torch.cat([r.features for r in rounds]))
+    if rounds[0].deepstack is not None:  # Qwen3-VL: each level's features at the same tokens
+        torch.testing.assert_close(final.deepstack[:, 0, image][:, n_gestalt:],
+                                   torch.cat([r.deepstack for r in rounds], dim=1))
+
+
+def test_a_second_look_that_cannot_fit_or_a_bad_tau_is_a_clear_error(arr_model):
+    for tau in (-0.1, 1.5, float("nan")):
+        with pytest.raises(InputError, match="between 0 and 1"):
+            arr_model.answer(scene_image(), QUESTION, "arr", refixate=tau)
+    with pytest.raises(InputError, match="at least 1"):
+        arr_model.answer(scene_image(), QUESTION, "arr", refixate=0.5, refixate_budget=0)
+    with pytest.raises(InputError, match="arr pipeline"):
+        arr_model.answer(scene_image(), QUESTION, "full", refixate=0.5)
+    with pytest.raises(ValueError, match="not yet read"):  # 32 x 32 cells, 273 read: 751 left
+        arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, refixate=1.0, refixate_budget=752)
+
+
+def test_after_an_adaptive_first_look_k2_is_a_share_of_its_k_capped_by_the_cells_left(arr_model):
+    """--budget auto: the second look reads REFIXATE_SHARE of the first look's own K, under the same tensions (here
+    e = 0.25: a quarter of K2 on coverage), never more than the cells not yet read (32 x 32 = 1024); with none
+    left the first answer stands."""
+    def ask(lo, hi):
+        settings = TensionSettings(explore=0.25, min_budget=lo, max_budget=hi)
+        return arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, budget="auto", refixate=1.0,
+                                tensions=settings)
+
+    a = ask(100, 300)
+    K, K2 = (f.saccades for f in a.fixations)
+    assert a.arr.auto_budget and 100 <= K <= 300 and K2 == round(REFIXATE_SHARE * K)
+    assert int((a.fixations[1].arr.kinds == COVERAGE).sum()) == round(0.25 * K2)
+    assert not cells(s for s in a.saccades if s.round == 1) & cells(s for s in a.saccades if s.round == 2)
+    capped = ask(800, 800)
+    assert [f.saccades for f in capped.fixations] == [800, 224] and capped.tokens["saccade"] == 1024
+    none_left = ask(1024, 1024)
+    assert not none_left.refixated and len(none_left.fixations) == 1 and none_left.tokens["saccade"] == 1024
+
+
+def test_the_user_streamer_gets_the_final_answer_once(pocket):
+    page = make_page("box_word", 10**9 + 11, 448)
+    for tau in (0.0, 1.0):  # not fired: the first answer replayed; fired: the second one streamed
+        parts = list(pocket.stream(page.image, page.questions[0].question, "arr", max_new_tokens=6, refixate=tau))
+        final, texts = parts[-1], parts[:-1]
+        assert final.refixated == (tau == 1.0) and final.text
+        assert all(isinstance(t, str) for t in texts) and texts[-1].strip() == final.text
