@@ -191,6 +191,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
                                    elem_id="microscope-ablation")
             budget = gr.Slider(1, 4 * model.pipeline.gestalt_max_tokens, value=config.budget, step=1,
                                label="Saccade budget (re-selects instantly)")
+            tensions = tension_controls()
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
             reducer = gr.Dropdown([handlers.NO_REDUCER, *REDUCERS], value=handlers.NO_REDUCER,
                                   label="Draw a reducer's kept cells over the relevance", elem_id="microscope-reducer",
@@ -210,19 +211,34 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
 
     analysed = run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
-                         [image, question, strategy, budget, cells, numbered, ablation],
+                         [image, question, strategy, budget, cells, numbered, ablation, *tensions],
                          [kept, channels, scorers, heatmap, summary, saccades, mosaic], api_name="microscope",
                          concurrency_id=GPU)
     draw_reducer = bind(model, handlers.kept_cells, gpu_seconds=GPU_SECONDS["kept_cells"])
-    reducer_inputs = [kept, image, question, reducer, budget, cells]
+    reducer_inputs = [kept, image, question, reducer, budget, cells, *tensions]
     analysed.success(draw_reducer, reducer_inputs, reduced, api_name="kept_cells", concurrency_id=GPU)
-    gr.on([reducer.change, budget.release], draw_reducer, reducer_inputs, reduced, api_visibility="private",
-          concurrency_id=GPU)  # the same event as kept_cells, on a new choice or budget
+    auto, override, _, _, particularize = tensions  # what moves the adaptive K, and so the reducer's tokens
+    gr.on([reducer.change, budget.release, auto.change, override.change, particularize.release], draw_reducer,
+          reducer_inputs, reduced, api_visibility="private", concurrency_id=GPU)  # kept_cells, on a new choice or K
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
                   concurrency_id=GPU)
-    gr.on([strategy.change, budget.release, numbered.release], bind(model, handlers.reselect),
-          [kept, strategy, budget, numbered], [heatmap, summary, saccades, mosaic], api_name="reselect")
+    gr.on([strategy.change, budget.release, numbered.release, *(t.change for t in tensions[:2]),
+           *(t.release for t in tensions[2:])], bind(model, handlers.reselect),
+          [kept, strategy, budget, numbered, *tensions], [heatmap, summary, saccades, mosaic], api_name="reselect")
+
+
+def tension_controls() -> list:
+    """The Microscope's tensions: the adaptive budget's switch, the override switch and a slider per tension
+    (ui.TENSION_SLIDERS); the summary shows the values the selection used."""
+    with gr.Accordion("Tensions: explore, diversify, adaptive budget", open=False, elem_id="microscope-tensions"):
+        auto = gr.Checkbox(False, label="Adaptive budget (auto): K from the map's concentration, not the slider",
+                           elem_id="microscope-auto-budget")
+        override = gr.Checkbox(False, label="Override the balancer's tensions with these sliders",
+                               elem_id="microscope-override")
+        sliders = [gr.Slider(lo, hi, value=start, step=step, label=label, elem_id=f"microscope-{name}")
+                   for name, (label, lo, hi, step, start) in ui.TENSION_SLIDERS.items()]
+    return [auto, override, *sliders]
 
 
 def faithfulness_panel() -> tuple[gr.Image, gr.Textbox, gr.Button, gr.Markdown]:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from arr_coc.config import MAX_CELLS, MIN_CELLS, PipelineConfig
 from arr_coc.relevance.ablation import ABLATIONS
+from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
 MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
 
@@ -183,6 +184,41 @@ def names(text: str) -> list[str]:
     return [n for n in text.split(",") if n]
 
 
+def budget(text: str) -> int | str:
+    """An argparse type: a saccade count in [1, MAX_CELLS], or "auto" for the adaptive budget."""
+    return AUTO if text.strip().lower() == AUTO else bounded_int(1, MAX_CELLS)(text)
+
+
+budget.__name__ = "budget"
+
+
+def add_budget(p: argparse.ArgumentParser, default: int | str, group=None) -> None:
+    """--budget, --min-budget and --max-budget, the same flags for run, evaluate and train; --budget in `group`
+    when given (evaluate's, where --budgets excludes it)."""
+    (group or p).add_argument("--budget", type=budget, default=default,
+                              help="saccades per image (at most the candidate grid's cells), or 'auto': the adaptive "
+                                   "budget, K from the relevance map's concentration between --min-budget and "
+                                   "--max-budget (a spread-out map gets more saccades than a peaked one; the "
+                                   "reducers keep as many tokens)")
+    p.add_argument("--min-budget", type=bounded_int(1, MAX_CELLS), default=ARRCOCConfig.min_budget,
+                   help="with --budget auto: the fewest saccades per image")
+    p.add_argument("--max-budget", type=bounded_int(1, MAX_CELLS), default=ARRCOCConfig.max_budget,
+                   help="with --budget auto: the most saccades per image (capped by the candidate grid's cells)")
+
+
+def check_budget(p: argparse.ArgumentParser, args: argparse.Namespace, max_cells: int | None = None) -> None:
+    """Refuse a fixed --budget over --max-cells, and adaptive bounds the wrong way round."""
+    if max_cells is not None and args.budget != AUTO and args.budget > max_cells:
+        p.error(f"argument --budget: {args.budget} exceeds --max-cells {max_cells}")
+    if args.min_budget > args.max_budget:
+        p.error(f"argument --min-budget: {args.min_budget} exceeds --max-budget {args.max_budget}")
+
+
+def budget_settings(args: argparse.Namespace) -> TensionSettings:
+    """The adaptive budget's bounds from the flags, as ARR's tension settings."""
+    return TensionSettings(min_budget=args.min_budget, max_budget=args.max_budget)
+
+
 def add_max_cells(p: argparse.ArgumentParser) -> None:
     """--max-cells, the same flag for run and evaluate."""
     p.add_argument("--max-cells", type=bounded_int(MIN_CELLS, MAX_CELLS), default=PipelineConfig.max_cells,
@@ -250,13 +286,15 @@ def load_vlm(name: str, device: str):
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
-           budget: int | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None,
-           refixate: float | None = None, refixate_budget: int | None = None):
+           budget: int | str | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None,
+           tensions: TensionSettings | None = None, refixate: float | None = None,
+           refixate_budget: int | None = None):
     """The one place the commands ask the model for an answer (so a new keyword is passed once); refixate and
     refixate_budget reach the arr pipeline only (the others have no second look)."""
     second_look = dict(refixate=refixate, refixate_budget=refixate_budget) if pipeline == "arr" else {}
     return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
-                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer, **second_look)
+                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer, tensions=tensions,
+                        **second_look)
 
 
 def versions() -> dict:

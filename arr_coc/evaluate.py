@@ -7,14 +7,22 @@ Rows are the baselines (the stock views full, gestalt, budget; the published tok
 and fastv at ARR's visual-token count), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid,
 arr:random) and, with --ablations, ARR with one part switched off under topk (arr-information:topk, ...,
 arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's
-critical experiment at a fixed budget. --budgets runs that experiment at several budgets (a budget sweep): every
-row but full and gestalt (which read no budget, and run once) at each budget, each budget being a number of
+critical experiment at a fixed budget. Three more --ablations switch one tension on, with a fixed value, against
+arr:topk where each is at its prior: arr-explore:topk (e = 0.25), arr-diversify:topk (lambda = 2) and
+arr-auto-budget:topk (the adaptive budget). Every ARR row records its tensions per item in results.jsonl (under
+"tensions": explore, diversify, particularize, budget K, auto_budget, structure); report.md adds the mean visual
+tokens and accuracy per scene kind. --budget auto puts every ARR row on the adaptive budget (the reducers keep as
+many tokens).
+
+--budgets runs that experiment at several budgets (a budget sweep): every row but full, gestalt and
+arr-auto-budget:topk (which read no fixed budget, and run once) at each budget, each budget being a number of
 saccades and every other row reading ARR's visual tokens at it; the report gets a table per budget and accuracy
-curves against visual tokens and TTFT, one per row. A budget over an image's candidate grid is skipped for
-that image, with one line saying so. With --refixate TAU, each strategy also gets a row with ARR's second look
-(arr+refix:topk, ...: a second round of --refixate-budget saccades when the answer's confidence is below TAU;
-in a sweep, at each budget); each of its results records whether it fired, both confidences and the first
-answer's own score, and report.md says how often it fires and the accuracy with and without it.
+curves against visual tokens and TTFT, one per row. A sweep is of fixed budgets: it is refused with --budget
+(auto included). A budget over an image's candidate grid is skipped for that image, with one line saying so.
+With --refixate TAU, each strategy also gets a row with ARR's second look (arr+refix:topk, ...: a second round of
+--refixate-budget saccades, default half the first look's K, when the answer's confidence is below TAU; in a
+sweep, at each budget); each of its results records whether it fired, both confidences and the first answer's own
+score, and report.md says how often it fires and the accuracy with and without it.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
@@ -54,6 +62,7 @@ from arr_coc.eval.data import SCENE_KINDS
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.sets import SCHEMAS, Item, Source, open_source, synthetic_source
 from arr_coc.relevance import ablation as ablations
+from arr_coc.relevance.config import AUTO
 
 if TYPE_CHECKING:
     from arr_coc.distributed import Process
@@ -106,11 +115,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default none): "
                         + ablations.describe())
     budgets = p.add_mutually_exclusive_group()
-    budgets.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET,
-                         help="saccades per image")
+    cli.add_budget(p, DEFAULT_BUDGET, budgets)
     budgets.add_argument("--budgets", type=cli.int_list(1, cli.MAX_CELLS), default=None,
                          help="a budget sweep: saccade counts, comma-separated (e.g. 64,128,273,529,1024); every row "
-                              "but full and gestalt runs at each, reading ARR's visual tokens at that budget")
+                              "but full, gestalt and arr-auto-budget runs at each, reading ARR's visual tokens at that "
+                              "budget (fixed budgets: not with --budget, auto included)")
     p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
                    help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
                         "chartqa 16; 16 for JSONL sets and synthetic scenes)")
@@ -129,9 +138,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.baselines and not args.strategies and not args.ablations:
         p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")
-    for budget in args.budgets or [args.budget]:
+    cli.check_budget(p, args, args.max_cells)
+    for budget in args.budgets or []:
         if budget > args.max_cells:
-            p.error(f"argument --budget{'s' if args.budgets else ''}: {budget} exceeds --max-cells {args.max_cells}")
+            p.error(f"argument --budgets: {budget} exceeds --max-cells {args.max_cells}")
     args.budgets = sorted(set(args.budgets)) if args.budgets else None
     if args.faithfulness and not args.strategies:
         p.error("argument --faithfulness: needs an ARR row (--strategies)")
@@ -182,6 +192,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
 
     from arr_coc.eval.faithfulness import faithfulness_curves
     from arr_coc.eval.metrics import box_recall_precision
+    from arr_coc.pipelines.answer import tension_record
 
     image, question = item.open(), source.prompt(item)
     views = model.views(image, args.max_cells) if args.budgets else None  # the grid a sweep's budgets must fit
@@ -193,7 +204,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
         pipeline, strategy, ablation, refix = split_row(row)  # "arr-no-gestalt:topk": arr under the no-gestalt ablation
         a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens, strategy=strategy,
                        budget=args.budget if budget is None else budget, max_cells=args.max_cells,
-                       ablation=ablation, fastv_layer=args.fastv_layer,
+                       ablation=ablation, fastv_layer=args.fastv_layer, tensions=cli.budget_settings(args),
                        refixate=args.refixate if refix else None, refixate_budget=args.refixate_budget)
         score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
         swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
@@ -206,6 +217,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
                           first_prediction=a.fixations[0].text, first_score=score(a.fixations[0].text))
         if metric != LENIENT and item.answers:
             result[LENIENT] = METRICS[LENIENT](a.text, item.answers)
+        if a.arr is not None:  # its tensions (its first look's): e, λ, K, and f under the adaptive budget
+            result["tensions"] = tension_record(a.arr)
         if a.arr is not None and item.box is not None:  # over every cell read, both rounds' under a second look
             read = torch.cat([f.arr.indices[0] for f in a.fixations]) if a.fixations else a.arr.indices[0]
             recall, precision = box_recall_precision(a.views.box_coverage(item.box), read)
@@ -230,12 +243,17 @@ def row_names(args: argparse.Namespace) -> list[str]:
 
 def job_list(args: argparse.Namespace) -> list[Job]:
     """What to evaluate on each item, in order: every row once at --budget; in a sweep, the rows that read no
-    budget (full, gestalt) once, then every other row at each budget."""
+    fixed budget (budget_free) once, then every other row at each budget."""
     rows = row_names(args)
     if not args.budgets:
         return [(row, None) for row in rows]
-    free = [row for row in rows if row in pipelines.BUDGET_FREE]
+    free = [row for row in rows if budget_free(row)]
     return [(row, None) for row in free] + [(row, b) for b in args.budgets for row in rows if row not in free]
+
+
+def budget_free(row: str) -> bool:
+    """Whether no fixed budget changes a row: full and gestalt, and ARR on its adaptive budget (arr-auto-budget)."""
+    return row in pipelines.BUDGET_FREE or ablations.get(split_row(row)[2]).auto_budget
 
 
 def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoint: str) -> dict:
@@ -251,10 +269,17 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
                 prompt_reference=SCHEMAS[source.schema].reference,
-                budget=None if args.budgets else args.budget, budgets=args.budgets, max_new_tokens=args.max_new_tokens,
-                max_cells=args.max_cells, fastv_layer=args.fastv_layer, refixate=args.refixate,
-                refixate_budget=args.refixate_budget,
+                budget=None if args.budgets else args.budget, budgets=args.budgets, **adaptive_bounds(args),
+                max_new_tokens=args.max_new_tokens, max_cells=args.max_cells, fastv_layer=args.fastv_layer,
+                refixate=args.refixate, refixate_budget=args.refixate_budget,
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+
+
+def adaptive_bounds(args: argparse.Namespace) -> dict:
+    """--min-budget and --max-budget, where a row uses them (--budget auto or the arr-auto-budget row); else
+    nothing, so that a folder from before the adaptive budget resumes."""
+    used = args.budget == AUTO or "auto-budget" in cli.names(args.ablations)
+    return dict(min_budget=args.min_budget, max_budget=args.max_budget) if used else {}
 
 
 class ResultsFolder:

@@ -32,6 +32,7 @@ from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, R
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.texture import generate_texture_array
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM
@@ -137,11 +138,12 @@ class ARRCOCQwen:
         """
         return arr.score(observation, scorer or self.layer.graphed_score)
 
-    def select(self, scene: Scene, strategy: str | None = None, budget: int | None = None,
-               layer: ARRCOCLayer | None = None) -> ARRCOCOutput:
-        """Re-select saccades from a prepared scene (no VLM work), as many and in the order its ablation says."""
+    def select(self, scene: Scene, strategy: str | None = None, budget: int | str | None = None,
+               layer: ARRCOCLayer | None = None, tensions: TensionSettings | None = None) -> ARRCOCOutput:
+        """Re-select saccades from a prepared scene (no VLM work), as many and in the order its ablation says;
+        budget "auto" is the adaptive budget, tensions fix ARR's tensions by hand (arr_coc.relevance.tensions)."""
         return arr.select(layer or self.layer, scene.maps, scene.views.candidate_grid, len(scene.observation.gestalt),
-                          budget, strategy, scene.ablation or ablations.NO_ABLATION)
+                          budget, strategy, scene.ablation or ablations.NO_ABLATION, tensions)
 
     @staticmethod
     def ablation(name: str | None) -> ablations.Ablation:
@@ -154,15 +156,17 @@ class ARRCOCQwen:
     # --- answering ---
 
     def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
-               strategy: str | None = None, budget: int | None = None, layer: ARRCOCLayer | None = None,
+               strategy: str | None = None, budget: int | str | None = None, layer: ARRCOCLayer | None = None,
                streamer=None, max_cells: int | None = None, ablation: str | None = None,
-               fastv_layer: int | None = None, refixate: float | None = None,
-               refixate_budget: int | None = None) -> Answer:
+               fastv_layer: int | None = None, tensions: TensionSettings | None = None,
+               refixate: float | None = None, refixate_budget: int | None = None) -> Answer:
         """
         Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed.
         ablation names what of ARR to switch off (arr_coc.relevance.ablation.ABLATIONS; arr only); fastv_layer is
-        FastV's K (fastv only); refixate is tau: ARR looks again, refixate_budget more saccades, when its answer's
-        confidence is below it (arr only; None: never).
+        FastV's K (fastv only). budget "auto" is ARR's adaptive budget, and tensions fix its tensions by hand
+        (arr_coc.relevance.tensions); the reducers then keep as many tokens as ARR reads of that image. refixate is
+        tau: ARR looks again, refixate_budget more saccades, when its answer's confidence is below it (arr only;
+        None: never).
         """
         if pipeline not in pipelines.REGISTRY:
             raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
@@ -174,7 +178,7 @@ class ARRCOCQwen:
         chosen = self.ablation(ablation)
         request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells,
                                         ablation=None if chosen is ablations.NO_ABLATION else chosen,
-                                        fastv_layer=fastv_layer, refixate=refixate,
+                                        fastv_layer=fastv_layer, tensions=tensions, refixate=refixate,
                                         refixate_budget=refixate_budget))
         try:
             return pipelines.load(pipeline).answer(self, image, question, request)

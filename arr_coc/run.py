@@ -6,7 +6,10 @@ The headless microscope: one image, one question, every pipeline, a table on std
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness --save-dir out/run
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --pipelines arr --ablations all
 
---ablations adds a row per ablation of ARR (arr-no-gestalt, ...: arr_coc.relevance.ablation), at the same budget.
+--ablations adds a row per ablation of ARR (arr-no-gestalt, ...: arr_coc.relevance.ablation), at the same budget;
+arr-explore, arr-diversify and arr-auto-budget switch one tension on instead. Every ARR row prints its tensions (the
+explore share e, the spacing penalty lambda, the budget K) after the table; the JSON records them per row.
+--budget auto spends K saccades chosen from the relevance map's concentration, in [--min-budget, --max-budget].
 
 --refixate TAU gives ARR a second look when its answer's confidence is below TAU: a line per ARR row says whether
 it fired, with both confidences and both answers; the JSON records them under each row's "refixation".
@@ -51,8 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
                         "else the prior; the app's rule)")
     p.add_argument("--strategy", default="topk", choices=STRATEGIES, help="saccade allocation strategy")
-    p.add_argument("--budget", type=cli.bounded_int(1, cli.MAX_CELLS), default=DEFAULT_BUDGET,
-                   help="number of saccades (at most the candidate grid's cells)")
+    cli.add_budget(p, DEFAULT_BUDGET)
     p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
                    help=f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()})")
     p.add_argument("--ablations", type=cli.ablation_list, default="",
@@ -74,8 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-dir", type=cli.output_folder, default=None,
                    help="write heatmap, channel and scorer PNGs into this folder")
     args = p.parse_args(argv)
-    if args.budget > args.max_cells:
-        p.error(f"argument --budget: {args.budget} exceeds --max-cells {args.max_cells}")
+    cli.check_budget(p, args, args.max_cells)
     if args.faithfulness and "arr" not in cli.names(args.pipelines):
         p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
     if args.answer is not None and not args.faithfulness:
@@ -111,6 +112,14 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def tension_line(name: str, tensions: dict) -> str:
+    """One ARR row's tensions, as recorded in the JSON (answer.tension_record)."""
+    budget = f"K={tensions['budget']}" + (f" (auto, f={tensions['particularize']:.3f})" if tensions["auto_budget"]
+                                          else " (fixed)")
+    return (f"{name} tensions: explore e={tensions['explore']:.3f}, diversify lambda={tensions['diversify']:.3f}, "
+            f"{budget}; image structure {tensions['structure']:.2f}")
+
+
 def refixation_line(name: str, result: dict) -> str | None:
     """Whether an ARR row looked a second time, its confidences and answers (None: refixation was off)."""
     r = result.get("refixation")
@@ -144,7 +153,8 @@ def main(argv=None) -> int:
             try:
                 answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
                                     strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
-                                    ablation=ablation, fastv_layer=args.fastv_layer, refixate=args.refixate,
+                                    ablation=ablation, fastv_layer=args.fastv_layer,
+                                    tensions=cli.budget_settings(args), refixate=args.refixate,
                                     refixate_budget=args.refixate_budget)
             except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
                 raise InputError(str(e)) from None
@@ -160,6 +170,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table(results))
+    for name, result in results.items():
+        if "tensions" in result:
+            print(tension_line(name, result["tensions"]))
     for line in filter(None, (refixation_line(name, r) for name, r in results.items())):
         print(line)
     if arr_answer is not None and arr_answer.arr.fallback[0]:

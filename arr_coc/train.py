@@ -6,7 +6,12 @@ Two losses, both reaching every ARR parameter:
   (a listwise cross-entropy against the box's cell coverage);
 - answer (--lm-weight > 0): the frozen VLM's loss on the expected answer, given the gestalt and the
   selected saccades; the hard top-k selection passes gradient through the straight-through product
-  tokens * (1 + s - s.detach()) on the selected scores (docs/ARCHITECTURE.md §3).
+  tokens * (1 + s - s.detach()) * gates on the selected scores (docs/ARCHITECTURE.md §3), the gates carrying
+  the three tensions' gradients (arr_coc.relevance.tensions: exactly 1 forward).
+
+and, with --budget auto, a token cost (--token-cost) on the adaptive budget: token_cost * K_soft / --max-budget,
+K_soft the unrounded K (the relaxation is explained in arr_coc.relevance.tensions). The held-out log reports the
+mean K per scene kind (budget/KIND).
 
 The frozen VLM's part of every sample (gestalt tokens, attention prior, texture) is computed once.
 
@@ -20,6 +25,7 @@ logs, writes the checkpoint and pushes it.
     python -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --lm-weight 0.1 --out checkpoints/mine
     torchrun --nproc-per-node 2 -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --out checkpoints/mine
     python -m arr_coc.train --model tiny --out runs/tiny --push-to-hub you/arr-coc-tiny    # then uploads runs/tiny
+    python -m arr_coc.train --model tiny --budget auto --token-cost 0.5 --lm-weight 0.1 --out runs/tiny-auto
 
 Exit codes: 0 on success; 2 on bad input (a bad flag, a model, dataset or --init checkpoint that cannot be
 loaded, a failed upload), with one line on stderr.
@@ -37,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from arr_coc import cli, distributed
+from arr_coc.config import DEFAULT_BUDGET
+from arr_coc.relevance.config import AUTO, ARRCOCConfig
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
@@ -74,6 +82,13 @@ class TrainConfig:
     temperature: float = flag(0.5, "softmax temperature of the relevance loss", cli.bounded_float(0.0, above=True))
     lm_weight: float = flag(0.0, "weight of the answer loss through the frozen VLM (straight-through estimator)",
                             cli.bounded_float(0.0))
+    budget: int | str = flag(DEFAULT_BUDGET, "saccades per sample for the answer loss, or 'auto': the adaptive budget "
+                                             "(K from the relevance map's concentration, trained by --token-cost)",
+                             cli.budget)
+    min_budget: int = flag(ARRCOCConfig.min_budget, "with --budget auto: the fewest saccades per sample", cli.bounded_int(1, cli.MAX_CELLS))
+    max_budget: int = flag(ARRCOCConfig.max_budget, "with --budget auto: the most saccades per sample", cli.bounded_int(1, cli.MAX_CELLS))
+    token_cost: float = flag(0.0, "with --budget auto: the price of the budget, token_cost * K_soft / --max-budget "
+                                  "added to the loss (0: none)", cli.bounded_float(0.0))
     init: str | None = flag(None, "start from this checkpoint (a name under checkpoints/, a folder or a hub id) "
                                   "instead of the untrained prior")
     eval_every: int = flag(50, "steps between held-out evaluations", cli.bounded_int(1, 10_000_000))
@@ -114,7 +129,8 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D], frozen
     if saccades is not None:
         s = out.selected_scores[0].unsqueeze(-1)  # [K, 1]
-        saccades = saccades.scaled(1 + s - s.detach())  # forward: unchanged tokens; backward: d/ds = tokens
+        gates = out.gates[0].unsqueeze(-1).to(s.dtype)  # [K, 1] exactly 1: the tensions' gradients
+        saccades = saccades.scaled((1 + s - s.detach()) * gates)  # forward: unchanged tokens; backward: d/ds = tokens
     prompt = arr_prompt(vlm, observation, saccades, answer)  # the answer teacher-forced at the end
     return -vlm.answer_logprobs([prompt])[0]
 
@@ -178,30 +194,51 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., dict], batch: list[Obser
     for sample, observation, coverage in batch:
         maps = model.score(observation, scorer)
         loss = loss + relevance_loss(maps["relevance"][0], coverage, cfg.temperature) / len(batch)
+        if cfg.lm_weight > 0 or cfg.token_cost > 0:
+            out = select(model, maps, observation, cfg)
         if cfg.lm_weight > 0:
-            out = model.layer.select(maps, observation.views.candidate_grid)
             loss = loss + cfg.lm_weight * answer_loss(model, observation, out, sample.answer) / len(batch)
+        if cfg.token_cost > 0:
+            loss = loss + cfg.token_cost * budget_cost(model, out, cfg) / len(batch)
     return loss
+
+
+def select(model: ARRCOCQwen, maps: dict, observation: Observation, cfg: TrainConfig):
+    """The saccades training reads: at --budget (fixed, or adaptive within --min-budget and --max-budget)."""
+    from arr_coc.relevance.config import TensionSettings
+
+    settings = TensionSettings(min_budget=cfg.min_budget, max_budget=cfg.max_budget)
+    return model.layer.select(maps, observation.views.candidate_grid, cfg.budget, settings=settings)
+
+
+def budget_cost(model: ARRCOCQwen, out, cfg: TrainConfig) -> torch.Tensor:
+    """The token cost's unweighted term: K_soft / the ceiling (arr_coc.relevance.tensions.token_cost)."""
+    from arr_coc.relevance.config import TensionSettings
+    from arr_coc.relevance.tensions import soft_budget, token_cost
+
+    bounds = model.layer.budget_bounds(out.grid, TensionSettings(min_budget=cfg.min_budget, max_budget=cfg.max_budget))
+    return token_cost(soft_budget(out.particularize, bounds), bounds[1])
 
 
 def evaluate(model: ARRCOCQwen, data: list[Observed], kinds: list[str], cfg: TrainConfig, process: Process) -> dict:
     """
-    Mean relevance loss and the fraction of saccades on the target box, per scene kind, over all processes'
-    shards of the held-out samples: each process scores its own, and the sums are all-reduced.
+    Mean relevance loss, the fraction of saccades on the target box and the budget K (overall and per scene kind),
+    over all processes' shards of the held-out samples: each process scores its own, and the sums are all-reduced.
     """
     import torch
 
-    sums = torch.zeros(len(kinds), 3, dtype=torch.float64)  # [kinds, (samples, relevance loss, box precision)]
+    sums = torch.zeros(len(kinds), 4, dtype=torch.float64)  # [kinds, (samples, relevance loss, box precision, K)]
     with torch.no_grad():
         for sample, observation, coverage in data:
             maps = model.score(observation)
-            out = model.layer.select(maps, observation.views.candidate_grid)
+            out = select(model, maps, observation, cfg)
             loss = float(relevance_loss(maps["relevance"][0], coverage, cfg.temperature))
             precision = box_recall_precision(coverage, out.indices[0])[1]
-            sums[kinds.index(sample.kind)] += torch.tensor([1.0, loss, precision], dtype=torch.float64)
-    count, loss, precision = process.sum(sums).unbind(1)  # [kinds] each
-    return dict(loss=float(loss.sum() / count.sum()),
-                **{f"hits/{kind}": float(p / n) for kind, p, n in zip(kinds, precision, count)})
+            sums[kinds.index(sample.kind)] += torch.tensor([1.0, loss, precision, out.budgets[0]], dtype=torch.float64)
+    count, loss, precision, budget = process.sum(sums).unbind(1)  # [kinds] each
+    return dict(loss=float(loss.sum() / count.sum()), budget=float(budget.sum() / count.sum()),
+                **{f"hits/{kind}": float(p / n) for kind, p, n in zip(kinds, precision, count)},
+                **{f"budget/{kind}": float(k / n) for kind, k, n in zip(kinds, budget, count)})
 
 
 def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
@@ -232,6 +269,8 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
                     f"{watch.ms['observe'] / 1000:.1f}s")
 
     layer = model.layer.train()
+    # only the answer loss and the token cost reach the tension head; DDP wants a gradient for every trained parameter
+    layer.balancer.tension_head.requires_grad_(cfg.lm_weight > 0 or cfg.token_cost > 0)
     scorer = DistributedDataParallel(layer) if process.distributed else layer
     optimizer = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     kinds = list(dict.fromkeys(s.kind for s in eval_samples))  # every process reports every kind, in this order
@@ -252,7 +291,7 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
                             **evaluate(model, eval_data, kinds, cfg, process)))
             if process.is_main:
                 tqdm.write(json.dumps(log[-1]))
-    layer.eval()
+    layer.eval().requires_grad_(True)
     assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in vlm_state.items()), "the VLM changed"
     return model, log
 
@@ -298,6 +337,10 @@ def parse_args(argv=None) -> TrainConfig:
     if Path(cfg.out).is_file() or (Path(cfg.out).is_dir() and any(Path(cfg.out).iterdir()) and not cfg.overwrite):
         p.error(f"argument --out: {cfg.out} already exists and is not empty; pass --overwrite to write into it, "
                 "or choose another folder")
+    if cfg.token_cost > 0 and cfg.budget != AUTO:
+        p.error("argument --token-cost: prices the adaptive budget; it needs --budget auto")
+    if cfg.min_budget > cfg.max_budget:
+        p.error(f"argument --min-budget: {cfg.min_budget} exceeds --max-budget {cfg.max_budget}")
     if cfg.batch_size % distributed.world_size():
         p.error(f"argument --batch-size: {cfg.batch_size} does not split evenly over the {distributed.world_size()} "
                 "processes torchrun started; choose a multiple of their number")

@@ -68,16 +68,41 @@ def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
     assert evaluate.main(["--model", "tiny", "--checkpoint", "tiny-text-vs-distractor", "--baselines", "",
                           "--strategies", "topk", "--ablations", "all", "--synthetic", "1", "--kinds", "text_vs_distractor",
                           "--max-new-tokens", "1", "--out", str(out)]) == 0
-    names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "no-gestalt"]
+    names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "no-gestalt",
+             "explore", "diversify", "auto-budget"]
     summary = json.loads((out / "report.json").read_text())["summary"]
     assert list(summary) == ["arr:topk", *(f"arr-{name}:topk" for name in names)]
-    assert {row["visual_tokens"] for row in summary.values()} == {529}
+    assert {row["visual_tokens"] for name, row in summary.items() if name != "arr-auto-budget:topk"} == {529}
     records = {r["row"]: r for r in results(out)}
+    tensions = {row: r["tensions"] for row, r in records.items()}
+    # the tension rows: each tension on, at its fixed value, against arr:topk where all are at their priors
+    assert (tensions["arr:topk"]["explore"], tensions["arr:topk"]["diversify"], tensions["arr:topk"]["budget"]) == (0, 0, 273)
+    assert tensions["arr-explore:topk"]["explore"] == 0.25 and tensions["arr-diversify:topk"]["diversify"] == 2.0
+    auto = tensions["arr-auto-budget:topk"]
+    assert auto["auto_budget"] and 64 <= auto["budget"] <= 512
+    assert records["arr-auto-budget:topk"]["visual_tokens"] == 256 + auto["budget"]
+    assert "Mean visual tokens (accuracy) per scene kind" in (out / "report.md").read_text()
     no_gestalt, arr = records["arr-no-gestalt:topk"], records["arr:topk"]  # 529 saccades hold the 273 most relevant
     assert no_gestalt["box_recall"] == arr["box_recall"] == 1 and no_gestalt["box_precision"] < arr["box_precision"]
     with pytest.raises(SystemExit):
         evaluate.parse_args(["--ablations", "raster,nope"])
     assert "unknown ['nope']; choose from information,perspectival" in capsys.readouterr().err
+
+
+def test_the_adaptive_budget_spends_each_images_own_tokens_and_the_reducers_follow(tmp_path):
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", "tiny", "--checkpoint", "prior", "--baselines", "divprune", "--strategies", "topk",
+                          "--budget", "auto", "--min-budget", "20", "--max-budget", "300", "--synthetic", "2",
+                          "--kinds", "text_vs_distractor,chart", "--max-new-tokens", "1", "--out", str(out)]) == 0
+    records = results(out)
+    arr = {r["item"]: r for r in records if r["row"] == "arr:topk"}
+    assert all(r["tensions"]["auto_budget"] and 20 <= r["tensions"]["budget"] <= 300 for r in arr.values())
+    assert len({r["tensions"]["budget"] for r in arr.values()}) == 2  # each image its own K
+    for r in records:
+        if r["row"] == "divprune":  # the reducer keeps as many tokens as ARR read of the same image and question
+            assert r["visual_tokens"] == arr[r["item"]]["visual_tokens"] == 256 + arr[r["item"]]["tensions"]["budget"]
+    report_md = (out / "report.md").read_text()
+    assert f"| arr:topk | {arr[0]['visual_tokens']} (" in report_md  # one item per kind: its tokens are the mean
 
 
 def test_a_second_look_row_records_when_it_fired_and_the_report_compares_with_and_without(tmp_path, capsys):
@@ -179,8 +204,27 @@ def test_a_sweep_gives_the_second_look_its_row_at_each_budget_and_skips_it_where
     assert list(json.loads((out / "report.json").read_text())["refixation"]) == ["arr+refix:topk@64"]
 
 
+def test_in_a_sweep_the_adaptive_budget_row_runs_once_and_each_budget_gets_its_line_per_scene_kind(tmp_path):
+    """arr-auto-budget reads no fixed budget: like full, it runs once and sits in every budget's table; the
+    tokens-by-kind table has a line per row and budget (arr:topk@64, ...); every ARR result records its tensions."""
+    out = tmp_path / "sweep-auto"
+    assert evaluate.main([*SWEEP[:8], "--baselines", "", "--strategies", "topk", "--ablations", "auto-budget",
+                          "--max-budget", "100", "--max-new-tokens", "1", "--budgets", "64,128", "--out", str(out)]) == 0
+    records = results(out)
+    assert [(r["row"], r["budget"]) for r in records] == [("arr-auto-budget:topk", None), ("arr:topk", 64),
+                                                          ("arr:topk", 128)]
+    assert records[0]["tensions"]["auto_budget"] and 64 <= records[0]["tensions"]["budget"] <= 100
+    assert [r["tensions"]["budget"] for r in records[1:]] == [64, 128]
+    markdown = (out / "report.md").read_text()
+    assert "| arr-auto-budget:topk |" in markdown.split("### budget 64 saccades")[1].split("### budget 128")[0]
+    kinds = markdown.split("Mean visual tokens (accuracy) per scene kind:")[1]
+    assert "| arr:topk@64 | 320" in kinds and "| arr:topk@128 | 384" in kinds and "| arr-auto-budget:topk |" in kinds
+    assert json.loads((out / "report.json").read_text())["max_budget"] == 100  # the settings check knows the bounds
+
+
 def test_budgets_are_checked_before_anything_loads(capsys):
     for argv, message in ((["--budget", "100", "--budgets", "64"], "argument --budgets: not allowed with argument --budget"),
+                          (["--budget", "auto", "--budgets", "64"], "argument --budgets: not allowed with argument --budget"),
                           (["--budgets", "64,5000"], "argument --budgets: 5000 exceeds --max-cells 4096"),
                           (["--budgets", "64,x"], "argument --budgets: expected an integer, got 'x'")):
         with pytest.raises(SystemExit):
@@ -213,6 +257,8 @@ OTHER_VALUES = {
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
     "ablations": ([], ["--ablations", "raster"]),
     "budget": ([], ["--budget", "100"]), "budgets": ([], ["--budgets", "64,128"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
+    "min_budget": (["--budget", "auto"], ["--min-budget", "10"]),
+    "max_budget": (["--ablations", "auto-budget"], ["--max-budget", "100"]),
     "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
     "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
     "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),

@@ -74,6 +74,25 @@ def test_run_adds_a_row_per_ablation_at_the_same_budget(tmp_path, capsys):
     assert {r["tokens"]["total_visual"] for r in results.values()} == {273 + gestalt}
 
 
+def test_run_prints_and_records_the_tensions_and_the_adaptive_budget(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "1",
+                 "--pipelines", "arr", "--ablations", "explore", "--budget", "auto", "--min-budget", "30",
+                 "--max-budget", "90", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())["pipelines"]
+    tensions = results["arr"]["tensions"]
+    assert tensions["auto_budget"] and 30 <= tensions["budget"] <= 90 and tensions["explore"] == 0
+    assert results["arr"]["tokens"]["saccade"] == tensions["budget"]
+    assert results["arr-explore"]["tensions"]["explore"] == 0.25
+    assert f"arr tensions: explore e=0.000, diversify lambda=0.000, K={tensions['budget']} (auto" in printed
+    assert "arr-explore tensions: explore e=0.250" in printed
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", "q", "--min-budget", "50",
+              "--max-budget", "40"])
+    assert "--min-budget: 50 exceeds --max-budget 40" in capsys.readouterr().err
+
+
 def test_run_saves_the_microscope_pngs(tmp_path):
     code = main(["--model", "tiny", "--image", "assets/synth_chart.png", "--question", "What is the Kiwis value?",
                  "--pipelines", "arr", "--max-new-tokens", "1", "--save-dir", str(tmp_path / "png")])

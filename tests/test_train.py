@@ -95,6 +95,31 @@ def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_pr
     assert float(loss.detach()) == pytest.approx(-float(score), abs=1e-5)
 
 
+def test_the_token_cost_lowers_the_adaptive_budget_on_held_out_scenes(arr_model):
+    """Same data, same steps: with a price on each saccade, the held-out scenes get fewer (K is the adaptive budget)."""
+    means, layer = {}, arr_model.layer
+    try:
+        for cost in (0.0, 2.0):
+            arr_model.layer = arr_model.prior_layer()
+            cfg = TrainConfig(n_train=4, n_eval=2, steps=4, batch_size=4, eval_every=4, budget="auto",
+                              token_cost=cost, lr=3e-2)
+            _, log = train(cfg, arr_model)
+            assert all(cfg.min_budget <= log[-1][f"budget/{kind}"] <= cfg.max_budget
+                       for kind in ("text_vs_distractor", "distractor_query"))
+            means[cost] = (log[0]["budget"], log[-1]["budget"])
+    finally:
+        arr_model.layer = layer
+    assert means[0.0][0] == means[2.0][0]  # the same prior before training
+    assert means[2.0][1] < means[0.0][1] and means[2.0][1] < means[2.0][0], means
+    assert parse_args([*ONE_STEP, "--budget", "auto", "--token-cost", "1"]).token_cost == 1.0
+
+
+def test_the_token_cost_needs_the_adaptive_budget(capsys):
+    with pytest.raises(SystemExit):
+        parse_args([*ONE_STEP, "--token-cost", "1"])
+    assert "--token-cost: prices the adaptive budget; it needs --budget auto" in capsys.readouterr().err
+
+
 def test_every_flag_has_help_and_maps_to_the_config(capsys, tmp_path):
     cfg = parse_args(["--steps", "7", "--lm-weight", "0.5", "--data", "some/folder", "--out", str(tmp_path / "o")])
     assert cfg.steps == 7 and cfg.lm_weight == 0.5 and cfg.data == "some/folder" and cfg.model == "tiny"

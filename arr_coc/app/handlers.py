@@ -9,6 +9,8 @@ directly, without a server.
     kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk",
                                                                             273, 4096, 20, "no-gestalt")
     heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
+    heatmap, summary, saccades, mosaic = reselect(model, kept, "topk", 50, 20, True, True, 0.25, 2.0, 0.3)
+                                                   # adaptive K; e, λ and f overridden by the tension sliders
 
 Per-user state (gr.State, kept up to an hour) is a Kept: CPU data only, never a GPU tensor.
 """
@@ -203,51 +205,64 @@ def stopped(status: str | None) -> str | None:
 # ----------------------------------------------------------------------------- Microscope
 
 
-def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int, numbered: int) -> tuple:
-    """Select on the CPU (no VLM work), under the kept ablation, and draw: the heatmap, the summary line, the
-    saccade list and the mosaic."""
+def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int, numbered: int,
+                      tensions: tuple = (False, False, 0.0, 0.0, 0.5)) -> tuple:
+    """Select on the CPU (no VLM work), under the kept ablation and the tension controls (adaptive budget,
+    override, e, λ, f: ui.tension_request), and draw: the heatmap, the summary line, the saccade list and the
+    mosaic."""
     start = time.perf_counter()
     gh, gw = kept.grid
     extra = kept.ablation.saccade_budget(0, kept.gestalt_tokens)  # the no-gestalt ablation's extra saccades
-    budget = min(int(budget), gh * gw - extra)  # the slider allows the largest grid
-    out = arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, strategy, kept.ablation)
+    auto, settings = ui.tension_request(*tensions)
+    budget = auto or min(int(budget), gh * gw - (extra if isinstance(extra, int) else 0))  # slider: the largest grid
+    out = arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, strategy, kept.ablation, settings)
     heatmap, mosaic = redraw(replace(kept, positions=out.positions[0]), numbered)
     summary = ui.selection_summary(out, (time.perf_counter() - start) * 1000, kept.ablation.description
-                                   if kept.ablation is not NO_ABLATION else None)
+                                   if kept.ablation is not NO_ABLATION else None, overridden=bool(tensions[1]))
     return heatmap, summary, ui.saccade_rows(out), mosaic
 
 
 @ui.reports_errors
 def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, strategy: str, budget: int,
-               max_cells: int, numbered: int, ablation: str = NO_ABLATION.name) -> tuple:
+               max_cells: int, numbered: int, ablation: str = NO_ABLATION.name, auto: bool = False,
+               override: bool = False, explore: float = 0.0, diversify: float = 0.0,
+               particularize: float = 0.5) -> tuple:
     """Run ARR (under an ablation: arr_coc.relevance.ablation) up to selection once, keep its maps (CPU) for
-    re-selection, and draw every map."""
+    re-selection, and draw every map; the tension controls as in selection_outputs."""
     scene = model.prepare(image, question, max_cells=int(max_cells), ablation=ablation)
     out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
     kept = kept_scene(scene)
     return (kept, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),
-            *selection_outputs(model, kept, strategy, budget, numbered))
+            *selection_outputs(model, kept, strategy, budget, numbered, (auto, override, explore, diversify,
+                                                                          particularize)))
 
 
 @ui.reports_errors
-def reselect(model: ARRCOCQwen, kept: Kept | None, strategy: str, budget: int, numbered: int) -> tuple:
-    """A new strategy, budget or count of numbered saccades over the analysed image: well under a second, no VLM."""
+def reselect(model: ARRCOCQwen, kept: Kept | None, strategy: str, budget: int, numbered: int, auto: bool = False,
+             override: bool = False, explore: float = 0.0, diversify: float = 0.0, particularize: float = 0.5) -> tuple:
+    """A new strategy, budget, tension or count of numbered saccades over the analysed image: well under a second,
+    no VLM."""
     if kept is None or kept.maps is None:
         raise ui.user_error("Analyse an image first: re-selection reuses its maps.")
-    return selection_outputs(model, kept, strategy, budget, numbered)
+    return selection_outputs(model, kept, strategy, budget, numbered, (auto, override, explore, diversify,
+                                                                        particularize))
 
 
 @ui.reports_errors
 def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, question: str, reducer: str,
-               budget: int, max_cells: int) -> Image.Image | None:
-    """A token reducer's kept cells at the Microscope's budget (ARR's visual-token count), drawn over the analysed
-    image's relevance map; no drawing for "none"."""
+               budget: int, max_cells: int, auto: bool = False, override: bool = False, explore: float = 0.0,
+               diversify: float = 0.0, particularize: float = 0.5) -> Image.Image | None:
+    """A token reducer's kept cells at the Microscope's budget (ARR's visual-token count: under the adaptive budget,
+    ARR's K for this image and question, as the tension controls set it), drawn over the analysed image's
+    relevance map; no drawing for "none"."""
     if reducer == NO_REDUCER:
         return None
     if kept is None:
         raise ui.user_error("Analyse an image first: the reducer's cells are drawn over its relevance map.")
     ui.check_inputs(image, question)
-    answer = model.answer(image, question, reducer, 1, budget=int(budget), max_cells=int(max_cells))
+    adaptive, settings = ui.tension_request(auto, override, explore, diversify, particularize)
+    answer = model.answer(image, question, reducer, 1, budget=adaptive or int(budget), max_cells=int(max_cells),
+                          tensions=settings)
     return viz.kept_overlay(kept.image, answer.views.native_grid, answer.kept, answer.merged, kept.relevance,
                             name=reducer)
 

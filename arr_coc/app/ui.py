@@ -27,6 +27,7 @@ from arr_coc.eval.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, check_question
 from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError,
                                      list_checkpoints)
+from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
 from arr_coc.relevance.texture import CHANNELS
 from arr_coc.timing import TIMING_KEYS
 from arr_coc.vlm.views import to_rgb
@@ -37,10 +38,17 @@ MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the sh
 STATS_HEADERS = ["metric", "value"]
 SACCADE_HEADERS = ["rank", "row", "col", "score"]
 FALLBACKS = {
-    "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid",
+    "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (a busy "
+                     "image, noise or a dense texture with no cells that stand out, counts as flat)",
     "non_finite": "non-finite relevance: the map has NaN or inf values, so the saccades fall back to an even grid",
 }
 USER_ERRORS = (InputError, CheckpointError, OutOfMemory)  # their messages are written for the user
+# the Microscope's tension sliders: name -> (label, lowest, highest, step, the prior it starts at)
+TENSION_SLIDERS = {
+    "explore": ("exploit↔explore: e, the budget's share on coverage", 0.0, MAX_EXPLORE, 0.05, 0.0),
+    "diversify": ("focus↔diversify: λ, topk's spacing penalty (standard units)", 0.0, 8.0, 0.25, 0.0),
+    "particularize": ("compress↔particularize: f, where the adaptive K falls in its bounds", 0.0, 1.0, 0.05, 0.5),
+}
 
 
 # ----------------------------------------------------------------------------- errors
@@ -267,13 +275,29 @@ def saccade_rows(out: ARRCOCOutput) -> list[list]:
             for rank, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()), start=1)]
 
 
-def selection_summary(out: ARRCOCOutput, ms: float, ablation: str | None = None) -> str:
-    """One line on the selection: count, strategy, grid, time, the ablation if any; plus the fallback in words."""
+def selection_summary(out: ARRCOCOutput, ms: float, ablation: str | None = None, overridden: bool = False) -> str:
+    """One line on the selection: count, strategy, grid, time, the ablation if any; one on the tensions (set by
+    the balancer, or overridden by the sliders); plus the fallback in words."""
     gh, gw = out.grid
     line = (f"**{out.indices.shape[1]} saccades** · strategy `{out.strategy}` · {gh}×{gw} = {gh * gw} candidate "
             f"cells · selected and drawn in {ms:.0f} ms" + (f" · ablation: {ablation}" if ablation else ""))
+    budget = (f"K = {out.budgets[0]} (adaptive, f = {float(out.particularize[0]):.2f})" if out.auto_budget
+              else f"K = {out.budgets[0]} (fixed)")
+    tensions = (f"**Tensions** ({'the sliders' if overridden else 'set by the balancer'}) · explore e = "
+                f"{float(out.explore[0]):.2f} · diversify λ = {float(out.diversify[0]):.2f} · {budget} · "
+                f"image structure {float(out.structure[0]):.2f}")
     reason = out.fallback[0]
-    return line + (f"\n\n**Fallback** — {FALLBACKS[reason]}." if reason else "")
+    return f"{line}\n\n{tensions}" + (f"\n\n**Fallback** — {FALLBACKS[reason]}." if reason else "")
+
+
+def tension_request(auto: bool, override: bool, explore: float, diversify: float,
+                    particularize: float) -> tuple[str | None, TensionSettings]:
+    """The Microscope's tension controls -> (AUTO for the adaptive budget, else None: the budget slider's) and the
+    settings: the sliders' values when overriding, else the balancer's own."""
+    if not override:
+        return (AUTO if auto else None), NO_SETTINGS
+    return (AUTO if auto else None), TensionSettings(explore=float(explore), diversify=float(diversify),
+                                                     particularize=float(particularize) if auto else None)
 
 
 def answer_text(answer: Answer) -> str:

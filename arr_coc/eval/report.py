@@ -7,7 +7,8 @@ the set's metric averaged over the items that have reference answers (the others
 lenient `contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
 precision where items have target boxes; faithfulness areas where they were measured. Rows with ARR's second
 look ("arr+refix:topk", at each budget in a sweep) get their own section: how often it fired, and the accuracy
-with and without it.
+with and without it. ARR rows, which record their tensions, get a table of the mean visual tokens and accuracy
+per scene kind (tokens_by_kind: each image's own K under --budget auto).
 
     summary = summarise(records, [label(row, budget) for row, budget in jobs])
     paths = write_report("runs/eval", summary, header)   # report.md, report.json, accuracy_vs_tokens.png,
@@ -53,6 +54,11 @@ def label(row: str, budget: int | None = None) -> str:
     return row if budget is None else f"{row}{AT}{budget}"
 
 
+def record_label(record: dict) -> str:
+    """The summary key of one result: its row, at its budget in a sweep."""
+    return label(record["row"], record.get("budget"))
+
+
 def split_label(key: str) -> tuple[str, int | None]:
     """label's inverse: "arr:topk@64" -> ("arr:topk", 64); "full" -> ("full", None)."""
     row, at, budget = key.partition(AT)
@@ -64,7 +70,7 @@ def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
     scored None (items without reference answers) are counted under "unscored"."""
     summary = {}
     for row in rows:
-        mine = [r for r in records if label(r["row"], r.get("budget")) == row]
+        mine = [r for r in records if record_label(r) == row]
         means = {"items": float(len(mine))}
         unscored = sum(r["score"] is None for r in mine)
         if unscored:
@@ -100,8 +106,8 @@ def refixation_summary(records: list[dict]) -> dict[str, dict]:
     fired.
     """
     summary = {}
-    for row in dict.fromkeys(label(r["row"], r.get("budget")) for r in records if "refixated" in r):
-        mine = [r for r in records if label(r["row"], r.get("budget")) == row]
+    for row in dict.fromkeys(record_label(r) for r in records if "refixated" in r):
+        mine = [r for r in records if record_label(r) == row]
         fired = [r for r in mine if r["refixated"]]
         means = dict(items=len(mine), fired=len(fired), fire_rate=len(fired) / len(mine))
         for key, subset in (("", mine), ("_when_fired", fired)):
@@ -209,6 +215,27 @@ def faithfulness_plot(records: list[dict], path: Path) -> bool:
     return True
 
 
+def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
+    """Markdown: per ARR row label (those that record their tensions, K among them) and scene kind, the mean visual
+    tokens and the accuracy; "" when no row records K. Under --budget auto, K (and so the tokens) is each image's
+    own."""
+    rows = [row for row in rows if any(record_label(r) == row and "tensions" in r for r in records)]
+    kinds = list(dict.fromkeys(r.get("kind") for r in records))  # real sets may have no kinds: one column, None
+    if not rows:
+        return ""
+    lines = ["| row | " + " | ".join(str(kind or "all items") for kind in kinds) + " |",
+             "|---" * (len(kinds) + 1) + "|"]
+    for row in rows:
+        cells = []
+        for kind in kinds:
+            mine = [r for r in records if record_label(r) == row and r.get("kind") == kind]
+            scored = [r["score"] for r in mine if r["score"] is not None]
+            accuracy = f" ({statistics.fmean(scored):.2f})" if scored else ""
+            cells.append(f"{statistics.fmean(r['visual_tokens'] for r in mine):.0f}{accuracy}" if mine else "-")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "Mean visual tokens (accuracy) per scene kind:\n\n" + "\n".join(lines)
+
+
 def write_report(folder: str | Path, summary: dict[str, dict], header: dict, records: list[dict]) -> list[Path]:
     """report.md, report.json and the plots in `folder`; `header` holds the run's settings and throughput."""
     folder = Path(folder)
@@ -231,6 +258,7 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     titles = {name: title for _, _, name, title in PLOTS} | {"faithfulness.png": "faithfulness curves"}
     links = "".join(f"\n![{titles[p.name]}]({p.name})\n" for p in paths[2:])
     second_look = f"\n{refixation_table(refixation)}\n" if refixation else ""
+    by_kind = tokens_by_kind(records, list(summary))
     (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_tables(summary, metric)}\n"
-                                      + second_look + links)
+                                      + (f"\n{by_kind}\n" if by_kind else "") + second_look + links)
     return paths

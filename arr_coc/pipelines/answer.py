@@ -18,6 +18,7 @@ from arr_coc.config import PipelineConfig
 from arr_coc.errors import InputError
 from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.relevance.config import AUTO, TensionSettings
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
@@ -35,14 +36,15 @@ class Request:
     """How to answer one question (every field optional; None: the model's own setting)."""
     max_new_tokens: int = 64  # at most this many generated tokens
     strategy: str | None = None  # ARR's allocation strategy (arr only; default: the layer's)
-    budget: int | None = None  # ARR's saccade count (arr only; default: the layer's)
+    budget: int | str | None = None  # ARR's saccade count, or "auto": the adaptive budget (arr only; default: the layer's)
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
     streamer: object = None  # a transformers streamer that receives the new tokens
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
     ablation: Ablation | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None: nothing)
     fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
+    tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
-    refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the budget)
+    refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
 
 
 @dataclass
@@ -148,7 +150,7 @@ class Answer:
         if self.arr is not None:
             out.update(grid=list(self.arr.grid), saccades=[asdict(s) for s in self.saccades],
                        weights=[round(w, 4) for w in self.arr.weights[0].tolist()], fallback=self.arr.fallback[0],
-                       strategy=self.arr.strategy, ablation=self.ablation)
+                       strategy=self.arr.strategy, ablation=self.ablation, tensions=tension_record(self.arr))
         if self.kept is not None:  # a reducer: the (row, col) native cells its LLM read, and the merged ones
             out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
         if self.confidence is not None:
@@ -166,6 +168,14 @@ class Answer:
 def second_look_saccades(refixate_budget: int | None, first: int) -> int:
     """The second look's saccades K2: refixate_budget, or by default REFIXATE_SHARE of the first look's `first`."""
     return int(refixate_budget) if refixate_budget else max(1, round(REFIXATE_SHARE * first))
+
+
+def tension_record(out: ARRCOCOutput) -> dict:
+    """The first image's tensions as run, evaluate and the app record them: e, lambda, f, K, whether K was adaptive,
+    and the image's structure (the busy-image test's number)."""
+    return dict(explore=round(float(out.explore[0]), 4), diversify=round(float(out.diversify[0]), 4),
+                particularize=round(float(out.particularize[0]), 4), budget=out.budgets[0], auto_budget=out.auto_budget,
+                structure=round(float(out.structure[0]), 3))
 
 
 def check_question(question) -> str:
@@ -206,12 +216,29 @@ def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None =
     return make_views(image, s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
 
 
-def arr_visual_tokens(model, views: Views, request: Request) -> int:
+def arr_visual_tokens(model, views: Views, request: Request, question: str | None = None) -> int:
     """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades (the
-    reducers keep as many, so every row reads the same number of visual tokens)."""
+    reducers keep as many, so every row reads the same number of visual tokens). Under the adaptive budget
+    ("auto") the saccades are ARR's K for this image and question: ARR observes and scores them to know it."""
     budget = request.budget if request.budget is not None else (request.layer or model.layer).config.budget
+    if budget == AUTO:
+        budget = adaptive_budget(model, views, request, question)
     gh, gw = views.gestalt_grid
     return gh * gw + int(budget)
+
+
+@torch.no_grad()
+def adaptive_budget(model, views: Views, request: Request, question: str | None) -> int:
+    """ARR's adaptive K for an image and a question (the arr pipeline's observe, score and select)."""
+    from arr_coc.pipelines import arr  # arr imports this module
+
+    if question is None:
+        raise ValueError("the adaptive budget depends on the question: arr_visual_tokens needs it")
+    layer = request.layer or model.layer
+    observation = arr.observe(model, views.image, question, Stopwatch(model.vlm.device), request.max_cells)
+    maps = arr.score(observation, layer.graphed_score)
+    return arr.select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, request.strategy,
+                      settings=request.tensions).budgets[0]
 
 
 def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request,

@@ -34,6 +34,7 @@ from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Request, Sa
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
+from arr_coc.relevance.config import NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Generation, Prompt, VisualTokens
 
@@ -67,12 +68,19 @@ def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablat
     return ablation.mix(maps)
 
 
-def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | None = None,
-           strategy: str | None = None, ablation: Ablation = NO_ABLATION) -> ARRCOCOutput:
-    """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, or with no gestalt the
-    budget + its tokens) and in the order the ablation says (budget None: the layer's)."""
+def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | str | None = None,
+           strategy: str | None = None, ablation: Ablation = NO_ABLATION,
+           settings: TensionSettings | None = None) -> ARRCOCOutput:
+    """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, "auto" for the adaptive one,
+    or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
+    under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions)."""
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
-    return ablation.order(layer.select(maps, grid, budget, strategy))
+    return ablation.order(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation)))
+
+
+def tension_settings(settings: TensionSettings | None, ablation: Ablation) -> TensionSettings:
+    """The tensions a request fixes by hand, under those its ablation fixes."""
+    return (settings or NO_SETTINGS).over(ablation.tensions)
 
 
 def arr_prompt(vlm: VLM, observation: Observation, saccades: VisualTokens | None, answer: str | None = None,
@@ -94,16 +102,28 @@ def saccade_list(observation: Observation, out: ARRCOCOutput, round: int = 1) ->
             for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
 
 
+def second_look_budget(request: Request, first: ARRCOCOutput) -> int:
+    """
+    The second look's saccades K2, from the first look's K (request.refixate_budget, else a share of K). After an
+    adaptive first look (--budget auto: a K the user did not choose) K2 is capped by the cells not yet read, 0
+    when none is left (no second look); a fixed budget whose second look cannot fit is the allocator's error.
+    """
+    K = first.indices.shape[1]
+    K2 = second_look_saccades(request.refixate_budget, K)
+    return min(K2, first.grid[0] * first.grid[1] - K) if first.auto_budget else K2
+
+
 def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
              request: Request, watch: Stopwatch) -> tuple[ARRCOCOutput, VisualTokens]:
     """
     The second fixation's relevance and saccades: the prior pass again, now with the first round's saccades
     `seen` between the gestalt and the question; the layer re-scores with them beside the gestalt; K2 cells
-    not yet read are selected (in the ablation's order) and encoded -> (its selection, its tokens [K2, D]).
+    not yet read are selected (under the request's tensions, a fixed K2 even after an adaptive first look; in the
+    ablation's order) and encoded -> (its selection, its tokens [K2, D]).
     """
     vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
     views = observation.views
-    K2 = second_look_saccades(request.refixate_budget, first.indices.shape[1])
+    K2 = second_look_budget(request, first)
     with watch.section("selection"):
         context = [] if seen is None else [seen]
         attention = vlm.prior_attention(observation.question, observation.gestalt, model.pipeline.prior_layer_fraction,
@@ -113,7 +133,7 @@ def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, s
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
         out = ablation.order(layer.select(maps, views.candidate_grid, K2, request.strategy,
-                                          exclude=read.view(-1, *first.grid)))
+                                          tension_settings(request.tensions, ablation), read.view(-1, *first.grid)))
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
     return out, saccades
@@ -178,7 +198,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)
         out = select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), request.budget,
-                     request.strategy, ablation)
+                     request.strategy, ablation, request.tensions)
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question
@@ -191,7 +211,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     if refixing:
         fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
                                   round_ms(watch, {}, start), out))
-        if fixations[0].confidence >= request.refixate:
+        if fixations[0].confidence >= request.refixate or not second_look_budget(request, out):
             replay(request.streamer, generation)
         else:  # look again: K2 cells not yet read, then the answer over gestalt + both rounds' saccades
             look, saccades, prompt, generation, new_tokens, more = second_look(model, observation, out, saccades,

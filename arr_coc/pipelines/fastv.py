@@ -52,7 +52,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         tokens = vlm.encode_view(views.tensor(VIEW))  # [M, D] raster order
     M = len(tokens)
-    N = min(M, arr_visual_tokens(model, views, request))
+    N = min(M, arr_visual_tokens(model, views, request, question))
     prompt = vlm.prompt(question, [tokens])
     generation, new_tokens = generate(vlm, prompt, watch, request, prune=(K, N))  # the selection runs in the prefill
     kept = tokens.positions[generation.kept.cpu()]  # [N, 2] (row, col) on the native grid, raster order

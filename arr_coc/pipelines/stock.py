@@ -35,7 +35,7 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
     with watch.section("vision"):
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         if view_name == "budget":  # about as many tokens as ARR reads at this budget (529 at the default 273)
-            n_arr = arr_visual_tokens(model, views, request)
+            n_arr = arr_visual_tokens(model, views, request, question)
             views = replace(views, budget_grid=fit_grid(views.image.width, views.image.height, n_arr))
         view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
     n = grid[0] * grid[1]
@@ -69,7 +69,8 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
         views = views_for(vlm, model.pipeline, image, request.max_cells)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
     with watch.section("selection"):
-        kept, merged = reduce(every, read, min(arr_visual_tokens(model, views, request), len(every)))  # [n, D]
+        n = min(arr_visual_tokens(model, views, request, question), len(every))  # as many tokens as ARR reads
+        kept, merged = reduce(every, read, n)  # [n, D]
     prompt = vlm.prompt(question, [kept])
     generation, new_tokens = generate(vlm, prompt, watch, request)
     tokens = token_counts(prompt.length, 0, 0, total_visual=len(kept))

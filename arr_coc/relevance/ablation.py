@@ -9,6 +9,10 @@ callers at four well-defined points, so every part of ARR has to earn its keep a
 
 and one on the LLM's input: whether the gestalt block is in the prompt (Ablation.gestalt).
 
+Three rows switch a tension on instead, with a fixed value (arr_coc.relevance.tensions), against ARR's own row where
+each is at its prior: arr-explore (e = 0.25), arr-diversify (lambda = 2) and arr-auto-budget (K from the map's
+concentration, --budget auto) (Ablation.tensions and Ablation.auto_budget, at selection).
+
     from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION
     ablation = ABLATIONS["no-gestalt"]
     model.answer(image, "What does the sign say?", "arr", ablation="no-gestalt")   # the row arr-no-gestalt:topk
@@ -19,7 +23,7 @@ from __future__ import annotations  # torch-free at import: the commands check -
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +41,8 @@ class Ablation:
     participatory_prior: bool = True  # False: the participatory scorer without the question->gestalt prior
     raster_order: bool = False  # True: the saccades are fed to the LLM in raster order, not relevance order
     gestalt: bool = True  # False: no gestalt block; its token count goes to the saccades instead
+    tensions: TensionSettings | None = None  # tensions fixed at these values (None: the balancer's)
+    auto_budget: bool = False  # True: the adaptive budget (--budget auto) whatever budget is asked for
 
     def prior(self, prior: torch.Tensor | None) -> torch.Tensor | None:
         """The participatory prior [B, gh, gw] the scorer gets: the VLM's, or none."""
@@ -54,18 +60,22 @@ class Ablation:
         weights = torch.tensor(self.weights, dtype=stacked.dtype, device=stacked.device).expand(len(stacked), 3)
         return dict(maps, relevance=mix(stacked, weights), weights=weights)  # [B, gh, gw], [B, 3]
 
-    def saccade_budget(self, budget: int, gestalt_tokens: int) -> int:
-        """How many saccades to select: the budget, plus the gestalt's tokens when the gestalt is left out."""
+    def saccade_budget(self, budget: int | str, gestalt_tokens: int) -> int | str:
+        """How many saccades to select: the budget (adaptive: "auto"), plus the gestalt's tokens when the gestalt is
+        left out (not to an adaptive budget)."""
+        if self.auto_budget or budget == AUTO:
+            return AUTO
         return budget if self.gestalt else budget + gestalt_tokens
 
     def order(self, out):
-        """An ARRCOCOutput (or anything with indices, positions, scores, selected_scores [B, K, ...]) in the
-        order fed to the LLM: relevance order as selected, or raster order (the same cells)."""
+        """An ARRCOCOutput (or anything with indices, positions, scores, selected_scores, kinds, gates [B, K, ...])
+        in the order fed to the LLM: relevance order as selected, or raster order (the same cells)."""
         if not self.raster_order:
             return out
         order = out.indices.argsort(dim=1)  # [B, K]: raster indices are row * gw + col
         return replace(out, indices=reorder(out.indices, order), positions=reorder(out.positions, order),
-                       scores=reorder(out.scores, order), selected_scores=reorder(out.selected_scores, order))
+                       scores=reorder(out.scores, order), selected_scores=reorder(out.selected_scores, order),
+                       kinds=reorder(out.kinds, order), gates=reorder(out.gates, order))
 
 
 def reorder(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -84,6 +94,11 @@ ABLATIONS = {a.name: a for a in (
              participatory_prior=False),
     Ablation("raster", "the saccades fed in raster order instead of relevance order", raster_order=True),
     Ablation("no-gestalt", "no gestalt: budget + gestalt-token saccades and nothing else", gestalt=False),
+    Ablation("explore", "exploit<->explore on: a quarter of the budget on coverage (e = 0.25)",
+             tensions=TensionSettings(explore=0.25)),
+    Ablation("diversify", "focus<->diversify on: topk with a spacing penalty (lambda = 2 standard units)",
+             tensions=TensionSettings(diversify=2.0)),
+    Ablation("auto-budget", "compress<->particularize on: the adaptive budget (--budget auto)", auto_budget=True),
 )}
 
 

@@ -1,5 +1,6 @@
 """
-TokenAllocator: turns a relevance map into exactly `budget` saccades (unique cells), most relevant first.
+TokenAllocator: turns a relevance map into exactly K saccades (unique cells), most relevant first; K is the fixed
+`budget`, or each image's own adaptive budget (arr_coc.relevance.tensions).
 
 Strategies (DESIGN.md §6), all returning the same shapes so they can be ablated side by side:
 - topk      the `budget` highest cells
@@ -8,9 +9,15 @@ Strategies (DESIGN.md §6), all returning the same shapes so they can be ablated
 - grid      evenly spread coverage, whatever the map says
 - random    seeded random cells
 
-A map that is not finite, or flat (a "semantic void"), falls back to `grid` and says why. Cells marked in
-`exclude` (those a first fixation already read) are never chosen: the strategy picks on the map with them at
--inf, and any it still lands on are swapped for the best cells left (see `avoid`).
+Two tensions shape the selection (arr_coc.relevance.tensions; both 0 by default, which is exactly the above):
+- explore e   (topk, logpolar) round(e * K) of the K cells go to coverage: farthest-point sampling from the cells
+              already picked
+- diversify λ (topk) a greedy pick of relevance (standardised) minus λ x proximity to the cells picked so far
+
+A map that is not finite, or flat, or of a busy image (voids: noise, a dense texture) is a "semantic void": it
+falls back to `grid` and says why. Cells marked in `exclude` (those a first fixation already read) are never
+chosen: the strategy picks on the map with them at -inf, and any it still lands on are swapped for the best cells
+left (see `avoid`).
 """
 
 import math
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from arr_coc.relevance.config import ARRCOCConfig, STRATEGIES
+from arr_coc.relevance.tensions import COVERAGE, RELEVANCE, SPACED
 
 
 @dataclass
@@ -27,6 +35,7 @@ class Allocation:
     positions: torch.Tensor  # [B, K, 2] (row, col) of each saccade
     scores: torch.Tensor  # [B, K] relevance of each saccade (non-finite values reported as 0)
     fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
+    kinds: torch.Tensor  # [B, K] what picked each saccade: tensions.RELEVANCE, SPACED (the spacing penalty) or COVERAGE
 
 
 def grid_cells(n_cells: int, budget: int, device=None) -> torch.Tensor:
@@ -64,80 +73,151 @@ def logpolar_cells(scores: torch.Tensor, grid: tuple[int, int], budget: int, rho
     return chosen.nonzero().squeeze(1)
 
 
-def avoid(chosen: torch.Tensor, scores: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+def cell_distances(index: int, grid: tuple[int, int], device=None) -> torch.Tensor:
+    """[N] Euclidean distance, in cells, of every cell of a (gh, gw) grid from cell `index`."""
+    gh, gw = grid
+    cells = torch.arange(gh * gw, device=device)
+    return torch.hypot((cells // gw - index // gw).float(), (cells % gw - index % gw).float())
+
+
+def spaced_topk(scores: torch.Tensor, grid: tuple[int, int], budget: int, spacing: float,
+                radius: float) -> tuple[torch.Tensor, torch.Tensor]:
     """
-    [K] chosen indices minus the excluded [N] cells, filled back up to K with the best cells neither chosen nor
-    excluded (raster order on ties). topk never needs it; grid, random and logpolar's empty bins may.
+    [N] scores -> (`budget` indices, their kinds): greedily the cell of highest z-score minus spacing x its proximity
+    exp(-d^2 / 2 radius^2) to the nearest cell picked so far. spacing 0 is plain topk (taken as is: ties and all).
     """
-    kept = chosen[~excluded[chosen]]
+    plain = scores.topk(budget).indices
+    if spacing == 0 or budget == 0:
+        return plain, torch.full_like(plain, RELEVANCE)
+    readable = scores[torch.isfinite(scores)]  # cells at -inf (excluded: already read) stay at -inf
+    z = (scores - readable.mean()) / readable.std(unbiased=False).clamp_min(1e-12)  # [N]: λ in standard units
+    proximity = torch.zeros_like(z)  # [N] to the nearest pick so far
+    taken = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+    picks = []
+    for _ in range(budget):
+        i = int((z - spacing * proximity).masked_fill(taken, float("-inf")).argmax())
+        picks.append(i)
+        taken[i] = True
+        proximity = torch.maximum(proximity, torch.exp(-cell_distances(i, grid, z.device) ** 2 / (2 * radius**2)))
+    chosen = torch.tensor(picks, device=scores.device)
+    in_plain = torch.isin(chosen, plain)
+    return chosen, torch.where(in_plain, RELEVANCE, SPACED)
+
+
+def coverage_cells(scores: torch.Tensor, grid: tuple[int, int], chosen: torch.Tensor, count: int) -> torch.Tensor:
+    """
+    `count` more indices, each the cell farthest from every pick so far (the relevance peak if there is none); cells
+    at -inf (excluded: already read) are never picked.
+    """
+    N = scores.numel()
+    nearest = torch.full((N,), float("inf"), device=scores.device)  # [N] distance to the nearest pick
+    nearest = nearest.masked_fill(scores == float("-inf"), float("-inf"))
+    for i in chosen.tolist():
+        nearest = torch.minimum(nearest, cell_distances(i, grid, scores.device))
+    picks = []
+    for _ in range(count):
+        i = int(scores.argmax()) if not torch.isfinite(nearest).any() and not picks else int(nearest.argmax())
+        picks.append(i)
+        nearest = torch.minimum(nearest, cell_distances(i, grid, scores.device))
+    return torch.tensor(picks, dtype=torch.long, device=scores.device)
+
+
+def avoid(chosen: torch.Tensor, kinds: torch.Tensor, scores: torch.Tensor,
+          excluded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    [K] chosen indices and their kinds minus the excluded [N] cells, filled back up to K with the best cells neither
+    chosen nor excluded (raster order on ties; kind RELEVANCE). topk and coverage never need it; grid, random and
+    logpolar's empty bins may.
+    """
+    keep = ~excluded[chosen]  # [K]
+    kept = chosen[keep]
     taken = excluded.clone()
     taken[kept] = True
     free = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0).masked_fill(taken, float("-inf"))  # [N]
     fill = free.argsort(descending=True, stable=True)[: len(chosen) - len(kept)]
-    return torch.cat([kept, fill])
+    return torch.cat([kept, fill]), torch.cat([kinds[keep], torch.full_like(fill, RELEVANCE)])
 
 
 class TokenAllocator:
     def __init__(self, budget: int = ARRCOCConfig.budget, strategy: str = "topk", seed: int = 0, rho_bins: int = 16,
-                 theta_bins: int = 17, void_tolerance: float = 1e-4):
+                 theta_bins: int = 17, void_tolerance: float = 1e-4, spacing_radius: float = 2.0):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.budget, self.strategy, self.seed = budget, strategy, seed
         self.rho_bins, self.theta_bins, self.void_tolerance = rho_bins, theta_bins, void_tolerance
+        self.spacing_radius = spacing_radius
 
-    def fallback_reason(self, scores: torch.Tensor, empty_image: bool = False) -> str | None:
+    def fallback_reason(self, scores: torch.Tensor, empty_image: bool = False, busy_image: bool = False) -> str | None:
         """[N] -> why this map cannot be trusted, or None."""
         if not torch.isfinite(scores).all():
             return "non_finite"
         span = float(scores.max() - scores.min())
-        if empty_image or span <= self.void_tolerance * max(1.0, float(scores.abs().max())):
+        if empty_image or busy_image or span <= self.void_tolerance * max(1.0, float(scores.abs().max())):
             return "semantic_void"
         return None
 
-    def select(self, scores: torch.Tensor, grid: tuple[int, int], strategy: str) -> torch.Tensor:
-        """[N] finite scores -> `budget` unique indices (any order)."""
-        N, K = scores.numel(), self.budget
+    def select(self, scores: torch.Tensor, grid: tuple[int, int], strategy: str, budget: int | None = None,
+               explore: float = 0.0, diversify: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """[N] finite scores -> (K unique indices in any order, their kinds); K = budget (default: self.budget)."""
+        N, K = scores.numel(), self.budget if budget is None else budget
+        coverage = round(explore * K) if strategy in ("topk", "logpolar") else 0
+        focus = K - coverage
         if strategy == "topk":
-            return scores.topk(K).indices
-        if strategy == "logpolar":
-            return logpolar_cells(scores, grid, K, self.rho_bins, self.theta_bins)
-        if strategy == "grid":
-            return grid_cells(N, K, scores.device)
-        generator = torch.Generator().manual_seed(self.seed)
-        return torch.randperm(N, generator=generator)[:K].to(scores.device)
+            chosen, kinds = spaced_topk(scores, grid, focus, diversify, self.spacing_radius)
+        else:
+            if strategy == "logpolar":
+                chosen = logpolar_cells(scores, grid, focus, self.rho_bins, self.theta_bins)
+            elif strategy == "grid":
+                chosen = grid_cells(N, K, scores.device)
+            else:
+                chosen = torch.randperm(N, generator=torch.Generator().manual_seed(self.seed))[:K].to(scores.device)
+            kinds = torch.full_like(chosen, RELEVANCE)
+        if coverage:
+            chosen = torch.cat([chosen, coverage_cells(scores, grid, chosen, coverage)])
+            kinds = torch.cat([kinds, torch.full((coverage,), COVERAGE, device=kinds.device)])
+        return chosen, kinds
 
-    def __call__(self, relevance: torch.Tensor, strategy: str | None = None,
-                 empty_images: list[bool] | None = None, exclude: torch.Tensor | None = None) -> Allocation:
+    def __call__(self, relevance: torch.Tensor, strategy: str | None = None, empty_images: list[bool] | None = None,
+                 busy_images: list[bool] | None = None, budgets: list[int] | None = None,
+                 explore: list[float] | None = None, diversify: list[float] | None = None,
+                 exclude: torch.Tensor | None = None) -> Allocation:
         """
-        relevance [B, gh, gw] -> Allocation of exactly `budget` cells per image. empty_images marks images with
-        nothing in them: whatever the map says there (e.g. attention that only follows position), it is a void.
-        exclude [B, gh, gw] bool: cells never to choose (a second fixation's already-read cells).
+        relevance [B, gh, gw] -> Allocation of exactly K cells per image (budgets: each image's K; default the
+        budget). empty_images marks images with nothing in them, busy_images those without structure: whatever
+        the map says there (e.g. attention that only follows position), it is a void. explore and diversify are
+        each image's e and λ (default 0: plain topk). exclude [B, gh, gw] bool: cells never to choose (a second
+        fixation's already-read cells).
         """
         strategy = strategy or self.strategy
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         B, gh, gw = relevance.shape
-        if self.budget > gh * gw:
-            raise ValueError(f"budget {self.budget} exceeds the {gh}x{gw} = {gh * gw} candidate cells")
+        budgets = budgets or [self.budget] * B
+        if max(budgets) > gh * gw:
+            raise ValueError(f"budget {max(budgets)} exceeds the {gh}x{gw} = {gh * gw} candidate cells")
+        if len(set(budgets)) > 1:
+            raise ValueError(f"adaptive budgets {budgets} differ across the batch: select one image at a time")
         excluded = None if exclude is None else exclude.flatten(1).to(relevance.device, torch.bool)  # [B, N]
-        if excluded is not None and self.budget > gh * gw - int(excluded.sum(1).max()):
-            raise ValueError(f"budget {self.budget} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
+        if excluded is not None and budgets[0] > gh * gw - int(excluded.sum(1).max()):
+            raise ValueError(f"budget {budgets[0]} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
                              "cells not yet read")
         flat = relevance.detach().flatten(1).float()  # [B, N]
-        all_indices, all_scores, fallbacks = [], [], []
+        all_indices, all_scores, all_kinds, fallbacks = [], [], [], []
         for b in range(B):  # B is small (1 in the app); each image may take a different strategy
             scores = flat[b]
-            reason = self.fallback_reason(scores, bool(empty_images[b]) if empty_images else False)
-            if excluded is None:
-                chosen = self.select(scores, (gh, gw), "grid" if reason else strategy)
-            else:
-                masked = scores.masked_fill(excluded[b], float("-inf"))
-                chosen = avoid(self.select(masked, (gh, gw), "grid" if reason else strategy), scores, excluded[b])
+            reason = self.fallback_reason(scores, bool(empty_images[b]) if empty_images else False,
+                                          bool(busy_images[b]) if busy_images else False)
+            masked = scores if excluded is None else scores.masked_fill(excluded[b], float("-inf"))  # [N]
+            chosen, kinds = self.select(masked, (gh, gw), "grid" if reason else strategy, budgets[b],
+                                        explore[b] if explore else 0.0, diversify[b] if diversify else 0.0)
+            if excluded is not None:
+                chosen, kinds = avoid(chosen, kinds, scores, excluded[b])
             safe = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)[chosen]
             order = safe.argsort(descending=True, stable=True)  # relevance order, raster order on ties
             all_indices.append(chosen[order])
             all_scores.append(safe[order])
+            all_kinds.append(kinds[order])
             fallbacks.append(reason)
         indices = torch.stack(all_indices)  # [B, K]
         positions = torch.stack([indices // gw, indices % gw], dim=-1)  # [B, K, 2]
-        return Allocation(indices, positions, torch.stack(all_scores), fallbacks)
+        return Allocation(indices, positions, torch.stack(all_scores), fallbacks, torch.stack(all_kinds))

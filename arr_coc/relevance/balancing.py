@@ -5,6 +5,9 @@ Each map is standardised (so the weights, not the maps' scales, decide the mix),
 sigmoid outputs of a small MLP over a question summary, a gestalt summary and the maps' statistics.
 Sigmoid, not softmax: a hard question may want more of everything (seed Part 43). The last layer starts
 at zero with a bias of logit(prior_weights), so a fresh balancer returns exactly the prior weights.
+
+From the same summary, tension_head sets the three tensions' residuals (explore, diversify, particularize:
+arr_coc.relevance.tensions), weight and bias zero: a fresh balancer leaves every tension at its prior.
 """
 
 import torch
@@ -45,6 +48,9 @@ class AdaptiveTensionBalancer(nn.Module):
         with torch.no_grad():
             p = torch.tensor(prior_weights, dtype=torch.float).clamp(1e-4, 1 - 1e-4)
             self.head[1].bias.copy_(torch.log(p / (1 - p)))  # sigmoid(bias) == prior_weights
+        self.tension_head = nn.Sequential(nn.GELU(), nn.Linear(hidden, 3))  # residuals of the three tensions
+        nn.init.zeros_(self.tension_head[1].weight)
+        nn.init.zeros_(self.tension_head[1].bias)
         self.hidden_size = hidden_size
 
     def forward(
@@ -53,7 +59,8 @@ class AdaptiveTensionBalancer(nn.Module):
         query_embeds: torch.Tensor,  # [B, L, D]
         query_mask: torch.Tensor | None = None,  # [B, L]
         gestalt_embeds: torch.Tensor | None = None,  # [B, Ng, D] or None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> the relevance map [B, gh, gw], the weights [B, 3] and the tensions' residuals [B, 3]."""
         B = maps.shape[0]
         flat = maps.flatten(2)  # [B, 3, N]
         stats = torch.cat([flat.mean(-1), flat.std(-1, unbiased=False), flat.amax(-1)], dim=1)  # [B, 9]
@@ -61,4 +68,4 @@ class AdaptiveTensionBalancer(nn.Module):
         g = gestalt_embeds.to(maps.dtype).mean(1) if gestalt_embeds is not None else maps.new_zeros(B, self.hidden_size)
         h = self.query_summary(q) + self.gestalt_summary(g) + self.map_stats(stats.nan_to_num(0.0))  # [B, hidden]
         weights = torch.sigmoid(self.head(h))  # [B, 3]
-        return mix(maps, weights), weights  # [B, gh, gw], [B, 3]
+        return mix(maps, weights), weights, self.tension_head(h)  # [B, gh, gw], [B, 3], [B, 3]

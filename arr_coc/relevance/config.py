@@ -1,15 +1,20 @@
 """
 ARRCOCConfig: the ARR relevance layer's own knobs (scorer sizes, budget, strategy). A checkpoint's config.json
 is this dataclass, serialised; how a pipeline looks at an image (views, caps, the prior's layer) is
-arr_coc.config.PipelineConfig and never part of a checkpoint.
+arr_coc.config.PipelineConfig and never part of a checkpoint. TensionSettings: the tensions a request fixes by
+hand (arr_coc.relevance.tensions), never part of a checkpoint either. Torch-free: the commands read it at parse time.
 
     from arr_coc.relevance.config import ARRCOCConfig
     cfg = ARRCOCConfig(hidden_size=1536)
 """
 
-from dataclasses import dataclass, field
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
 
 STRATEGIES = ("topk", "logpolar", "grid", "random")
+MAX_EXPLORE = 0.5  # at most half the budget goes to coverage: ARR stays relevance-led
+AUTO = "auto"  # the budget value that turns the adaptive budget on (--budget auto)
 
 
 @dataclass
@@ -32,11 +37,55 @@ class ARRCOCConfig:
     logpolar_rho: int = 16  # radial bins of the logpolar strategy
     logpolar_theta: int = 17  # angular bins of the logpolar strategy (16 x 17 = 272 <= 273)
     void_tolerance: float = 1e-4  # relevance range below this (relative) is a "semantic void": fall back to grid
+    void_top_fraction: float = 0.02  # the top cells the busy-image test weighs (2 % of the candidate cells)
+    # a busy image is a semantic void too: its content map's top 2 % of cells hold less than this many times the
+    # 2 % a uniform map gives them (concentration.image_structure, on the scorers' hand-designed priors, so the same
+    # for every checkpoint). Measured at 896-1792 px: noise 2.04-2.12,
+    # periodic textures 1.91-2.03 fall back; data.py documents 2.19-2.20, photos >= 2.56, fine-print pages >= 8 do not
+    void_structure: float = 2.15
+    # --- the three tensions (arr_coc.relevance.tensions); each prior is what a fresh or older checkpoint does ---
+    spacing_radius: float = 2.0  # cells: the width of the proximity a spacing penalty lambda > 0 pushes picks apart by
+    min_budget: int = 64  # the adaptive budget's floor (--budget auto; --min-budget)
+    max_budget: int = 512  # the adaptive budget's ceiling (--budget auto; --max-budget), capped by the grid's cells
+    budget_temperature: float = 0.5  # softmax temperature of the relevance map's entropy, the adaptive budget's prior
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.budget < 0:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
+        if not 1 <= self.min_budget <= self.max_budget:
+            raise ValueError(f"the adaptive budget needs 1 <= min_budget <= max_budget, got {self.min_budget}, "
+                             f"{self.max_budget}")
         if len(self.prior_weights) != 3:
             raise ValueError(f"prior_weights needs 3 values, got {self.prior_weights}")
+
+
+@dataclass(frozen=True)
+class TensionSettings:
+    """Tensions fixed by hand in place of the balancer's (None: the balancer's own), and the adaptive budget's
+    bounds (None: the layer config's)."""
+    explore: float | None = None  # e in [0, 0.5]
+    diversify: float | None = None  # lambda >= 0
+    particularize: float | None = None  # f in [0, 1] (--budget auto only)
+    min_budget: int | None = None  # the adaptive budget's floor
+    max_budget: int | None = None  # the adaptive budget's ceiling
+
+    def __post_init__(self):
+        checks = dict(explore=(0.0, MAX_EXPLORE), diversify=(0.0, float("inf")), particularize=(0.0, 1.0))
+        for name, (lo, hi) in checks.items():
+            value = getattr(self, name)
+            if value is not None and not lo <= value <= hi:
+                raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+        if self.min_budget is not None and self.max_budget is not None and not 1 <= self.min_budget <= self.max_budget:
+            raise ValueError(f"the adaptive budget needs 1 <= min <= max, got {self.min_budget}, {self.max_budget}")
+
+    def over(self, other: TensionSettings | None) -> TensionSettings:
+        """These settings, each unset one taken from `other`."""
+        if other is None:
+            return self
+        return TensionSettings(**{f.name: getattr(self, f.name) if getattr(self, f.name) is not None
+                                  else getattr(other, f.name) for f in fields(self)})
+
+
+NO_SETTINGS = TensionSettings()  # nothing fixed by hand

@@ -9,6 +9,7 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
     textures = generate_texture_array(images, (32, 32))   # [B, 13, 32, 32], not learned
     maps = layer(textures, query_embeds)                  # the differentiable part: scorer maps and relevance
     out = layer.select(maps, (32, 32))                    # -> ARRCOCOutput
+    out = layer.select(maps, (32, 32), "auto", settings=TensionSettings(explore=0.25))   # adaptive K, e fixed
     layer.save_pretrained("checkpoints/mine")
     layer = ARRCOCLayer.from_pretrained("checkpoints/mine", expect_hidden_size=1536)
 """
@@ -27,12 +28,15 @@ from safetensors.torch import load_model
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.relevance.attending import TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
-from arr_coc.relevance.config import ARRCOCConfig
+from arr_coc.relevance.concentration import image_structure
+from arr_coc.relevance.config import AUTO, NO_SETTINGS, ARRCOCConfig, TensionSettings
 from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
+from arr_coc.relevance.tensions import budgets, gates, soft_budget, tension_values
 from arr_coc.relevance.texture import is_flat
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+OPTIONAL_PREFIXES = ("balancer.tension_head.",)  # newer than some checkpoints: missing there, they load at zero
 
 
 class CheckpointError(ValueError):
@@ -52,6 +56,15 @@ class ARRCOCOutput:
     participatory: torch.Tensor  # [B, gh, gw] participatory scorer map
     participatory_prior: torch.Tensor | None  # [B, gh, gw] gestalt attention prior, if given
     weights: torch.Tensor  # [B, 3] balancer weights (information, perspectival, participatory)
+    tension_residuals: torch.Tensor  # [B, 3] the balancer's tension_head (explore, diversify, particularize)
+    explore: torch.Tensor  # [B] e in [0, 0.5]: the share of the budget spent on coverage (with grad)
+    diversify: torch.Tensor  # [B] lambda >= 0: topk's spacing penalty (with grad)
+    particularize: torch.Tensor  # [B] f in [0, 1]: where the adaptive K falls between its bounds (with grad)
+    budgets: list[int]  # per image: K, the saccades selected
+    auto_budget: bool  # whether K was the adaptive budget (--budget auto) rather than a fixed one
+    structure: torch.Tensor  # [B] the image's content structure (below config.void_structure: a busy image, grid)
+    kinds: torch.Tensor  # [B, K] what picked each saccade (tensions.RELEVANCE, SPACED, COVERAGE)
+    gates: torch.Tensor  # [B, K] straight-through gates to the tensions: exactly 1 forward (tensions.gates)
     fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
     strategy: str  # strategy that was asked for
     grid: tuple[int, int]  # (gh, gw) candidate grid
@@ -77,7 +90,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
     def allocator(self, budget: int | None = None, strategy: str | None = None) -> TokenAllocator:
         c = self.config
         return TokenAllocator(c.budget if budget is None else budget, strategy or c.strategy, c.seed,
-                              c.logpolar_rho, c.logpolar_theta, c.void_tolerance)
+                              c.logpolar_rho, c.logpolar_theta, c.void_tolerance, c.spacing_radius)
 
     def forward(
         self,
@@ -97,21 +110,47 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         perspectival = self.perspectival(textures)  # [B, gh, gw]
         participatory = self.participatory(textures, query_embeds, query_mask, participatory_prior)  # [B, gh, gw]
         maps = torch.stack([information, perspectival, participatory], dim=1)  # [B, 3, gh, gw]
-        relevance, weights = self.balancer(maps, query_embeds, query_mask, gestalt_embeds)
+        relevance, weights, tension_residuals = self.balancer(maps, query_embeds, query_mask, gestalt_embeds)
         return dict(textures=textures, information=information, perspectival=perspectival,
                     participatory=participatory, participatory_prior=participatory_prior,
-                    relevance=relevance, weights=weights)
+                    relevance=relevance, weights=weights, tension_residuals=tension_residuals)
 
-    def select(self, maps: dict, grid: tuple[int, int], budget: int | None = None,
-               strategy: str | None = None, exclude: torch.Tensor | None = None) -> ARRCOCOutput:
-        """Run the allocator over scored maps; cheap, so the app re-selects without re-scoring. exclude
-        [B, gh, gw] bool: cells never to select (those a first fixation read)."""
-        allocator = self.allocator(budget, strategy)
-        allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist(), exclude=exclude)
+    def budget_bounds(self, grid: tuple[int, int], settings: TensionSettings = NO_SETTINGS) -> tuple[int, int]:
+        """The adaptive budget's (min, max) on a (gh, gw) grid: the settings', else the config's, within its cells."""
+        c, cells = self.config, grid[0] * grid[1]
+        hi = min(settings.max_budget or c.max_budget, cells)
+        return min(settings.min_budget or c.min_budget, hi), hi
+
+    def select(self, maps: dict, grid: tuple[int, int], budget: int | str | None = None,
+               strategy: str | None = None, settings: TensionSettings | None = None,
+               exclude: torch.Tensor | None = None) -> ARRCOCOutput:
+        """
+        Run the allocator over scored maps; cheap, so the app re-selects without re-scoring. budget: a fixed K,
+        "auto" (tensions.AUTO: K from the map's concentration) or None (the config's); settings fix tensions by hand;
+        exclude [B, gh, gw] bool: cells never to select (those a first fixation read).
+        """
+        c, settings = self.config, settings or NO_SETTINGS
+        auto = budget == AUTO
+        tensions = tension_values(maps["tension_residuals"], maps["relevance"], c.budget_temperature, settings)
+        bounds = self.budget_bounds(grid, settings)
+        textures = maps["textures"]  # the scorers' priors, not their trained maps: every checkpoint agrees on busyness
+        structure = image_structure(self.information.prior(textures), self.perspectival.prior(textures),
+                                    c.void_top_fraction)  # [B]
+        allocator = self.allocator(None if auto else budget, strategy)
+        allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist(),
+                               busy_images=(structure < c.void_structure).tolist(),
+                               budgets=budgets(tensions.particularize, bounds) if auto else None,
+                               explore=tensions.explore.tolist(), diversify=tensions.diversify.tolist(),
+                               exclude=exclude)
         selected = maps["relevance"].flatten(1).gather(1, allocation.indices)  # [B, K] with grad
+        soft_k = soft_budget(tensions.particularize, bounds) if auto else None  # [B]
+        K = allocation.indices.shape[1]
         return ARRCOCOutput(indices=allocation.indices, positions=allocation.positions, scores=allocation.scores,
                             selected_scores=selected, fallback=allocation.fallback, strategy=allocator.strategy,
-                            grid=tuple(grid), **maps)
+                            grid=tuple(grid), explore=tensions.explore, diversify=tensions.diversify,
+                            particularize=tensions.particularize, budgets=[K] * len(allocation.indices),
+                            auto_budget=auto, structure=structure, kinds=allocation.kinds,
+                            gates=gates(tensions, allocation.kinds, allocation.positions, soft_k, c.spacing_radius), **maps)
 
     # --- checkpoints: safetensors + JSON only ---
 
@@ -134,7 +173,8 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                                   f"but the loaded model has hidden size {expect_hidden_size}")
         layer = cls(config)
         check_weights(folder / WEIGHTS_FILE, layer.state_dict())
-        load_model(layer, str(folder / WEIGHTS_FILE), strict=True, device=map_location)
+        # strict but for the newer heads an older checkpoint lacks (check_weights allows only those): they stay zero
+        load_model(layer, str(folder / WEIGHTS_FILE), strict=False, device=map_location)
         return layer
 
 
@@ -184,7 +224,7 @@ def check_weights(path: Path, expected: dict[str, torch.Tensor]) -> None:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path.parent.name}/{WEIGHTS_FILE} is not a readable safetensors file ({e})") from None
     want = {name: tuple(t.shape) for name, t in expected.items()}
-    missing = sorted(want.keys() - found.keys())
+    missing = sorted(n for n in want.keys() - found.keys() if not n.startswith(OPTIONAL_PREFIXES))
     unexpected = sorted(found.keys() - want.keys())
     wrong = [f"{n}: expected {want[n]}, found {found[n]}" for n in sorted(want.keys() & found.keys()) if want[n] != found[n]]
     if missing or unexpected or wrong:

@@ -21,6 +21,7 @@ from arr_coc.app import handlers, viz
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, Observation, Scene
 from arr_coc.pipelines import REDUCERS
+from arr_coc.relevance.config import TensionSettings
 from arr_coc.vlm.views import Views
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +113,20 @@ def test_the_microscope_draws_any_reducers_kept_cells_over_arrs_relevance(arr_mo
         handlers.kept_cells(arr_model, None, CAT, QUESTION, "divprune", 60, CELLS)
 
 
+def test_under_the_adaptive_budget_the_reducer_keeps_as_many_tokens_as_arr_reads(arr_model, monkeypatch):
+    """The Tensions' auto switch on (f overridden to 0.2): the reducer's kept cells are ARR's gestalt + its adaptive
+    K for this image and question, whatever the budget slider says."""
+    cat = CAT.resize((CAT.width * 3, CAT.height * 3))  # a native view with more tokens than ARR reads
+    kept = handlers.microscope(arr_model, cat, QUESTION, "topk", 60, CELLS, 5)[0]
+    answers, answer = [], arr_model.answer
+    monkeypatch.setattr(arr_model, "answer", lambda *a, **k: answers.append(answer(*a, **k)) or answers[-1])
+    handlers.kept_cells(arr_model, kept, cat, QUESTION, "divprune", 60, CELLS, True, True, 0.0, 0.0, 0.2)
+    ours = answer(cat, QUESTION, "arr", max_new_tokens=1, budget="auto", max_cells=CELLS,
+                  tensions=TensionSettings(explore=0.0, diversify=0.0, particularize=0.2))
+    assert ours.arr.auto_budget and ours.arr.budgets[0] != 60
+    assert len(answers[0].kept) == ours.tokens["total_visual"] == len(ours.observation.gestalt) + ours.arr.budgets[0]
+
+
 def test_state_check_finds_device_objects(arr_model):
     """The check above can fail: an Answer (the old state) holds device tensors through its views."""
     answer = arr_model.answer(CAT, QUESTION, "arr", max_new_tokens=1)
@@ -169,6 +184,20 @@ def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
     assert summary.startswith("**50 saccades**") and fewer == saccades[:50]
     _, summary, spread, _ = handlers.reselect(arr_model, kept, "grid", 50, 5)
     assert "strategy `grid`" in summary and spread != fewer
+
+
+def test_the_microscope_shows_the_tensions_and_the_sliders_override_them(arr_model):
+    kept, _, _, _, summary, saccades, _ = handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5)
+    assert ("**Tensions** (set by the balancer) · explore e = 0.00 · diversify λ = 0.00 · K = 273 (fixed)"
+            in summary)
+    _, summary, explored, _ = handlers.reselect(arr_model, kept, "topk", 273, 5, False, True, 0.25, 0.0, 0.5)
+    assert "(the sliders) · explore e = 0.25 · diversify λ = 0.00 · K = 273 (fixed)" in summary
+    assert len(explored) == 273 and explored != saccades  # a quarter of them now cover the rest of the image
+    _, summary, adaptive, _ = handlers.reselect(arr_model, kept, "topk", 273, 5, True, False, 0.0, 0.0, 0.5)
+    K = len(adaptive)
+    assert f"**{K} saccades**" in summary and f"K = {K} (adaptive, f = " in summary and 64 <= K <= 512
+    _, summary, most, _ = handlers.reselect(arr_model, kept, "topk", 273, 5, True, True, 0.0, 0.0, 1.0)
+    assert len(most) == 512 and "K = 512 (adaptive, f = 1.00)" in summary  # f = 1: the ceiling
 
 
 @pytest.mark.parametrize("ablation", ["no-gestalt", "raster", "fixed-weights"])

@@ -17,6 +17,8 @@ from arr_coc.errors import InputError
 from arr_coc.eval.fineprint import make_page
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
+from arr_coc.relevance.config import TensionSettings
+from arr_coc.relevance.tensions import COVERAGE
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 
 QUESTION = "What does the gray text say?"
@@ -131,6 +133,26 @@ def test_a_second_look_that_cannot_fit_or_a_bad_tau_is_a_clear_error(arr_model):
         arr_model.answer(scene_image(), QUESTION, "full", refixate=0.5)
     with pytest.raises(ValueError, match="not yet read"):  # 32 x 32 cells, 273 read: 751 left
         arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, refixate=1.0, refixate_budget=752)
+
+
+def test_after_an_adaptive_first_look_k2_is_a_share_of_its_k_capped_by_the_cells_left(arr_model):
+    """--budget auto: the second look reads REFIXATE_SHARE of the first look's own K, under the same tensions (here
+    e = 0.25: a quarter of K2 on coverage), never more than the cells not yet read (32 x 32 = 1024); with none
+    left the first answer stands."""
+    def ask(lo, hi):
+        settings = TensionSettings(explore=0.25, min_budget=lo, max_budget=hi)
+        return arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, budget="auto", refixate=1.0,
+                                tensions=settings)
+
+    a = ask(100, 300)
+    K, K2 = (f.saccades for f in a.fixations)
+    assert a.arr.auto_budget and 100 <= K <= 300 and K2 == round(REFIXATE_SHARE * K)
+    assert int((a.fixations[1].arr.kinds == COVERAGE).sum()) == round(0.25 * K2)
+    assert not cells(s for s in a.saccades if s.round == 1) & cells(s for s in a.saccades if s.round == 2)
+    capped = ask(800, 800)
+    assert [f.saccades for f in capped.fixations] == [800, 224] and capped.tokens["saccade"] == 1024
+    none_left = ask(1024, 1024)
+    assert not none_left.refixated and len(none_left.fixations) == 1 and none_left.tokens["saccade"] == 1024
 
 
 def test_the_user_streamer_gets_the_final_answer_once(pocket):

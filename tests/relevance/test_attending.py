@@ -7,6 +7,7 @@ import torch
 
 from arr_coc.config import STRATEGIES
 from arr_coc.relevance.attending import TokenAllocator
+from arr_coc.relevance.tensions import COVERAGE
 
 
 def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):
@@ -101,6 +102,70 @@ def test_an_empty_image_is_a_void_whatever_its_map_says():
     assert out.fallback == [None, "semantic_void"]
 
 
+# ----------------------------------------------------------------------------- the tensions' selection
+
+
+def mean_pairwise_distance(positions: torch.Tensor) -> float:
+    """[K, 2] cells -> their mean pairwise Euclidean distance, in cells."""
+    return float(torch.pdist(positions.float()).mean())
+
+
+def quadrants(positions: torch.Tensor, grid=(32, 32)) -> set:
+    """[K, 2] cells -> the quadrants of the grid they fall in."""
+    return {(int(r) * 2 // grid[0], int(c) * 2 // grid[1]) for r, c in positions.tolist()}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_tension_at_its_prior_is_exactly_topk(seed):
+    torch.manual_seed(seed)
+    relevance = torch.rand(1, 32, 32)
+    relevance[0, 4, :8] = relevance[0, 4, 0]  # ties: topk's own tie order must survive too
+    plain = TokenAllocator(273, "topk")(relevance)
+    prior = TokenAllocator(273, "topk")(relevance, explore=[0.0], diversify=[0.0], budgets=[273])
+    assert torch.equal(prior.indices, plain.indices) and torch.equal(prior.scores, plain.scores)
+    order = relevance.flatten().topk(273).indices
+    assert set(prior.indices[0].tolist()) == set(order.tolist())
+    assert (prior.kinds == 0).all()
+
+
+def test_a_spacing_penalty_spreads_the_picks():
+    relevance = peaked_map(centre=(10, 20))
+    plain = TokenAllocator(40, "topk")(relevance)
+    spaced = TokenAllocator(40, "topk")(relevance, diversify=[2.0])  # λ in standard units of the map: the peak is ~5
+    distances = [mean_pairwise_distance(TokenAllocator(40, "topk")(relevance, diversify=[lam]).positions[0])
+                 for lam in (0.0, 2.0, 4.0, 8.0)]
+    assert distances == sorted(set(distances)), distances  # strictly increasing with λ
+    assert spaced.indices[0].unique().numel() == 40 and spaced.indices[0, 0] == plain.indices[0, 0]  # the peak first
+    assert (spaced.kinds == 1).any()  # the penalty brought in cells plain topk leaves out
+
+
+def test_exploring_covers_more_of_the_grid():
+    relevance = peaked_map(centre=(6, 6))  # everything relevant in the top-left quadrant
+    plain = TokenAllocator(60, "topk")(relevance)
+    explored = TokenAllocator(60, "topk")(relevance, explore=[0.25])
+    assert quadrants(plain.positions[0]) == {(0, 0)}
+    assert quadrants(explored.positions[0]) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert int((explored.kinds == 2).sum()) == 15  # a quarter of the budget went to coverage
+    assert explored.indices[0].unique().numel() == 60
+    focus = set(explored.indices[0][explored.kinds[0] != 2].tolist())
+    assert focus == set(plain.indices[0, :45].tolist())  # the rest is the top 45, as before
+
+
+def test_logpolar_explores_too_and_grid_ignores_the_tensions():
+    relevance = peaked_map(centre=(6, 6))
+    logpolar = TokenAllocator(60, "logpolar")(relevance, explore=[0.25])
+    assert int((logpolar.kinds == 2).sum()) == 15
+    grid = TokenAllocator(60, "grid")
+    assert torch.equal(grid(relevance, explore=[0.25], diversify=[2.0]).indices, grid(relevance).indices)
+
+
+def test_a_busy_image_falls_back_to_grid():
+    relevance = peaked_map()
+    out = TokenAllocator(50, "topk")(relevance, busy_images=[True])
+    assert out.fallback == ["semantic_void"]
+    assert torch.equal(out.indices, TokenAllocator(50, "grid")(relevance).indices)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("flat", [False, True])  # True: a void, which falls back to grid
 def test_excluded_cells_are_never_chosen_and_the_budget_is_kept(strategy, flat):
@@ -129,3 +194,39 @@ def test_a_budget_over_the_cells_not_yet_read_is_refused():
     assert TokenAllocator(50)(torch.rand(1, 10, 10), exclude=exclude).indices.shape == (1, 50)
     with pytest.raises(ValueError, match="not yet read"):
         TokenAllocator(51)(torch.rand(1, 10, 10), exclude=exclude)
+
+
+# ----------------------------------------------------------------------------- the tensions on a second look
+
+
+def read_by_a_first_look(relevance: torch.Tensor, budget: int = 273) -> torch.Tensor:
+    """[1, gh, gw] bool: the cells a plain topk first look of `budget` read."""
+    exclude = torch.zeros(1, relevance[0].numel(), dtype=torch.bool)
+    exclude[0, TokenAllocator(budget, "topk")(relevance).indices[0]] = True
+    return exclude.view_as(relevance)
+
+
+@pytest.mark.parametrize("strategy", ["topk", "logpolar"])
+def test_coverage_on_a_second_look_reads_only_cells_not_yet_read(strategy):
+    """Exploring after a first look: the coverage share is still round(e * K), all of it among the cells not yet
+    read (the excluded blob's middle, far from every pick, is never taken), and the cells stay unique."""
+    relevance = peaked_map(centre=(6, 6))
+    exclude = read_by_a_first_look(relevance)
+    out = TokenAllocator(100, strategy)(relevance, exclude=exclude, explore=[0.25])
+    idx = out.indices[0]
+    assert idx.unique().numel() == 100 and not exclude.flatten()[idx].any()
+    assert int((out.kinds == COVERAGE).sum()) == 25
+
+
+def test_spacing_on_a_second_look_starts_at_the_best_cell_left_and_spreads():
+    """Diversifying after a first look: λ in standard units of the cells not yet read, so the first pick is the
+    best of them and the picks spread as λ grows; none was read before."""
+    relevance = peaked_map(centre=(10, 20))
+    exclude = read_by_a_first_look(relevance, 100)
+    plain = TokenAllocator(40, "topk")(relevance, exclude=exclude)
+    distances = []
+    for lam in (0.0, 2.0, 8.0):
+        out = TokenAllocator(40, "topk")(relevance, exclude=exclude, diversify=[lam])
+        assert out.indices[0, 0] == plain.indices[0, 0] and not exclude.flatten()[out.indices[0]].any()
+        distances.append(mean_pairwise_distance(out.positions[0]))
+    assert distances == sorted(set(distances)), distances

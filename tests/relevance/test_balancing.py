@@ -9,8 +9,9 @@ def test_fresh_balancer_returns_the_prior_weights_and_mix():
     torch.manual_seed(0)
     bal = AdaptiveTensionBalancer(hidden_size=64, prior_weights=(0.2, 0.2, 0.6))
     maps = torch.rand(2, 3, 8, 8)
-    relevance, weights = bal(maps, torch.randn(2, 5, 64), None, torch.randn(2, 16, 64))
+    relevance, weights, residuals = bal(maps, torch.randn(2, 5, 64), None, torch.randn(2, 16, 64))
     torch.testing.assert_close(weights, torch.tensor([[0.2, 0.2, 0.6]] * 2))
+    assert torch.equal(residuals, torch.zeros(2, 3))  # every tension at its prior
     expected = 0.2 * standardise(maps[:, 0]) + 0.2 * standardise(maps[:, 1]) + 0.6 * standardise(maps[:, 2])
     torch.testing.assert_close(relevance, expected)
 

@@ -13,11 +13,19 @@ from arr_coc.relevance.texture import generate_texture_array
 D = 64
 
 
-def run(layer, seed=0, budget=None, strategy=None, **kw):
+def structured_images(n=2):
+    """[n, 3, 448, 448]: faint noise with two bright blocks (pure noise is a busy image: it falls back to grid)."""
+    images = 0.05 * torch.rand(n, 3, 448, 448)
+    images[:, :, 60:160, 80:260] = 1.0
+    images[:, 0, 300:380, 250:400] = 0.8
+    return images
+
+
+def run(layer, seed=0, budget=None, strategy=None, settings=None, n=2, **kw):
     torch.manual_seed(seed)
-    textures = generate_texture_array(torch.rand(2, 3, 448, 448), (32, 32))  # [2, 13, 32, 32]
-    maps = layer(textures, torch.randn(2, 5, D), gestalt_embeds=torch.randn(2, 16, D), **kw)
-    return layer.select(maps, (32, 32), budget, strategy)
+    textures = generate_texture_array(structured_images(n), (32, 32))  # [n, 13, 32, 32]
+    maps = layer(textures, torch.randn(n, 5, D), gestalt_embeds=torch.randn(n, 16, D), **kw)
+    return layer.select(maps, (32, 32), budget, strategy, settings)
 
 
 def test_output_holds_everything_the_microscope_shows():
@@ -36,13 +44,16 @@ def test_budget_and_strategy_can_be_overridden_per_call():
 
 
 def test_straight_through_gradient_reaches_every_parameter():
-    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    """The selected scores and the tensions' gates (under the adaptive budget) reach every parameter, the
+    tension head included, though every tension starts at its prior (one image: adaptive budgets differ)."""
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, min_budget=200, max_budget=300))
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-    target = torch.randn(2, 273, D)
     for step in range(2):  # zero-initialised last layers block the layers below them until the first step
-        out = run(layer, seed=step, participatory_prior=torch.rand(2, 32, 32))
-        tokens = torch.randn(2, 273, D)  # stand-in for the frozen encoder's saccade tokens
-        tokens = tokens * (1 + out.selected_scores - out.selected_scores.detach()).unsqueeze(-1)
+        out = run(layer, seed=step, budget="auto", n=1, participatory_prior=torch.rand(1, 32, 32))
+        K = out.indices.shape[1]
+        target = torch.randn(1, K, D)
+        tokens = torch.randn(1, K, D)  # stand-in for the frozen encoder's saccade tokens
+        tokens = tokens * ((1 + out.selected_scores - out.selected_scores.detach()) * out.gates).unsqueeze(-1)
         loss = (tokens - target).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
