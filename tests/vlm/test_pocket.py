@@ -117,13 +117,14 @@ def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypat
     """A stage check below PASS_MARK keeps the stage; one at it moves on, and the next batches are the next stage's."""
     from arr_coc.vlm import pocket
 
-    stage0_checks = []  # exact_match on stage 0's pages (168 px): the first check (3 kinds) fails, the second passes
+    stage0_checks = []  # exact_match on 168 px pages: the first check (3 kinds) fails, only the second passes
 
     def fake_exact_match(model, tokenizer, processor, items, device, batch=8):
         if items[0][0].width != 168:
             return 0.0
         stage0_checks.append(1)
-        return 0.5 if len(stage0_checks) <= len(pocket.PAGE_KINDS) else pocket.PASS_MARK
+        check = (len(stage0_checks) - 1) // len(pocket.PAGE_KINDS)  # 0, 1, 2 ...: which stage check this is
+        return pocket.PASS_MARK if check == 1 else 0.5
 
     monkeypatch.setattr(pocket, "exact_match", fake_exact_match)
     drawn = []
