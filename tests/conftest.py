@@ -10,8 +10,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 180
@@ -86,6 +88,17 @@ def overflowing_fp16_model(device: str):
         attn.v_proj.bias.fill_(1.0)
         attn.o_proj.weight.fill_(3e4 / attn.o_proj.in_features)
     return model
+
+
+QUESTION = "What does the gray text say?"  # the scenes' question in the model and pipeline tests
+
+
+def scene_image(w=448, h=448):
+    """A gray scene with a noisy lower-left quadrant: something to look at, the same every time."""
+    rng = np.random.default_rng(0)
+    a = np.full((h, w, 3), 128, np.uint8)
+    a[h // 2:, : w // 2] = rng.integers(0, 255, (h - h // 2, w // 2, 3))
+    return Image.fromarray(a)
 
 
 def stock_inputs(vlm, view, question: str = "What is here?"):

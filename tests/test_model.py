@@ -13,15 +13,7 @@ from arr_coc.model import ARRCOCQwen
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
-
-QUESTION = "What does the gray text say?"
-
-
-def scene_image(w=448, h=448):
-    rng = np.random.default_rng(0)
-    a = np.full((h, w, 3), 128, np.uint8)
-    a[h // 2:, : w // 2] = rng.integers(0, 255, (h - h // 2, w // 2, 3))
-    return Image.fromarray(a)
+from conftest import QUESTION, scene_image
 
 
 def test_arr_answer_carries_every_diagnostic(arr_model):

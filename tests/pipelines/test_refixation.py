@@ -8,10 +8,8 @@ with the first round's saccades in its context, and with tau off leaves the answ
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from arr_coc.errors import InputError
 from arr_coc.eval.fineprint import make_page
@@ -20,15 +18,7 @@ from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.tensions import COVERAGE
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
-
-QUESTION = "What does the gray text say?"
-
-
-def scene_image(w=448, h=448):
-    rng = np.random.default_rng(0)
-    a = np.full((h, w, 3), 128, np.uint8)
-    a[h // 2:, : w // 2] = rng.integers(0, 255, (h - h // 2, w // 2, 3))
-    return Image.fromarray(a)
+from conftest import QUESTION, scene_image
 
 
 @pytest.fixture(scope="module")

@@ -3,27 +3,18 @@ checkpoint, each ablation's layer outputs are compared with the unablated ones o
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from arr_coc.errors import InputError
 from arr_coc.pipelines.arr import score, select
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION, PRIOR_WEIGHTS, SCORERS
 from arr_coc.relevance.balancing import standardise
 from arr_coc.timing import Stopwatch
+from conftest import QUESTION, scene_image
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-text-vs-distractor"
-QUESTION = "What does the gray text say?"
 BUDGET = 273
-
-
-def scene_image(w=448, h=448):
-    rng = np.random.default_rng(0)
-    a = np.full((h, w, 3), 128, np.uint8)
-    a[h // 2:, : w // 2] = rng.integers(0, 255, (h - h // 2, w // 2, 3))
-    return Image.fromarray(a)
 
 
 @pytest.fixture(scope="module")
