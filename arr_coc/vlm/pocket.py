@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from arr_coc.checkpoints import shipped
-from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
+from arr_coc.vlm.positions import mrope_position_ids, raster_block
 
 POCKET = "pocket"  # --model pocket
 POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
@@ -246,8 +246,9 @@ def encode(tokenizer, questions: list[tuple[str, str]], n_image_tokens: int) -> 
 def collate(tokenizer, images, conversations) -> dict:
     """
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
-    attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]. Pixels travel between processes as bytes, 8x smaller than
-    the processor's float patches; `model_inputs` lays them out on the GPU exactly as the stock processor does.
+    attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]. Pixels travel between processes as
+    bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
+    stock processor does.
     """
     w, h = images[0].size
     n_image_tokens = (w // 28) * (h // 28)
@@ -261,7 +262,8 @@ def collate(tokenizer, images, conversations) -> dict:
     pages = torch.from_numpy(np.stack([np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images]))  # [B, H, W, 3]
     image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     block = raster_block((h // 28, w // 28))  # M-RoPE positions drawn here, in the workers: not per row on the GPU
-    position_ids = torch.cat([mrope_position_ids(row[None], image_token_id, [block]) for row in input_ids], 1)  # [3, B, L]
+    position_ids = torch.cat([mrope_position_ids(row[None], image_token_id, [block])  # [3, 1, L] per row
+                              for row in input_ids], 1)  # [3, B, L]
     return dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages, position_ids=position_ids)
 
 
@@ -495,8 +497,8 @@ def _train_stage(model, optimizer, tokenizer, processor, cfg: TrainConfig, state
         if state["step"] % 100 == 0:
             mean = sum(losses) / len(losses) if losses else float("nan")
             elapsed = time.time() - run["t0"]
-            print(f"step {state['step']} loss {mean:.4f} lr {lr:.2e} stage {state['stage']} "
-                  f"{run['seen'] / elapsed:.0f} pages/s, waiting for pages {waited / elapsed:.0%} of the time", flush=True)
+            print(f"step {state['step']} loss {mean:.4f} lr {lr:.2e} stage {state['stage']} {run['seen'] / elapsed:.0f} "
+                  f"pages/s, waiting for pages {waited / elapsed:.0%} of the time", flush=True)
             state["curve"].append(dict(step=state["step"], loss=round(mean, 4)))
             losses = []
         if state["step"] % cfg.eval_every == 0 and _stage_passed(model, tokenizer, processor, cfg, state):

@@ -82,6 +82,27 @@ def test_a_training_batch_is_what_the_stock_processor_gives(stock):
     assert answers == ["0427<|im_end|>", "red: tiger<|im_end|>"]  # the loss is on the answers alone
 
 
+def test_the_training_forward_is_the_stock_forward(stock):
+    """Training's shortcuts (one batched ViT attention over same-size pages, M-RoPE ids drawn in the workers) give
+    the logits of the stock forward (per-page attention loop, get_rope_index) on every real token, in fp32."""
+    import copy
+
+    from arr_coc.vlm.pocket import use_same_size_pages_attention
+
+    model, tokenizer, _ = stock
+    pages = [make_page(kind, 9, 336, 280).image for kind in ("fine_print", "box_word", "shape_colour")]
+    batch = collate(tokenizer, pages, [[("What is the value of TAX?", "0427"), ("What is the value of ROOM?", "12")],
+                                       [(READ_PAGE, "red: tiger")], [("What colour is the circle?", "red")]])
+    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
+    real = inputs["attention_mask"].bool()  # [B, L]
+    training = use_same_size_pages_attention(copy.deepcopy(model))
+    with torch.no_grad():
+        fast = training(**inputs).logits  # [B, L, V]
+        reference = model(**{k: v for k, v in inputs.items() if k != "position_ids"}).logits
+    assert training.config.vision_config._attn_implementation != model.config.vision_config._attn_implementation
+    torch.testing.assert_close(fast[real], reference[real], atol=1e-4, rtol=1e-4)
+
+
 def test_labels_cover_every_answer_of_a_conversation(stock):
     _, tokenizer, _ = stock
     ids, labels = encode(tokenizer, [("What is the value of TAX?", "0427"), ("What is the value of RANK?", "9")], 4)
