@@ -153,8 +153,8 @@ def compare_tab(model: ARRCOCQwen) -> None:
                 with gr.Column():
                     base_text = gr.Textbox(label="Baseline answer", lines=3, elem_id="baseline-answer")
                     base_stats = output_table("Baseline stats", ui.STATS_HEADERS, "baseline-stats")
-                    base_cells = output_image("The cells a reducer baseline kept (stock views read every cell)",
-                                              "baseline-cells")
+                    with gr.Column(visible=False) as base_cells_panel:  # only a reducer keeps cells to draw
+                        base_cells = output_image("The cells the reducer baseline kept", "baseline-cells")
                 with gr.Column():
                     arr_text = gr.Textbox(label="ARR-COC answer", lines=3, elem_id="arr-answer")
                     arr_stats = output_table("ARR-COC stats", ui.STATS_HEADERS, "arr-stats")
@@ -176,6 +176,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
     stop.click(None, cancels=[event]).then(handlers.stopped, status, status, api_name="stop_compare",
                                            concurrency_limit=None)  # never waits in a queue; frees the GPU one
     numbered.release(handlers.redraw, [kept, numbered], [heatmap, mosaic], api_name="redraw")
+    baseline.change(handlers.show_kept_cells, baseline, base_cells_panel, api_visibility="private", queue=False)
 
 
 def microscope_tab(model: ARRCOCQwen) -> None:
@@ -200,7 +201,8 @@ def microscope_tab(model: ARRCOCQwen) -> None:
         with gr.Column(scale=2):
             heatmap = output_image("Relevance and numbered saccades", "microscope-heatmap")
             mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "microscope-mosaic", height=None)
-            reduced = output_image("The reducer's kept cells over ARR's relevance", "microscope-reducer-cells")
+            with gr.Column(visible=False) as reduced_panel:  # shown once a reducer is chosen
+                reduced = output_image("The reducer's kept cells over ARR's relevance", "microscope-reducer-cells")
             with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
                 saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
             curves, answer, measure, verdict = faithfulness_panel()
@@ -220,6 +222,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     auto, override, _, _, particularize = tensions  # what moves the adaptive K, and so the reducer's tokens
     gr.on([reducer.change, budget.release, auto.change, override.change, particularize.release], draw_reducer,
           reducer_inputs, reduced, api_visibility="private", concurrency_id=GPU)  # kept_cells, on a new choice or K
+    reducer.change(handlers.show_kept_cells, reducer, reduced_panel, api_visibility="private", queue=False)
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
                   concurrency_id=GPU)

@@ -28,6 +28,7 @@ from PIL import Image
 from arr_coc.app import ui, viz
 from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
+from arr_coc import pipelines
 from arr_coc.pipelines import arr
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 
@@ -249,6 +250,11 @@ def reselect(model: ARRCOCQwen, kept: Kept | None, strategy: str, budget: int, n
 
 
 @ui.reports_errors
+def show_kept_cells(pipeline: str) -> dict:
+    """The kept-cells drawing's panel is shown only for a reducer (stock views and "none" keep every cell)."""
+    return gr.update(visible=pipeline in pipelines.REDUCERS)
+
+
 def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, question: str, reducer: str,
                budget: int, max_cells: int, auto: bool = False, override: bool = False, explore: float = 0.0,
                diversify: float = 0.0, particularize: float = 0.5) -> Image.Image | None:

@@ -255,3 +255,11 @@ def test_a_slow_stream_still_answers_every_tick_and_stops_when_closed():
     ticks.close()  # Stop
     time.sleep(2.5)
     assert steps_run == [0, 1]  # the step under way ran out; no later step started
+
+
+def test_the_kept_cells_panel_shows_only_for_a_reducer():
+    """Stock views and "none" keep every cell: their drawing panel stays hidden instead of an empty frame."""
+    from arr_coc.app.handlers import NO_REDUCER, show_kept_cells
+
+    assert [show_kept_cells(name)["visible"] for name in ("divprune", "visionzip", "fastv")] == [True] * 3
+    assert [show_kept_cells(name)["visible"] for name in ("full", "gestalt", "budget", NO_REDUCER)] == [False] * 4
