@@ -82,11 +82,20 @@ class Question:
     text: str  # the target as a reader would transcribe it, e.g. "TOTAL: 0427", "red: tiger", "red circle"
 
 
+@dataclass(frozen=True)
+class Glyph:
+    """One drawn character: the dense reading target of pocket training (arr_coc.vlm.reading)."""
+    x: float  # centre of its advance, px from the page's left
+    y: float  # centre of its line's ink box, px from the top (every glyph of a line has the same y)
+    char: str  # the character (never a space)
+
+
 @dataclass
 class Page:
     image: Image.Image  # RGB, width x height
     kind: str  # one of PAGE_KINDS
     questions: list[Question]  # every question the page answers, in drawing order
+    glyphs: list[Glyph]  # every character drawn on it (targets and clutter), in drawing order
 
     @property
     def transcript(self) -> str:
@@ -122,6 +131,7 @@ class Canvas:
         self.image = Image.new("RGB", (width, height), self.background)
         self.draw = ImageDraw.Draw(self.image)
         self.taken: list[Box] = []  # target boxes, grown by a gap: clutter stays out of them
+        self.glyphs: list[Glyph] = []  # every character drawn, where it was drawn
         gray = rng.random() < 0.7  # dark gray ink mostly, else dark blue
         self.ink = tuple([rng.randint(0, 60)] * 3) if gray else (rng.randint(0, 40), rng.randint(0, 40),
                                                                   rng.randint(60, 110))
@@ -132,14 +142,17 @@ class Canvas:
 
     def text(self, text: str, px: int, left: int, top: int, fill, target: bool = False) -> Box:
         """Draw text with its ink box's top-left at (left, top), a target's moved onto the lattice (PageStyle.jitter);
-        return the ink box."""
+        record its glyphs and return the ink box."""
         if target and self.style.jitter is not None:
             left = round(left / PATCH) * PATCH + self.rng.randint(0, self.style.jitter)
             top = round(top / PATCH) * PATCH + self.rng.randint(0, self.style.jitter)
+        f = font(px)
         l, t, _, _ = self.text_size(text, px)
         xy = (left - l, top - t)
-        self.draw.text(xy, text, font=font(px), fill=fill)
-        x0, y0, x1, y1 = self.draw.textbbox(xy, text, font=font(px))
+        self.draw.text(xy, text, font=f, fill=fill)
+        x0, y0, x1, y1 = self.draw.textbbox(xy, text, font=f)
+        self.glyphs += [Glyph(xy[0] + f.getlength(text[:i]) + f.getlength(ch) / 2, (y0 + y1) / 2, ch)
+                        for i, ch in enumerate(text) if ch != " "]
         return (max(0, int(x0)), max(0, int(y0)), min(self.width, int(x1) + 1), min(self.height, int(y1) + 1))
 
     def spot(self, w: int, h: int, gap: int, region: Box | None = None, tries: int = 200) -> Box | None:
@@ -184,7 +197,7 @@ class Canvas:
 
     def finish(self, kind: str, questions: list[Question]) -> Page:
         self.clutter(self.style.clutter)
-        return Page(self.image, kind, questions)
+        return Page(self.image, kind, questions, self.glyphs)
 
 
 # -----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ import torch
 from arr_coc.checkpoints import shipped
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
+from arr_coc.vlm.reading import ReadingHead, VisualTokens, glyph_targets
 
 POCKET = "pocket"  # --model pocket
 POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
@@ -116,7 +117,7 @@ class TrainConfig:
     image_tokens: int = 8192  # image tokens per batch: B = image_tokens // tokens per page (bucketed sizes) ...
     max_pages: int = 96  # ... but at most this many pages (the first stage's pages are small)
     workers: int = 14  # page-drawing processes
-    eval_every: int = 500  # check the stage (held-out pages of its own) every this many steps
+    eval_every: int = 300  # check the stage (held-out pages of its own) every this many steps
     eval_pages: int = 32  # held-out pages per kind and size (stage checks and the suite at the end of a run)
     eval_sizes: tuple[int, ...] = (896, 1792)  # held-out square page sides
     device: str = "cuda"  # where to train
@@ -243,12 +244,13 @@ def encode(tokenizer, questions: list[tuple[str, str]], n_image_tokens: int) -> 
     return enc["input_ids"], labels
 
 
-def collate(tokenizer, images, conversations) -> dict:
+def collate(tokenizer, images, conversations, readings=None) -> dict:
     """
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
-    attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]. Pixels travel between processes as
-    bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
-    stock processor does.
+    attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
+    glyph_targets) also every page's reading targets, concatenated. Pixels travel between processes as bytes, 8x
+    smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the stock
+    processor does.
     """
     w, h = images[0].size
     n_image_tokens = (w // 28) * (h // 28)
@@ -264,14 +266,17 @@ def collate(tokenizer, images, conversations) -> dict:
     block = raster_block((h // 28, w // 28))  # M-RoPE positions drawn here, in the workers: not per row on the GPU
     position_ids = torch.cat([mrope_position_ids(row[None], image_token_id, [block])  # [3, 1, L] per row
                               for row in input_ids], 1)  # [3, B, L]
-    return dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages, position_ids=position_ids)
+    batch = dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages, position_ids=position_ids)
+    if readings is not None:
+        batch["reading"] = torch.from_numpy(np.concatenate(readings))  # [B * cells, slots]
+    return batch
 
 
 def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
     """A collated batch -> Qwen2VLForConditionalGeneration's inputs on `device` (pixel patches as the processor's)."""
     from arr_coc.vlm.qwen2_vl import image_patches
 
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "pages"}
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in ("pages", "reading")}
     pages = batch["pages"].to(device, non_blocking=True).permute(0, 3, 1, 2).float() / 255.0  # [B, 3, H, W]
     out["pixel_values"], out["image_grid_thw"] = image_patches(pages, processor)  # [B*N, 1176], [B, 3]
     out["mm_token_type_ids"] = (out["input_ids"] == image_token_id).int()
@@ -287,19 +292,21 @@ def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
 
 
 def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = TrainConfig.max_pages):
-    """The pages and conversations of training batch `index` at curriculum `stage`: a pure function of them."""
+    """The pages, conversations and reading targets of training batch `index` at curriculum `stage`: a pure
+    function of them."""
     rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}")
     s = CURRICULUM[stage]
     w, h = page_size(rng, s.sides)
     n = min(max_pages, max(2, image_tokens // (w * h // 784)))
-    images, conversations = [], []
+    images, conversations, readings = [], [], []
     for _ in range(n):
         page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, s.style)
         k = rng.randint(1, min(s.turns, len(page.questions)))
         turns = [(q.question, q.answer) for q in rng.sample(page.questions, k)]
         images.append(page.image)
         conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
-    return images, conversations
+        readings.append(glyph_targets(page.glyphs, w, h))
+    return images, conversations, readings
 
 
 class PageStream(torch.utils.data.IterableDataset):
@@ -393,14 +400,23 @@ def lr_at(step: int, resumed_at: int, cfg: TrainConfig) -> float:
     return cfg.lr * min(1.0, (step - resumed_at + 1) / cfg.warmup)
 
 
-def save_state(model, optimizer, folder: Path, state: dict):
-    """Weights (fp32), optimizer moments and state.json: the in-run resume point (safetensors + JSON only)."""
+HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside the run's weights
+
+
+def trained_parameters(model, head) -> dict:
+    """Every trained parameter by name: the VLM's, and the reading head's under "reading_head."."""
+    return dict(model.named_parameters()) | {f"reading_head.{n}": p for n, p in head.named_parameters()}
+
+
+def save_state(model, head, optimizer, folder: Path, state: dict):
+    """Weights (fp32), reading head, optimizer moments and state.json: the in-run resume point (safetensors + JSON)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder / "weights")
+    save_file(head.state_dict(), folder / HEAD_FILE)
     moments = {}
-    names = {p: n for n, p in model.named_parameters()}
+    names = {p: n for n, p in trained_parameters(model, head).items()}
     for p, s in optimizer.state.items():
         for key in ("exp_avg", "exp_avg_sq"):
             moments[f"{names[p]}.{key}"] = s[key].contiguous()
@@ -409,13 +425,13 @@ def save_state(model, optimizer, folder: Path, state: dict):
     (folder / "state.json").write_text(json.dumps(state, indent=1))
 
 
-def load_state(model, optimizer, folder: Path) -> dict:
+def load_state(model, head, optimizer, folder: Path) -> dict:
     from safetensors.torch import load_file
 
     path = folder / "optimizer.safetensors"
     if path.is_file():
         moments = load_file(path)
-        for n, p in model.named_parameters():
+        for n, p in trained_parameters(model, head).items():
             if f"{n}.exp_avg" in moments:
                 optimizer.state[p] = dict(exp_avg=moments[f"{n}.exp_avg"].to(p.device),
                                           exp_avg_sq=moments[f"{n}.exp_avg_sq"].to(p.device),
@@ -423,15 +439,18 @@ def load_state(model, optimizer, folder: Path) -> dict:
     return json.loads((folder / "state.json").read_text())
 
 
-def make_optimizer(model, cfg: TrainConfig):
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
+def make_optimizer(model, cfg: TrainConfig, head=None):
+    params = list(model.parameters()) + (list(head.parameters()) if head is not None else [])
+    decay = [p for p in params if p.ndim >= 2]
+    rest = [p for p in params if p.ndim < 2]
     return torch.optim.AdamW([dict(params=decay, weight_decay=cfg.weight_decay), dict(params=rest, weight_decay=0.0)],
                              lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device == "cuda")
 
 
 def load_or_init(folder: Path, resume: bool, device):
-    """(model, tokenizer, state): the run's weights if resuming, else the exported pocket folder, else fresh."""
+    """(model, reading head, tokenizer, state): the run's if resuming, else the exported pocket folder (and a fresh
+    head), else all fresh."""
+    from safetensors.torch import load_file
     from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
     tok_folder = folder / "weights" if (folder / "weights" / "tokenizer.json").is_file() else POCKET_FOLDER
@@ -447,34 +466,37 @@ def load_or_init(folder: Path, resume: bool, device):
         model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer), dtype=torch.float32)
         state = dict(step=0, stage=0, gpu_seconds=0.0, samples=0, curve=[], runs=[])
     model.config._attn_implementation = "sdpa"
-    return use_same_size_pages_attention(model).to(device).train(), tokenizer, state
+    head = ReadingHead(model.config.vision_config.hidden_size)
+    if resume and (folder / HEAD_FILE).is_file():
+        head.load_state_dict(load_file(folder / HEAD_FILE))
+    return use_same_size_pages_attention(model).to(device).train(), head.to(device), tokenizer, state
 
 
 def train(cfg: TrainConfig, resume: bool) -> dict:
     device = torch.device(cfg.device)
     folder = Path(cfg.out)
-    model, tokenizer, state = load_or_init(folder, resume, device)
-    optimizer = make_optimizer(model, cfg)
+    model, head, tokenizer, state = load_or_init(folder, resume, device)
+    optimizer = make_optimizer(model, cfg, head)
     if resume and (folder / "optimizer.safetensors").is_file():
-        load_state(model, optimizer, folder)
+        load_state(model, head, optimizer, folder)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(folder / "weights")
     processor = image_processor()
     run = dict(start=state["step"], t0=time.time(), seen=0)
     print(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {state['step']}, "
           f"stage {state.setdefault('stage', 0)}, {state['gpu_seconds'] / 60:.1f} GPU-minutes so far", flush=True)
-    while _train_stage(model, optimizer, tokenizer, processor, cfg, state, run):
+    while _train_stage(model, head, optimizer, tokenizer, processor, cfg, state, run):
         pass  # the stage was passed: the next one draws its own pages
     elapsed = time.time() - run["t0"]
     state.update(gpu_seconds=state["gpu_seconds"] + elapsed, samples=state["samples"] + run["seen"])
     _evaluate(model, tokenizer, processor, device, cfg, state)
     state["runs"].append(dict(steps=state["step"] - run["start"], seconds=round(elapsed, 1),
                               device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"))
-    save_state(model, optimizer, folder, state)
+    save_state(model, head, optimizer, folder, state)
     return state
 
 
-def _train_stage(model, optimizer, tokenizer, processor, cfg: TrainConfig, state: dict, run: dict) -> bool:
+def _train_stage(model, head, optimizer, tokenizer, processor, cfg: TrainConfig, state: dict, run: dict) -> bool:
     """Train on the current stage's pages until time or steps run out (False) or the stage is passed (True)."""
     device = next(model.parameters()).device
     stream = PageStream(str(Path(cfg.out) / "weights"), cfg.seed, state["stage"], state["step"], cfg.image_tokens,
@@ -487,7 +509,8 @@ def _train_stage(model, optimizer, tokenizer, processor, cfg: TrainConfig, state
         if state["step"] >= cfg.steps or time.time() - run["t0"] > cfg.minutes * 60:
             return False
         lr = lr_at(state["step"], run["start"], cfg)
-        loss = _train_step(model, optimizer, model_inputs(batch, processor, model.config.image_token_id, device), lr)
+        inputs = model_inputs(batch, processor, model.config.image_token_id, device)
+        loss = _train_step(model, optimizer, inputs, lr, head, batch["reading"].to(device, non_blocking=True))
         if loss is None:  # a bf16 blow-up: the step was skipped, the weights kept
             state["skipped"] = state.get("skipped", 0) + 1
         else:
@@ -495,11 +518,12 @@ def _train_stage(model, optimizer, tokenizer, processor, cfg: TrainConfig, state
         run["seen"] += batch["input_ids"].shape[0]
         state["step"] += 1
         if state["step"] % 100 == 0:
-            mean = sum(losses) / len(losses) if losses else float("nan")
+            answer, reading = np.mean(losses, axis=0) if losses else (float("nan"), float("nan"))
             elapsed = time.time() - run["t0"]
-            print(f"step {state['step']} loss {mean:.4f} lr {lr:.2e} stage {state['stage']} {run['seen'] / elapsed:.0f} "
-                  f"pages/s, waiting for pages {waited / elapsed:.0%} of the time", flush=True)
-            state["curve"].append(dict(step=state["step"], loss=round(mean, 4)))
+            print(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} lr {lr:.2e} stage {state['stage']} "
+                  f"{run['seen'] / elapsed:.0f} pages/s, waiting for pages {waited / elapsed:.0%} of the time",
+                  flush=True)
+            state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4)))
             losses = []
         if state["step"] % cfg.eval_every == 0 and _stage_passed(model, tokenizer, processor, cfg, state):
             return True
@@ -526,19 +550,23 @@ def _stage_passed(model, tokenizer, processor, cfg: TrainConfig, state: dict) ->
     return passed
 
 
-def _train_step(model, optimizer, inputs: dict, lr: float) -> float | None:
-    """One AdamW step on the answer loss; None (and no update) if the loss or the gradient is not finite."""
+def _train_step(model, optimizer, inputs: dict, lr: float, head=None, reading=None) -> tuple[float, float] | None:
+    """One AdamW step on the answer loss plus, with a head, the dense reading loss of every visual token;
+    (answer loss, reading loss), or None (and no update) if the loss or the gradient is not finite."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
-        loss = model(**inputs).loss
+        with VisualTokens(model) as visual:
+            answer = model(**inputs).loss
+        reading_loss = head(visual.value, reading) if head is not None else torch.zeros_like(answer)
+    loss = answer + reading_loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    norm = torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
     if not (torch.isfinite(loss) and torch.isfinite(norm)):
         return None
     optimizer.step()
-    return loss.item()
+    return answer.item(), reading_loss.item()
 
 
 def _evaluate(model, tokenizer, processor, device, cfg, state):
