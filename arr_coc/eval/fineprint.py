@@ -33,7 +33,6 @@ from PIL import Image, ImageDraw, ImageFont
 Box = tuple[int, int, int, int]
 
 PAGE_KINDS = ("fine_print", "box_word", "shape_colour")
-PATCH = 14  # Qwen2-VL's ViT patch side in px (PageStyle.jitter's lattice)
 
 KEYS = ("TOTAL TAX DATE CODE ROOM GATE SEAT FLOOR PRICE WEIGHT HEIGHT WIDTH DEPTH SPEED POWER VOLTS ORDER BATCH "
         "SERIAL MODEL PAGE LINE ZONE UNIT LEVEL SCORE RANK COUNT LIMIT RATE CLASS TRACK").split()
@@ -66,9 +65,6 @@ class PageStyle:
     shapes: tuple[int, int] = (2, 4)  # shape_colour: how many shapes
     shape_size: tuple[float, float] = (0.15, 0.28)  # shape_colour: extent as a fraction of the page's short side
     clutter: float = 1.0  # density of filler text and rules (0 = a clean page)
-    # None: a target's text goes anywhere; else its ink box's top-left sits on the ViT's 14 px patch lattice
-    # (nearest point) plus 0..jitter px. A training curriculum: a from-scratch ViT learns glyphs at one offset first.
-    jitter: int | None = None
 
 
 SPEC = PageStyle()
@@ -140,12 +136,8 @@ class Canvas:
     def text_size(self, text: str, px: int) -> tuple[int, int, int, int]:
         return self.draw.textbbox((0, 0), text, font=font(px))
 
-    def text(self, text: str, px: int, left: int, top: int, fill, target: bool = False) -> Box:
-        """Draw text with its ink box's top-left at (left, top), a target's moved onto the lattice (PageStyle.jitter);
-        record its glyphs and return the ink box."""
-        if target and self.style.jitter is not None:
-            left = round(left / PATCH) * PATCH + self.rng.randint(0, self.style.jitter)
-            top = round(top / PATCH) * PATCH + self.rng.randint(0, self.style.jitter)
+    def text(self, text: str, px: int, left: int, top: int, fill) -> Box:
+        """Draw text with its ink box's top-left at (left, top); record its glyphs and return the ink box."""
         f = font(px)
         l, t, _, _ = self.text_size(text, px)
         xy = (left - l, top - t)
@@ -249,7 +241,7 @@ def fine_print(rng: random.Random, width: int, height: int, style: PageStyle) ->
     questions = []
     for key, slot in zip(keys, slots):
         value = f"{rng.randrange(10000):04d}"
-        box = canvas.text(f"{key}: {value}", px, slot[0], slot[1], canvas.ink, target=True)
+        box = canvas.text(f"{key}: {value}", px, slot[0], slot[1], canvas.ink)
         questions.append(Question(f"What is the value of {key}?", value, box, f"{key}: {value}"))
     return canvas.finish("fine_print", questions)
 
@@ -273,7 +265,7 @@ def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> P
                               outline=COLOURS[colour], width=border)
         jx = rng.randint(-pad_x // 2, pad_x // 2)
         jy = rng.randint(-pad_y // 2, pad_y // 2)
-        canvas.text(word, px, box[0] + border + pad_x + jx, box[1] + border + pad_y + jy, canvas.ink, target=True)
+        canvas.text(word, px, box[0] + border + pad_x + jx, box[1] + border + pad_y + jy, canvas.ink)
         questions.append(Question(f"What word is in the {colour} box?", word, box, f"{colour}: {word}"))
     return canvas.finish("box_word", questions)
 

@@ -9,9 +9,11 @@ them opens with "Read the page." and the page's transcript, dense supervision of
 gives. No sparse cells and no ARR: ARR meets it as it meets the real Qwen.
 Its answers are real on fine-print scenes and meaningless elsewhere.
 
+Beside the answers, every visual token learns which characters its cell holds (arr_coc.vlm.reading, a training-only
+head): without it the from-scratch ViT never learned glyphs at arbitrary sub-patch offsets.
 Training follows a curriculum (CURRICULUM) that moves on when the model reads each stage's own held-out pages:
-large glyphs on the ViT's patch lattice, few fields and small pages first; then text at every sub-patch offset,
-smaller print and more clutter; then the suite as specified (fineprint.SPEC) at 448-1792 px. Pages are drawn by
+large glyphs, few fields and small pages first; then smaller print and more clutter; then the suite as specified
+(fineprint.SPEC) at 448-1792 px. Pages are drawn by
 many CPU workers (a DataLoader over an iterable of whole batches); batch i of a stage is a pure function of
 (seed, stage, i), so a resumed run continues the same stream.
 Held-out accuracy (new seeds, square 896 and 1792 px pages, per kind, native and gestalt views) is teacher-forced
@@ -32,7 +34,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -66,19 +68,13 @@ class Stage:
     read: float  # share of conversations that open with READ_PAGE (the page's transcript)
 
 
-# A from-scratch ViT with 14 px patches learns a word only at one sub-patch offset at a time (measured on one H100,
-# a ViT + linear head on 32 keys at 24 px: text on the patch lattice, or within 1, 2 or 4 px of it, is read within
-# 100-300 steps; text at any offset stays at chance after 1200). So the print starts on the lattice (jitter 0) and
-# its offsets widen stage by stage until it goes anywhere, as in the suite.
+# Reading is supervised densely from the start (arr_coc.vlm.reading), so the print goes anywhere from the first stage
+# (PageStyle.jitter stays None); the stages grow the pages and shrink the print.
 _LARGE = PageStyle(fields=(1, 2), field_font=(20, 28), boxes=(1, 2), word_font=(20, 28), shapes=(1, 2), clutter=0.1)
 _MEDIUM = PageStyle(fields=(1, 4), field_font=(16, 26), boxes=(1, 3), word_font=(16, 26), shapes=(1, 3), clutter=0.3)
 CURRICULUM = (
-    Stage((112, 224), replace(_LARGE, jitter=0), turns=2, read=0.5),
-    Stage((112, 224), replace(_LARGE, jitter=2), turns=2, read=0.5),
-    Stage((112, 224), replace(_LARGE, jitter=4), turns=2, read=0.5),
-    Stage((168, 336), replace(_MEDIUM, jitter=7), turns=4, read=0.5),
-    Stage((168, 336), replace(_MEDIUM, jitter=10), turns=4, read=0.5),
-    Stage((168, 336), _MEDIUM, turns=4, read=0.5),  # anywhere from here on
+    Stage((112, 224), _LARGE, turns=2, read=0.5),
+    Stage((168, 336), _MEDIUM, turns=4, read=0.5),
     Stage((224, 560), PageStyle(fields=(2, 8), field_font=(13, 22), boxes=(2, 5), word_font=(13, 22),
                                 clutter=0.5), turns=6, read=0.35),
     Stage((336, 896), PageStyle(fields=(4, 16), field_font=(11, 19), boxes=(3, 8), word_font=(12, 19),
@@ -86,7 +82,8 @@ CURRICULUM = (
     Stage((448, 1344), SPEC, turns=8, read=0.15),
     Stage((448, 1792), SPEC, turns=8, read=0.1),  # the last stage: the suite as specified, at every size
 )
-PASS_MARK = 0.8  # a stage is passed when held-out exact match on its own pages reaches this on both reading kinds
+PASS_MARK = 0.7  # a stage is passed when held-out exact match on its own pages reaches this on both reading kinds:
+# its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
 READING_KINDS = ("fine_print", "box_word")  # the kinds that need the print read (shape_colour does not)
 
 
@@ -113,6 +110,7 @@ class TrainConfig:
     minutes: float = 8.0  # ... or after this many minutes of this run, whichever comes first
     lr: float = 1e-3  # peak AdamW learning rate
     warmup: int = 300  # linear warm-up steps (after a resume too: the optimizer may be fresh)
+    cooldown: float = 0.0  # decay the lr linearly to 5% over the run's last this many minutes (0: none)
     weight_decay: float = 0.05  # AdamW weight decay (matrices only)
     image_tokens: int = 8192  # image tokens per batch: B = image_tokens // tokens per page (bucketed sizes) ...
     max_pages: int = 96  # ... but at most this many pages (the first stage's pages are small)
@@ -395,9 +393,11 @@ def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896
 # training
 
 
-def lr_at(step: int, resumed_at: int, cfg: TrainConfig) -> float:
-    """Linear warm-up from each (re)start, then a constant rate (the run length is not known in advance)."""
-    return cfg.lr * min(1.0, (step - resumed_at + 1) / cfg.warmup)
+def lr_at(step: int, resumed_at: int, cfg: TrainConfig, seconds_left: float = math.inf) -> float:
+    """Linear warm-up from each (re)start, then a constant rate (the run length is not known in advance), then,
+    with a cool-down, a linear decay to 5% over the run's last cfg.cooldown minutes: the weights to export settle."""
+    cooldown = max(0.05, min(1.0, seconds_left / (cfg.cooldown * 60))) if cfg.cooldown else 1.0
+    return cfg.lr * min(1.0, (step - resumed_at + 1) / cfg.warmup) * cooldown
 
 
 HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside the run's weights
@@ -508,7 +508,7 @@ def _train_stage(model, head, optimizer, tokenizer, processor, cfg: TrainConfig,
         waited += time.time() - last  # the GPU idles while the page workers catch up
         if state["step"] >= cfg.steps or time.time() - run["t0"] > cfg.minutes * 60:
             return False
-        lr = lr_at(state["step"], run["start"], cfg)
+        lr = lr_at(state["step"], run["start"], cfg, cfg.minutes * 60 - (time.time() - run["t0"]))
         inputs = model_inputs(batch, processor, model.config.image_token_id, device)
         loss = _train_step(model, optimizer, inputs, lr, head, batch["reading"].to(device, non_blocking=True))
         if loss is None:  # a bf16 blow-up: the step was skipped, the weights kept
@@ -606,6 +606,8 @@ def main(argv=None):
     parser.add_argument("--minutes", type=float, default=TrainConfig.minutes, help="stop after this many minutes")
     parser.add_argument("--steps", type=int, default=TrainConfig.steps, help="stop at this total step count")
     parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
+    parser.add_argument("--cooldown", type=float, default=TrainConfig.cooldown,
+                        help="decay the lr to 5%% over the run's last this many minutes (before an export)")
     parser.add_argument("--image-tokens", type=int, default=TrainConfig.image_tokens, help="image tokens per batch")
     parser.add_argument("--workers", type=int, default=TrainConfig.workers, help="page-drawing worker processes")
     parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every, help="stage check interval (steps)")
@@ -621,6 +623,7 @@ def main(argv=None):
         build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
         return
     cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
+                      cooldown=args.cooldown,
                       image_tokens=args.image_tokens, max_pages=args.max_pages, workers=args.workers,
                       eval_every=args.eval_every,
                       eval_pages=args.eval_pages, device=args.device,

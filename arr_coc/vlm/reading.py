@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from arr_coc.eval.fineprint import BOX_WORDS, FILLER, KEYS, Glyph
+from arr_coc.vlm.views import CELL
 
-ALPHABET = "".join(sorted(set("".join(KEYS + BOX_WORDS + FILLER)) | set("0123456789:"))) # every drawn character
+ALPHABET = "".join(sorted(set("".join(KEYS + BOX_WORDS + FILLER)) | set("0123456789:")))  # every drawn character
 SLOTS = 6  # characters named per 28 px cell (font 10 holds ~5 per line; more are dropped, ~never on targets)
 NONE = 0  # the class of an empty slot; ALPHABET[i] is class i + 1
-CELL = 28  # px per merged token (patch 14 x merge 2)
 
 
 def glyph_targets(glyphs: list[Glyph], width: int, height: int, slots: int = SLOTS) -> np.ndarray:

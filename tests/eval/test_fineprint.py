@@ -71,16 +71,16 @@ def test_the_transcript_reads_every_target_top_to_bottom():
     assert all((b - a) > -28 for a, b in zip(rows, rows[1:]))  # never more than a text row back up the page
 
 
-def _text_offsets(style: PageStyle) -> set[tuple[int, int]]:
-    """(x mod 14, y mod 14) of every fine_print field's ink box top-left, over a few pages."""
-    pages = [make_page("fine_print", seed, 448, style=style) for seed in range(12)]
-    return {(q.box[0] % 14, q.box[1] % 14) for page in pages for q in page.questions}
-
-
-def test_jitter_puts_the_targets_text_on_the_patch_lattice_plus_at_most_jitter_px():
-    """The training curriculum's pages: a field's ink starts on the ViT's 14 px lattice (plus 0..jitter px);
-    the suite's own pages (jitter None) put it at every sub-patch offset."""
-    assert _text_offsets(PageStyle(jitter=0)) == {(0, 0)}
-    three = _text_offsets(PageStyle(jitter=3))
-    assert max(max(offset) for offset in three) == 3 and len(three) > 4
-    assert max(max(offset) for offset in _text_offsets(SPEC)) >= 10
+def test_every_drawn_character_is_recorded_where_it_was_drawn():
+    """Page.glyphs (the reading targets of pocket training): each field's characters, left to right on one line,
+    inside its ink box; nothing but ink is recorded (no spaces)."""
+    page = make_page("fine_print", 4, 448)
+    glyphs = iter(page.glyphs)
+    for q in page.questions:  # targets are drawn first, in the questions' order; clutter follows
+        field = [next(glyphs) for _ in q.text.replace(" ", "")]
+        assert "".join(g.char for g in field) == q.text.replace(" ", "")
+        assert len({g.y for g in field}) == 1 and [g.x for g in field] == sorted(g.x for g in field)
+        x0, y0, x1, y1 = q.box
+        assert all(x0 <= g.x <= x1 and y0 <= g.y <= y1 for g in field)
+    assert len(page.glyphs) > sum(len(q.text) for q in page.questions)  # the clutter's characters too
+    assert " " not in {g.char for g in page.glyphs}

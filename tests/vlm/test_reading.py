@@ -1,0 +1,93 @@
+"""
+Dense reading supervision (arr_coc.vlm.reading): each merged cell's targets are its characters in reading order, in
+the ViT's raster order of cells; the hook sees exactly the visual tokens the LLM reads; the head trains and resumes.
+"""
+
+import pytest
+import torch
+
+from arr_coc.eval.fineprint import Glyph, PageStyle, make_page
+from arr_coc.vlm.pocket import (HEAD_FILE, POCKET_FOLDER, TrainConfig, _train_step, collate, image_processor,
+                                load_or_init, make_optimizer, model_inputs, train)
+from arr_coc.vlm.reading import ALPHABET, NONE, SLOTS, ReadingHead, VisualTokens, glyph_targets
+
+
+def _decode(targets) -> list[str]:
+    """Each cell's characters, as a string."""
+    return ["".join(ALPHABET[c - 1] for c in row if c != NONE) for row in targets.tolist()]
+
+
+def test_a_cell_names_its_characters_line_by_line_left_to_right_in_raster_order():
+    glyphs = [Glyph(20, 10, "B"), Glyph(5, 10, "A"), Glyph(3, 20, "C"),  # cell (0, 0): two lines
+              Glyph(30, 2, "D"),  # cell (0, 1)
+              Glyph(2, 30, "E"),  # cell (1, 0): the next row starts at index gw
+              Glyph(83.9, 55.9, "F")]  # the last cell of a 3 x 2 grid
+    cells = _decode(glyph_targets(glyphs, width=84, height=56))
+    assert cells == ["ABC", "D", "", "E", "", "F"]
+
+
+def test_a_cell_holds_at_most_slots_characters():
+    glyphs = [Glyph(1 + i, 5, ch) for i, ch in enumerate("ABCDEFGHI")]
+    targets = glyph_targets(glyphs, 28, 28)
+    assert targets.shape == (1, SLOTS) and _decode(targets) == ["ABCDEFGHI"[:SLOTS]]
+
+
+def test_a_pages_targets_spell_its_field():
+    """A clean page with one field: its cells, in raster order, spell the field as drawn (spaces aside)."""
+    page = make_page("fine_print", 3, 448, style=PageStyle(fields=(1, 1), clutter=0.0))
+    (question,) = page.questions
+    assert "".join(_decode(glyph_targets(page.glyphs, 448, 448))) == question.text.replace(" ", "")
+
+
+@pytest.fixture(scope="module")
+def stock():
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(str(POCKET_FOLDER), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(POCKET_FOLDER))
+
+
+def _batch(stock, kinds=("fine_print", "box_word")):
+    model, tokenizer = stock
+    pages = [make_page(kind, 5, 224, 168) for kind in kinds]
+    batch = collate(tokenizer, [p.image for p in pages], [[(p.questions[0].question, p.questions[0].answer)]
+                                                          for p in pages],
+                    [glyph_targets(p.glyphs, 224, 168) for p in pages])
+    return model_inputs(batch, image_processor(), model.config.image_token_id, "cpu"), batch["reading"]
+
+
+def test_the_hook_holds_the_visual_tokens_the_llm_reads(stock):
+    model, _ = stock
+    inputs, reading = _batch(stock)
+    with torch.no_grad(), VisualTokens(model) as visual:
+        model(**inputs)
+        reference = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+    torch.testing.assert_close(visual.value, torch.cat(reference))
+    assert visual.value.shape[0] == reading.shape[0] == 2 * 8 * 6  # one target row per merged token
+    assert not model.model.visual._forward_hooks  # removed on exit
+
+
+def test_a_training_step_trains_the_head_on_the_reading_loss(stock):
+    import copy
+
+    model = copy.deepcopy(stock[0]).train()
+    inputs, reading = _batch(stock)
+    head = ReadingHead(model.config.vision_config.hidden_size)
+    before = head.proj.weight.detach().clone()
+    answer, reading_loss = _train_step(model, make_optimizer(model, TrainConfig(device="cpu"), head), inputs, 1e-3,
+                                       head, reading)
+    assert answer > 0 and reading_loss > 0
+    assert not torch.equal(before, head.proj.weight)
+
+
+def test_the_head_is_saved_and_resumed(tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = TrainConfig(out=str(tmp_path), steps=1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+                      eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
+    train(cfg, resume=False)
+    saved = load_file(tmp_path / HEAD_FILE)
+    _, head, _, _ = load_or_init(tmp_path, True, torch.device("cpu"))
+    assert all(torch.equal(saved[k], v) for k, v in head.state_dict().items())
+    _, fresh, _, _ = load_or_init(tmp_path, False, torch.device("cpu"))
+    assert not torch.equal(saved["proj.weight"], fresh.proj.weight)
