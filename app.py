@@ -3,6 +3,7 @@ ARR-COC microscope, the Gradio app: baseline vs ARR-COC answers side by side, th
 and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
 
     python app.py                            # http://127.0.0.1:7860, Qwen/Qwen2-VL-2B-Instruct
+    python app.py --model pocket             # offline: the pocket Qwen2-VL trained here on fine-print scenes
     python app.py --model tiny               # offline tiny model: answers meaningless, maps real
     python app.py --model tiny-qwen3-vl      # the tiny Qwen3-VL (or tiny-qwen2.5-vl, or any Qwen-VL hub id / folder)
     python app.py --checkpoint NAME --port 8000 --share
@@ -26,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=os.environ.get("ARR_COC_MODEL", DEFAULT_MODEL),
                    help="Qwen2-VL, Qwen2.5-VL or Qwen3-VL hub id or folder, or an offline model ('pocket', the "
                         "pocket Qwen2-VL of models/; 'tiny', 'tiny-qwen2.5-vl', 'tiny-qwen3-vl'); one that cannot be "
-                        "loaded falls back to tiny with a banner (default: $ARR_COC_MODEL or %(default)s)")
+                        "loaded falls back to pocket with a banner (default: $ARR_COC_MODEL or %(default)s)")
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder or a hub repo id (default: the first "
                         "checkpoint under checkpoints/ that fits the model, else the untrained prior)")
@@ -319,9 +320,9 @@ def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Block
 def load(args: argparse.Namespace) -> tuple[ARRCOCQwen, str, list[str]]:
     """The model and its ARR layer, saying in the console what start-up does; -> model, layer name, page notices."""
     log.info("loading the model %s (the first run downloads it) ...", args.model)
-    model = ARRCOCQwen.from_pretrained(args.model, fallback_to_tiny=True)
+    model = ARRCOCQwen.from_pretrained(args.model, offline_fallback=True)
     if model.notice:
-        log.warning("%s", model.notice)  # the offline fallback, or the tiny model asked for
+        log.warning("%s", model.notice)  # the offline fallback, or an offline model asked for
     layer_name, checkpoint_notice = ui.install_default_layer(model, args.checkpoint, CHECKPOINTS)
     log.info("model %s on %s; ARR layer %s", model.vlm.name, model.vlm.device, layer_name)
     if checkpoint_notice:

@@ -55,19 +55,19 @@ class ARRCOCQwen:
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, checkpoint: str | None = None, device: str | None = None,
-                        dtype: torch.dtype | None = None, fallback_to_tiny: bool = False, engine: str = "fast",
+                        dtype: torch.dtype | None = None, offline_fallback: bool = False, engine: str = "fast",
                         pipeline: PipelineConfig | None = None) -> "ARRCOCQwen":
-        """Load the VLM (hub id, folder or "tiny"); with fallback_to_tiny, an unloadable model becomes the tiny one."""
+        """Load the VLM (hub id, folder, "pocket" or "tiny"); with offline_fallback, an unloadable model becomes the
+        shipped pocket model, and the notice says so."""
         notice = None
         try:
             vlm = load_vlm(model, device, dtype, engine)
         except Exception as e:  # no network, no cache, bad folder: the offline model keeps the app useful
-            if not fallback_to_tiny or model in TINY_MODELS:
+            if not offline_fallback or model in TINY_MODELS or model == POCKET:
                 raise
             reason = str(e).splitlines()[0][:200]
-            vlm = load_vlm("tiny", device, dtype, engine)
-            notice = (f"Could not load {model} ({type(e).__name__}: {reason}). Running the offline tiny Qwen2-VL "
-                      "with random weights: its answers are meaningless, but the views, maps and saccades are real.")
+            vlm = load_vlm(POCKET, device, dtype, engine)
+            notice = f"Could not load {model} ({type(e).__name__}: {reason}). {POCKET_NOTICE}"
         if model in TINY_MODELS:
             notice = (f"Running the offline {model} model ({vlm.family}) with random weights (--model {model}): its "
                       "answers are meaningless, but the views, maps and saccades are real.")

@@ -395,7 +395,7 @@ def test_start_up_says_when_it_falls_back_to_the_offline_model(caplog, tmp_path)
     with caplog.at_level(logging.INFO, logger="arr_coc.app"):
         model, _, notices = app.load(argparse.Namespace(model=str(tmp_path / "no-model"), checkpoint=None))
     assert f"loading the model {tmp_path / 'no-model'}" in caplog.text
-    assert "Running the offline tiny Qwen2-VL" in caplog.text and notices and model.vlm.name == "tiny"
+    assert "Running pocket-qwen2-vl" in caplog.text and notices and model.vlm.name == "pocket"
 
 
 def test_help_answers_before_gradio_and_torch_load():

@@ -201,9 +201,10 @@ def test_stream_ends_with_the_answer_a_plain_call_gives(arr_model):
         list(arr_model.stream(scene_image(), "", "arr"))
 
 
-def test_unloadable_model_falls_back_to_tiny_with_a_notice(tmp_path):
-    model = ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"), fallback_to_tiny=True)
-    assert model.vlm.hidden_size == 64 and "offline tiny" in model.notice and "no-such-model" in model.notice
+def test_unloadable_model_falls_back_to_the_pocket_model_with_a_notice(tmp_path):
+    model = ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"), offline_fallback=True)
+    assert model.vlm.hidden_size == 256 and "no-such-model" in model.notice  # pocket-qwen2-vl's LLM width
+    assert "pocket-qwen2-vl" in model.notice and "synthetic fine-print" in model.notice
     assert "meaningless" in ARRCOCQwen.from_pretrained("tiny").notice  # asked for, and still said
     with pytest.raises(OSError):
         ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"))
