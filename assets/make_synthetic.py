@@ -3,6 +3,8 @@ Regenerate the synthetic example images in assets/ and refresh their entries in 
 Entries for other images (the photographs) are kept.
 
 - the square scenes: arr_coc.eval.data.make_scene at fixed seeds (896 px, the old high-res view);
+- three pages of the fine-print suite (arr_coc.eval.fineprint.make_page, 896 px), one per kind: the scenes the
+  offline pocket model was trained on, with their first question;
 - two high-resolution scenes drawn here, whose answer needs the native-resolution candidates (DESIGN.md
   section 1): a 1700x2200 invoice page in 12 px print, and a 2400x900 street with a small green sign.
   At the gestalt view's scale their print is under 4 px high (tests/test_assets.py checks it).
@@ -28,6 +30,7 @@ sys.path.insert(0, str(ASSETS.parent))  # so `python assets/make_synthetic.py` f
 from PIL import Image, ImageDraw  # noqa: E402
 
 from arr_coc.eval.data import WORDS, Sample, _clip_box, _font, _rng, make_scene  # noqa: E402
+from arr_coc.eval.fineprint import make_page  # noqa: E402
 
 
 @dataclass
@@ -54,6 +57,19 @@ EXAMPLES = [
     SyntheticExample("synth_document.png", "document", 1, 896,
                      "Synthetic: dense page of small text with one 'Invoice total' line and an 'Invoice no.' "
                      "decoy; the box is the total's line."),
+]
+
+
+POCKET_NOTE = ("Fine-print suite page (arr_coc.eval.fineprint, held-out seed), the kind of scene the offline pocket "
+               "model was trained on: its answers are real here and meaningless on the photographs. ")
+FINEPRINT = [  # SyntheticExample's kind is a fine-print kind here, drawn by make_page
+    SyntheticExample("pocket_fine_print.png", "fine_print", 10**9 + 1, 896,
+                     POCKET_NOTE + "8-32 fields in 10-17 px print; the gestalt cannot read them."),
+    SyntheticExample("pocket_box_word.png", "box_word", 10**9 + 1, 896,
+                     POCKET_NOTE + "A small word in each coloured box; the colour is visible at any scale, the word "
+                                   "only at native resolution."),
+    SyntheticExample("pocket_shape_colour.png", "shape_colour", 10**9 + 1, 896,
+                     POCKET_NOTE + "Large shapes: a question the gestalt alone can answer."),
 ]
 
 
@@ -216,6 +232,15 @@ def main() -> None:
             "box": None if sample.box is None else list(sample.box),
             "note": f"{ex.note} Expected answer: {sample.answer}.",
         })
+
+    for ex in FINEPRINT:
+        page = make_page(ex.kind, ex.seed, ex.size)
+        page.image.save(args.out / ex.file, optimize=True)
+        written.add(ex.file)
+        print(f"wrote {args.out / ex.file} ({ex.kind} page, seed {ex.seed}, {ex.size}px)")
+        q = page.questions[0]
+        entries.append({"image": ex.file, "question": q.question, "box": list(q.box),
+                        "note": f"{ex.note} Expected answer: {q.answer}."})
 
     for ex in HIGHRES:
         samples = ex.draw(ex.seed)
