@@ -69,8 +69,8 @@ class Stage:
     read: float  # share of conversations that open with READ_PAGE (the page's transcript)
 
 
-# Reading is supervised densely from the start (arr_coc.vlm.reading), so the print goes anywhere from the first stage
-# (PageStyle.jitter stays None); the stages grow the pages and shrink the print.
+# Reading is supervised densely from the start (arr_coc.vlm.reading), so the print goes anywhere from the first stage;
+# the stages grow the pages and shrink the print.
 _LARGE = PageStyle(fields=(1, 2), field_font=(20, 28), boxes=(1, 2), word_font=(20, 28), shapes=(1, 2), clutter=0.1)
 _MEDIUM = PageStyle(fields=(1, 4), field_font=(16, 26), boxes=(1, 3), word_font=(16, 26), shapes=(1, 3), clutter=0.3)
 CURRICULUM = (

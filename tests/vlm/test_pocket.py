@@ -221,3 +221,14 @@ def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
     finally:
         model.eval().zero_grad(set_to_none=True)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_cool_down_decays_the_rate_to_five_percent_over_the_runs_last_minutes():
+    from arr_coc.vlm.pocket import lr_at
+
+    cfg = TrainConfig(lr=1e-3, warmup=10, cooldown=2.0)
+    assert lr_at(100, 0, cfg, seconds_left=600) == pytest.approx(1e-3)  # before the cool-down
+    assert lr_at(100, 0, cfg, seconds_left=60) == pytest.approx(5e-4)  # half way through its 2 minutes
+    assert lr_at(100, 0, cfg, seconds_left=0) == pytest.approx(5e-5)  # the floor
+    assert lr_at(4, 0, cfg, seconds_left=600) == pytest.approx(5e-4)  # warming up after a (re)start
+    assert lr_at(100, 0, TrainConfig(lr=1e-3, warmup=10, cooldown=0.0), seconds_left=0) == pytest.approx(1e-3)  # off
