@@ -44,7 +44,7 @@ import torch
 from arr_coc.checkpoints import shipped
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
-from arr_coc.vlm.reading import ReadingHead, VisualTokens, glyph_targets
+from arr_coc.vlm.reading import MergerOutputHook, ReadingHead, glyph_targets
 
 POCKET = "pocket"  # --model pocket
 POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
@@ -557,7 +557,7 @@ def _train_step(model, optimizer, inputs: dict, lr: float, head=None, reading=No
     for group in optimizer.param_groups:
         group["lr"] = lr
     with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
-        with VisualTokens(model) as visual:
+        with MergerOutputHook(model) as visual:
             answer = model(**inputs).loss
         reading_loss = head(visual.value, reading) if head is not None else torch.zeros_like(answer)
     loss = answer + reading_loss

@@ -11,7 +11,7 @@ per cell, so the text becomes linearly decodable from each token. It exists in t
 the exported model, which stays the stock Qwen2VLForConditionalGeneration.
 
     head = ReadingHead(hidden_size)
-    with VisualTokens(model) as tokens:          # captures the merger's output of the next forward
+    with MergerOutputHook(model) as tokens:      # captures the merger's output of the next forward
         loss = model(**inputs).loss
     loss = loss + head(tokens.value, reading)    # reading: glyph_targets(...) of every page, concatenated
 """
@@ -68,7 +68,7 @@ class ReadingHead(nn.Module):
         return float(((self.logits(tokens).argmax(-1) == targets) & ink).sum() / ink.sum().clamp(min=1))
 
 
-class VisualTokens:
+class MergerOutputHook:
     """Context manager: holds the merger's output ([N, hidden], every page's merged tokens in order) of the model's
     next forward, through a hook on its ViT."""
 

@@ -9,7 +9,7 @@ import torch
 from arr_coc.eval.fineprint import Glyph, PageStyle, make_page
 from arr_coc.vlm.pocket import (HEAD_FILE, POCKET_FOLDER, TrainConfig, _train_step, collate, image_processor,
                                 load_or_init, make_optimizer, model_inputs, train)
-from arr_coc.vlm.reading import ALPHABET, NONE, SLOTS, ReadingHead, VisualTokens, glyph_targets
+from arr_coc.vlm.reading import ALPHABET, NONE, SLOTS, MergerOutputHook, ReadingHead, glyph_targets
 
 
 def _decode(targets) -> list[str]:
@@ -59,7 +59,7 @@ def _batch(stock, kinds=("fine_print", "box_word")):
 def test_the_hook_holds_the_visual_tokens_the_llm_reads(stock):
     model, _ = stock
     inputs, reading = _batch(stock)
-    with torch.no_grad(), VisualTokens(model) as visual:
+    with torch.no_grad(), MergerOutputHook(model) as visual:
         model(**inputs)
         reference = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
     torch.testing.assert_close(visual.value, torch.cat(reference))
