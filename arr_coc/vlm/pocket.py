@@ -45,6 +45,7 @@ from arr_coc.checkpoints import shipped
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.reading import MergerOutputHook, ReadingHead, glyph_targets
+from arr_coc.vlm.views import PIPELINE, fit_grid
 
 POCKET = "pocket"  # --model pocket
 POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
@@ -58,6 +59,7 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 READ_PAGE = "Read the page."  # the transcription question: dense supervision of every glyph, as OCR pre-training
 EVAL_SEED = 10**9  # held-out pages use seeds from here on; training seeds stay far below
 IGNORE = -100
+GESTALT_TOKENS = PIPELINE.gestalt_max_tokens  # ARR's gestalt view: at most this many merged tokens
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,9 @@ CURRICULUM = (
 PASS_MARK = 0.7  # a stage is passed when held-out exact match on its own pages reaches this on both reading kinds:
 # its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
 READING_KINDS = ("fine_print", "box_word")  # the kinds that need the print read (shape_colour does not)
+REVIEW = 0.2  # share of batches drawn from an earlier stage than the current one, so that no stage is forgotten
+GESTALT_FIRST = 0.3  # share of batches whose conversations show the page's gestalt view (<= 256 tokens) first, then
+# the page: two image blocks, as ARR's prompt has (and as the real Qwen saw multi-image prompts in training)
 
 
 @dataclass
@@ -186,17 +191,24 @@ VISION_ATTENTION = "flash_same_size_pages"  # "flash" in the name: Qwen2-VL's Vi
 def same_size_pages_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
                               cu_seq_lens_q=None, **kwargs):
     """
-    Qwen2-VL's vision attention for a batch of same-size pages as ONE batched sdpa call: the same block-diagonal
-    attention as the stock per-image loop (which launches 2 x pages kernels per block), for training only.
-    The stock ViT asks this of any attention whose name holds "flash"; registered under VISION_ATTENTION.
+    Qwen2-VL's vision attention for a batch of pages as one batched sdpa call per page size (one for a batch of
+    same-size pages, two with their gestalt views): the same block-diagonal attention as the stock per-image loop
+    (which launches 2 x images kernels per block), for training only. The stock ViT asks this of any attention
+    whose name holds "flash"; registered under VISION_ATTENTION.
     """
     import torch.nn.functional as F
 
-    _, heads, S, d = query.shape  # [1, H, S, d]: every page's patches, one page after another
-    n = cu_seq_lens_q.numel() - 1  # pages (same size: S // n patches each)
-    q, k, v = (t.view(heads, n, S // n, d).transpose(0, 1) for t in (query, key, value))  # [n, H, S/n, d]
-    out = F.scaled_dot_product_attention(q, k, v, scale=scaling)  # [n, H, S/n, d]
-    return out.permute(0, 2, 1, 3).reshape(1, S, heads, d), None  # [1, S, H, d], as the interface returns
+    _, heads, S, d = query.shape  # [1, H, S, d]: every image's patches, one image after another
+    bounds = cu_seq_lens_q.tolist()
+    starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
+    out = torch.empty_like(query)  # [1, H, S, d]
+    for size in sorted(set(lengths)):
+        first = torch.tensor([a for a, n in zip(starts, lengths) if n == size], device=query.device)  # [n]
+        rows = (first[:, None] + torch.arange(size, device=query.device)).flatten()  # [n * size]: their patches
+        q, k, v = (t[0][:, rows].view(heads, len(first), size, d).transpose(0, 1) for t in (query, key, value))
+        o = F.scaled_dot_product_attention(q, k, v, scale=scaling)  # [n, H, size, d]
+        out[0][:, rows] = o.transpose(0, 1).reshape(heads, -1, d)
+    return out.transpose(1, 2), None  # [1, S, H, d], as the interface returns
 
 
 def use_same_size_pages_attention(model):
@@ -219,19 +231,21 @@ def image_processor():
 # conversations -> tensors
 
 
-def conversation(questions: list[tuple[str, str]]) -> list[dict]:
-    """One image, then question/answer turns (the image goes with the first question)."""
+def conversation(questions: list[tuple[str, str]], images: int = 1) -> list[dict]:
+    """`images` images, then question/answer turns (the images go with the first question)."""
     messages = []
     for i, (q, a) in enumerate(questions):
-        content = [{"type": "image"}, {"type": "text", "text": q}] if i == 0 else q
+        content = [{"type": "image"}] * images + [{"type": "text", "text": q}] if i == 0 else q
         messages += [{"role": "user", "content": content}, {"role": "assistant", "content": a}]
     return messages
 
 
-def encode(tokenizer, questions: list[tuple[str, str]], n_image_tokens: int) -> tuple[list[int], list[int]]:
-    """Token ids of a conversation with its image block expanded, and labels on the answers (+ <|im_end|>) only."""
-    text = tokenizer.apply_chat_template(conversation(questions), tokenize=False)
-    text = text.replace("<|image_pad|>", "<|image_pad|>" * n_image_tokens, 1)
+def encode(tokenizer, questions: list[tuple[str, str]], image_tokens: list[int]) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation with its image blocks (image_tokens: each one's token count, in order)
+    expanded, and labels on the answers (+ <|im_end|>) only."""
+    text = tokenizer.apply_chat_template(conversation(questions, len(image_tokens)), tokenize=False)
+    first, *rest = text.split("<|image_pad|>")  # one pad per image, in order
+    text = first + "".join("<|image_pad|>" * n + after for n, after in zip(image_tokens, rest, strict=True))
     spans, at = [], 0
     for _, a in questions:  # each answer's characters and its <|im_end|>, in order
         start = text.index("<|im_start|>assistant\n" + a + "<|im_end|>", at) + len("<|im_start|>assistant\n")
@@ -243,17 +257,20 @@ def encode(tokenizer, questions: list[tuple[str, str]], n_image_tokens: int) -> 
     return enc["input_ids"], labels
 
 
-def collate(tokenizer, images, conversations, readings=None) -> dict:
+def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool = False) -> dict:
     """
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
     attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
-    glyph_targets) also every page's reading targets, concatenated. Pixels travel between processes as bytes, 8x
-    smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the stock
-    processor does.
+    glyph_targets) also every visual token's reading targets, concatenated. Pixels travel between processes as
+    bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
+    stock processor does. gestalt_first: each conversation shows the page's gestalt view (ARR's, <= 256 tokens,
+    resized on the GPU by `model_inputs`) before the page itself; its tokens have no reading targets.
     """
     w, h = images[0].size
-    n_image_tokens = (w // 28) * (h // 28)
-    rows = [encode(tokenizer, qa, n_image_tokens) for qa in conversations]
+    page = (h // 28, w // 28)  # the page's cell grid
+    blocks = [raster_block(fit_grid(w, h, GESTALT_TOKENS)), raster_block(page)] if gestalt_first else [raster_block(page)]
+    sizes = [len(block.positions) for block in blocks]
+    rows = [encode(tokenizer, qa, sizes) for qa in conversations]
     length = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)
@@ -262,22 +279,35 @@ def collate(tokenizer, images, conversations, readings=None) -> dict:
         input_ids[i, :len(ids)], labels[i, :len(lab)], attention[i, :len(ids)] = torch.tensor(ids), torch.tensor(lab), 1
     pages = torch.from_numpy(np.stack([np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images]))  # [B, H, W, 3]
     image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    block = raster_block((h // 28, w // 28))  # M-RoPE positions drawn here, in the workers: not per row on the GPU
-    position_ids = torch.cat([mrope_position_ids(row[None], image_token_id, [block])  # [3, 1, L] per row
+    # M-RoPE positions drawn here, in the workers: not per row on the GPU
+    position_ids = torch.cat([mrope_position_ids(row[None], image_token_id, blocks)  # [3, 1, L] per row
                               for row in input_ids], 1)  # [3, B, L]
     batch = dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages, position_ids=position_ids)
+    if gestalt_first:
+        batch["gestalt_grid"] = torch.tensor(blocks[0].grid)
     if readings is not None:
-        batch["reading"] = torch.from_numpy(np.concatenate(readings))  # [B * cells, slots]
+        unread = np.full((sizes[0], readings[0].shape[1]), IGNORE, dtype=np.int64)  # a gestalt's tokens: no targets
+        batch["reading"] = torch.from_numpy(np.concatenate([part for r in readings  # [visual tokens, slots]
+                                                            for part in ([unread, r] if gestalt_first else [r])]))
     return batch
 
 
 def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
-    """A collated batch -> Qwen2VLForConditionalGeneration's inputs on `device` (pixel patches as the processor's)."""
+    """A collated batch -> Qwen2VLForConditionalGeneration's inputs on `device` (pixel patches as the processor's;
+    with a gestalt grid, each page's gestalt view, then the page)."""
     from arr_coc.vlm.qwen2_vl import image_patches
+    from arr_coc.vlm.views import resize
 
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in ("pages", "reading")}
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in ("pages", "reading", "gestalt_grid")}
     pages = batch["pages"].to(device, non_blocking=True).permute(0, 3, 1, 2).float() / 255.0  # [B, 3, H, W]
     out["pixel_values"], out["image_grid_thw"] = image_patches(pages, processor)  # [B*N, 1176], [B, 3]
+    if "gestalt_grid" in batch:
+        B, grid = len(pages), tuple(batch["gestalt_grid"].tolist())
+        gestalts = torch.cat([resize(page[None], grid) for page in pages])  # [B, 3, gh*28, gw*28]: ARR's resize
+        small, small_thw = image_patches(gestalts, processor)  # [B*n, 1176], [B, 3]
+        out["pixel_values"] = torch.cat([small.view(B, -1, small.shape[-1]),  # [B, n + N, 1176]: gestalt, page
+                                         out["pixel_values"].view(B, -1, small.shape[-1])], 1).flatten(0, 1)
+        out["image_grid_thw"] = torch.stack([small_thw, out["image_grid_thw"]], 1).flatten(0, 1)  # [2B, 3]
     out["mm_token_type_ids"] = (out["input_ids"] == image_token_id).int()
     return out
 
@@ -291,12 +321,14 @@ def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
 
 
 def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = TrainConfig.max_pages):
-    """The pages, conversations and reading targets of training batch `index` at curriculum `stage`: a pure
-    function of them."""
+    """The pages, conversations, reading targets and gestalt_first flag of training batch `index` at curriculum
+    `stage` (a REVIEW share of batches from an earlier stage): a pure function of them."""
     rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}")
-    s = CURRICULUM[stage]
+    s = CURRICULUM[rng.randrange(stage) if stage and rng.random() < REVIEW else stage]
     w, h = page_size(rng, s.sides)
-    n = min(max_pages, max(2, image_tokens // (w * h // 784)))
+    gestalt_first = rng.random() < GESTALT_FIRST
+    tokens = w * h // 784 + (math.prod(fit_grid(w, h, GESTALT_TOKENS)) if gestalt_first else 0)  # per conversation
+    n = min(max_pages, max(2, image_tokens // tokens))
     images, conversations, readings = [], [], []
     for _ in range(n):
         page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, s.style)
@@ -305,7 +337,7 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
         images.append(page.image)
         conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
         readings.append(glyph_targets(page.glyphs, w, h))
-    return images, conversations, readings
+    return images, conversations, readings, gestalt_first
 
 
 class PageStream(torch.utils.data.IterableDataset):
@@ -332,11 +364,9 @@ class PageStream(torch.utils.data.IterableDataset):
 # held-out evaluation
 
 
-def gestalt_view(image, max_tokens: int = 256):
+def gestalt_view(image, max_tokens: int = GESTALT_TOKENS):
     """The image resized (aspect kept, multiples of 28) to at most max_tokens merged tokens: ARR's gestalt."""
     from PIL import Image
-
-    from arr_coc.vlm.views import fit_grid
 
     gh, gw = fit_grid(image.width, image.height, max_tokens)
     return image.resize((gw * 28, gh * 28), Image.BICUBIC)

@@ -58,13 +58,14 @@ class ReadingHead(nn.Module):
         return self.proj(tokens).float().view(tokens.shape[0], self.slots, -1)  # [N, slots, classes]
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over every slot; a target of -100 (a gestalt view's tokens) is ignored."""
         logits = self.logits(tokens)  # [N, slots, classes]
         return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     @torch.no_grad()
     def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-        """Share of drawn characters (non-empty slots) named right."""
-        ink = targets != NONE
+        """Share of drawn characters (non-empty slots) named right; targets below NONE (ignored) do not count."""
+        ink = targets > NONE
         return float(((self.logits(tokens).argmax(-1) == targets) & ink).sum() / ink.sum().clamp(min=1))
 
 

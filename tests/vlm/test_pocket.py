@@ -7,6 +7,8 @@ the training script runs, saves and resumes.
 import json
 import re
 
+import numpy as np
+
 import pytest
 import torch
 from conftest import answers_by_engine
@@ -82,17 +84,42 @@ def test_a_training_batch_is_what_the_stock_processor_gives(stock):
     assert answers == ["0427<|im_end|>", "red: tiger<|im_end|>"]  # the loss is on the answers alone
 
 
-def test_the_training_forward_is_the_stock_forward(stock):
-    """Training's shortcuts (one batched ViT attention over same-size pages, M-RoPE ids drawn in the workers) give
-    the logits of the stock forward (per-page attention loop, get_rope_index) on every real token, in fp32."""
+def test_with_the_gestalt_first_each_conversation_shows_its_gestalt_view_then_its_page(stock):
+    """The patches go gestalt 1, page 1, gestalt 2, page 2 ..., as the prompts' image blocks: the gestalt is ARR's
+    own view of the page (views.resize to fit_grid(256)), the page the stock processor's."""
+    from arr_coc.vlm.qwen2_vl import image_patches
+    from arr_coc.vlm.views import resize
+
+    _, tokenizer, processor = stock
+    pages = [make_page(kind, 5, 336, 280).image for kind in ("fine_print", "box_word")]
+    batch = collate(tokenizer, pages, [[("What is the value of TAX?", "0427")], [(READ_PAGE, "red: tiger")]],
+                    gestalt_first=True)
+    inputs = model_inputs(batch, image_processor(), tokenizer.convert_tokens_to_ids("<|image_pad|>"), "cpu")
+    expected = []
+    for page in pages:
+        pixels = torch.from_numpy(np.asarray(page)).permute(2, 0, 1)[None].float() / 255  # [1, 3, H, W]
+        expected += [image_patches(resize(pixels, (15, 17)), processor)[0],  # 336x280 px: a 15x17 gestalt
+                     processor(images=[page], return_tensors="pt")["pixel_values"]]
+    torch.testing.assert_close(inputs["pixel_values"], torch.cat(expected), atol=1e-5, rtol=0)
+    assert inputs["image_grid_thw"][:, 1:].tolist() == [[30, 34], [20, 24]] * 2
+    pads = (inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum(1)
+    assert pads.tolist() == [15 * 17 + 10 * 12] * 2
+
+
+@pytest.mark.parametrize("gestalt_first", [False, True])
+def test_the_training_forward_is_the_stock_forward(stock, gestalt_first):
+    """Training's shortcuts (one batched ViT attention per image size, M-RoPE ids drawn in the workers, the gestalt
+    view resized on the GPU) give the logits of the stock forward (per-image attention loop, get_rope_index) on every
+    real token, in fp32; with gestalt_first, of two images a conversation: the page's gestalt view, then the page."""
     import copy
 
     from arr_coc.vlm.pocket import use_same_size_pages_attention
 
     model, tokenizer, _ = stock
-    pages = [make_page(kind, 9, 336, 280).image for kind in ("fine_print", "box_word", "shape_colour")]
+    pages = [make_page(kind, 9, 588, 476).image for kind in ("fine_print", "box_word", "shape_colour")]
     batch = collate(tokenizer, pages, [[("What is the value of TAX?", "0427"), ("What is the value of ROOM?", "12")],
-                                       [(READ_PAGE, "red: tiger")], [("What colour is the circle?", "red")]])
+                                       [(READ_PAGE, "red: tiger")], [("What colour is the circle?", "red")]],
+                    gestalt_first=gestalt_first)
     inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
     real = inputs["attention_mask"].bool()  # [B, L]
     training = use_same_size_pages_attention(copy.deepcopy(model))
@@ -101,14 +128,19 @@ def test_the_training_forward_is_the_stock_forward(stock):
         reference = model(**{k: v for k, v in inputs.items() if k != "position_ids"}).logits
     assert training.config.vision_config._attn_implementation != model.config.vision_config._attn_implementation
     torch.testing.assert_close(fast[real], reference[real], atol=1e-4, rtol=1e-4)
+    blocks = [(14, 17), (17, 21)] if gestalt_first else [(17, 21)]  # 588x476 px: 357 cells, its gestalt 238
+    assert inputs["image_grid_thw"][:, 1:].tolist() == [[2 * r, 2 * c] for r, c in blocks] * 3
 
 
 def test_labels_cover_every_answer_of_a_conversation(stock):
     _, tokenizer, _ = stock
-    ids, labels = encode(tokenizer, [("What is the value of TAX?", "0427"), ("What is the value of RANK?", "9")], 4)
+    ids, labels = encode(tokenizer, [("What is the value of TAX?", "0427"), ("What is the value of RANK?", "9")], [4, 6])
     kept = [t for t in labels if t != IGNORE]
     assert tokenizer.decode(kept) == "0427<|im_end|>9<|im_end|>"
-    assert ids.count(tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 4
+    text = tokenizer.decode(ids)
+    assert text.count("<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>") == 1  # two blocks, in order
+    assert text.count("<|vision_start|>" + "<|image_pad|>" * 6 + "<|vision_end|>") == 1
+    assert text.index("<|image_pad|>" * 4) < text.index("<|image_pad|>" * 6) < text.index("TAX")
 
 
 @pytest.mark.parametrize("pipeline", ["full", "gestalt", "arr"])
@@ -174,6 +206,30 @@ def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypat
     assert state["stage"] == 1 and drawn[:3] == [0, 0, 1]  # the third batch is drawn at stage 1
     w, h = pocket.batch_pages(0, 0, 1, 4096)[0][0].size
     assert all(pocket.CURRICULUM[1].sides[0] <= side <= pocket.CURRICULUM[1].sides[1] for side in (w, h))
+
+
+def test_a_review_share_of_batches_comes_from_earlier_stages(monkeypatch):
+    """At stage 2 about REVIEW of the batches are drawn in an earlier stage's style (whole batches: one page size);
+    at stage 0 there is nothing to review."""
+    from arr_coc.vlm import pocket
+
+    styles = []
+    real_make_page = pocket.make_page
+    monkeypatch.setattr(pocket, "make_page", lambda *a, **k: styles.append(a[4]) or real_make_page(*a, **k))
+    stage_of = {id(stage.style): i for i, stage in enumerate(pocket.CURRICULUM)}
+
+    def stages(stage, batches=60):
+        drawn = []
+        for index in range(batches):
+            styles.clear()
+            pocket.batch_pages(index, 0, stage, image_tokens=64, max_pages=2)
+            drawn.append({stage_of[id(style)] for style in styles})
+        assert all(len(one) == 1 for one in drawn)  # a batch is of one stage
+        return [one.pop() for one in drawn]
+
+    assert set(stages(0, 10)) == {0}
+    at_two = stages(2)
+    assert set(at_two) == {0, 1, 2} and 0.05 <= 1 - at_two.count(2) / len(at_two) <= 0.4
 
 
 def _weights(folder):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from arr_coc.eval.fineprint import Glyph, PageStyle, make_page
-from arr_coc.vlm.pocket import (HEAD_FILE, POCKET_FOLDER, TrainConfig, _train_step, collate, image_processor,
+from arr_coc.vlm.pocket import (HEAD_FILE, IGNORE, POCKET_FOLDER, TrainConfig, _train_step, collate, image_processor,
                                 load_or_init, make_optimizer, model_inputs, train)
 from arr_coc.vlm.reading import ALPHABET, NONE, SLOTS, MergerOutputHook, ReadingHead, glyph_targets
 
@@ -47,12 +47,12 @@ def stock():
     return model, AutoTokenizer.from_pretrained(str(POCKET_FOLDER))
 
 
-def _batch(stock, kinds=("fine_print", "box_word")):
+def _batch(stock, kinds=("fine_print", "box_word"), gestalt_first=False):
     model, tokenizer = stock
     pages = [make_page(kind, 5, 224, 168) for kind in kinds]
     batch = collate(tokenizer, [p.image for p in pages], [[(p.questions[0].question, p.questions[0].answer)]
                                                           for p in pages],
-                    [glyph_targets(p.glyphs, 224, 168) for p in pages])
+                    [glyph_targets(p.glyphs, 224, 168) for p in pages], gestalt_first)
     return model_inputs(batch, image_processor(), model.config.image_token_id, "cpu"), batch["reading"]
 
 
@@ -65,6 +65,25 @@ def test_the_hook_holds_the_visual_tokens_the_llm_reads(stock):
     torch.testing.assert_close(visual.value, torch.cat(reference))
     assert visual.value.shape[0] == reading.shape[0] == 2 * 8 * 6  # one target row per merged token
     assert not model.model.visual._forward_hooks  # removed on exit
+
+
+def test_with_the_gestalt_first_only_the_pages_tokens_have_reading_targets(stock):
+    """Each conversation's gestalt view, then its page: the targets follow the ViT's token order, and the gestalt's
+    rows are ignored by the loss, so the head is trained on the same page tokens as without it."""
+    model, _ = stock
+    plain, page_targets = _batch(stock)
+    inputs, reading = _batch(stock, gestalt_first=True)
+    with torch.no_grad(), MergerOutputHook(model) as visual:
+        model(**inputs)
+    assert visual.value.shape[0] == reading.shape[0] == 2 * (14 * 18 + 6 * 8)  # ARR's gestalt of 224x168 px: 14x18
+    ignored = (reading == IGNORE).all(1)  # [tokens]
+    assert ignored.tolist() == ([True] * 252 + [False] * 48) * 2
+    assert torch.equal(reading[~ignored], page_targets)
+    head = ReadingHead(model.config.vision_config.hidden_size)
+    with torch.no_grad():
+        page_tokens = visual.value[~ignored]
+        torch.testing.assert_close(head(visual.value, reading), head(page_tokens, page_targets))
+        assert head.accuracy(visual.value, reading) == head.accuracy(page_tokens, page_targets)
 
 
 def test_a_training_step_trains_the_head_on_the_reading_loss(stock):
