@@ -106,6 +106,16 @@ def comma_list(choices, allow_empty: bool = False):
     return parse
 
 
+def one_of(choices):
+    """An argparse type: one of `choices` (a flag a dataclass declares, where argparse's choices= cannot go)."""
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {', '.join(choices)}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
 def ablation_list(text: str) -> str:
     """An argparse type: comma-separated names of ARR's ablations (arr_coc.relevance.ablation), "all" or ""."""
     return ",".join(ABLATIONS) if text.strip() == "all" else comma_list(tuple(ABLATIONS), allow_empty=True)(text)

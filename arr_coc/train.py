@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Callable
 
 from arr_coc import cli, distributed
 from arr_coc.config import DEFAULT_BUDGET
-from arr_coc.relevance.config import AUTO, ARRCOCConfig
+from arr_coc.relevance.config import AUTO, SACCADE_ORDERS, ARRCOCConfig
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
@@ -89,6 +89,10 @@ class TrainConfig:
     max_budget: int = flag(ARRCOCConfig.max_budget, "with --budget auto: the most saccades per sample", cli.bounded_int(1, cli.MAX_CELLS))
     token_cost: float = flag(0.0, "with --budget auto: the price of the budget, token_cost * K_soft / --max-budget "
                                   "added to the loss (0: none)", cli.bounded_float(0.0))
+    saccade_order: str | None = flag(None, "feed the saccades to the LLM in this order, in training and wherever the "
+                                           "checkpoint is used: 'relevance' (most relevant first) or 'raster' (row by "
+                                           "row); default: the --init checkpoint's, else relevance",
+                                     cli.one_of(SACCADE_ORDERS))
     init: str | None = flag(None, "start from this checkpoint (a name under checkpoints/, a folder or a hub id) "
                                   "instead of the untrained prior")
     eval_every: int = flag(50, "steps between held-out evaluations", cli.bounded_int(1, 10_000_000))
@@ -269,6 +273,8 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
                     f"{watch.ms['observe'] / 1000:.1f}s")
 
     layer = model.layer.train()
+    if cfg.saccade_order:  # part of the checkpoint's config: the order it was trained in is the order it is used in
+        layer.config.saccade_order = cfg.saccade_order
     # only the answer loss and the token cost reach the tension head; DDP wants a gradient for every trained parameter
     layer.balancer.tension_head.requires_grad_(cfg.lm_weight > 0 or cfg.token_cost > 0)
     scorer = DistributedDataParallel(layer) if process.distributed else layer

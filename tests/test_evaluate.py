@@ -68,8 +68,8 @@ def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
     assert evaluate.main(["--model", "tiny", "--checkpoint", "tiny-text-vs-distractor", "--baselines", "",
                           "--strategies", "topk", "--ablations", "all", "--synthetic", "1", "--kinds", "text_vs_distractor",
                           "--max-new-tokens", "1", "--out", str(out)]) == 0
-    names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "no-gestalt",
-             "explore", "diversify", "auto-budget"]
+    names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "relevance-order",
+             "no-gestalt", "explore", "diversify", "auto-budget"]
     summary = json.loads((out / "report.json").read_text())["summary"]
     assert list(summary) == ["arr:topk", *(f"arr-{name}:topk" for name in names)]
     assert {row["visual_tokens"] for name, row in summary.items() if name != "arr-auto-budget:topk"} == {529}

@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 from arr_coc.eval.data import make_dataset
 from arr_coc.errors import InputError
 from arr_coc.model import ARRCOCQwen
-from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+from arr_coc.pipelines.arr import arr_prompt, encode_saccades, score, select
 from arr_coc.relevance.layer import ARRCOCLayer
+from arr_coc.timing import Stopwatch
 from arr_coc.train import TrainConfig, answer_loss, batches, main, parse_args, relevance_loss, save, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +119,26 @@ def test_the_token_cost_needs_the_adaptive_budget(capsys):
     with pytest.raises(SystemExit):
         parse_args([*ONE_STEP, "--token-cost", "1"])
     assert "--token-cost: prices the adaptive budget; it needs --budget auto" in capsys.readouterr().err
+
+
+def test_the_saccade_order_is_trained_in_and_saved_with_the_checkpoint(tmp_path):
+    """--saccade-order raster: the checkpoint's config carries it, so wherever it is loaded its saccades are fed
+    row by row, as in training."""
+    cfg = TrainConfig(n_train=2, n_eval=2, steps=1, eval_every=1, batch_size=2, saccade_order="raster",
+                      out=str(tmp_path / "ck"))
+    model, log = train(cfg, ARRCOCQwen.from_pretrained("tiny"))
+    folder = save(model, cfg, log)
+    reloaded = ARRCOCQwen.from_pretrained("tiny", checkpoint=str(folder))
+    assert reloaded.layer.config.saccade_order == "raster"
+    scene = make_dataset(1, ("text_vs_distractor",), seed=50_000, size=448)[0]
+    observation = reloaded.observe(scene.image, scene.question, Stopwatch(reloaded.vlm.device))
+    out = select(reloaded.layer, score(observation, reloaded.layer), observation.views.candidate_grid,
+                 len(observation.gestalt))
+    fed = out.indices[0].tolist()
+    assert fed == sorted(fed) and len(fed) == 273  # row by row
+    saccades = reloaded.answer(scene.image, scene.question, "arr", max_new_tokens=1).saccades
+    assert [s.rank for s in saccades] == list(range(1, 274))  # the app still numbers them most relevant first
+    assert [s.score for s in saccades] == sorted((s.score for s in saccades), reverse=True)
 
 
 def test_every_flag_has_help_and_maps_to_the_config(capsys, tmp_path):

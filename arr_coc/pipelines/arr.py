@@ -75,7 +75,7 @@ def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens
     or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
     under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions)."""
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
-    return ablation.order(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation)))
+    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation)))
 
 
 def tension_settings(settings: TensionSettings | None, ablation: Ablation) -> TensionSettings:
@@ -97,9 +97,10 @@ def encode_saccades(vlm: VLM, observation: Observation, positions: torch.Tensor)
 
 
 def saccade_list(observation: Observation, out: ARRCOCOutput, round: int = 1) -> list[Saccade]:
-    views = observation.views
+    """The saccades most relevant first (rank 1), whatever order they were fed in."""
+    views, ranked = observation.views, out.in_order("relevance")
     return [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)), round=round)
-            for i, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()))]
+            for i, ((r, c), s) in enumerate(zip(ranked.positions[0].tolist(), ranked.scores[0].tolist()))]
 
 
 def second_look_budget(request: Request, first: ARRCOCOutput) -> int:
@@ -132,8 +133,8 @@ def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, s
         maps = score(again, layer.graphed_score, ablation, seen)
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
-        out = ablation.order(layer.select(maps, views.candidate_grid, K2, request.strategy,
-                                          tension_settings(request.tensions, ablation), read.view(-1, *first.grid)))
+        out = ablation.feed(layer.select(maps, views.candidate_grid, K2, request.strategy,
+                                         tension_settings(request.tensions, ablation), read.view(-1, *first.grid)))
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
     return out, saccades

@@ -5,7 +5,7 @@ callers at four well-defined points, so every part of ARR has to earn its keep a
     prior    the participatory scorer's question->gestalt attention prior       (Ablation.prior, before scoring)
     weights  the balancer's weights, fixed instead of learned                  (Ablation.mix, after scoring)
     budget   the saccade count: no gestalt reads budget + its tokens as saccades (Ablation.saccade_budget)
-    order    the order the saccades are fed to the LLM: raster or relevance     (Ablation.order, after selection)
+    order    the order the saccades are fed to the LLM: raster or relevance     (Ablation.feed, after selection)
 
 and one on the LLM's input: whether the gestalt block is in the prompt (Ablation.gestalt).
 
@@ -39,7 +39,8 @@ class Ablation:
     weights: tuple[float, float, float] | None = None  # fixed balancer weights (information, perspectival,
     # participatory) in place of the learned ones; one-hot = one scorer alone; None: the balancer's own
     participatory_prior: bool = True  # False: the participatory scorer without the question->gestalt prior
-    raster_order: bool = False  # True: the saccades are fed to the LLM in raster order, not relevance order
+    saccade_order: str | None = None  # the order the saccades are fed to the LLM in ("raster" or "relevance");
+    # None: the layer's own (ARRCOCConfig.saccade_order)
     gestalt: bool = True  # False: no gestalt block; its token count goes to the saccades instead
     tensions: TensionSettings | None = None  # tensions fixed at these values (None: the balancer's)
     auto_budget: bool = False  # True: the adaptive budget (--budget auto) whatever budget is asked for
@@ -67,20 +68,9 @@ class Ablation:
             return AUTO
         return budget if self.gestalt else budget + gestalt_tokens
 
-    def order(self, out):
-        """An ARRCOCOutput (or anything with indices, positions, scores, selected_scores, kinds, gates [B, K, ...])
-        in the order fed to the LLM: relevance order as selected, or raster order (the same cells)."""
-        if not self.raster_order:
-            return out
-        order = out.indices.argsort(dim=1)  # [B, K]: raster indices are row * gw + col
-        return replace(out, indices=reorder(out.indices, order), positions=reorder(out.positions, order),
-                       scores=reorder(out.scores, order), selected_scores=reorder(out.selected_scores, order),
-                       kinds=reorder(out.kinds, order), gates=reorder(out.gates, order))
-
-
-def reorder(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """[B, K, ...] values taken in `order` [B, K] along K (gather keeps the gradient of selected_scores)."""
-    return values.gather(1, order.view(*order.shape, *[1] * (values.dim() - 2)).expand_as(values))
+    def feed(self, out):
+        """An ARRCOCOutput in the order its saccades are fed to the LLM: the layer's, or the ablation's."""
+        return out if self.saccade_order is None else out.in_order(self.saccade_order)
 
 
 NO_ABLATION = Ablation("none", "ARR as trained: nothing removed")
@@ -92,7 +82,9 @@ ABLATIONS = {a.name: a for a in (
              weights=PRIOR_WEIGHTS),
     Ablation("no-prior", "the participatory scorer without the question->gestalt attention prior",
              participatory_prior=False),
-    Ablation("raster", "the saccades fed in raster order instead of relevance order", raster_order=True),
+    Ablation("raster", "the saccades fed in raster order (row by row)", saccade_order="raster"),
+    Ablation("relevance-order", "the saccades fed in relevance order (most relevant first)",
+             saccade_order="relevance"),
     Ablation("no-gestalt", "no gestalt: budget + gestalt-token saccades and nothing else", gestalt=False),
     Ablation("explore", "exploit<->explore on: a quarter of the budget on coverage (e = 0.25)",
              tensions=TensionSettings(explore=0.25)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 STRATEGIES = ("topk", "logpolar", "grid", "random")
+SACCADE_ORDERS = ("relevance", "raster")  # the orders the saccades can be fed to the LLM in
 MAX_EXPLORE = 0.5  # at most half the budget goes to coverage: ARR stays relevance-led
 AUTO = "auto"  # the budget value that turns the adaptive budget on (--budget auto)
 
@@ -26,6 +27,10 @@ class ARRCOCConfig:
     budget: int = 273  # saccades per image, fixed for every image and query
     strategy: str = "topk"  # default allocation strategy, one of STRATEGIES
     seed: int = 0  # seed of the `random` strategy
+    # the order the saccades are fed to the LLM, at their true positions either way: "relevance" (most relevant
+    # first: sequence position as a priority signal, the seeds' lesson 4) or "raster" (row by row: the order of
+    # every image the VLM was trained on; what the pocket model reads, measured in the README)
+    saccade_order: str = "relevance"
     # --- texture and scorers ---
     texture_channels: int = 13  # channels of generate_texture_array
     info_hidden: int = 16  # width of the propositional scorer's learned residual
@@ -52,6 +57,8 @@ class ARRCOCConfig:
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.saccade_order not in SACCADE_ORDERS:
+            raise ValueError(f"saccade_order must be one of {SACCADE_ORDERS}, got {self.saccade_order!r}")
         if self.budget < 0:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
         if not 1 <= self.min_budget <= self.max_budget:

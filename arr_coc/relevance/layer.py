@@ -16,7 +16,7 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -45,7 +45,7 @@ class CheckpointError(ValueError):
 
 @dataclass
 class ARRCOCOutput:
-    indices: torch.Tensor  # [B, K] selected cells (row * gw + col), most relevant first
+    indices: torch.Tensor  # [B, K] selected cells (row * gw + col), in the order fed to the LLM (in_order)
     positions: torch.Tensor  # [B, K, 2] (row, col) of each saccade on the candidate grid
     scores: torch.Tensor  # [B, K] relevance of each saccade (detached)
     selected_scores: torch.Tensor  # [B, K] the same scores with gradient, for the straight-through estimator
@@ -68,6 +68,22 @@ class ARRCOCOutput:
     fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
     strategy: str  # strategy that was asked for
     grid: tuple[int, int]  # (gh, gw) candidate grid
+
+    def in_order(self, order: str) -> "ARRCOCOutput":
+        """The same saccades in the order fed to the LLM: "relevance" (most relevant first, raster order on ties,
+        as the allocator returns them) or "raster" (row by row). Either is exact from the other."""
+        by_cell = self.indices.argsort(dim=1)  # [B, K]: raster indices are row * gw + col
+        by_order = by_cell if order == "raster" else by_cell.gather(  # then stable by descending relevance
+            1, reorder(self.scores, by_cell).argsort(dim=1, descending=True, stable=True))
+        return replace(self, **{name: reorder(getattr(self, name), by_order) for name in PER_SACCADE})
+
+
+PER_SACCADE = ("indices", "positions", "scores", "selected_scores", "kinds", "gates")  # ARRCOCOutput's [B, K, ...]
+
+
+def reorder(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """[B, K, ...] values taken in `order` [B, K] along K (gather keeps the gradient of selected_scores)."""
+    return values.gather(1, order.view(*order.shape, *[1] * (values.dim() - 2)).expand_as(values))
 
 
 class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=["arr-coc", "qwen2-vl"]):
@@ -150,7 +166,8 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                             grid=tuple(grid), explore=tensions.explore, diversify=tensions.diversify,
                             particularize=tensions.particularize, budgets=[K] * len(allocation.indices),
                             auto_budget=auto, structure=structure, kinds=allocation.kinds,
-                            gates=gates(tensions, allocation.kinds, allocation.positions, soft_k, c.spacing_radius), **maps)
+                            gates=gates(tensions, allocation.kinds, allocation.positions, soft_k, c.spacing_radius),
+                            **maps).in_order(c.saccade_order)
 
     # --- checkpoints: safetensors + JSON only ---
 

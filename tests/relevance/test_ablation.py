@@ -1,6 +1,7 @@
 """ARR's ablations change exactly what they name: on the tiny Qwen2-VL with the shipped tiny-text-vs-distractor
 checkpoint, each ablation's layer outputs are compared with the unablated ones on the same observation."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,26 @@ def test_raster_order_feeds_the_same_cells_sorted_by_raster_index(scene):
     assert torch.equal(out.positions[0], torch.stack([out.indices[0] // gw, out.indices[0] % gw], -1))
     assert torch.equal(out.scores[0], base["relevance"].flatten(1)[0, out.indices[0]])
     assert torch.equal(out.selected_scores, out.scores)
+
+
+def test_a_raster_order_layer_feeds_raster_order_and_relevance_order_is_recovered_exactly(scene):
+    """ARRCOCConfig.saccade_order = "raster" feeds the same cells as the relevance-order layer, sorted by raster
+    index, everywhere the layer selects (training, the app, evaluate); the relevance-order ablation then gives
+    back exactly what a relevance-order layer selects, field by field."""
+    from dataclasses import replace
+
+    from arr_coc.relevance.layer import PER_SACCADE
+
+    layer, observation, maps, base_out = scene
+    raster_layer = copy.deepcopy(layer)
+    raster_layer.config = replace(layer.config, saccade_order="raster")
+    raster = select_cells(raster_layer, observation, maps)
+    assert raster.indices[0].tolist() == sorted(base_out.indices[0].tolist())
+    gw = raster.grid[1]
+    assert torch.equal(raster.positions[0], torch.stack([raster.indices[0] // gw, raster.indices[0] % gw], -1))
+    back = select_cells(raster_layer, observation, maps, ABLATIONS["relevance-order"])
+    for name in PER_SACCADE:
+        assert torch.equal(getattr(back, name), getattr(base_out, name)), name
 
 
 def test_no_gestalt_selects_budget_plus_gestalt_cells_from_the_same_map(scene):
