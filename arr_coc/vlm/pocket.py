@@ -34,6 +34,7 @@ import json
 import math
 import random
 import time
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -89,7 +90,7 @@ PASS_MARK = 0.7  # a stage is passed when held-out exact match on its own pages 
 # its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
 READING_KINDS = ("fine_print", "box_word")  # the kinds that need the print read (shape_colour does not)
 REVIEW = 0.2  # share of batches drawn from an earlier stage than the current one, so that no stage is forgotten
-GESTALT_FIRST = 0.3  # share of batches whose conversations show the page's gestalt view (<= 256 tokens) first, then
+GESTALT_FIRST = 0.2  # share of batches whose conversations show the page's gestalt view (<= 256 tokens) first, then
 # the page: two image blocks, as ARR's prompt has (and as the real Qwen saw multi-image prompts in training)
 
 
@@ -191,7 +192,7 @@ VISION_ATTENTION = "flash_same_size_pages"  # "flash" in the name: Qwen2-VL's Vi
 def same_size_pages_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
                               cu_seq_lens_q=None, **kwargs):
     """
-    Qwen2-VL's vision attention for a batch of pages as one batched sdpa call per page size (one for a batch of
+    Qwen2-VL's vision attention for a batch of pages as one batched sdpa call per image size (one for a batch of
     same-size pages, two with their gestalt views): the same block-diagonal attention as the stock per-image loop
     (which launches 2 x images kernels per block), for training only. The stock ViT asks this of any attention
     whose name holds "flash"; registered under VISION_ATTENTION.
@@ -199,16 +200,31 @@ def same_size_pages_attention(module, query, key, value, attention_mask=None, sc
     import torch.nn.functional as F
 
     _, heads, S, d = query.shape  # [1, H, S, d]: every image's patches, one image after another
-    bounds = cu_seq_lens_q.tolist()
-    starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
     out = torch.empty_like(query)  # [1, H, S, d]
-    for size in sorted(set(lengths)):
-        first = torch.tensor([a for a, n in zip(starts, lengths) if n == size], device=query.device)  # [n]
-        rows = (first[:, None] + torch.arange(size, device=query.device)).flatten()  # [n * size]: their patches
-        q, k, v = (t[0][:, rows].view(heads, len(first), size, d).transpose(0, 1) for t in (query, key, value))
+    for rows, n, size in _size_groups(cu_seq_lens_q):
+        q, k, v = (t[0][:, rows].view(heads, n, size, d).transpose(0, 1) for t in (query, key, value))
         o = F.scaled_dot_product_attention(q, k, v, scale=scaling)  # [n, H, size, d]
         out[0][:, rows] = o.transpose(0, 1).reshape(heads, -1, d)
     return out.transpose(1, 2), None  # [1, S, H, d], as the interface returns
+
+
+_last_groups: list = [None, None]  # (a weak reference to the last cu_seqlens, its groups): one ViT forward hands
+# every block the same tensor
+
+
+def _size_groups(cu_seqlens: torch.Tensor) -> list[tuple[torch.Tensor, int, int]]:
+    """The images of cu_seqlens [n + 1] grouped by size: (their patch rows [n_size * size], n_size, size) per size;
+    read back from the device once per ViT forward, not once per block."""
+    ref, groups = _last_groups
+    if ref is None or ref() is not cu_seqlens:
+        bounds = cu_seqlens.tolist()
+        starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
+        groups = []
+        for size in sorted(set(lengths)):
+            first = torch.tensor([a for a, n in zip(starts, lengths) if n == size], device=cu_seqlens.device)  # [n]
+            groups.append(((first[:, None] + torch.arange(size, device=first.device)).flatten(), len(first), size))
+        _last_groups[:] = [weakref.ref(cu_seqlens), groups]
+    return groups
 
 
 def use_same_size_pages_attention(model):
