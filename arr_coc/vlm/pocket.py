@@ -6,14 +6,16 @@ with its own byte-level BPE tokenizer (Qwen's special tokens and chat template, 
 trained as a normal VLM is: whole pages at mixed native sizes, laid out exactly as the stock image processor lays
 them out (on the GPU; a test pins the two), in multi-turn conversations whose answers carry the loss; a share of
 them opens with "Read the page." and the page's transcript, dense supervision of every glyph as OCR pre-training
-gives. No sparse cells and no ARR: ARR meets it as it meets the real Qwen.
+gives. A share of conversations shows two images, the page's gestalt view (<= 256 tokens) and then the page, as
+the real Qwen saw multi-image prompts in training; ARR's prompt has two image blocks. No sparse cells and no ARR:
+ARR meets it as it meets the real Qwen.
 Its answers are real on fine-print scenes and meaningless elsewhere.
 
 Beside the answers, every visual token learns which characters its cell holds (arr_coc.vlm.reading, a training-only
 head): without it the from-scratch ViT never learned glyphs at arbitrary sub-patch offsets.
 Training follows a curriculum (CURRICULUM) that moves on when the model reads each stage's own held-out pages:
 large glyphs, few fields and small pages first; then smaller print and more clutter; then the suite as specified
-(fineprint.SPEC) at 448-1792 px. Pages are drawn by
+(fineprint.SPEC) at 448-1792 px; a REVIEW share of batches comes from earlier stages. Pages are drawn by
 many CPU workers (a DataLoader over an iterable of whole batches); batch i of a stage is a pure function of
 (seed, stage, i), so a resumed run continues the same stream.
 Held-out accuracy (new seeds, square 896 and 1792 px pages, per kind, native and gestalt views) is teacher-forced
