@@ -6,6 +6,7 @@ the training script runs, saves and resumes.
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -153,19 +154,51 @@ def test_the_fast_engine_answers_as_stock_generate_on_non_trivial_answers(pocket
 
 
 def test_the_shipped_model_reads_print_that_its_gestalt_cannot(stock):
-    """Held-out pages (new seeds), teacher-forced exact match through the stock forward (measured, step 30448):
-    large print on small pages (the curriculum's first stage) is read; the suite's own fine print at 896 px is read
-    at native resolution at times, and never at the gestalt's view."""
+    """Held-out pages (new seeds), teacher-forced exact match through the stock forward (measured, step 43858):
+    large print on small pages (the curriculum's first stage) is read (1.00 and 0.96); the suite's own fine print
+    at 896 px is read at native resolution about half the time (13 of these 24), and never at the gestalt's view."""
     from arr_coc.vlm.pocket import exact_match, gestalt_view, heldout
 
     model, tokenizer, _ = stock
     cpu = torch.device("cpu")
     for kind in ("fine_print", "box_word"):
-        assert exact_match(model, tokenizer, image_processor(), heldout(kind, 168, 24, 0), cpu) >= 0.8, kind
+        assert exact_match(model, tokenizer, image_processor(), heldout(kind, 168, 24, 0), cpu) >= 0.9, kind
     native = heldout("fine_print", 896, 24)
     gestalt = [(gestalt_view(image), q, a) for image, q, a in native]
-    assert exact_match(model, tokenizer, image_processor(), native, cpu) >= 2 / 24
+    assert exact_match(model, tokenizer, image_processor(), native, cpu) >= 10 / 24
     assert exact_match(model, tokenizer, image_processor(), gestalt, cpu) == 0.0
+
+
+def test_the_offline_app_answers_its_fine_print_examples():
+    """The app's pocket examples (assets/examples.json), asked as the app asks them: the pocket model with its default
+    checkpoint (pocket-fineprint, raster order) answers each right through full and through ARR."""
+    from PIL import Image
+
+    from arr_coc import cli
+
+    model, label = cli.load_model("pocket", None, "cpu", quiet=True)
+    assert label == "pocket-fineprint" and model.layer.config.saccade_order == "raster"
+    assets = Path(__file__).resolve().parents[2] / "assets"
+    examples = [e for e in json.loads((assets / "examples.json").read_text()) if e["image"].startswith("pocket_")]
+    assert len(examples) == 3
+    for example in examples:
+        image, expected = Image.open(assets / example["image"]), example["note"].split("Expected answer: ")[1][:-1]
+        for pipeline in ("full", "arr"):
+            assert model.answer(image, example["question"], pipeline, max_new_tokens=8).text.strip() == expected
+
+
+def test_arr_reads_fine_print_only_with_its_saccades_in_reading_order():
+    """The same 273 saccades of the pocket checkpoint, fed row by row or most relevant first, on 12 held-out pages at
+    896 px (measured: 6 and 1 read, `full` 6): the pocket model reads a key and its digits in reading order only."""
+    from arr_coc import cli
+    from arr_coc.vlm.pocket import heldout
+
+    model, _ = cli.load_model("pocket", None, "cpu", quiet=True)
+    read = {"raster": 0, "relevance-order": 0}
+    for image, question, answer in heldout("fine_print", 896, 12):
+        for order in read:
+            read[order] += model.answer(image, question, "arr", max_new_tokens=8, ablation=order).text.strip() == answer
+    assert read["raster"] >= 4 and read["relevance-order"] <= read["raster"] - 3, read
 
 
 def test_training_runs_saves_and_resumes(tmp_path):
