@@ -2,7 +2,7 @@
 Train the ARR relevance layer with the VLM frozen.
 
 Two losses, both reaching every ARR parameter:
-- relevance: the relevance map, as a softmax over cells, should put its mass on the target box
+- relevance (--box-weight, 1 by default; 0 switches it off): the relevance map, as a softmax over cells, should put its mass on the target box
   (a listwise cross-entropy against the box's cell coverage);
 - answer (--lm-weight > 0): the frozen VLM's loss on the expected answer, given the gestalt and the
   selected saccades; the hard top-k selection passes gradient through the straight-through product
@@ -80,6 +80,8 @@ class TrainConfig:
     lr: float = flag(3e-3, "AdamW learning rate", cli.bounded_float(0.0, 10.0, above=True))
     weight_decay: float = flag(1e-4, "AdamW weight decay", cli.bounded_float(0.0, 10.0))
     temperature: float = flag(0.5, "softmax temperature of the relevance loss", cli.bounded_float(0.0, above=True))
+    box_weight: float = flag(1.0, "weight of the relevance (box) loss; 0 trains on the answer loss alone "
+                                  "(--lm-weight), as on data without target boxes would", cli.bounded_float(0.0))
     lm_weight: float = flag(0.0, "weight of the answer loss through the frozen VLM (straight-through estimator)",
                             cli.bounded_float(0.0))
     budget: int | str = flag(DEFAULT_BUDGET, "saccades per sample for the answer loss, or 'auto': the adaptive budget "
@@ -197,7 +199,8 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., dict], batch: list[Obser
     loss = torch.zeros((), device=model.vlm.device)
     for sample, observation, coverage in batch:
         maps = model.score(observation, scorer)
-        loss = loss + relevance_loss(maps["relevance"][0], coverage, cfg.temperature) / len(batch)
+        if cfg.box_weight > 0:
+            loss = loss + cfg.box_weight * relevance_loss(maps["relevance"][0], coverage, cfg.temperature) / len(batch)
         if cfg.lm_weight > 0 or cfg.token_cost > 0:
             out = select(model, maps, observation, cfg)
         if cfg.lm_weight > 0:
@@ -343,6 +346,8 @@ def parse_args(argv=None) -> TrainConfig:
     if Path(cfg.out).is_file() or (Path(cfg.out).is_dir() and any(Path(cfg.out).iterdir()) and not cfg.overwrite):
         p.error(f"argument --out: {cfg.out} already exists and is not empty; pass --overwrite to write into it, "
                 "or choose another folder")
+    if cfg.box_weight == 0 and cfg.lm_weight == 0:
+        p.error("argument --box-weight: with --lm-weight 0 too, nothing would be trained")
     if cfg.token_cost > 0 and cfg.budget != AUTO:
         p.error("argument --token-cost: prices the adaptive budget; it needs --budget auto")
     if cfg.min_budget > cfg.max_budget:

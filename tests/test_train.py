@@ -23,7 +23,8 @@ from arr_coc.model import ARRCOCQwen
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades, score, select
 from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.timing import Stopwatch
-from arr_coc.train import TrainConfig, answer_loss, batches, main, parse_args, relevance_loss, save, train
+from arr_coc.train import TrainConfig, answer_loss, batches, load_samples, main, parse_args, relevance_loss, save, train
+from arr_coc.train import select as select_for_training
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_STEP = ["--model", "tiny", "--device", "cpu", "--steps", "1", "--batch-size", "2", "--n-train", "2", "--n-eval", "1"]
@@ -96,6 +97,32 @@ def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_pr
     assert float(loss.detach()) == pytest.approx(-float(score), abs=1e-5)
 
 
+def test_answer_loss_training_on_the_pocket_model_raises_the_held_out_answer_likelihood():
+    """
+    The answer loss alone (--box-weight 0) on the pocket model, a model that reads: a few steps change the scorers'
+    parameters and raise the held-out answers' mean log-likelihood per token, which only the straight-through
+    product lets reach the layer. Measured: -0.9430 -> -0.9397 nats; small, since the prior's 273 saccades already
+    cover 98% of the targets at 896 px, and a larger lr (3e-2) overshoots (-1.68).
+    """
+    model = ARRCOCQwen.from_pretrained("pocket", device="cpu")
+    model.layer.config.saccade_order = "raster"  # the order the pocket model reads in (the README's Accuracy)
+    cfg = TrainConfig(model="pocket", kinds="fine_print,box_word,shape_colour", scene_size=896, n_train=24, n_eval=12,
+                      steps=12, batch_size=4, lr=1e-3, lm_weight=1.0, box_weight=0.0, eval_every=1000,
+                      saccade_order="raster")
+    held_out = [(s, model.observe(s.image, s.question, Stopwatch(model.vlm.device))) for s in load_samples(cfg)[1]]
+
+    def likelihood() -> float:
+        with torch.no_grad():
+            return -sum(float(answer_loss(model, o, select_for_training(model, model.score(o), o, cfg), s.answer))
+                        for s, o in held_out) / len(held_out)
+
+    before, scorers = likelihood(), {k: v.clone() for k, v in model.layer.state_dict().items()}
+    train(cfg, model)
+    changed = [k for k, v in model.layer.state_dict().items() if not torch.equal(v, scorers[k])]
+    assert any(k.startswith(("information.", "perspectival.", "participatory.")) for k in changed), changed
+    assert likelihood() > before + 1e-3
+
+
 def test_the_token_cost_lowers_the_adaptive_budget_on_held_out_scenes(arr_model):
     """Same data, same steps: with a price on each saccade, the held-out scenes get fewer (K is the adaptive budget)."""
     means, layer = {}, arr_model.layer
@@ -119,6 +146,13 @@ def test_the_token_cost_needs_the_adaptive_budget(capsys):
     with pytest.raises(SystemExit):
         parse_args([*ONE_STEP, "--token-cost", "1"])
     assert "--token-cost: prices the adaptive budget; it needs --budget auto" in capsys.readouterr().err
+
+
+def test_switching_off_both_losses_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args([*ONE_STEP, "--box-weight", "0"])  # --lm-weight is 0 by default
+    assert "--box-weight: with --lm-weight 0 too, nothing would be trained" in capsys.readouterr().err
+    assert parse_args([*ONE_STEP, "--box-weight", "0", "--lm-weight", "1"]).box_weight == 0
 
 
 def test_the_saccade_order_is_trained_in_and_saved_with_the_checkpoint(tmp_path):
