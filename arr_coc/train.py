@@ -2,8 +2,8 @@
 Train the ARR relevance layer with the VLM frozen.
 
 Two losses, both reaching every ARR parameter:
-- relevance (--box-weight, 1 by default; 0 switches it off): the relevance map, as a softmax over cells, should put its mass on the target box
-  (a listwise cross-entropy against the box's cell coverage);
+- relevance (--box-weight, 1 by default; 0 switches it off): the relevance map, as a softmax over cells, should
+  put its mass on the target box (a listwise cross-entropy against the box's cell coverage);
 - answer (--lm-weight > 0): the frozen VLM's loss on the expected answer, given the gestalt and the
   selected saccades; the hard top-k selection passes gradient through the straight-through product
   tokens * (1 + s - s.detach()) * gates on the selected scores (docs/ARCHITECTURE.md §3), the gates carrying

@@ -286,7 +286,7 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
     """
     w, h = images[0].size
     page = (h // 28, w // 28)  # the page's cell grid
-    blocks = [raster_block(fit_grid(w, h, GESTALT_TOKENS)), raster_block(page)] if gestalt_first else [raster_block(page)]
+    blocks = ([raster_block(fit_grid(w, h, GESTALT_TOKENS))] if gestalt_first else []) + [raster_block(page)]
     sizes = [len(block.positions) for block in blocks]
     rows = [encode(tokenizer, qa, sizes) for qa in conversations]
     length = max(len(ids) for ids, _ in rows)
@@ -316,7 +316,8 @@ def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
     from arr_coc.vlm.qwen2_vl import image_patches
     from arr_coc.vlm.views import resize
 
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in ("pages", "reading", "gestalt_grid")}
+    host_only = ("pages", "reading", "gestalt_grid")  # laid out below, or not the model's
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in host_only}
     pages = batch["pages"].to(device, non_blocking=True).permute(0, 3, 1, 2).float() / 255.0  # [B, 3, H, W]
     out["pixel_values"], out["image_grid_thw"] = image_patches(pages, processor)  # [B*N, 1176], [B, 3]
     if "gestalt_grid" in batch:
