@@ -20,7 +20,7 @@ concentration, --budget auto) (Ablation.tensions and Ablation.auto_budget, at se
 
 from __future__ import annotations  # torch-free at import: the commands check --ablations before torch loads
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
