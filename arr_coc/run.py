@@ -117,7 +117,7 @@ def tension_line(name: str, tensions: dict) -> str:
     budget = f"K={tensions['budget']}" + (f" (auto, f={tensions['particularize']:.3f})" if tensions["auto_budget"]
                                           else " (fixed)")
     return (f"{name} tensions: explore e={tensions['explore']:.3f}, diversify lambda={tensions['diversify']:.3f}, "
-            f"{budget}; image structure {tensions['structure']:.2f}")
+            f"{budget}; image structure {tensions['structure']:.2f}; saccades fed in {tensions['saccade_order']} order")
 
 
 def refixation_line(name: str, result: dict) -> str | None:

@@ -170,7 +170,9 @@ def test_the_saccade_order_is_trained_in_and_saved_with_the_checkpoint(tmp_path)
                  len(observation.gestalt))
     fed = out.indices[0].tolist()
     assert fed == sorted(fed) and len(fed) == 273  # row by row
-    saccades = reloaded.answer(scene.image, scene.question, "arr", max_new_tokens=1).saccades
+    answer = reloaded.answer(scene.image, scene.question, "arr", max_new_tokens=1)
+    assert answer.to_json()["tensions"]["saccade_order"] == "raster"  # what run, evaluate and the app record
+    saccades = answer.saccades
     assert [s.rank for s in saccades] == list(range(1, 274))  # the app still numbers them most relevant first
     assert [s.score for s in saccades] == sorted((s.score for s in saccades), reverse=True)
 

@@ -280,7 +280,8 @@ def selection_summary(out: ARRCOCOutput, ms: float, ablation: str | None = None,
     the balancer, or overridden by the sliders); plus the fallback in words."""
     gh, gw = out.grid
     line = (f"**{out.indices.shape[1]} saccades** · strategy `{out.strategy}` · {gh}×{gw} = {gh * gw} candidate "
-            f"cells · selected and drawn in {ms:.0f} ms" + (f" · ablation: {ablation}" if ablation else ""))
+            f"cells · fed in {out.saccade_order} order (numbered most relevant first) · selected and drawn in "
+            f"{ms:.0f} ms" + (f" · ablation: {ablation}" if ablation else ""))
     budget = (f"K = {out.budgets[0]} (adaptive, f = {float(out.particularize[0]):.2f})" if out.auto_budget
               else f"K = {out.budgets[0]} (fixed)")
     tensions = (f"**Tensions** ({'the sliders' if overridden else 'set by the balancer'}) · explore e = "

@@ -172,10 +172,10 @@ def second_look_saccades(refixate_budget: int | None, first: int) -> int:
 
 def tension_record(out: ARRCOCOutput) -> dict:
     """The first image's tensions as run, evaluate and the app record them: e, lambda, f, K, whether K was adaptive,
-    and the image's structure (the busy-image test's number)."""
+    the image's structure (the busy-image test's number) and the order the saccades were fed in."""
     return dict(explore=round(float(out.explore[0]), 4), diversify=round(float(out.diversify[0]), 4),
                 particularize=round(float(out.particularize[0]), 4), budget=out.budgets[0], auto_budget=out.auto_budget,
-                structure=round(float(out.structure[0]), 3))
+                structure=round(float(out.structure[0]), 3), saccade_order=out.saccade_order)
 
 
 def check_question(question) -> str:

@@ -68,6 +68,7 @@ class ARRCOCOutput:
     fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
     strategy: str  # strategy that was asked for
     grid: tuple[int, int]  # (gh, gw) candidate grid
+    saccade_order: str = "relevance"  # the order of the per-saccade fields: "relevance" or "raster" (in_order)
 
     def in_order(self, order: str) -> "ARRCOCOutput":
         """The same saccades in the order fed to the LLM: "relevance" (most relevant first, raster order on ties,
@@ -75,7 +76,8 @@ class ARRCOCOutput:
         by_cell = self.indices.argsort(dim=1)  # [B, K]: raster indices are row * gw + col
         by_order = by_cell if order == "raster" else by_cell.gather(  # then stable by descending relevance
             1, reorder(self.scores, by_cell).argsort(dim=1, descending=True, stable=True))
-        return replace(self, **{name: reorder(getattr(self, name), by_order) for name in PER_SACCADE})
+        return replace(self, saccade_order=order,
+                       **{name: reorder(getattr(self, name), by_order) for name in PER_SACCADE})
 
 
 PER_SACCADE = ("indices", "positions", "scores", "selected_scores", "kinds", "gates")  # ARRCOCOutput's [B, K, ...]
