@@ -255,6 +255,7 @@ def show_kept_cells(pipeline: str) -> dict:
     return gr.update(visible=pipeline in pipelines.REDUCERS)
 
 
+@ui.reports_errors
 def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, question: str, reducer: str,
                budget: int, max_cells: int, auto: bool = False, override: bool = False, explore: float = 0.0,
                diversify: float = 0.0, particularize: float = 0.5) -> Image.Image | None:

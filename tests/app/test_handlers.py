@@ -113,6 +113,20 @@ def test_the_microscope_draws_any_reducers_kept_cells_over_arrs_relevance(arr_mo
         handlers.kept_cells(arr_model, None, CAT, QUESTION, "divprune", 60, CELLS)
 
 
+def test_a_reducer_drawing_that_runs_out_of_memory_tells_the_user(arr_model, monkeypatch):
+    """Out of memory while the reducer runs: a message on the page (gr.Error), not a raw traceback."""
+    from arr_coc.errors import OutOfMemory
+
+    kept = handlers.microscope(arr_model, CAT, QUESTION, "topk", 60, CELLS, 5)[0]
+
+    def out_of_memory(*args, **kwargs):
+        raise OutOfMemory("CUDA ran out of memory running divprune; the memory was freed")
+
+    monkeypatch.setattr(arr_model, "answer", out_of_memory)
+    with pytest.raises(gr.Error, match="ran out of memory"):
+        handlers.kept_cells(arr_model, kept, CAT, QUESTION, "divprune", 60, CELLS)
+
+
 def test_under_the_adaptive_budget_the_reducer_keeps_as_many_tokens_as_arr_reads(arr_model, monkeypatch):
     """The Tensions' auto switch on (f overridden to 0.2): the reducer's kept cells are ARR's gestalt + its adaptive
     K for this image and question, whatever the budget slider says."""
