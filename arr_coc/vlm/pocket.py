@@ -36,7 +36,6 @@ import json
 import math
 import random
 import time
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -210,22 +209,14 @@ def same_size_pages_attention(module, query, key, value, attention_mask=None, sc
     return out.transpose(1, 2), None  # [1, S, H, d], as the interface returns
 
 
-_last_groups: list = [None, None]  # (a weak reference to the last cu_seqlens, its groups): one ViT forward hands
-# every block the same tensor
-
-
 def _size_groups(cu_seqlens: torch.Tensor) -> list[tuple[torch.Tensor, int, int]]:
-    """The images of cu_seqlens [n + 1] grouped by size: (their patch rows [n_size * size], n_size, size) per size;
-    read back from the device once per ViT forward, not once per block."""
-    ref, groups = _last_groups
-    if ref is None or ref() is not cu_seqlens:
-        bounds = cu_seqlens.tolist()
-        starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
-        groups = []
-        for size in sorted(set(lengths)):
-            first = torch.tensor([a for a, n in zip(starts, lengths) if n == size], device=cu_seqlens.device)  # [n]
-            groups.append(((first[:, None] + torch.arange(size, device=first.device)).flatten(), len(first), size))
-        _last_groups[:] = [weakref.ref(cu_seqlens), groups]
+    """The images of cu_seqlens [n + 1] grouped by size: (their patch rows [n_size * size], n_size, size) per size."""
+    bounds = cu_seqlens.tolist()
+    starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
+    groups = []
+    for size in sorted(set(lengths)):
+        first = torch.tensor([a for a, n in zip(starts, lengths) if n == size], device=cu_seqlens.device)  # [n]
+        groups.append(((first[:, None] + torch.arange(size, device=first.device)).flatten(), len(first), size))
     return groups
 
 
@@ -453,9 +444,10 @@ def lr_at(step: int, resumed_at: int, cfg: TrainConfig, seconds_left: float = ma
 HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside the run's weights
 
 
-def trained_parameters(model, head) -> dict:
-    """Every trained parameter by name: the VLM's, and the reading head's under "reading_head."."""
-    return dict(model.named_parameters()) | {f"reading_head.{n}": p for n, p in head.named_parameters()}
+def trained_parameters(model, head=None) -> dict:
+    """Every trained parameter by name: the VLM's, and the reading head's (if any) under "reading_head."."""
+    named_head = head.named_parameters() if head is not None else []
+    return dict(model.named_parameters()) | {f"reading_head.{n}": p for n, p in named_head}
 
 
 def save_state(model, head, optimizer, folder: Path, state: dict):
@@ -490,7 +482,7 @@ def load_state(model, head, optimizer, folder: Path) -> dict:
 
 
 def make_optimizer(model, cfg: TrainConfig, head=None):
-    params = list(model.parameters()) + (list(head.parameters()) if head is not None else [])
+    params = list(trained_parameters(model, head).values())
     decay = [p for p in params if p.ndim >= 2]
     rest = [p for p in params if p.ndim < 2]
     return torch.optim.AdamW([dict(params=decay, weight_decay=cfg.weight_decay), dict(params=rest, weight_decay=0.0)],
@@ -673,10 +665,8 @@ def main(argv=None):
         build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
         return
     cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      cooldown=args.cooldown,
-                      image_tokens=args.image_tokens, max_pages=args.max_pages, workers=args.workers,
-                      eval_every=args.eval_every,
-                      eval_pages=args.eval_pages, device=args.device,
+                      cooldown=args.cooldown, image_tokens=args.image_tokens, max_pages=args.max_pages,
+                      workers=args.workers, eval_every=args.eval_every, eval_pages=args.eval_pages, device=args.device,
                       eval_sizes=tuple(int(v) for v in args.eval_sizes.split(",")))
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
         state = train(cfg, args.resume)
