@@ -169,14 +169,20 @@ def test_the_shipped_model_reads_print_that_its_gestalt_cannot(stock):
     assert exact_match(model, tokenizer, image_processor(), gestalt, cpu) == 0.0
 
 
-def test_the_offline_app_answers_its_fine_print_examples():
+@pytest.fixture(scope="module")
+def served():
+    """The pocket model as the app and the commands serve it: with its default checkpoint; -> (model, its name)."""
+    from arr_coc import cli
+
+    return cli.load_model("pocket", None, "cpu", quiet=True)
+
+
+def test_the_offline_app_answers_its_fine_print_examples(served):
     """The app's pocket examples (assets/examples.json), asked as the app asks them: the pocket model with its default
     checkpoint (pocket-fineprint, raster order) answers each right through full and through ARR."""
     from PIL import Image
 
-    from arr_coc import cli
-
-    model, label = cli.load_model("pocket", None, "cpu", quiet=True)
+    model, label = served
     assert label == "pocket-fineprint" and model.layer.config.saccade_order == "raster"
     assets = Path(__file__).resolve().parents[2] / "assets"
     examples = [e for e in json.loads((assets / "examples.json").read_text()) if e["image"].startswith("pocket_")]
@@ -187,13 +193,12 @@ def test_the_offline_app_answers_its_fine_print_examples():
             assert model.answer(image, example["question"], pipeline, max_new_tokens=8).text.strip() == expected
 
 
-def test_arr_reads_fine_print_only_with_its_saccades_in_reading_order():
+def test_arr_reads_fine_print_only_with_its_saccades_in_reading_order(served):
     """The same 273 saccades of the pocket checkpoint, fed row by row or most relevant first, on 12 held-out pages at
     896 px (measured: 6 and 1 read, `full` 6): the pocket model reads a key and its digits in reading order only."""
-    from arr_coc import cli
     from arr_coc.vlm.pocket import heldout
 
-    model, _ = cli.load_model("pocket", None, "cpu", quiet=True)
+    model, _ = served
     read = {"raster": 0, "relevance-order": 0}
     for image, question, answer in heldout("fine_print", 896, 12):
         for order in read:

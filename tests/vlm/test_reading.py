@@ -71,7 +71,7 @@ def test_with_the_gestalt_first_only_the_pages_tokens_have_reading_targets(stock
     """Each conversation's gestalt view, then its page: the targets follow the ViT's token order, and the gestalt's
     rows are ignored by the loss, so the head is trained on the same page tokens as without it."""
     model, _ = stock
-    plain, page_targets = _batch(stock)
+    _, page_targets = _batch(stock)
     inputs, reading = _batch(stock, gestalt_first=True)
     with torch.no_grad(), MergerOutputHook(model) as visual:
         model(**inputs)
