@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from PIL import Image, ImageDraw, ImageFont
@@ -86,12 +86,24 @@ class Glyph:
     char: str  # the character (never a space)
 
 
+@dataclass(frozen=True)
+class Mark:
+    """One drawn target: what pocket training's binding head learns to tie to its cells (arr_coc.vlm.binding)."""
+    kind: str  # "field" (KEY: NNNN), "box" (a coloured border around a word) or "shape" (a filled shape)
+    box: Box  # half-open pixel box: the field's ink box, the box's outer edge, the shape's extent
+    colour: str = ""  # box and shape: its colour (a COLOURS key)
+    shape: str = ""  # shape: one of SHAPES
+    border: int = 0  # box: border width in px
+    key: str = ""  # field: its KEY
+
+
 @dataclass
 class Page:
     image: Image.Image  # RGB, width x height
     kind: str  # one of PAGE_KINDS
     questions: list[Question]  # every question the page answers, in drawing order
     glyphs: list[Glyph]  # every character drawn on it (targets and clutter), in drawing order
+    marks: list[Mark] = field(default_factory=list)  # every target drawn on it, in drawing order
 
     @property
     def transcript(self) -> str:
@@ -128,6 +140,7 @@ class Canvas:
         self.draw = ImageDraw.Draw(self.image)
         self.taken: list[Box] = []  # target boxes, grown by a gap: clutter stays out of them
         self.glyphs: list[Glyph] = []  # every character drawn, where it was drawn
+        self.marks: list[Mark] = []  # every target drawn, where and how
         gray = rng.random() < 0.7  # dark gray ink mostly, else dark blue
         self.ink = tuple([rng.randint(0, 60)] * 3) if gray else (rng.randint(0, 40), rng.randint(0, 40),
                                                                   rng.randint(60, 110))
@@ -189,7 +202,7 @@ class Canvas:
 
     def finish(self, kind: str, questions: list[Question]) -> Page:
         self.clutter(self.style.clutter)
-        return Page(self.image, kind, questions, self.glyphs)
+        return Page(self.image, kind, questions, self.glyphs, self.marks)
 
 
 # -----------------------------------------------------------------------------
@@ -242,6 +255,7 @@ def fine_print(rng: random.Random, width: int, height: int, style: PageStyle) ->
     for key, slot in zip(keys, slots):
         value = f"{rng.randrange(10000):04d}"
         box = canvas.text(f"{key}: {value}", px, slot[0], slot[1], canvas.ink)
+        canvas.marks.append(Mark("field", box, key=key))
         questions.append(Question(f"What is the value of {key}?", value, box, f"{key}: {value}"))
     return canvas.finish("fine_print", questions)
 
@@ -263,6 +277,7 @@ def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> P
         canvas.taken.append(_grow(box, 8))
         canvas.draw.rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=canvas.background,
                               outline=COLOURS[colour], width=border)
+        canvas.marks.append(Mark("box", box, colour=colour, border=border))
         jx = rng.randint(-pad_x // 2, pad_x // 2)
         jy = rng.randint(-pad_y // 2, pad_y // 2)
         canvas.text(word, px, box[0] + border + pad_x + jx, box[1] + border + pad_y + jy, canvas.ink)
@@ -270,7 +285,7 @@ def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> P
     return canvas.finish("box_word", questions)
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: Box, fill):
+def draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: Box, fill):
     x0, y0, x1, y1 = box[0], box[1], box[2] - 1, box[3] - 1
     cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
     if shape == "circle":
@@ -294,7 +309,8 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
         if box is None:
             continue
         canvas.taken.append(_grow(box, 4))
-        _draw_shape(canvas.draw, shape, box, COLOURS[colour])
+        draw_shape(canvas.draw, shape, box, COLOURS[colour])
+        canvas.marks.append(Mark("shape", box, colour=colour, shape=shape))
         questions.append(Question(f"What colour is the {shape}?", colour, box, f"{colour} {shape}"))
     return canvas.finish("shape_colour", questions)
 

@@ -21,7 +21,8 @@ many CPU workers (a DataLoader over an iterable of whole batches); batch i of a 
 Held-out accuracy (new seeds, square 896 and 1792 px pages, per kind, native and gestalt views) is teacher-forced
 exact match: every answer token is the argmax, which is exactly when greedy decoding produces the answer.
 
-    python -m arr_coc.vlm.pocket --out runs/pocket --minutes 8 --resume      # train (one GPU), resumable
+    torchrun --nproc-per-node 4 -m arr_coc.vlm.pocket --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
+    python -m arr_coc.vlm.pocket --out runs/pocket --minutes 8 --resume      # one GPU
     python -m arr_coc.vlm.pocket --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
     python -m arr_coc.vlm.pocket --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
 
@@ -42,9 +43,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
+from arr_coc import distributed
 from arr_coc.checkpoints import shipped
+from arr_coc.eval.metrics import interval_text
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
+from arr_coc.vlm.binding import BindingHead, binding_targets
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.reading import MergerOutputHook, ReadingHead, glyph_targets
 from arr_coc.vlm.views import PIPELINE, fit_grid
@@ -66,30 +71,39 @@ GESTALT_TOKENS = PIPELINE.gestalt_max_tokens  # ARR's gestalt view: at most this
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of the curriculum. The model moves on once it reads this stage's own held-out pages."""
+    """One step of the curriculum. The model moves on once it reads this stage's own held-out pages (its `gate`
+    kinds at PASS_MARK), or after `budget` steps at it, whichever comes first: the curriculum never stalls."""
     sides: tuple[int, int]  # page side range in px (each side drawn separately; aspect kept within 3:4..4:3)
-    style: PageStyle  # what the pages hold
+    styles: tuple[PageStyle, ...]  # what the pages hold: each page draws one of these, uniformly
     turns: int  # at most this many questions per page (a multi-turn conversation)
     read: float  # share of conversations that open with READ_PAGE (the page's transcript)
+    budget: int = 10**9  # move on after this many steps at this stage, passed or not
+    gate: tuple[str, ...] = ("fine_print",)  # the kinds whose held-out pages must reach PASS_MARK to move on early
+
+    @property
+    def style(self) -> PageStyle:
+        """The style of the stage's own held-out check pages: its first."""
+        return self.styles[0]
 
 
 # Reading is supervised densely from the start (arr_coc.vlm.reading), so the print goes anywhere from the first stage;
 # the stages grow the pages and shrink the print.
 _LARGE = PageStyle(fields=(1, 2), field_font=(20, 28), boxes=(1, 2), word_font=(20, 28), shapes=(1, 2), clutter=0.1)
 _MEDIUM = PageStyle(fields=(1, 4), field_font=(16, 26), boxes=(1, 3), word_font=(16, 26), shapes=(1, 3), clutter=0.3)
+_MID = PageStyle(fields=(2, 8), field_font=(13, 22), boxes=(2, 5), word_font=(13, 22), clutter=0.5)
+_SMALLER = PageStyle(fields=(4, 16), field_font=(11, 19), boxes=(3, 8), word_font=(12, 19), clutter=0.8)
+# the suite's hardest corner, half of the late stages' pages: its smallest print on its most crowded pages
+SMALL_PRINT = PageStyle(fields=(16, 32), field_font=(10, 12), word_font=(11, 13))
 CURRICULUM = (
-    Stage((112, 224), _LARGE, turns=2, read=0.5),
-    Stage((168, 336), _MEDIUM, turns=4, read=0.5),
-    Stage((224, 560), PageStyle(fields=(2, 8), field_font=(13, 22), boxes=(2, 5), word_font=(13, 22),
-                                clutter=0.5), turns=6, read=0.35),
-    Stage((336, 896), PageStyle(fields=(4, 16), field_font=(11, 19), boxes=(3, 8), word_font=(12, 19),
-                                clutter=0.8), turns=8, read=0.25),
-    Stage((448, 1344), SPEC, turns=8, read=0.15),
-    Stage((448, 1792), SPEC, turns=8, read=0.1),  # the last stage: the suite as specified, at every size
+    Stage((112, 224), (_LARGE,), turns=2, read=0.5, gate=("fine_print", "box_word")),
+    Stage((168, 336), (_MEDIUM,), turns=4, read=0.5, gate=("fine_print", "box_word")),
+    Stage((224, 560), (_MID,), turns=6, read=0.35, budget=300),
+    Stage((336, 896), (_SMALLER, SMALL_PRINT), turns=8, read=0.25, budget=300),
+    Stage((448, 1344), (SPEC, SMALL_PRINT), turns=8, read=0.15, budget=400),
+    Stage((448, 1792), (SPEC, SMALL_PRINT), turns=8, read=0.1),  # the last stage: the suite at every size
 )
-PASS_MARK = 0.7  # a stage is passed when held-out exact match on its own pages reaches this on both reading kinds:
+PASS_MARK = 0.7  # a stage may end early when held-out exact match on its own pages reaches this on its gate kinds:
 # its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
-READING_KINDS = ("fine_print", "box_word")  # the kinds that need the print read (shape_colour does not)
 REVIEW = 0.2  # share of batches drawn from an earlier stage than the current one, so that no stage is forgotten
 GESTALT_FIRST = 0.2  # share of batches whose conversations show the page's gestalt view (<= 256 tokens) first, then
 # the page: two image blocks, as ARR's prompt has (and as the real Qwen saw multi-image prompts in training)
@@ -122,11 +136,12 @@ class TrainConfig:
     weight_decay: float = 0.05  # AdamW weight decay (matrices only)
     image_tokens: int = 8192  # image tokens per batch: B = image_tokens // tokens per page (bucketed sizes) ...
     max_pages: int = 96  # ... but at most this many pages (the first stage's pages are small)
-    workers: int = 14  # page-drawing processes
+    workers: int = 14  # page-drawing processes (per training process)
     eval_every: int = 300  # check the stage (held-out pages of its own) every this many steps
     eval_pages: int = 32  # held-out pages per kind and size (stage checks and the suite at the end of a run)
     eval_sizes: tuple[int, ...] = (896, 1792)  # held-out square page sides
-    device: str = "cuda"  # where to train
+    device: str = "cuda"  # where to train (under torchrun on CUDA, each process its own GPU)
+    stage: int | None = None  # start at this curriculum stage (None: where the resumed state stands)
 
 
 # -----------------------------------------------------------------------------
@@ -266,11 +281,12 @@ def encode(tokenizer, questions: list[tuple[str, str]], image_tokens: list[int])
     return enc["input_ids"], labels
 
 
-def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool = False) -> dict:
+def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool = False, bindings=None) -> dict:
     """
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
     attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
-    glyph_targets) also every visual token's reading targets, concatenated. Pixels travel between processes as
+    glyph_targets) also every visual token's reading targets, concatenated, and with `bindings` (each page's
+    binding_targets) its binding targets. Pixels travel between processes as
     bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
     stock processor does. gestalt_first: each conversation shows the page's gestalt view (ARR's, <= 256 tokens,
     resized on the GPU by `model_inputs`) before the page itself; its tokens have no reading targets.
@@ -298,6 +314,10 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
         unread = np.full((sizes[0], readings[0].shape[1]), IGNORE, dtype=np.int64)  # a gestalt's tokens: no targets
         batch["reading"] = torch.from_numpy(np.concatenate([part for r in readings  # [visual tokens, slots]
                                                             for part in ([unread, r] if gestalt_first else [r])]))
+    if bindings is not None:
+        unbound = np.full((sizes[0], bindings[0].shape[1]), IGNORE, dtype=np.int64)
+        batch["binding"] = torch.from_numpy(np.concatenate([part for b in bindings  # [visual tokens, 4]
+                                                            for part in ([unbound, b] if gestalt_first else [b])]))
     return batch
 
 
@@ -307,7 +327,7 @@ def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
     from arr_coc.vlm.qwen2_vl import image_patches
     from arr_coc.vlm.views import resize
 
-    host_only = ("pages", "reading", "gestalt_grid")  # laid out below, or not the model's
+    host_only = ("pages", "reading", "binding", "gestalt_grid")  # laid out below, or not the model's
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in host_only}
     pages = batch["pages"].to(device, non_blocking=True).permute(0, 3, 1, 2).float() / 255.0  # [B, 3, H, W]
     out["pixel_values"], out["image_grid_thw"] = image_patches(pages, processor)  # [B*N, 1176], [B, 3]
@@ -331,31 +351,37 @@ def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
 
 
 def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = TrainConfig.max_pages):
-    """The pages, conversations, reading targets and gestalt_first flag of training batch `index` at curriculum
-    `stage` (a REVIEW share of batches from an earlier stage): a pure function of them."""
+    """The pages, conversations, reading targets, gestalt_first flag and binding targets of training batch `index`
+    at curriculum `stage` (a REVIEW share of batches from an earlier stage): a pure function of them. Under
+    torchrun, process r of N takes batches r, r + N, r + 2N, ... (PageStream)."""
     rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}")
     s = CURRICULUM[rng.randrange(stage) if stage and rng.random() < REVIEW else stage]
     w, h = page_size(rng, s.sides)
     gestalt_first = rng.random() < GESTALT_FIRST
     tokens = w * h // 784 + (math.prod(fit_grid(w, h, GESTALT_TOKENS)) if gestalt_first else 0)  # per conversation
     n = min(max_pages, max(2, image_tokens // tokens))
-    images, conversations, readings = [], [], []
+    images, conversations, readings, bindings = [], [], [], []
     for _ in range(n):
-        page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, s.style)
+        style = rng.choice(s.styles) if len(s.styles) > 1 else s.styles[0]
+        page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, style)
         k = rng.randint(1, min(s.turns, len(page.questions)))
         turns = [(q.question, q.answer) for q in rng.sample(page.questions, k)]
         images.append(page.image)
         conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
         readings.append(glyph_targets(page.glyphs, w, h))
-    return images, conversations, readings, gestalt_first
+        bindings.append(binding_targets(page.marks, w, h))
+    return images, conversations, readings, gestalt_first, bindings
 
 
 class PageStream(torch.utils.data.IterableDataset):
-    """Batches start, start+1, ... of one stage, drawn by the DataLoader's workers (worker k: every k-th batch)."""
+    """This process's batches of steps start, start+1, ... of one stage, drawn by the DataLoader's workers (worker
+    k of n: every n-th step from start + k). Step i's global batch is batches i*world .. i*world + world-1, one a
+    process: the same stream for the same world size, resumed or not."""
 
-    def __init__(self, folder: str, seed: int, stage: int, start: int, image_tokens: int, max_pages: int):
+    def __init__(self, folder: str, seed: int, stage: int, start: int, image_tokens: int, max_pages: int,
+                 rank: int = 0, world: int = 1):
         self.folder, self.seed, self.stage, self.start = folder, seed, stage, start
-        self.image_tokens, self.max_pages = image_tokens, max_pages
+        self.image_tokens, self.max_pages, self.rank, self.world = image_tokens, max_pages, rank, world
 
     def __iter__(self):
         from transformers import AutoTokenizer
@@ -364,10 +390,11 @@ class PageStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         k, n = (info.id, info.num_workers) if info else (0, 1)
         tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        index = self.start + k
+        step = self.start + k
         while True:
+            index = step * self.world + self.rank
             yield collate(tokenizer, *batch_pages(index, self.seed, self.stage, self.image_tokens, self.max_pages))
-            index += n
+            step += n
 
 
 # -----------------------------------------------------------------------------
@@ -395,8 +422,18 @@ def heldout(kind: str, size: int, n: int, stage: int | None = None) -> tuple[tup
 
 
 @torch.no_grad()
-def exact_match(model, tokenizer, processor, items, device, batch: int = 8) -> float:
-    """Share of items whose every answer token (and <|im_end|>) is the argmax under teacher forcing."""
+def exact_match(model, tokenizer, processor, items, device, batch: int = 8,
+                process: distributed.Process | None = None) -> float:
+    """Share of items whose every answer token (and <|im_end|>) is the argmax under teacher forcing; under
+    torchrun each process takes its shard of the items and the counts are summed."""
+    correct, n = correct_count(model, tokenizer, processor, process.shard(items) if process else items, device, batch)
+    if process is not None and process.distributed:
+        correct, n = process.sum(torch.tensor([correct, n], dtype=torch.float64)).tolist()
+    return correct / max(n, 1)
+
+
+def correct_count(model, tokenizer, processor, items, device, batch: int = 8) -> tuple[int, int]:
+    """(items answered exactly, items): teacher-forced exact match, which is exactly greedy decoding's."""
     correct = 0
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
@@ -409,11 +446,12 @@ def exact_match(model, tokenizer, processor, items, device, batch: int = 8) -> f
         target = labels[:, 1:]
         ok = ((pred == target) | (target == IGNORE)).all(dim=1)
         correct += int(ok.sum())
-    return correct / max(len(items), 1)
+    return correct, len(items)
 
 
-def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896, 1792)) -> dict:
-    """{size: {view: {kind: accuracy}}} on held-out pages, native and gestalt views."""
+def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896, 1792),
+                     process: distributed.Process | None = None) -> dict:
+    """{size: {view: {kind: accuracy}}} on held-out pages, native and gestalt views (`pages` a kind)."""
     model.eval()
     result = {}
     for size in sizes:
@@ -425,13 +463,19 @@ def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896
                 if view == "gestalt":
                     items = [(gestalt_view(im), q, a) for im, q, a in items]
                 result[str(size)][view][kind] = exact_match(model, tokenizer, processor, items, device,
-                                                       batch=4 if size > 1000 and view == "full" else 16)
+                                                            batch=4 if size > 1000 and view == "full" else 16,
+                                                            process=process)
     model.train()
     return result
 
 
 # -----------------------------------------------------------------------------
 # training
+
+
+HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside the run's weights
+BINDING_FILE = "binding_head.safetensors"  # the training-only BindingHead, beside it
+SHARD = "15MB"  # every saved file stays under 16 MiB (the device tool brings back no larger file)
 
 
 def lr_at(step: int, resumed_at: int, cfg: TrainConfig, seconds_left: float = math.inf) -> float:
@@ -441,182 +485,275 @@ def lr_at(step: int, resumed_at: int, cfg: TrainConfig, seconds_left: float = ma
     return cfg.lr * min(1.0, (step - resumed_at + 1) / cfg.warmup) * cooldown
 
 
-HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside the run's weights
+class Trainee(nn.Module):
+    """The VLM and its training-only heads as one module: what DistributedDataParallel wraps, so that one
+    backward all-reduces every trained gradient."""
+
+    def __init__(self, model, reading: ReadingHead, binding: BindingHead):
+        super().__init__()
+        self.model, self.reading, self.binding = model, reading, binding
+
+    def forward(self, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
+                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(answer, reading, binding) losses, each a sum over this process's batch divided by `counts` [3]: the
+        global batch's label counts over the world size, so that DDP's mean of the processes' gradients is the
+        gradient of the global batch's mean loss (exactly one process's over the same batch)."""
+        with MergerOutputHook(self.model) as visual:
+            answer = self.model(**inputs, num_items_in_batch=counts[0]).loss
+        reading_loss = self.reading(visual.value, reading, reduction="sum") / counts[1]
+        binding_loss = self.binding(visual.value, binding, reduction="sum") / counts[2]
+        return answer, reading_loss, binding_loss
 
 
-def trained_parameters(model, head=None) -> dict:
-    """Every trained parameter by name: the VLM's, and the reading head's (if any) under "reading_head."."""
-    named_head = head.named_parameters() if head is not None else []
-    return dict(model.named_parameters()) | {f"reading_head.{n}": p for n, p in named_head}
+def label_counts(inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
+                 process: distributed.Process) -> torch.Tensor:
+    """The global batch's answer tokens, reading slots and binding labels, over the world size: float [3]."""
+    local = torch.stack([(inputs["labels"][:, 1:] != IGNORE).sum(), (reading != IGNORE).sum(),
+                         (binding != IGNORE).sum()]).double()  # [3]
+    return (process.sum(local) / process.world_size).clamp(min=1).float()
 
 
-def save_state(model, head, optimizer, folder: Path, state: dict):
-    """Weights (fp32), reading head, optimizer moments and state.json: the in-run resume point (safetensors + JSON)."""
+def trained_parameters(model, head=None, binding=None) -> dict:
+    """Every trained parameter by name: the VLM's, and the heads' (if any) under "reading_head." / "binding_head."."""
+    named = dict(model.named_parameters())
+    for prefix, module in (("reading_head", head), ("binding_head", binding)):
+        if module is not None:
+            named |= {f"{prefix}.{n}": p for n, p in module.named_parameters()}
+    return named
+
+
+def save_shards(tensors: dict[str, torch.Tensor], folder: Path, name: str, limit: int = 15 * 2**20):
+    """`tensors` as name-00001.safetensors, ... each under `limit` bytes (the device tool's file limit)."""
     from safetensors.torch import save_file
 
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder / "weights")
+    for old in folder.glob(f"{name}-*.safetensors"):
+        old.unlink()
+    shards, size = [{}], 0
+    for key, t in tensors.items():
+        if size and size + t.nbytes > limit:
+            shards, size = shards + [{}], 0
+        shards[-1][key], size = t.contiguous(), size + t.nbytes
+    for i, shard in enumerate(shards):
+        save_file(shard, folder / f"{name}-{i + 1:05d}.safetensors")
+
+
+def load_shards(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for path in sorted(folder.glob(f"{name}-*.safetensors")) for k, v in load_file(path).items()}
+
+
+def save_heads(head, binding, folder: Path):
+    from safetensors.torch import save_file
+
     save_file(head.state_dict(), folder / HEAD_FILE)
+    save_file(binding.state_dict(), folder / BINDING_FILE)
+
+
+def save_state(model, head, optimizer, folder: Path, state: dict, binding=None):
+    """Weights (fp32), heads, optimizer moments and state.json, every file under 16 MiB: the resume point."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder / "weights", max_shard_size=SHARD)
+    save_heads(head, binding or BindingHead(head.proj.in_features), folder)
     moments = {}
-    names = {p: n for n, p in trained_parameters(model, head).items()}
+    names = {p: n for n, p in trained_parameters(model, head, binding).items()}
     for p, s in optimizer.state.items():
         for key in ("exp_avg", "exp_avg_sq"):
-            moments[f"{names[p]}.{key}"] = s[key].contiguous()
+            moments[f"{names[p]}.{key}"] = s[key]
         moments[f"{names[p]}.step"] = torch.as_tensor(s["step"], dtype=torch.float32).reshape(1)
-    save_file(moments, folder / "optimizer.safetensors")
+    save_shards(moments, folder, "optimizer")
     (folder / "state.json").write_text(json.dumps(state, indent=1))
 
 
-def load_state(model, head, optimizer, folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    path = folder / "optimizer.safetensors"
-    if path.is_file():
-        moments = load_file(path)
-        for n, p in trained_parameters(model, head).items():
-            if f"{n}.exp_avg" in moments:
-                optimizer.state[p] = dict(exp_avg=moments[f"{n}.exp_avg"].to(p.device),
-                                          exp_avg_sq=moments[f"{n}.exp_avg_sq"].to(p.device),
-                                          step=moments[f"{n}.step"].reshape(()).to(p.device))
+def load_state(model, head, optimizer, folder: Path, binding=None) -> dict:
+    moments = load_shards(folder, "optimizer")
+    for n, p in trained_parameters(model, head, binding).items():
+        if f"{n}.exp_avg" in moments:
+            optimizer.state[p] = dict(exp_avg=moments[f"{n}.exp_avg"].to(p.device),
+                                      exp_avg_sq=moments[f"{n}.exp_avg_sq"].to(p.device),
+                                      step=moments[f"{n}.step"].reshape(()).to(p.device))
     return json.loads((folder / "state.json").read_text())
 
 
-def make_optimizer(model, cfg: TrainConfig, head=None):
-    params = list(trained_parameters(model, head).values())
+def make_optimizer(model, cfg: TrainConfig, head=None, binding=None):
+    params = list(trained_parameters(model, head, binding).values())
     decay = [p for p in params if p.ndim >= 2]
     rest = [p for p in params if p.ndim < 2]
     return torch.optim.AdamW([dict(params=decay, weight_decay=cfg.weight_decay), dict(params=rest, weight_decay=0.0)],
-                             lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device == "cuda")
+                             lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
 
 
-def load_or_init(folder: Path, resume: bool, device):
-    """(model, reading head, tokenizer, state): the run's if resuming, else the exported pocket folder (and a fresh
-    head), else all fresh."""
+def load_or_init(folder: Path, resume: bool, device, stage: int | None = None):
+    """(model, reading head, tokenizer, state, binding head): the run's if resuming, else the exported pocket folder
+    (with the heads it ships), else all fresh."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
     tok_folder = folder / "weights" if (folder / "weights" / "tokenizer.json").is_file() else POCKET_FOLDER
     tokenizer = AutoTokenizer.from_pretrained(tok_folder)
+    heads = None
     if resume and (folder / "state.json").is_file():
         model = Qwen2VLForConditionalGeneration.from_pretrained(folder / "weights", dtype=torch.float32)
-        state = json.loads((folder / "state.json").read_text())
+        state, heads = json.loads((folder / "state.json").read_text()), folder
     elif resume and (POCKET_FOLDER / "config.json").is_file():  # a new machine: continue from the shipped model
         model = Qwen2VLForConditionalGeneration.from_pretrained(POCKET_FOLDER, dtype=torch.float32)
-        state = json.loads((POCKET_FOLDER / "training_state.json").read_text())
+        state, heads = json.loads((POCKET_FOLDER / "training_state.json").read_text()), POCKET_FOLDER
     else:
         torch.manual_seed(0)
         model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer), dtype=torch.float32)
         state = dict(step=0, stage=0, gpu_seconds=0.0, samples=0, curve=[], runs=[])
     model.config._attn_implementation = "sdpa"
-    head = ReadingHead(model.config.vision_config.hidden_size)
-    if resume and (folder / HEAD_FILE).is_file():
-        head.load_state_dict(load_file(folder / HEAD_FILE))
-    return use_same_size_pages_attention(model).to(device).train(), head.to(device), tokenizer, state
+    torch.manual_seed(1)  # the heads start alike on every process
+    head, binding = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
+    for module, name in ((head, HEAD_FILE), (binding, BINDING_FILE)):
+        if heads is not None and (heads / name).is_file():
+            module.load_state_dict(load_file(heads / name))
+    state.setdefault("stage", 0)
+    state.setdefault("stage_start", state["step"])  # a state from before the step budgets: its stage starts now
+    if stage is not None and stage != state["stage"]:  # --stage: start (or go back) at this curriculum stage
+        state["stage"], state["stage_start"] = stage, state["step"]
+    return use_same_size_pages_attention(model).to(device).train(), head.to(device), tokenizer, state, binding.to(device)
 
 
-def train(cfg: TrainConfig, resume: bool) -> dict:
-    device = torch.device(cfg.device)
+def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = None) -> dict:
+    """Train until cfg.minutes or cfg.steps; under torchrun data-parallel (each process its own batches and
+    page workers, gradients all-reduced), with rank 0 writing the run folder."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    process = process or distributed.start(cfg.device)
+    device = torch.device(process.device)
     folder = Path(cfg.out)
-    model, head, tokenizer, state = load_or_init(folder, resume, device)
-    optimizer = make_optimizer(model, cfg, head)
-    if resume and (folder / "optimizer.safetensors").is_file():
-        load_state(model, head, optimizer, folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(folder / "weights")
+    model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage)
+    optimizer = make_optimizer(model, cfg, head, binding)
+    if resume and (folder / "state.json").is_file():
+        load_state(model, head, optimizer, folder, binding)
+    trainee = Trainee(model, head, binding)
+    trainee = DistributedDataParallel(trainee) if process.distributed else trainee
+    if process.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(folder / "weights")
+    process.barrier()  # the page workers read the tokenizer from the run folder
     processor = image_processor()
     run = dict(start=state["step"], t0=time.time(), seen=0)
-    print(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {state['step']}, "
-          f"stage {state.setdefault('stage', 0)}, {state['gpu_seconds'] / 60:.1f} GPU-minutes so far", flush=True)
-    while _train_stage(model, head, optimizer, tokenizer, processor, cfg, state, run):
-        pass  # the stage was passed: the next one draws its own pages
+    process.log(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {state['step']}, "
+                f"stage {state['stage']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes so far, "
+                f"{process.world_size} process(es)")
+    while _train_stage(trainee, model, optimizer, tokenizer, processor, cfg, state, run, process):
+        pass  # the stage ended: the next one draws its own pages
     elapsed = time.time() - run["t0"]
-    state.update(gpu_seconds=state["gpu_seconds"] + elapsed, samples=state["samples"] + run["seen"])
-    _evaluate(model, tokenizer, processor, device, cfg, state)
-    state["runs"].append(dict(steps=state["step"] - run["start"], seconds=round(elapsed, 1),
-                              device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"))
-    save_state(model, head, optimizer, folder, state)
+    seen = int(process.sum(torch.tensor(run["seen"])).item())
+    state.update(gpu_seconds=state["gpu_seconds"] + elapsed * process.world_size, samples=state["samples"] + seen)
+    _evaluate(model, tokenizer, processor, device, cfg, state, process)
+    state["runs"].append(dict(steps=state["step"] - run["start"], seconds=round(elapsed, 1), gpus=process.world_size,
+                              pages_per_second=round(seen / elapsed, 1),
+                              device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"))
+    if process.is_main:
+        save_state(model, head, optimizer, folder, state, binding)
+    process.barrier()
     return state
 
 
-def _train_stage(model, head, optimizer, tokenizer, processor, cfg: TrainConfig, state: dict, run: dict) -> bool:
-    """Train on the current stage's pages until time or steps run out (False) or the stage is passed (True)."""
-    device = next(model.parameters()).device
+def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConfig, state: dict, run: dict,
+                 process: distributed.Process) -> bool:
+    """Train on the current stage's pages until time or steps run out (False) or the stage ends (True)."""
+    device = torch.device(process.device)
     stream = PageStream(str(Path(cfg.out) / "weights"), cfg.seed, state["stage"], state["step"], cfg.image_tokens,
-                        cfg.max_pages)
+                        cfg.max_pages, process.rank, process.world_size)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
     losses, waited, last = [], 0.0, time.time()
     for batch in loader:
         waited += time.time() - last  # the GPU idles while the page workers catch up
-        if state["step"] >= cfg.steps or time.time() - run["t0"] > cfg.minutes * 60:
+        # every process stops at the same step: rank 0's clock decides
+        out_of_time = process.sum(torch.tensor(float(time.time() - run["t0"] > cfg.minutes * 60
+                                                     and process.is_main))).item() > 0
+        if state["step"] >= cfg.steps or out_of_time:
             return False
         lr = lr_at(state["step"], run["start"], cfg, cfg.minutes * 60 - (time.time() - run["t0"]))
         inputs = model_inputs(batch, processor, model.config.image_token_id, device)
-        loss = _train_step(model, optimizer, inputs, lr, head, batch["reading"].to(device, non_blocking=True))
+        loss = _train_step(trainee, optimizer, inputs, lr, batch["reading"].to(device, non_blocking=True),
+                           batch["binding"].to(device, non_blocking=True), process)
         if loss is None:  # a bf16 blow-up: the step was skipped, the weights kept
             state["skipped"] = state.get("skipped", 0) + 1
         else:
             losses.append(loss)
         run["seen"] += batch["input_ids"].shape[0]
         state["step"] += 1
-        if state["step"] % 100 == 0:
-            answer, reading = np.mean(losses, axis=0) if losses else (float("nan"), float("nan"))
+        if state["step"] % 100 == 0 and process.is_main:
+            answer, reading, bound = np.mean(losses, axis=0) if losses else (float("nan"),) * 3
             elapsed = time.time() - run["t0"]
-            print(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} lr {lr:.2e} stage {state['stage']} "
-                  f"{run['seen'] / elapsed:.0f} pages/s, waiting for pages {waited / elapsed:.0%} of the time",
-                  flush=True)
-            state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4)))
+            process.log(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} binding {bound:.4f} "
+                        f"lr {lr:.2e} stage {state['stage']} {run['seen'] * process.world_size / elapsed:.0f} "
+                        f"pages/s, waiting for pages {waited / elapsed:.0%} of the time")
+            state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4),
+                                       binding=round(bound, 4)))
             losses = []
-        if state["step"] % cfg.eval_every == 0 and _stage_passed(model, tokenizer, processor, cfg, state):
+        if _stage_ends(model, tokenizer, processor, cfg, state, process):
             return True
         last = time.time()
     return False
 
 
-def _stage_passed(model, tokenizer, processor, cfg: TrainConfig, state: dict) -> bool:
-    """Held-out exact match on the current stage's own pages (square, its middle size); move on at PASS_MARK."""
+def _stage_ends(model, tokenizer, processor, cfg: TrainConfig, state: dict, process: distributed.Process) -> bool:
+    """The stage ends on its step budget, or when a check (every cfg.eval_every steps: held-out exact match on its
+    own pages, square, its middle size) reaches PASS_MARK on its gate kinds. The last stage never ends."""
     stage = state["stage"]
     if stage == len(CURRICULUM) - 1:
         return False
-    side = sum(CURRICULUM[stage].sides) // 2 // 28 * 28
-    device = next(model.parameters()).device
-    model.eval()
-    accuracy = {kind: exact_match(model, tokenizer, processor, heldout(kind, side, cfg.eval_pages, stage), device)
-                for kind in PAGE_KINDS}
-    model.train()
-    passed = min(accuracy[k] for k in READING_KINDS) >= PASS_MARK
-    state.setdefault("stage_checks", []).append(dict(step=state["step"], stage=stage, side=side, accuracy=accuracy))
-    print(f"stage {stage} check at step {state['step']} ({side} px): {json.dumps(accuracy)}"
-          + (f" -> stage {stage + 1}" if passed else ""), flush=True)
-    state["stage"] += passed
-    return passed
+    if state["step"] - state["stage_start"] >= CURRICULUM[stage].budget:
+        ended, why = True, f"its budget of {CURRICULUM[stage].budget} steps"
+    elif state["step"] % cfg.eval_every == 0:
+        side = sum(CURRICULUM[stage].sides) // 2 // 28 * 28
+        device = torch.device(process.device)
+        model.eval()
+        accuracy = {kind: exact_match(model, tokenizer, processor, heldout(kind, side, cfg.eval_pages, stage), device,
+                                      process=process) for kind in PAGE_KINDS}
+        model.train()
+        ended, why = min(accuracy[k] for k in CURRICULUM[stage].gate) >= PASS_MARK, f"its check at {PASS_MARK}"
+        state.setdefault("stage_checks", []).append(dict(step=state["step"], stage=stage, side=side,
+                                                         accuracy=accuracy))
+        if process.is_main:
+            process.log(f"stage {stage} check at step {state['step']} ({side} px): {json.dumps(accuracy)}")
+    else:
+        return False
+    if ended:
+        state.setdefault("stage_ends", []).append(dict(stage=stage, step=state["step"], why=why))
+        if process.is_main:
+            process.log(f"stage {stage} ends at step {state['step']} ({why}) -> stage {stage + 1}")
+        state["stage"], state["stage_start"] = stage + 1, state["step"]
+    return ended
 
 
-def _train_step(model, optimizer, inputs: dict, lr: float, head=None, reading=None) -> tuple[float, float] | None:
-    """One AdamW step on the answer loss plus, with a head, the dense reading loss of every visual token;
-    (answer loss, reading loss), or None (and no update) if the loss or the gradient is not finite."""
+def _train_step(trainee, optimizer, inputs: dict, lr: float, reading: torch.Tensor, binding: torch.Tensor,
+                process: distributed.Process | None = None) -> tuple[float, float, float] | None:
+    """One AdamW step on the answer loss plus the dense reading and binding losses of every visual token;
+    (answer, reading, binding) losses of this process's batch, or None (and no update, on every process alike)
+    if the gradient is not finite."""
+    process = process or distributed.Process(0, 1, str(inputs["input_ids"].device))
     for group in optimizer.param_groups:
         group["lr"] = lr
+    counts = label_counts(inputs, reading, binding, process)  # [3]
     with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
-        with MergerOutputHook(model) as visual:
-            answer = model(**inputs).loss
-        reading_loss = head(visual.value, reading) if head is not None else torch.zeros_like(answer)
-    loss = answer + reading_loss
+        losses = trainee(inputs, reading, binding, counts)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    sum(losses).backward()
     norm = torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
-    if not (torch.isfinite(loss) and torch.isfinite(norm)):
+    if not torch.isfinite(norm):  # the same on every process: the gradients were all-reduced
         return None
     optimizer.step()
-    return answer.item(), reading_loss.item()
+    return tuple(float(loss.detach()) for loss in losses)
 
 
-def _evaluate(model, tokenizer, processor, device, cfg, state):
+def _evaluate(model, tokenizer, processor, device, cfg, state, process: distributed.Process | None = None):
     """The suite as specified (held-out, every kind, native and gestalt views): the model card's curve."""
-    accuracy = evaluate_heldout(model, tokenizer, processor, device, cfg.eval_pages, cfg.eval_sizes)
-    state.setdefault("heldout", []).append(dict(step=state["step"], stage=state["stage"], accuracy=accuracy))
-    print(f"eval step {state['step']}: {json.dumps(accuracy)}", flush=True)
-
+    accuracy = evaluate_heldout(model, tokenizer, processor, device, cfg.eval_pages, cfg.eval_sizes, process)
+    state.setdefault("heldout", []).append(dict(step=state["step"], stage=state["stage"], pages=cfg.eval_pages,
+                                                accuracy=accuracy))
+    for size, views in accuracy.items():
+        for view, kinds in views.items():
+            cells = [f"{kind} {interval_text(round(acc * cfg.eval_pages), cfg.eval_pages)}" for kind, acc in kinds.items()]
+            if process is None or process.is_main:
+                print(f"eval step {state['step']} {size} px {view}: " + ", ".join(cells), flush=True)
 
 # -----------------------------------------------------------------------------
 # export
@@ -637,6 +774,9 @@ def export(run: Path, out: Path):
     image_processor().save_pretrained(out)
     state = json.loads((run / "state.json").read_text())
     (out / "training_state.json").write_text(json.dumps(state, indent=1))
+    for head in (HEAD_FILE, BINDING_FILE):  # training-only (stock loading never reads them): the next run resumes
+        if (run / head).is_file():
+            (out / head).write_bytes((run / head).read_bytes())
     return out
 
 
@@ -658,6 +798,8 @@ def main(argv=None):
     parser.add_argument("--eval-sizes", default="896,1792", help="held-out square page sides, comma-separated")
     parser.add_argument("--seed", type=int, default=TrainConfig.seed, help="the training data stream's seed")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    parser.add_argument("--stage", type=int, default=None, choices=range(len(CURRICULUM)),
+                        help="start at this curriculum stage (default: where the resumed run stands)")
     parser.add_argument("--export", default=None, help="after training, write the hub folder here")
     parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
     args = parser.parse_args(argv)
@@ -667,12 +809,15 @@ def main(argv=None):
     cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
                       cooldown=args.cooldown, image_tokens=args.image_tokens, max_pages=args.max_pages,
                       workers=args.workers, eval_every=args.eval_every, eval_pages=args.eval_pages, device=args.device,
+                      stage=args.stage,
                       eval_sizes=tuple(int(v) for v in args.eval_sizes.split(",")))
+    process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
-        state = train(cfg, args.resume)
-        print(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all", flush=True)
-    if args.export:
+        state = train(cfg, args.resume, process)
+        process.log(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all")
+    if args.export and process.is_main:
         print(f"exported to {export(Path(args.out), Path(args.export))}")
+    distributed.finish(process)
 
 
 if __name__ == "__main__":

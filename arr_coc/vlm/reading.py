@@ -57,10 +57,10 @@ class ReadingHead(nn.Module):
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.proj(tokens).float().view(tokens.shape[0], self.slots, -1)  # [N, slots, classes]
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over every slot; a target of -100 (a gestalt view's tokens) is ignored."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy over every slot, mean or sum; a target of -100 (a gestalt view's tokens) is ignored."""
         logits = self.logits(tokens)  # [N, slots, classes]
-        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
 
     @torch.no_grad()
     def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:

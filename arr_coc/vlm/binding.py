@@ -1,0 +1,106 @@
+"""
+Dense binding supervision for pocket training: every merged visual token learns what its cell belongs to.
+
+The reading head (arr_coc.vlm.reading) taught the pocket model glyphs, but not which colour, shape or key they go
+with: its wrong `box_word` answers were the word of another box, its wrong `shape_colour` answers another shape's
+colour, and its wrong `fine_print` answers (at 13 px and up) another field's value. So beside the characters, each
+28 px cell names, in four channels:
+
+    ink     the colour of the box border or shape it touches        (none, or one of COLOURS)
+    shape   the kind of shape it touches                            (none, or one of SHAPES)
+    inside  the colour of the box whose interior its centre is in   (none, or one of COLOURS)
+    key     the KEY of the field whose print it holds               (none, or one of KEYS)
+
+Each label is drawn, not computed from boxes: every mark is drawn again into a mask with the page's own drawing
+calls, and a cell takes the label it holds the most pixels of. Like the reading head, the linear head on the
+merger's output exists in training only and is never exported.
+
+    targets = binding_targets(page.marks, width, height)   # int64 [cells, 4]
+    loss = loss + BindingHead(hidden_size)(visual_tokens, targets)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torch import nn
+
+from arr_coc.eval.fineprint import COLOURS, KEYS, SHAPES, Mark, draw_shape
+from arr_coc.vlm.views import CELL
+
+CHANNELS = ("ink", "shape", "inside", "key")
+CLASSES = {"ink": ("none",) + tuple(sorted(COLOURS)), "shape": ("none",) + SHAPES,
+           "inside": ("none",) + tuple(sorted(COLOURS)), "key": ("none",) + tuple(KEYS)}  # class 0: nothing there
+MIN_PIXELS = 8  # a cell touches a mark when at least this many of its 784 pixels are the mark's
+
+
+def _draw(channel: str, mark: Mark, draw: ImageDraw.ImageDraw, box) -> int:
+    """Draw `mark`'s part of `channel` (value 1) at `box` (the mark's box in the mask); its class, or 0 if none."""
+    x0, y0, x1, y1 = box
+    if channel == "ink" and mark.kind == "box":
+        draw.rectangle([x0, y0, x1 - 1, y1 - 1], outline=1, width=mark.border)
+    elif channel in ("ink", "shape") and mark.kind == "shape":
+        draw_shape(draw, mark.shape, box, 1)
+    elif channel == "inside" and mark.kind == "box":
+        b = mark.border
+        draw.rectangle([x0 + b, y0 + b, x1 - 1 - b, y1 - 1 - b], fill=1)
+    elif channel == "key" and mark.kind == "field":
+        draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=1)
+    else:
+        return 0
+    label = {"ink": mark.colour, "shape": mark.shape, "inside": mark.colour, "key": mark.key}[channel]
+    return CLASSES[channel].index(label)
+
+
+def binding_targets(marks: list[Mark], width: int, height: int) -> np.ndarray:
+    """Per merged cell (raster order, as the ViT's merged tokens), each channel's class: int64 [cells, 4]."""
+    gh, gw = height // CELL, width // CELL
+    target = np.zeros((len(CHANNELS), gh, gw), dtype=np.int64)  # [4, gh, gw]
+    best = np.full((len(CHANNELS), gh, gw), MIN_PIXELS - 1, dtype=np.int64)  # the pixel count of each cell's label
+    for mark in marks:
+        c0, r0 = mark.box[0] // CELL, mark.box[1] // CELL  # the cells the mark's box covers
+        c1, r1 = min(gw, math.ceil(mark.box[2] / CELL)), min(gh, math.ceil(mark.box[3] / CELL))
+        if c1 <= c0 or r1 <= r0:
+            continue
+        local = (mark.box[0] - c0 * CELL, mark.box[1] - r0 * CELL, mark.box[2] - c0 * CELL, mark.box[3] - r0 * CELL)
+        for i, channel in enumerate(CHANNELS):
+            mask = Image.new("L", ((c1 - c0) * CELL, (r1 - r0) * CELL), 0)
+            label = _draw(channel, mark, ImageDraw.Draw(mask), local)
+            if not label:
+                continue
+            counts = np.asarray(mask, dtype=np.int64).reshape(r1 - r0, CELL, c1 - c0, CELL).sum((1, 3))  # [r, c]
+            if channel == "inside":  # the interior holds the cell's centre, not merely a corner of it
+                counts = counts * (np.asarray(mask)[CELL // 2::CELL, CELL // 2::CELL] > 0)
+            win = counts > best[i, r0:r1, c0:c1]
+            best[i, r0:r1, c0:c1][win] = counts[win]
+            target[i, r0:r1, c0:c1][win] = label
+    return target.reshape(len(CHANNELS), -1).T.copy()  # [cells, 4]
+
+
+class BindingHead(nn.Module):
+    """Linear: a visual token -> each channel's classes. Its loss is the cross-entropy summed over channels."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.sizes = [len(CLASSES[c]) for c in CHANNELS]
+        self.proj = nn.Linear(hidden_size, sum(self.sizes))
+
+    def logits(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.proj(tokens).float().split(self.sizes, dim=-1))  # 4 x [N, classes]
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy over every (token, channel), mean or sum; a target of -100 (a gestalt's token) is ignored."""
+        return sum(nn.functional.cross_entropy(logits, targets[:, i], reduction=reduction)
+                   for i, logits in enumerate(self.logits(tokens))) / (len(CHANNELS) if reduction == "mean" else 1)
+
+    @torch.no_grad()
+    def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """Per channel, the share of labelled cells (class > 0) named right."""
+        out = {}
+        for i, (channel, logits) in enumerate(zip(CHANNELS, self.logits(tokens))):
+            marked = targets[:, i] > 0
+            out[channel] = float(((logits.argmax(-1) == targets[:, i]) & marked).sum() / marked.sum().clamp(min=1))
+        return out
