@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from conftest import answers_by_engine
+from conftest import answers_by_engine, scene_image
 
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen
@@ -24,8 +24,9 @@ def cuda_model(request):
 
 
 def test_arr_runs_in_half_precision_on_cuda(cuda_model):
-    a = cuda_model.answer(image(), QUESTION, "arr", max_new_tokens=4)
-    assert a.tokens["saccade"] == 273 and a.arr.fallback == [None]
+    # a scene with structure, not noise: noise is a busy image, which falls back to grid (ARRCOCConfig.void_structure)
+    a = cuda_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4)
+    assert a.tokens["saccade"] == 273 and a.arr.fallback == [None]  # ARR's own selection, no fallback
     assert torch.isfinite(a.arr.relevance).all() and torch.isfinite(a.arr.weights).all()
     assert a.peak_memory_mb > 0 and all(a.timings_ms[k] > 0 for k in ("vision", "selection", "prefill"))
 
@@ -66,7 +67,7 @@ def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
         with torch.no_grad():
             replayed = cuda_model.score(o)
         with torch.enable_grad():  # gradients on: the eager path
-            eager = layer(o.textures, o.question_embeds, None, o.gestalt.unsqueeze(0), o.prior)
+            eager = layer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), o.prior)
         torch.testing.assert_close(replayed["relevance"], eager["relevance"].detach(), atol=1e-4, rtol=1e-4)
     assert len(layer.graphed_score.graphs) == 1 and len(cuda_model.texture.graphs) == 1
 

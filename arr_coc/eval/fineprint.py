@@ -95,6 +95,7 @@ class Mark:
     shape: str = ""  # shape: one of SHAPES
     border: int = 0  # box: border width in px
     key: str = ""  # field: its KEY
+    text: str = ""  # field: its value (NNNN); box: the word in it
 
 
 @dataclass
@@ -255,7 +256,7 @@ def fine_print(rng: random.Random, width: int, height: int, style: PageStyle) ->
     for key, slot in zip(keys, slots):
         value = f"{rng.randrange(10000):04d}"
         box = canvas.text(f"{key}: {value}", px, slot[0], slot[1], canvas.ink)
-        canvas.marks.append(Mark("field", box, key=key))
+        canvas.marks.append(Mark("field", box, key=key, text=value))
         questions.append(Question(f"What is the value of {key}?", value, box, f"{key}: {value}"))
     return canvas.finish("fine_print", questions)
 
@@ -277,7 +278,7 @@ def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> P
         canvas.taken.append(_grow(box, 8))
         canvas.draw.rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=canvas.background,
                               outline=COLOURS[colour], width=border)
-        canvas.marks.append(Mark("box", box, colour=colour, border=border))
+        canvas.marks.append(Mark("box", box, colour=colour, border=border, text=word))
         jx = rng.randint(-pad_x // 2, pad_x // 2)
         jy = rng.randint(-pad_y // 2, pad_y // 2)
         canvas.text(word, px, box[0] + border + pad_x + jx, box[1] + border + pad_y + jy, canvas.ink)

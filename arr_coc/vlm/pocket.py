@@ -316,7 +316,7 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
                                                             for part in ([unread, r] if gestalt_first else [r])]))
     if bindings is not None:
         unbound = np.full((sizes[0], bindings[0].shape[1]), IGNORE, dtype=np.int64)
-        batch["binding"] = torch.from_numpy(np.concatenate([part for b in bindings  # [visual tokens, 4]
+        batch["binding"] = torch.from_numpy(np.concatenate([part for b in bindings  # [visual tokens, channels]
                                                             for part in ([unbound, b] if gestalt_first else [b])]))
     return batch
 
@@ -606,8 +606,11 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None):
     torch.manual_seed(1)  # the heads start alike on every process
     head, binding = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
     for module, name in ((head, HEAD_FILE), (binding, BINDING_FILE)):
-        if heads is not None and (heads / name).is_file():
-            module.load_state_dict(load_file(heads / name))
+        saved = load_file(heads / name) if heads is not None and (heads / name).is_file() else {}
+        if saved and all(saved.get(k, torch.empty(0)).shape == v.shape for k, v in module.state_dict().items()):
+            module.load_state_dict(saved)
+        elif saved:  # a head of another shape (its targets changed): this one starts fresh
+            print(f"pocket: {name} was saved for other targets; starting it afresh", flush=True)
     state.setdefault("stage", 0)
     state.setdefault("stage_start", state["step"])  # a state from before the step budgets: its stage starts now
     if stage is not None and stage != state["stage"]:  # --stage: start (or go back) at this curriculum stage
@@ -724,6 +727,17 @@ def _stage_ends(model, tokenizer, processor, cfg: TrainConfig, state: dict, proc
     return ended
 
 
+def backward(trainee, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
+             process: distributed.Process) -> tuple[torch.Tensor, ...]:
+    """The losses of this process's batch, normalised by the global batch's label counts, and their backward:
+    under DDP the gradients arrive averaged over processes, i.e. the global batch's. (answer, reading, binding)."""
+    counts = label_counts(inputs, reading, binding, process)  # [3]
+    with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
+        losses = trainee(inputs, reading, binding, counts)
+    sum(losses).backward()
+    return losses
+
+
 def _train_step(trainee, optimizer, inputs: dict, lr: float, reading: torch.Tensor, binding: torch.Tensor,
                 process: distributed.Process | None = None) -> tuple[float, float, float] | None:
     """One AdamW step on the answer loss plus the dense reading and binding losses of every visual token;
@@ -732,11 +746,8 @@ def _train_step(trainee, optimizer, inputs: dict, lr: float, reading: torch.Tens
     process = process or distributed.Process(0, 1, str(inputs["input_ids"].device))
     for group in optimizer.param_groups:
         group["lr"] = lr
-    counts = label_counts(inputs, reading, binding, process)  # [3]
-    with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
-        losses = trainee(inputs, reading, binding, counts)
     optimizer.zero_grad(set_to_none=True)
-    sum(losses).backward()
+    losses = backward(trainee, inputs, reading, binding, process)
     norm = torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 1.0)
     if not torch.isfinite(norm):  # the same on every process: the gradients were all-reduced
         return None

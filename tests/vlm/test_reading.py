@@ -86,27 +86,36 @@ def test_with_the_gestalt_first_only_the_pages_tokens_have_reading_targets(stock
         assert head.accuracy(visual.value, reading) == head.accuracy(page_tokens, page_targets)
 
 
-def test_a_training_step_trains_the_head_on_the_reading_loss(stock):
+def test_a_training_step_trains_the_heads_on_their_losses(stock):
     import copy
+
+    from arr_coc.vlm.binding import BindingHead, binding_targets
+    from arr_coc.vlm.pocket import Trainee
 
     model = copy.deepcopy(stock[0]).train()
     inputs, reading = _batch(stock)
-    head = ReadingHead(model.config.vision_config.hidden_size)
-    before = head.proj.weight.detach().clone()
-    answer, reading_loss = _train_step(model, make_optimizer(model, TrainConfig(device="cpu"), head), inputs, 1e-3,
-                                       head, reading)
-    assert answer > 0 and reading_loss > 0
-    assert not torch.equal(before, head.proj.weight)
+    pages = [make_page(kind, 5, 224, 168) for kind in ("fine_print", "box_word")]
+    binding = torch.from_numpy(__import__("numpy").concatenate([binding_targets(p.marks, 224, 168) for p in pages]))
+    head, bound = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
+    before = head.proj.weight.detach().clone(), bound.proj.weight.detach().clone()
+    optimizer = make_optimizer(model, TrainConfig(device="cpu"), head, bound)
+    answer, reading_loss, binding_loss = _train_step(Trainee(model, head, bound), optimizer, inputs, 1e-3, reading,
+                                                     binding)
+    assert answer > 0 and reading_loss > 0 and binding_loss > 0
+    assert not torch.equal(before[0], head.proj.weight) and not torch.equal(before[1], bound.proj.weight)
 
 
-def test_the_head_is_saved_and_resumed(tmp_path):
+def test_the_heads_are_saved_and_resumed(tmp_path):
     from safetensors.torch import load_file
+
+    from arr_coc.vlm.pocket import BINDING_FILE
 
     cfg = TrainConfig(out=str(tmp_path), steps=1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     train(cfg, resume=False)
-    saved = load_file(tmp_path / HEAD_FILE)
-    _, head, _, _ = load_or_init(tmp_path, True, torch.device("cpu"))
-    assert all(torch.equal(saved[k], v) for k, v in head.state_dict().items())
-    _, fresh, _, _ = load_or_init(tmp_path, False, torch.device("cpu"))
-    assert not torch.equal(saved["proj.weight"], fresh.proj.weight)
+    for name, index in ((HEAD_FILE, 1), (BINDING_FILE, 4)):
+        saved = load_file(tmp_path / name)
+        resumed = load_or_init(tmp_path, True, torch.device("cpu"))[index]
+        assert all(torch.equal(saved[k], v) for k, v in resumed.state_dict().items())
+        fresh = load_or_init(tmp_path, False, torch.device("cpu"))[index]
+        assert not torch.equal(saved["proj.weight"], fresh.proj.weight)
