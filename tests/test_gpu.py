@@ -110,8 +110,9 @@ def test_graphed_arr_equals_eager(cuda_model):
     outputs = {}
     for graphs in (False, True):
         vlm.decoder.graphs_enabled = graphs
-        scene = cuda_model.prepare(big_image(), QUESTION)
+        scene = cuda_model.prepare(scene_image(1792, 1344), QUESTION)  # not noise: noise falls back to grid
         out = cuda_model.select(scene)
+        assert out.fallback == [None]  # ARR's own selection is what is compared
         with torch.no_grad():
             saccades = encode_saccades(vlm, scene.observation, out.positions[0])
             prompt = arr_prompt(vlm, scene.observation, saccades)

@@ -665,6 +665,7 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
     losses, waited, last = [], 0.0, time.time()
+    window = (time.time(), run["seen"])  # the pages/s of the last 100 steps: the steady rate, without start-up
     for batch in loader:
         waited += time.time() - last  # the GPU idles while the page workers catch up
         # every process stops at the same step: rank 0's clock decides
@@ -684,10 +685,11 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
         state["step"] += 1
         if state["step"] % 100 == 0 and process.is_main:
             answer, reading, bound = np.mean(losses, axis=0) if losses else (float("nan"),) * 3
-            elapsed = time.time() - run["t0"]
+            elapsed, rate = time.time() - run["t0"], (run["seen"] - window[1]) / (time.time() - window[0])
+            window = (time.time(), run["seen"])
             process.log(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} binding {bound:.4f} "
-                        f"lr {lr:.2e} stage {state['stage']} {run['seen'] * process.world_size / elapsed:.0f} "
-                        f"pages/s, waiting for pages {waited / elapsed:.0%} of the time")
+                        f"lr {lr:.2e} stage {state['stage']} {rate * process.world_size:.0f} pages/s "
+                        f"(last 100 steps), waiting for pages {waited / elapsed:.0%} of the time")
             state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4),
                                        binding=round(bound, 4)))
             losses = []
