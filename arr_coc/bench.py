@@ -13,11 +13,17 @@ takes ARR's ablations (arr-no-gestalt, ...: arr_coc.relevance.ablation).
     python -m arr_coc.bench --random-weights --json out/bench.json    # on a GPU: the numbers in the README
     python -m arr_coc.bench --random-weights --family qwen2_5_vl      # the Qwen2.5-VL-3B architecture
     python -m arr_coc.bench --random-weights --sizes 1792 --pipelines full,divprune,visionzip,fastv,arr --engines fast
+    python -m arr_coc.bench --random-weights --check benchmarks/h100_....json   # exit 1 if ARR got > 15% slower
+
+--check compares ARR's TTFT and decode ms/token, size by size and engine by engine, with a saved run (--json) of
+the same kind of card, and exits 1 when either is more than CHECK_TOLERANCE slower: CI has no GPU, so the guard
+runs wherever the bench does.
 """
 
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +37,8 @@ from arr_coc.pipelines import FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
 from arr_coc.relevance.ablation import ABLATIONS
 
 CHOICES = (*PIPELINES, *(f"arr-{name}" for name in ABLATIONS))  # --pipelines: the pipelines and ARR's ablations
+CHECK_TOLERANCE = 0.15  # --check fails on ARR's TTFT or decode more than this much slower than the baseline's
+CHECKED = (("ttft_ms", "TTFT"), ("decode_ms_per_token", "decode ms/token"))  # what --check compares
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engines", type=cli.comma_list(ENGINES), default="fast,hf",
                    help="comma-separated engines: fast (static cache + CUDA graphs) and hf (stock generate)")
     p.add_argument("--json", type=cli.output_file, default=None, help="write all numbers here (a file path)")
+    p.add_argument("--check", type=baseline_file, default=None, metavar="BASELINE.json",
+                   help=f"compare ARR's TTFT and decode with this saved run (--json) on the same kind of card; exit 1 "
+                        f"if either is more than {CHECK_TOLERANCE:.0%} slower")
     args = p.parse_args(argv)
     if on_cpu(args.device) and (args.random_weights or args.model not in tiny_models()):
         flag = "--random-weights" if args.random_weights else "--model"
@@ -192,6 +203,36 @@ def ratios(results: dict) -> dict:
     return out
 
 
+def baseline_file(path: str) -> dict:
+    """--check's argument: a saved bench report (--json), read and checked at parse time."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read the baseline {path}: {e}") from None
+    if not isinstance(report, dict) or not {"device", "sizes"} <= report.keys():
+        raise argparse.ArgumentTypeError(f"{path} is not a bench report (written by --json)")
+    return report
+
+
+def regressions(baseline: dict, report: dict, tolerance: float = CHECK_TOLERANCE) -> list[str]:
+    """One line per ARR measurement (every ARR row, size and engine the two runs share) that is more than
+    `tolerance` slower in `report` than in `baseline`. Both must come from the same kind of device."""
+    if baseline["device"] != report["device"]:
+        raise ValueError(f"the baseline was measured on {baseline['device']}, this run on {report['device']}: "
+                         f"compare runs on the same kind of card")
+    found = []
+    for size, measured in report["sizes"].items():
+        saved = baseline["sizes"].get(str(size), {}).get("pipelines", {})
+        for key, row in measured["pipelines"].items():
+            if not key.startswith("arr") or key not in saved:
+                continue
+            for field, label in CHECKED:
+                old, new = saved[key][field], row[field]
+                if new > old * (1 + tolerance):
+                    found.append(f"{size} px {key}: {label} {new:.2f} against {old:.2f} (+{new / old - 1:.0%})")
+    return found
+
+
 def format_table(results: dict) -> str:
     head = ("| pipeline | engine | visual tokens | GFLOPs (vision + prefill) | TTFT ms | vision ms | selection ms | "
             "prefill ms | ms/token | total ms | peak MB |")
@@ -269,7 +310,21 @@ def main(argv=None) -> dict:
             Path(args.json).write_text(json.dumps(report, indent=2))
     peak = max(r["peak_memory_mb"] for s in report["sizes"].values() for r in s["pipelines"].values())
     print(f"one copy of the weights for every pipeline: peak {peak:.0f} MB = {peak / weights_mb:.2f} x the weights")
+    if args.check is not None:
+        check(args.check, report)
     return report
+
+
+def check(baseline: dict, report: dict) -> None:
+    """--check: say what got slower and exit 1, or say that nothing did."""
+    try:
+        slower = regressions(baseline, json.loads(json.dumps(report)))  # the report as saved: sizes as strings
+    except ValueError as e:
+        sys.exit(f"bench --check: {e}")
+    if slower:
+        print(f"\nbench --check: ARR is more than {CHECK_TOLERANCE:.0%} slower than the baseline:", *slower, sep="\n  ")
+        sys.exit(1)
+    print(f"\nbench --check: no ARR measurement is more than {CHECK_TOLERANCE:.0%} slower than the baseline")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""The bench's pipeline timings on the tiny model: exact lengths while it runs, the shared model as it found it after."""
+"""The bench's pipeline timings on the tiny model: exact lengths while it runs, the shared model as it found it after;
+`--check` fails on a slowdown."""
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +52,42 @@ def test_arr_beside_each_reducer_and_full_in_one_table_with_its_ratios(arr_model
     fastv = results["fastv/fast"]
     assert ratios["arr/fast vs fastv/fast"]["ttft"] == pytest.approx(results["arr/fast"]["ttft_ms"] / fastv["ttft_ms"])
     assert bench.versus_table({k: v for k, v in results.items() if not k.startswith(("divprune", "fastv"))}) is None
+
+
+def _slowed(report: dict, size: str, key: str, field: str, factor: float) -> dict:
+    slowed = json.loads(json.dumps(report))
+    slowed["sizes"][size]["pipelines"][key][field] *= factor
+    return slowed
+
+
+def test_check_names_each_arr_measurement_more_than_15_percent_slower():
+    """Against the saved tiny-model run: +20% TTFT on one row is named, +14% decode is not, +16% is."""
+    saved = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_tiny.json").read_text())
+    assert bench.regressions(saved, saved) == []
+    assert bench.regressions(saved, _slowed(saved, "896", "arr/hf", "ttft_ms", 1.2)) == [
+        f"896 px arr/hf: TTFT {saved['sizes']['896']['pipelines']['arr/hf']['ttft_ms'] * 1.2:.2f} against "
+        f"{saved['sizes']['896']['pipelines']['arr/hf']['ttft_ms']:.2f} (+20%)"]
+    assert bench.regressions(saved, _slowed(saved, "448", "arr/fast", "decode_ms_per_token", 1.14)) == []
+    assert len(bench.regressions(saved, _slowed(saved, "448", "arr/fast", "decode_ms_per_token", 1.16))) == 1
+    assert bench.regressions(saved, _slowed(saved, "448", "full/fast", "ttft_ms", 3.0)) == []  # ARR's rows only
+    with pytest.raises(ValueError, match="same kind of card"):
+        bench.regressions(saved, {**saved, "device": "NVIDIA H100 80GB HBM3"})
+
+
+def test_check_exits_1_on_an_injected_slowdown_of_a_real_run(arr_model, tmp_path, capsys):
+    """A real tiny-model run on the CPU, checked against itself (passes) and made 30% slower (exit 1)."""
+    results = bench.bench_pipelines(arr_model, bench.test_image(112), ["arr"], ["fast"], 2, 1, 1024)
+    report = dict(device="CPU", sizes={"112": dict(pipelines=results)})
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(report))
+    baseline = bench.parse_args(["--model", "tiny", "--device", "cpu", "--check", str(path)]).check
+    bench.check(baseline, report)
+    assert "no ARR measurement is more than 15% slower" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        bench.check(baseline, _slowed(report, "112", "arr/fast", "ttft_ms", 1.3))
+    assert stop.value.code == 1 and "112 px arr/fast: TTFT" in capsys.readouterr().out
+    path.write_text("[1, 2]")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--model", "tiny", "--device", "cpu", "--check", str(path)])
+    err = capsys.readouterr().err
+    assert "argument --check:" in err and "is not a bench report" in err
