@@ -5,6 +5,7 @@ equals the one-process step.
     .venv/bin/python -m pytest tests/test_train.py -q
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -97,30 +98,32 @@ def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_pr
     assert float(loss.detach()) == pytest.approx(-float(score), abs=1e-5)
 
 
-def test_answer_loss_training_on_the_pocket_model_raises_the_held_out_answer_likelihood():
+def test_answer_loss_training_on_the_pocket_model_moves_its_selection_at_a_scarce_budget():
     """
-    The answer loss alone (--box-weight 0) on the pocket model, a model that reads: a few steps change the scorers'
-    parameters and raise the held-out answers' mean log-likelihood per token, which only the straight-through
-    product lets reach the layer. Measured: -0.9430 -> -0.9397 nats; small, since the prior's 273 saccades already
-    cover 98% of the targets at 896 px, and a larger lr (3e-2) overshoots (-1.68).
+    The answer loss alone (--box-weight 0) on the pocket model, a model that reads, at a scarce budget (32
+    saccades): a few steps change the scorers' parameters and the cells held-out pages select, which only the
+    straight-through product lets the answer loss do. Whether that raises the held-out answers' likelihood is not
+    pinned: measured (pocket step 46408, 12 steps, 12 held-out pages), -1.472 -> -1.191 nats per token run alone
+    and -1.472 -> -1.463 or -1.490 after other tests, the training loss equal to 3 digits: at 32 saccades the
+    likelihood moves with which cells flip at the budget's edge (issue #26 measures it at scale).
     """
     model = ARRCOCQwen.from_pretrained("pocket", device="cpu")
     model.layer.config.saccade_order = "raster"  # the order the pocket model reads in (the README's Accuracy)
     cfg = TrainConfig(model="pocket", kinds="fine_print,box_word,shape_colour", scene_size=896, n_train=24, n_eval=12,
                       steps=12, batch_size=4, lr=1e-3, lm_weight=1.0, box_weight=0.0, eval_every=1000,
-                      saccade_order="raster")
-    held_out = [(s, model.observe(s.image, s.question, Stopwatch(model.vlm.device))) for s in load_samples(cfg)[1]]
+                      saccade_order="raster", budget=32)
+    held_out = [model.observe(s.image, s.question, Stopwatch(model.vlm.device)) for s in load_samples(cfg)[1]]
 
-    def likelihood() -> float:
+    def selections() -> list[set[int]]:
         with torch.no_grad():
-            return -sum(float(answer_loss(model, o, select_for_training(model, model.score(o), o, cfg), s.answer))
-                        for s, o in held_out) / len(held_out)
+            return [set(select_for_training(model, model.score(o), o, cfg).indices[0].tolist()) for o in held_out]
 
-    before, scorers = likelihood(), {k: v.clone() for k, v in model.layer.state_dict().items()}
+    before, scorers = selections(), {k: v.clone() for k, v in model.layer.state_dict().items()}
     train(cfg, model)
     changed = [k for k, v in model.layer.state_dict().items() if not torch.equal(v, scorers[k])]
     assert any(k.startswith(("information.", "perspectival.", "participatory.")) for k in changed), changed
-    assert likelihood() > before + 1e-3
+    moved = sum(len(a ^ b) // 2 for a, b in zip(before, selections()))  # cells swapped in or out, over the pages
+    assert moved > 0  # measured: 10 cells over 12 pages; 0 without the straight-through product
 
 
 def test_the_token_cost_lowers_the_adaptive_budget_on_held_out_scenes(arr_model):
@@ -268,3 +271,83 @@ def test_push_to_hub_offline_keeps_the_checkpoint_and_exits_2(tmp_path, monkeypa
     reason = capsys.readouterr().err.strip().splitlines()[-1]
     assert reason.startswith("error:") and f"saved locally at {out}" in reason and "OfflineModeIsEnabled" in reason
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+
+
+# ----------------------------------------------------------------------------- --save-every, --resume, atomic saves
+
+THREE_STEPS = ["--model", "tiny", "--device", "cpu", "--steps", "3", "--batch-size", "2", "--n-train", "4", "--n-eval", "1",
+               "--eval-every", "1"]
+
+
+def test_save_every_writes_a_resumable_checkpoint_and_resume_ends_where_an_uninterrupted_run_does(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    import arr_coc.train as train_module
+
+    assert main([*THREE_STEPS, "--out", str(tmp_path / "whole")]) == 0
+    whole = load_file(tmp_path / "whole" / "model.safetensors")
+    batch_loss, calls = train_module.batch_loss, []
+
+    def stopped_at_step_3(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # Ctrl-C during step 3, after step 2's checkpoint
+        return batch_loss(*args)
+
+    monkeypatch.setattr(train_module, "batch_loss", stopped_at_step_3)
+    out = tmp_path / "cut"
+    assert main([*THREE_STEPS, "--save-every", "1", "--out", str(out)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"stopped; rerun the same command with --resume to continue from the last checkpoint in {out}"
+    assert torch.load(out / "training_state.pt", weights_only=True)["step"] == 2
+    assert ARRCOCLayer.from_pretrained(out, expect_hidden_size=64) is not None  # a checkpoint as any other
+
+    monkeypatch.setattr(train_module, "batch_loss", batch_loss)
+    assert main([*THREE_STEPS, "--save-every", "1", "--out", str(out), "--resume"]) == 0
+    assert f"resuming {out} at step 2 of 3" in capsys.readouterr().err
+    resumed = load_file(out / "model.safetensors")
+    for name in whole:
+        torch.testing.assert_close(resumed[name], whole[name], msg=name)
+    assert not (out / "training_state.pt").exists()  # the final checkpoint is a plain one
+    log = json.loads((out / "train_log.json").read_text())
+    assert [entry["step"] for entry in log] == [0, 1, 2, 3]
+    with pytest.raises(SystemExit):  # nothing left to resume from
+        parse_args([*THREE_STEPS, "--out", str(out), "--resume"])
+    assert "holds no training state to resume (--save-every N saves one)" in capsys.readouterr().err
+
+
+def test_resume_with_other_flags_is_refused_naming_them(tmp_path, capsys):
+    out = tmp_path / "ck"
+    assert main([*THREE_STEPS, "--steps", "1", "--save-every", "1", "--out", str(out)]) == 0
+    config = vars(parse_args([*THREE_STEPS, "--out", str(out), "--overwrite"]))
+    state = dict(step=1, log=[], optimizer={}, config=dict(config))
+    torch.save(state, out / "training_state.pt")  # as if the run had been cut after step 1 of 3
+    assert main([*THREE_STEPS, "--lr", "0.01", "--out", str(out), "--resume"]) == 2
+    assert "was trained with other flags (lr: 0.003 there, 0.01 now); resume with the same ones" in capsys.readouterr().err
+
+
+def test_an_interrupted_save_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
+    """--overwrite onto a checkpoint, cut off while the new one is written: the old one is still there, byte for byte;
+    the next save goes through, and keeps a file of the user's in the folder."""
+    out = tmp_path / "ck"
+    cfg = TrainConfig(n_train=2, n_eval=1, steps=1, batch_size=2, out=str(out), overwrite=True)
+    model, log = train(cfg, ARRCOCQwen.from_pretrained("tiny"))
+    save(model, cfg, log)
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    save_pretrained = ARRCOCLayer.save_pretrained
+
+    def cut_short(self, folder, **kwargs):
+        save_pretrained(self, folder, **kwargs)
+        Path(folder, "model.safetensors").write_bytes(b"half")  # the weights half written...
+        raise KeyboardInterrupt  # ...when Ctrl-C comes
+
+    monkeypatch.setattr(ARRCOCLayer, "save_pretrained", cut_short)
+    with torch.no_grad():
+        next(model.layer.parameters()).add_(1.0)  # a different layer, so overwriting would show
+    with pytest.raises(KeyboardInterrupt):
+        save(model, cfg, log)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.setattr(ARRCOCLayer, "save_pretrained", save_pretrained)
+    save(model, cfg, log)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").read_bytes() != before["model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # no temporary folder left beside it

@@ -11,6 +11,7 @@ evaluations step by step, so their numbers sit beside published ones:
                                                      #   min(1, agreeing humans / 3) over the leave-one-outs
     relaxed_accuracy("41.5", ["42"])                 # ChartQA: pix2struct's relaxed_correctness (numbers within 5 %,
                                                      #   "%" read as / 100, other answers exact up to case)
+    exact("0427.", ["0427"])                         # exact match up to case and punctuation: the fine-print suite
     contains("The total is 4,821.", ["4 821"])       # lenient: the answer's words appear; the synthetic and JSONL
                                                      #   sets' metric, and an extra column of benchmark runs
     recall, precision = box_recall_precision(coverage, indices)
@@ -39,6 +40,12 @@ def is_correct(prediction: str, expected: str) -> bool:
 def answers_agree(a: str, b: str) -> bool:
     """Two answers say the same, ignoring case, spacing and punctuation."""
     return normalise(a) == normalise(b)
+
+
+def exact(prediction: str, answers: list[str]) -> float:
+    """Exact match: 1 when the prediction is a reference answer, ignoring case, spacing and punctuation; the fine-print
+    suite's metric (a list of words that holds the answer is wrong here, as greedy decoding scores it)."""
+    return float(any(answers_agree(prediction, a) for a in answers))
 
 
 def contains(prediction: str, answers: list[str]) -> float:
@@ -191,7 +198,7 @@ def relaxed_accuracy(prediction: str, answers: list[str], max_relative_change: f
     return float(any(relaxed_correctness(prediction, a, max_relative_change) for a in answers))
 
 
-METRICS = {"anls": anls, "vqa": vqa_accuracy, "relaxed": relaxed_accuracy, "contains": contains}
+METRICS = {"anls": anls, "vqa": vqa_accuracy, "relaxed": relaxed_accuracy, "exact": exact, "contains": contains}
 LENIENT = "contains"  # the lenient metric: reported beside a benchmark's own metric as an extra column
 
 

@@ -138,8 +138,15 @@ def test_contains_and_ab_agreement_share_one_normaliser():
     assert not metrics.answers_agree("a teaspoon", "a fork") and not metrics.answers_agree("red", "reddish")
 
 
+def test_exact_match_is_the_answer_alone_up_to_case_and_punctuation():
+    """The fine-print suite's metric: a list of words that holds the answer, which contains credits, is wrong."""
+    assert metrics.exact("0427.", ["0427"]) == 1.0 and metrics.exact("Copper", ["copper"]) == 1.0
+    assert metrics.exact("copper copper candle engine", ["copper"]) == 0.0
+    assert metrics.contains("copper copper candle engine", ["copper"]) == 1.0
+
+
 def test_every_metric_is_registered_and_bounded():
-    assert set(metrics.METRICS) == {"anls", "vqa", "relaxed", "contains"}
+    assert set(metrics.METRICS) == {"anls", "vqa", "relaxed", "exact", "contains"}
     for score in metrics.METRICS.values():
         for prediction, answers in (("4821", ["4821"] * 10), ("nonsense", ["4821", "4,821"]), ("", ["a"])):
             assert 0.0 <= score(prediction, answers) <= 1.0
