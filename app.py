@@ -7,6 +7,7 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.
     python app.py --model tiny               # offline tiny model: answers meaningless, maps real
     python app.py --model tiny-qwen3-vl      # the tiny Qwen3-VL (or tiny-qwen2.5-vl, or any Qwen-VL hub id / folder)
     python app.py --checkpoint NAME --port 8000 --share
+    python app.py --cache-age 600            # uploads and drawings leave gradio's cache after 10 minutes
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
@@ -20,6 +21,9 @@ import os
 
 from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL
+
+CACHE_AGE_S = 3600  # uploads and drawings leave gradio's cache an hour after they were written (--cache-age)
+CACHE_CHECK_S = 600  # how often the cache is swept for them (more often where --cache-age is shorter)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="port to serve on (default: $GRADIO_SERVER_PORT or 7860)")
     p.add_argument("--share", action="store_true",
                    help="also serve on a public gradio.live link (off by default: anyone with it can use your GPU)")
+    p.add_argument("--cache-age", type=cli.bounded_int(1, 7 * 86400), default=CACHE_AGE_S, metavar="SECONDS",
+                   help="delete uploads and drawn images from gradio's cache ($GRADIO_TEMP_DIR) this long after they "
+                        "were written, and all of them when the app stops (default: %(default)s)")
     return p.parse_args(argv)
 
 
@@ -43,9 +50,11 @@ if __name__ == "__main__":
 
 import functools  # noqa: E402  (after the flags: see above)
 import logging  # noqa: E402
+import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gradio as gr  # noqa: E402
+from gradio.route_utils import delete_files_created_by_app  # noqa: E402
 
 from arr_coc import zerogpu  # noqa: E402
 from arr_coc.app import handlers, ui, viz  # noqa: E402
@@ -61,6 +70,10 @@ log = logging.getLogger("arr_coc.app")
 ROOT = Path(__file__).parent
 CHECKPOINTS = ROOT / "checkpoints"
 EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
+EXAMPLE_LABELS = ui.example_labels(ROOT / "assets" / "examples.json")
+EXAMPLES_NOTE = ("**Examples.** The first ones are fine-print pages of the kind the offline pocket model (`--model "
+                 "pocket`) was trained on: it answers them as the arrow says. The photos and the other scenes mean "
+                 "something only with real Qwen-VL weights; the pocket and tiny models say nothing about them.")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
 GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, ab=120)  # ZeroGPU: most one call holds
 MAX_NEW_TOKENS = 256
@@ -121,6 +134,14 @@ def output_table(label: str, headers: list[str], elem_id: str | None = None) -> 
                         column_widths=widths, elem_id=elem_id)
 
 
+def examples(image: gr.Image, question: gr.Textbox) -> gr.Examples:
+    """The examples, labelled: the fine-print pages the offline pocket model answers come first, with their expected
+    answers; the photos and other scenes are said to need real Qwen-VL weights."""
+    gr.Markdown(EXAMPLES_NOTE)
+    return gr.Examples(EXAMPLES, inputs=[image, question], example_labels=EXAMPLE_LABELS,
+                       examples_per_page=len(EXAMPLES))
+
+
 def bind(model: ARRCOCQwen, handler, *args, gpu_seconds: int | None = None):
     """
     A handler with the model (and `args`) given, as an event's function; with gpu_seconds, wrapped for ZeroGPU.
@@ -164,9 +185,10 @@ def compare_tab(model: ARRCOCQwen) -> None:
             with gr.Row():
                 gestalt = output_image("Gestalt view, as the model saw it", "arr-gestalt", height=None)
                 mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "arr-mosaic", height=None)
-            weights = output_image("Balancer weights", "arr-weights", height=None)
+            weights = output_image("Balancer weights, and what each scorer gave the saccades", "arr-weights",
+                                   height=None)
     kept = gr.State(time_to_live=3600)  # the last ARR answer's drawing data (CPU): freed an hour after
-    gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
+    examples(image, question)
 
     event = gr.on([run.click, question.submit], bind(model, handlers.compare, gpu_seconds=GPU_SECONDS["compare"]),
                   [image, question, baseline, tokens, strategy, cells, numbered, refixate],
@@ -211,7 +233,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     channels = output_image("The 13 texture channels (all on a 0..1 scale)", "microscope-channels", None)
     gr.Markdown(ui.channels_markdown())
     kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
-    gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
+    examples(image, question)
 
     analysed = run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
                          [image, question, strategy, budget, cells, numbered, ablation, *tensions],
@@ -261,7 +283,7 @@ def faithfulness_panel() -> tuple[gr.Image, gr.Textbox, gr.Button, gr.Markdown]:
 
 def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
     """Two ARR checkpoints on the same input: both heatmaps and answers, their difference and agreement."""
-    choices = ui.checkpoint_choices(CHECKPOINTS)
+    choices = ui.checkpoint_choices(CHECKPOINTS, model)  # only those made for the loaded model: the others cannot load
     with gr.Row():
         with gr.Column(scale=1):
             image, question = image_and_question("ab")
@@ -287,7 +309,7 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
                     heat_b = output_image("B: relevance and saccades", "ab-heatmap-b")
                     text_b = gr.Textbox(label="B's answer", lines=2, elem_id="ab-answer-b")
             difference = output_image("Difference B − A", "ab-difference")
-    gr.Examples(EXAMPLES, inputs=[image, question], examples_per_page=len(EXAMPLES))
+    examples(image, question)
 
     event = run.click(bind(model, handlers.ab, CHECKPOINTS, gpu_seconds=GPU_SECONDS["ab"]),
                       [image, question, choice_a, files_a, choice_b, files_b, strategy, tokens, cells],
@@ -296,9 +318,10 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
                                            concurrency_limit=None)  # as Compare's Stop
 
 
-def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str]) -> gr.Blocks:
-    """The page over one loaded model, which every tab shares: a header, then the three tabs."""
-    with gr.Blocks(title="ARR-COC microscope") as demo:
+def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str], cache_age: int = CACHE_AGE_S) -> gr.Blocks:
+    """The page over one loaded model, which every tab shares: a header, then the three tabs. Its uploads and
+    drawings leave gradio's cache `cache_age` seconds after they were written (the examples stay)."""
+    with gr.Blocks(title="ARR-COC microscope", delete_cache=(min(cache_age, CACHE_CHECK_S), cache_age)) as demo:
         gr.Markdown(f"# ARR-COC microscope\nQuery-aware visual token selection for Qwen-VL: a low-res gestalt plus "
                     f"{model.layer.config.budget} high-res saccades chosen by relevance. Model `{model.vlm.name}` "
                     f"({FAMILY_NAMES.get(model.vlm.family, model.vlm.family)}, {model.vlm.cell} px cells) · "
@@ -344,12 +367,17 @@ def main(args: argparse.Namespace) -> None:
     logging.getLogger("arr_coc").setLevel(logging.INFO)  # ours: what start-up does, one line per user error
     model, layer_name, notices = load(args)  # at start-up, before any request, as ZeroGPU expects
     warm_up(model)
-    demo = make_app(model, layer_name, notices)
+    demo = make_app(model, layer_name, notices, args.cache_age)
     demo.queue(default_concurrency_limit=1)
     log.info("serving ...")
-    # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a service manager's stop, as Ctrl-C: launch returns
+    # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason;
+    # max_file_size: the server itself refuses a larger upload, whatever the client
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), server_port=args.port,
-                share=args.share, show_error=True)
+                share=args.share, show_error=True, max_file_size=f"{ui.MAX_UPLOAD_MB}mb")
+    # gradio's own clean-up at shutdown waits for every connection to close, which an open page never does
+    delete_files_created_by_app(demo, age=None)  # every upload and drawing; the examples stay
+    log.info("stopped; the uploads and drawings were deleted from gradio's cache")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,13 @@ lines, the package versions, and the console-script entry points that `pip insta
 
 Validators are argparse `type=` callables, so a bad flag is refused at parse time, before torch or a model
 loads: one line on stderr names the flag and the reason and points to --help, and the exit code is 2.
-Paths are checked there too (an --image that is missing, a --json that is a folder), and so is --device
-(torch loads only to ask whether a CUDA device is there, and only when one is asked for).
+Paths are checked there too (an --image that is missing or no image, a --json that is a folder, an --out that
+cannot be written, a --model that is an ARR checkpoint), and so is --device (torch loads only to ask whether a
+CUDA device is there, and only when one is asked for).
+
+A hub model is looked for on the hub only if the hub answers at once (hub_out_of_reach): otherwise the command
+goes offline, as HF_HUB_OFFLINE=1 would have it, and loads from the local cache alone, with no retries. The
+default model, left out and not in the cache, then becomes the pocket model (--model pocket), with a note.
 
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget", type=bounded_int(1, 16384), default=273, help="number of saccades")
@@ -16,17 +21,23 @@ This module imports nothing heavy at the top: every command imports it before pa
 
 import argparse
 import importlib
+import json
 import math
+import re
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
-from arr_coc.config import MAX_CELLS, MIN_CELLS, PipelineConfig
+from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
 MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # a hub repo id: name or owner/name
+HUB_TIMEOUT_S = 3.0  # how long the hub may take to answer before a command goes offline
+OFFLINE_HINT = "--model pocket runs the shipped offline model (HF_HUB_OFFLINE=1: the local cache alone, no hub)"
 
 
 def command_name() -> str:
@@ -128,6 +139,14 @@ def nonblank(text: str) -> str:
     return text
 
 
+def question(text: str) -> str:
+    """An argparse type: a question with something in it, no longer than the pipelines take (MAX_QUESTION_CHARS)."""
+    nonblank(text)
+    if len(text) > MAX_QUESTION_CHARS:
+        raise argparse.ArgumentTypeError(f"{len(text)} characters, over the limit of {MAX_QUESTION_CHARS}")
+    return text
+
+
 def device(text: str) -> str:
     """
     An argparse type: "cpu", "cuda" or "cuda:N", refused unless this machine has it. Torch loads only to ask
@@ -156,23 +175,52 @@ def blocking_file(path: Path) -> Path | None:
     return next((parent for parent in reversed(path.parents) if parent.exists() and not parent.is_dir()), None)
 
 
+def unwritable(path: Path) -> str | None:
+    """
+    Why nothing can be written at path (a folder to make, or a file in one), else None: the nearest folder at or
+    above it that exists refuses a new entry. Tried, not read from the permission bits, which root writes past
+    and a read-only mount ignores; the trial folder is removed at once.
+    """
+    folder = next(p for p in (path, *path.parents) if p.exists())
+    try:
+        with tempfile.TemporaryDirectory(prefix=".arr-coc-write-test-", dir=folder):
+            return None
+    except OSError as e:
+        return f"{folder.absolute()} is not writable ({type(e).__name__}: {e.strerror or e})"
+
+
 def output_file(text: str) -> str:
-    """An argparse type: a file to write (its folder is made): not an existing folder, not under a file."""
+    """An argparse type: a file to write (its folder is made): not an existing folder, not under a file, not
+    where nothing can be written."""
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it, e.g. {path / 'results.json'}")
     if blocker := blocking_file(path):
         raise argparse.ArgumentTypeError(f"cannot write {text}: {blocker} is a file, not a folder")
+    if why := unwritable(path.parent if not path.exists() else path):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {why}")
     return text
 
 
+def default_folder(p: argparse.ArgumentParser, flag: str, text: str) -> str:
+    """A default output folder (a fresh runs/...), checked as output_folder checks a given one: refused now, not
+    after the run's work."""
+    try:
+        return output_folder(text)
+    except argparse.ArgumentTypeError as e:
+        p.error(f"argument {flag}: {e}")
+
+
 def output_folder(text: str) -> str:
-    """An argparse type: a folder to write into (made if needed): not an existing file, not under a file."""
+    """An argparse type: a folder to write into (made if needed): not an existing file, not under a file, not
+    where nothing can be written (checked now, not after a run's work)."""
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
     if blocker := blocking_file(path):
         raise argparse.ArgumentTypeError(f"cannot make the folder {text}: {blocker} is a file")
+    if why := unwritable(path):
+        raise argparse.ArgumentTypeError(f"cannot write into {text}: {why}")
     return text
 
 
@@ -187,6 +235,68 @@ def input_file(what: str):
         return text
     parse.__name__ = what
     return parse
+
+
+def image_file(text: str) -> str:
+    """An argparse type: an existing file that PIL knows as an image (its header is read, not the pixels: a PDF or a
+    text file is refused here, before torch loads; a truncated image is found when it is decoded)."""
+    from PIL import Image, UnidentifiedImageError
+
+    input_file("image")(text)
+    try:
+        with Image.open(text):
+            return text
+    except UnidentifiedImageError:
+        with open(text, "rb") as f:
+            pdf = f.read(5) == b"%PDF-"
+        raise argparse.ArgumentTypeError(f"{text} is not an image PIL can read" + (
+            " (a PDF: export the page as PNG or JPEG)" if pdf else "")) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as e:  # ValueError: a PNG text chunk that inflates
+        raise argparse.ArgumentTypeError(f"cannot read {text} as an image ({type(e).__name__}: {e})") from None
+
+
+def arr_checkpoint(folder: Path) -> dict | None:
+    """The config of an ARR checkpoint folder (a config.json naming base_model_family and hidden_size, as
+    arr_coc.relevance.layer writes it), else None: a VLM's folder has a model_type instead."""
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no folder, no config.json, not JSON
+        return None
+    raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # the mixin may nest the dataclass
+    return raw if isinstance(raw, dict) and {"base_model_family", "hidden_size"} <= raw.keys() else None
+
+
+def model_name(text: str) -> str:
+    """
+    An argparse type: the VLM to load: an offline model's name, a folder or a hub id (owner/name), not read yet.
+    An ARR checkpoint (a folder, or a name under checkpoints/), which --checkpoint takes, is refused, and so is a
+    path that is not there and cannot be a hub id.
+    """
+    from arr_coc import checkpoints
+
+    if (config := arr_checkpoint(Path(checkpoints.resolve_checkpoint(text)))) is not None:
+        raise argparse.ArgumentTypeError(
+            f"{text} is an ARR checkpoint (an ARR layer made for a {config['base_model_family']} model of hidden size "
+            f"{config['hidden_size']}), not a VLM: pass it as --checkpoint {text}, with --model the VLM it was made for")
+    if not Path(text).exists() and not HUB_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"no such model folder: {text} (a hub model id is name or owner/name)")
+    return text
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    """--model, the same flag for run and evaluate; default_model resolves it after parsing."""
+    p.add_argument("--model", type=model_name, default=None,
+                   help="the VLM: a Qwen-VL hub id or folder, 'pocket' (the offline model shipped in "
+                        "models/pocket-qwen2-vl, trained here on synthetic fine-print scenes) or a tiny random model "
+                        f"('tiny', 'tiny-qwen2.5-vl', 'tiny-qwen3-vl'). Default: {DEFAULT_MODEL}; where the hub "
+                        "cannot be reached and the cache lacks it, the pocket model, with a note")
+
+
+def default_model(args: argparse.Namespace) -> None:
+    """After parsing: --model left out is DEFAULT_MODEL, and only then may it fall back to the pocket model offline
+    (args.fallback); a model asked for by name is loaded or refused."""
+    args.fallback = args.model is None
+    args.model = args.model or DEFAULT_MODEL
 
 
 def names(text: str) -> list[str]:
@@ -257,42 +367,109 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def load_model(name: str, checkpoint: str | None, device: str | None, quiet: bool = False):
+def load_model(name: str, checkpoint: str | None, device: str | None, quiet: bool = False, fallback: bool = False):
     """
-    ARRCOCQwen with its ARR layer, printing a line before and after loading (none when quiet: torchrun's
-    other ranks). The layer follows the one rule of arr_coc.checkpoints.choose (as in the app). Returns
-    (model, the checkpoint's name or checkpoints.PRIOR).
+    ARRCOCQwen with its ARR layer, printing a line before and after loading, and the model's notice (none when
+    quiet: torchrun's other ranks). With `fallback` (the default model, not asked for by name), a hub model that
+    the hub cannot give and the cache lacks becomes the pocket model, and its notice says so. The layer follows
+    the one rule of arr_coc.checkpoints.choose (as in the app). Returns (model, the checkpoint's name or
+    checkpoints.PRIOR); model.vlm.name is the model that loaded.
     """
     import torch
     import transformers
 
     from arr_coc import checkpoints
+    from arr_coc.errors import ModelOffline
+    from arr_coc.vlm.pocket import POCKET, POCKET_NOTICE
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not quiet:
         log(f"loading {name} on {device} ...")
     start = time.perf_counter()
-    model = load_vlm(name, device)
+    try:
+        model = load_vlm(name, device)
+    except ModelOffline as e:
+        if not fallback:
+            raise
+        model = load_vlm(POCKET, device)
+        model.notice = f"Could not load {name} ({e.reason}, and it is not in the local cache). {POCKET_NOTICE}"
     folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
     model.layer = model.load_layer(folder) if folder is not None else model.prior_layer()
     if not quiet:
         log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")
+        if model.notice:
+            log(f"note: {model.notice}")
     return model, checkpoints.label(folder)
 
 
 def load_vlm(name: str, device: str):
-    """ARRCOCQwen on the VLM `name` (its layer is load_model's to set); InputError naming it if it cannot load."""
-    from arr_coc.errors import InputError
+    """
+    ARRCOCQwen on the VLM `name` (its layer is load_model's to set); InputError naming it if it cannot load, and
+    ModelOffline where the hub is out of reach (hub_out_of_reach: then from the cache alone) and the cache lacks it.
+    """
+    from arr_coc.errors import InputError, ModelOffline
     from arr_coc.model import ARRCOCQwen
 
+    offline = hub_out_of_reach() if hub_model(name) else None
     try:
         return ARRCOCQwen.from_pretrained(name, device=device)
     except (OSError, ValueError) as e:  # no such folder, not on the hub (or offline), not a Qwen-VL
         if isinstance(e, InputError):
             raise
-        raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}); "
-                         "--model tiny runs the offline model") from None
+        if offline and isinstance(e, OSError):
+            raise ModelOffline(f"cannot load the model {name!r}: {offline}, and it is not in the local cache; "
+                               f"{OFFLINE_HINT}", offline) from None
+        raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}); {OFFLINE_HINT}") from None
+
+
+def hub_model(name: str) -> bool:
+    """Whether --model names a hub repo: no folder here, no offline model (tiny ones, pocket), a hub id's form."""
+    from arr_coc.vlm.pocket import POCKET
+    from arr_coc.vlm.tiny import TINY_MODELS
+
+    return name not in TINY_MODELS and name != POCKET and not Path(name).exists() and bool(HUB_ID.fullmatch(name))
+
+
+_OFFLINE: dict[str, str] = {}  # "reason": why this process went offline (go_offline), for the messages
+
+
+def hub_out_of_reach() -> str | None:
+    """
+    Why the hub cannot be asked now, or None when it answers: HF_HUB_OFFLINE=1, or no answer to one request
+    within HUB_TIMEOUT_S. Out of reach, the process goes offline (go_offline), so that transformers and datasets
+    read their local caches at once instead of waiting out their retries (about 35 s) for nothing.
+    """
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return _OFFLINE.get("reason", "HF_HUB_OFFLINE=1 is set")
+    if hub_answers(constants.ENDPOINT):
+        return None
+    go_offline(f"the hub ({constants.ENDPOINT}) cannot be reached")
+    return _OFFLINE["reason"]
+
+
+def hub_answers(endpoint: str, timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Whether the hub answers one HEAD request, whatever its status, within `timeout` (proxies as configured)."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=timeout)
+        return True
+    except Exception:  # no network, no name resolution, a refusing proxy, a timeout: nothing would load from there
+        return False
+
+
+def go_offline(reason: str) -> None:
+    """This process from now on as under HF_HUB_OFFLINE=1: huggingface_hub and transformers read the flag at each
+    request; datasets copies it when imported, so an imported one is told too."""
+    from huggingface_hub import constants
+
+    _OFFLINE["reason"] = reason
+    constants.HF_HUB_OFFLINE = True
+    if (datasets := sys.modules.get("datasets")) is not None:
+        datasets.config.HF_HUB_OFFLINE = True
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,

@@ -10,5 +10,17 @@ class InputError(ValueError):
     """Bad user input (image, question, dataset, flag values): the message is shown to the user as it is."""
 
 
+class ModelOffline(InputError):
+    """A hub model that cannot be loaded: the hub is out of reach (or HF_HUB_OFFLINE=1) and the local cache lacks it."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason  # why the hub was not asked, e.g. "HF_HUB_OFFLINE=1 is set"
+
+
 class OutOfMemory(RuntimeError):
     """CUDA ran out of memory; the memory was freed and the model is ready for the next request."""
+
+
+class Stopped(RuntimeError):
+    """The user stopped the request (the app's Stop): its generation ended at the next token, nothing was answered."""

@@ -41,10 +41,19 @@ finished items to part-RANK.jsonl; run the same command again to resume: finishe
 (every flag counts but --device) is refused, naming what differs. Under torchrun the items are shared out
 by index and the merged results equal a one-process run, item for item.
 
-Exit codes: 0 on success; 2 on bad input (a bad flag, a model or dataset that cannot be loaded, a dataset
-without the schema's columns, an unreadable image, an --out made with other settings), with one line on
-stderr; the results written so far are kept. A --dataset path that does not exist, an unusable --device and
-an --out that is a file are refused before anything loads; --out is made only once there is something to write.
+Ctrl-C stops it with "stopped; rerun the same command to resume" and exit code 130; a line cut short by an
+interruption is trimmed off the part file before it is appended to. Should rows still end up evaluated on
+different items (a sweep's budget skipped over an image's grid, a lost result), the report says so loudly, on
+stdout and at the top of report.md, naming the items each row lacks.
+
+Without --model, the default model loads, or, where the hub cannot be reached (checked at once, or
+HF_HUB_OFFLINE=1) and the local cache lacks it, the pocket model, with a note; run.json records the one that ran.
+
+Exit codes: 0 on success; 130 when stopped by Ctrl-C; 2 on bad input (a bad flag, a model or dataset that
+cannot be loaded, a dataset without the schema's columns, an unreadable image, an --out made with other
+settings), with one line on stderr; the results written so far are kept. A --dataset path that does not exist (one that is not here and
+whose schema neither --schema nor its name tells), an unusable --device and an --out that is a file or cannot
+be written are refused before anything loads; --out is made only once there is something to write.
 """
 
 from __future__ import annotations  # type hints name the model without importing torch
@@ -56,11 +65,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from arr_coc import cli, pipelines
-from arr_coc.config import BASELINES, DEFAULT_BUDGET, DEFAULT_MODEL, STRATEGIES
+from arr_coc.config import BASELINES, DEFAULT_BUDGET, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS
 from arr_coc.eval.metrics import LENIENT, METRICS
-from arr_coc.eval.sets import SCHEMAS, Item, Source, open_source, synthetic_source
+from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import AUTO
 
@@ -76,17 +85,28 @@ TIMING_FIELDS = ("ttft_ms", "total_ms")  # the only fields of a result that diff
 def dataset(text: str) -> str:
     """An argparse type: a local file or folder that exists, or a hub id (name or owner/name, fetched on load)."""
     path = Path(text)
-    looks_local = (text.startswith(("/", ".", "~")) or text.count("/") > 1 or path.suffix in (".parquet", ".jsonl")
+    looks_local = (not cli.HUB_ID.fullmatch(text) or path.suffix in (".parquet", ".jsonl")
                    or (path.parent != Path(".") and path.parent.is_dir()))  # data/chartqa: under a local folder
     if looks_local and not path.exists():
         raise argparse.ArgumentTypeError(f"{text} does not exist; a hub dataset id looks like owner/name")
     return text
 
 
+def check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A --dataset that is not here is a hub id only if its schema is known (--schema, or told by the id): else it is
+    a path that does not exist (data/does-not-exist), and is named so now, before anything loads."""
+    if not args.dataset or args.schema or Path(args.dataset).exists():
+        return
+    try:
+        guess_schema(args.dataset)
+    except InputError:
+        p.error(f"argument --dataset: {args.dataset} does not exist (no such file or folder); for a hub dataset of "
+                f"that id, pass --schema ({', '.join(SCHEMAS)})")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help='Qwen-VL hub id or folder, or an offline tiny model ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")')
+    cli.add_model(p)
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
@@ -136,6 +156,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=cli.output_folder, default=None,
                    help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is resumed")
     args = p.parse_args(argv)
+    cli.default_model(args)
+    check_dataset(p, args)
     if not args.baselines and not args.strategies and not args.ablations:
         p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")
     cli.check_budget(p, args, args.max_cells)
@@ -149,7 +171,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("argument --refixate: needs an ARR row (--strategies) to look again")
     if args.refixate_budget is not None and args.refixate is None:
         p.error("argument --refixate-budget: only used with --refixate")
-    args.out = args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    args.out = args.out or cli.default_folder(p, "--out", f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     return args
 
 
@@ -315,10 +337,26 @@ class ResultsFolder:
         return results
 
     def append(self, results: list[dict]) -> None:
-        """One item's results, whole lines, flushed: an interruption loses at most the item being evaluated."""
+        """One item's results, whole lines, flushed: an interruption loses at most the item being evaluated (and
+        the line it cut short is trimmed off before the next append, not glued to its first line)."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.trim()
         with self.part.open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in results))
+
+    def trim(self) -> None:
+        """Cut this process's part file back to its last newline: a line cut short by an interruption, which read()
+        skips, goes, so that what is appended next starts a line of its own."""
+        if not self.part.is_file():
+            return
+        with self.part.open("rb+") as f:
+            if f.seek(0, 2) == 0:
+                return
+            f.seek(-1, 2)
+            if f.read(1) == b"\n":
+                return
+            f.seek(0)
+            f.truncate(f.read().rfind(b"\n") + 1)
 
     def merge(self, jobs: list[Job]) -> list[dict]:
         """Rank 0, after every process is done: all results, one per (item, row, budget), in order -> results.jsonl."""
@@ -349,6 +387,16 @@ def pending(items: Iterable[Item], done: set[tuple], jobs: list[Job], process: P
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        return evaluate_all(args)
+    except KeyboardInterrupt:  # Ctrl-C: every finished item is on disk, line by whole line
+        kept = any(Path(args.out).glob("*.jsonl"))
+        cli.log("stopped; rerun the same command to resume" + (f" (finished items are kept in {args.out})" if kept else ""))
+        return 130
+
+
+def evaluate_all(args: argparse.Namespace) -> int:
+    """The command after parsing: load, evaluate what --out lacks, merge, report; the exit code."""
     import torch  # after parsing: --help and bad flags answer without torch
     from tqdm.auto import tqdm
 
@@ -365,7 +413,9 @@ def main(argv=None) -> int:
             source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed, args.size)
         metric = args.metric or source.metric
         args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
-        model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main)
+        model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main,
+                                           fallback=args.fallback)
+        args.model = model.vlm.name  # "pocket" where the default model fell back to it: run.json records it
         jobs = job_list(args)
         settings = run_settings(args, source, metric, checkpoint)
         if process.is_main:
@@ -405,6 +455,9 @@ def main(argv=None) -> int:
         paths = report.write_report(args.out, summary, header, results)
         print(f"{items} items, model {model.vlm.name}, checkpoint {checkpoint}, {process.world_size} process(es): "
               f"{fresh} evaluated now in {seconds:.1f} s")
+        if uneven := report.uneven_items(results, list(summary)):
+            print(f"warning: {report.uneven_line(uneven, items)}; a budget over an image's grid is skipped (said "
+                  "above), any other gap is a lost result: rerun the same command to fill it")
         print(report.markdown_tables(summary, metric))
         if refixation := report.refixation_summary(results):
             print(report.refixation_table(refixation))

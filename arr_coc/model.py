@@ -28,7 +28,7 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Request, Saccade, Scene,  # noqa: F401
-                                      check_question, check_request, views_for)
+                                      check_question, check_request, check_stop, views_for)
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
@@ -52,6 +52,9 @@ class ARRCOCQwen:
         self.pipeline = pipeline or PipelineConfig()  # views, caps and the prior's layer: never from a checkpoint
         self.layer = layer or self.prior_layer()
         self.texture = CUDAGraphed(generate_texture_array)  # launch-bound at batch 1: replayed as one graph
+        # one request at a time on the VLM: its decode caches and every CUDA graph's static buffers are shared, so two
+        # overlapping requests (two app users, or a stopped one still winding down) would corrupt each other
+        self.lock = threading.RLock()
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, checkpoint: str | None = None, device: str | None = None,
@@ -105,7 +108,7 @@ class ARRCOCQwen:
     def load_layer(self, checkpoint: str) -> ARRCOCLayer:
         """A checkpoint folder -> layer on this VLM's device; CheckpointError if it was made for another model."""
         layer = ARRCOCLayer.from_pretrained(checkpoint, expect_family=self.vlm.family,
-                                            expect_hidden_size=self.vlm.hidden_size)
+                                            expect_hidden_size=self.vlm.hidden_size, expect_model=self.vlm.name)
         return layer.to(self.vlm.device).eval()
 
     # --- ARR: scoring and selection (the arr pipeline's own steps, for the app and training) ---
@@ -125,9 +128,10 @@ class ARRCOCQwen:
         """Observe, then score with an ARR layer (under an ablation's prior and weights): everything up to selection."""
         watch = watch or Stopwatch(self.vlm.device)
         chosen = self.ablation(ablation)
-        observation = self.observe(image, question, watch, max_cells)
-        with watch.section("selection"):
-            maps = arr.score(observation, (layer or self.layer).graphed_score, chosen)
+        with self.lock:
+            observation = self.observe(image, question, watch, max_cells)
+            with watch.section("selection"):
+                maps = arr.score(observation, (layer or self.layer).graphed_score, chosen)
         return Scene(observation, maps, chosen)
 
     def score(self, observation: Observation, scorer: Callable[..., dict] | None = None) -> dict:
@@ -159,9 +163,11 @@ class ARRCOCQwen:
                strategy: str | None = None, budget: int | str | None = None, layer: ARRCOCLayer | None = None,
                streamer=None, max_cells: int | None = None, ablation: str | None = None,
                fastv_layer: int | None = None, tensions: TensionSettings | None = None,
-               refixate: float | None = None, refixate_budget: int | None = None) -> Answer:
+               refixate: float | None = None, refixate_budget: int | None = None,
+               stop: threading.Event | None = None) -> Answer:
         """
-        Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed.
+        Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed. Requests
+        take turns on the VLM (self.lock); setting `stop` ends this one at its next generated token (Stopped).
         ablation names what of ARR to switch off (arr_coc.relevance.ablation.ABLATIONS; arr only); fastv_layer is
         FastV's K (fastv only). budget "auto" is ARR's adaptive budget, and tensions fix its tensions by hand
         (arr_coc.relevance.tensions); the reducers then keep as many tokens as ARR reads of that image. refixate is
@@ -179,9 +185,11 @@ class ARRCOCQwen:
         request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells,
                                         ablation=None if chosen is ablations.NO_ABLATION else chosen,
                                         fastv_layer=fastv_layer, tensions=tensions, refixate=refixate,
-                                        refixate_budget=refixate_budget))
+                                        refixate_budget=refixate_budget, stop=stop))
         try:
-            return pipelines.load(pipeline).answer(self, image, question, request)
+            with self.lock:
+                check_stop(stop)  # stopped while it waited for the VLM: nothing to run
+                return pipelines.load(pipeline).answer(self, image, question, request)
         except torch.cuda.OutOfMemoryError:
             gc.collect()
             if torch.cuda.is_available():
@@ -189,14 +197,18 @@ class ARRCOCQwen:
             raise OutOfMemory(f"CUDA ran out of memory in the {pipeline} pipeline. The memory was freed: "
                               "try fewer new tokens, a smaller budget or max cells, or the gestalt baseline.") from None
 
-    def stream(self, image, question: str, pipeline: str = "arr", **kwargs):
-        """Yield the answer text as it grows, then the finished Answer (generation runs in a thread)."""
+    def stream(self, image, question: str, pipeline: str = "arr", stop: threading.Event | None = None, **kwargs):
+        """
+        Yield the answer text as it grows, then the finished Answer (generation runs in a thread). Closing this
+        generator early (the app's Stop) sets `stop`, so the generation ends at its next token instead of running on.
+        """
         streamer = TextIteratorStreamer(self.vlm.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
         result: queue.Queue = queue.Queue()
+        stop = stop or threading.Event()
 
         def run():
             try:
-                result.put(self.answer(image, question, pipeline, streamer=streamer, **kwargs))
+                result.put(self.answer(image, question, pipeline, streamer=streamer, stop=stop, **kwargs))
             except BaseException as e:  # re-raised in the caller's thread
                 result.put(e)
                 streamer.end()
@@ -204,9 +216,13 @@ class ARRCOCQwen:
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         text = ""
-        for chunk in streamer:
-            text += chunk
-            yield text
+        try:
+            for chunk in streamer:
+                text += chunk
+                yield text
+        except GeneratorExit:  # closed before the end: the generation stops at its next token
+            stop.set()
+            raise
         thread.join()
         outcome = result.get()
         if isinstance(outcome, BaseException):

@@ -26,9 +26,13 @@ The ARR layer follows the app's rule: --checkpoint (a name under checkpoints/, a
 Progress lines and notes go to stderr; the table to stdout. The JSON records the model, the checkpoint,
 the question, any notice about the model and the package versions, beside each pipeline's results.
 
+--model left out is Qwen/Qwen2-VL-2B-Instruct; where the hub cannot be reached (checked at once, or
+HF_HUB_OFFLINE=1) and the local cache lacks it, the pocket model runs instead (--model pocket), with a note.
+
 Exit codes: 0 on success; 2 on bad input (a bad flag, unreadable image, empty question, bad checkpoint, a
-model that cannot be loaded), with a one-line reason on stderr. Bad flags, a missing --image, an unusable
---device and a --json that is a folder are refused before anything loads.
+model that cannot be loaded), with a one-line reason on stderr. Bad flags, a missing --image or one that is no
+image (a PDF), a question over the length limit, an ARR checkpoint given as --model, an unusable --device and a
+--json that is a folder or cannot be written are refused before anything loads.
 """
 
 import argparse
@@ -37,7 +41,7 @@ import sys
 from pathlib import Path
 
 from arr_coc import cli, pipelines
-from arr_coc.config import DEFAULT_BUDGET, DEFAULT_MODEL, PIPELINES, STRATEGIES
+from arr_coc.config import DEFAULT_BUDGET, MAX_QUESTION_CHARS, PIPELINES, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import open_image
 from arr_coc.relevance import ablation as ablations
@@ -45,10 +49,11 @@ from arr_coc.relevance import ablation as ablations
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help='Qwen-VL hub id or folder, or an offline tiny model ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")')
-    p.add_argument("--image", required=True, type=cli.input_file("image"), help="path of the image to look at")
-    p.add_argument("--question", required=True, type=cli.nonblank, help="the question to ask about the image")
+    cli.add_model(p)
+    p.add_argument("--image", required=True, type=cli.image_file,
+                   help="path of the image to look at (PNG, JPEG, ...: a format PIL reads; not a PDF)")
+    p.add_argument("--question", required=True, type=cli.question,
+                   help=f"the question to ask about the image (at most {MAX_QUESTION_CHARS} characters)")
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
@@ -76,6 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-dir", type=cli.output_folder, default=None,
                    help="write heatmap, channel and scorer PNGs into this folder")
     args = p.parse_args(argv)
+    cli.default_model(args)
     cli.check_budget(p, args, args.max_cells)
     if args.faithfulness and "arr" not in cli.names(args.pipelines):
         p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
@@ -144,9 +150,8 @@ def main(argv=None) -> int:
 
             check_answer(args.answer)  # its length cap, before the model loads
         image = load_image(args.image)
-        model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device)
-        if model.notice:
-            cli.log(f"note: {model.notice}")
+        model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device, fallback=args.fallback)
+        args.model = model.vlm.name  # "pocket" where the default model fell back to it (the note says why)
         results, arr_answer = {}, None
         runs = [(p, None) for p in cli.names(args.pipelines)] + [("arr", a) for a in cli.names(args.ablations)]
         for pipeline, ablation in runs:

@@ -27,8 +27,19 @@ logs, writes the checkpoint and pushes it.
     python -m arr_coc.train --model tiny --out runs/tiny --push-to-hub you/arr-coc-tiny    # then uploads runs/tiny
     python -m arr_coc.train --model tiny --budget auto --token-cost 0.5 --lm-weight 0.1 --out runs/tiny-auto
 
-Exit codes: 0 on success; 2 on bad input (a bad flag, a model, dataset or --init checkpoint that cannot be
-loaded, a failed upload), with one line on stderr.
+--out is checked at parse time (a file, a folder that cannot be written, a non-empty folder without --overwrite
+are refused before anything loads). A checkpoint is saved atomically: written whole into a temporary folder beside
+--out, which then takes its place, so an interrupted save (or --overwrite) leaves the old checkpoint as it was.
+--save-every N saves a resumable checkpoint every N steps (its training_state.pt holds the step, the log and
+the optimizer's state; the final save leaves it out); --resume continues such a run, the schedule from the
+seed as before, so the result is the uninterrupted run's.
+
+    python -m arr_coc.train --model tiny --steps 300 --save-every 50 --out runs/tiny        # Ctrl-C at step 170
+    python -m arr_coc.train --model tiny --steps 300 --save-every 50 --out runs/tiny --resume   # on from step 150
+
+Exit codes: 0 on success; 130 when stopped by Ctrl-C; 2 on bad input (a bad flag, a model, dataset or --init
+checkpoint that cannot be loaded, a --resume that does not match, a failed upload or save), with one line on
+stderr.
 """
 
 from __future__ import annotations  # type hints name torch and the model without importing them
@@ -36,6 +47,7 @@ from __future__ import annotations  # type hints name torch and the model withou
 import argparse
 import json
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -65,8 +77,8 @@ def flag(default, help: str, type=None):
 
 @dataclass
 class TrainConfig:
-    model: str = flag("tiny", "VLM to train against (Qwen-VL hub id or folder, or a tiny model such as 'tiny' or "
-                           "'tiny-qwen2.5-vl'); it stays frozen")
+    model: str = flag("tiny", "VLM to train against (Qwen-VL hub id or folder, 'pocket' (the shipped offline model), or "
+                           "a tiny model such as 'tiny' or 'tiny-qwen2.5-vl'); it stays frozen", cli.model_name)
     data: str | None = flag(None, "JSONL dataset folder (arr_coc.eval.data format); default: synthetic scenes")
     kinds: str = flag("text_vs_distractor,distractor_query", "synthetic scene kinds, comma-separated",
                       cli.comma_list(SCENE_KINDS))
@@ -101,11 +113,50 @@ class TrainConfig:
     seed: int = flag(0, "seed of data order and synthetic scenes", int)
     device: str | None = flag(None, "cpu, cuda or cuda:N (default: cuda when available; under torchrun each process "
                                     "takes cuda:LOCAL_RANK)", cli.device)
-    out: str | None = flag(None, "checkpoint folder to write (default: a fresh runs/arr-YYYYmmdd-HHMMSS); "
-                                 "an existing non-empty folder needs --overwrite")
-    overwrite: bool = flag(False, "write into --out even if it already holds files (e.g. a shipped checkpoint)")
+    out: str | None = flag(None, "checkpoint folder to write (default: a fresh runs/arr-YYYYmmdd-HHMMSS), checked "
+                                 "writable before anything loads; an existing non-empty folder needs --overwrite",
+                           cli.output_folder)
+    overwrite: bool = flag(False, "write into --out even if it already holds files (e.g. a shipped checkpoint); the "
+                                  "old checkpoint is replaced only once the new one is written whole")
+    save_every: int | None = flag(None, "also save a resumable checkpoint into --out every N steps (the layer, the "
+                                        "log and the optimizer's state; default: only at the end)",
+                                  cli.bounded_int(1, 10_000_000))
+    resume: bool = flag(False, "continue the run whose --save-every checkpoint is in --out, from its last saved step, "
+                               "with the same flags (--steps may grow)")
     push_to_hub: str | None = flag(None, "after saving, upload the checkpoint folder (weights, config, model card, "
                                          "training log) to this hub model repo, e.g. you/arr-coc-mine (needs a login)")
+
+
+STATE_FILE = "training_state.pt"  # beside a checkpoint saved mid-run: what --resume continues from
+RESUME_FREE = ("steps", "eval_every", "save_every", "resume", "overwrite", "out", "device", "push_to_hub")  # may change
+
+
+@dataclass
+class TrainingState:
+    """What --resume needs beyond the layer's weights: the steps done, the log so far, the optimizer's state, and the
+    config the run was started with (a resumed run must match it but for RESUME_FREE)."""
+    step: int
+    log: list[dict]
+    optimizer: dict
+    config: dict
+
+
+def read_state(cfg: TrainConfig) -> TrainingState:
+    """The training state in --out, checked against cfg; InputError naming what differs, or that all steps are done."""
+    import torch
+
+    try:
+        state = TrainingState(**torch.load(Path(cfg.out) / STATE_FILE, weights_only=True))
+    except Exception as e:  # cut short, not ours, from another torch: whatever the cause, it cannot be resumed
+        raise InputError(f"cannot read {Path(cfg.out) / STATE_FILE} ({type(e).__name__}: {str(e)[:200]})") from None
+    now = asdict(cfg)
+    changed = [f"{k}: {v!r} there, {now.get(k)!r} now" for k, v in state.config.items()
+               if k not in RESUME_FREE and now.get(k) != v]
+    if changed:
+        raise InputError(f"{cfg.out} was trained with other flags ({'; '.join(changed)}); resume with the same ones")
+    if state.step >= cfg.steps:
+        raise InputError(f"{cfg.out} is at step {state.step} already; raise --steps to train on")
+    return state
 
 
 def fresh_out() -> str:
@@ -252,7 +303,9 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
           process: Process | None = None) -> tuple[ARRCOCQwen, list[dict]]:
     """
     Train model.layer in place (the VLM never changes) and return the model and the log, the same on every
-    process. `process` is this torchrun rank (default: distributed.start(), alone without torchrun).
+    process. `process` is this torchrun rank (default: distributed.start(), alone without torchrun). With
+    cfg.save_every, rank 0 saves a resumable checkpoint into cfg.out every so many steps; with cfg.resume,
+    training continues from the one there (its layer, optimizer and log), on the rest of the same schedule.
     """
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -262,14 +315,19 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
 
     process = process or distributed.start(cfg.device)
     torch.manual_seed(cfg.seed)
+    state = read_state(cfg) if cfg.resume else None
     if model is None:
         model, _ = cli.load_model(cfg.model, cfg.init or "prior", process.device, quiet=not process.is_main)
+    if state is not None:  # the layer as saved at state.step
+        model.layer = model.load_layer(cfg.out)
+    done = state.step if state else 0
+    cfg.out = cfg.out or (fresh_out() if cfg.save_every else None)  # every save of the run goes to one folder
     vlm_state = {k: v.clone() for k, v in list(model.vlm.model.state_dict().items())[:3]}  # spot-check frozen
     train_samples, eval_samples = load_samples(cfg)
     schedule = batches(cfg, len(train_samples), process.world_size)  # [steps][global batch]
     watch = Stopwatch(model.vlm.device)
     with watch.section("observe"):
-        train_data, eval_data = observe_shares(model, train_samples, eval_samples, schedule, process)
+        train_data, eval_data = observe_shares(model, train_samples, eval_samples, schedule[done:], process)
         process.barrier()  # observation lasts until the slowest process is done
     if process.is_main:
         process.log(f"observed {len(train_data)} training and {len(eval_data)} held-out samples in "
@@ -283,10 +341,17 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
     scorer = DistributedDataParallel(layer) if process.distributed else layer
     optimizer = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     kinds = list(dict.fromkeys(s.kind for s in eval_samples))  # every process reports every kind, in this order
-    log = [dict(step=0, observe_s=watch.ms["observe"] / 1000, **evaluate(model, eval_data, kinds, cfg, process))]
-    if process.is_main:
-        tqdm.write(json.dumps(log[-1]))
-    for step, batch in enumerate(tqdm(schedule, desc="train", unit="step", disable=not process.is_main), start=1):
+    if state is not None:
+        optimizer.load_state_dict(state.optimizer)
+        log = state.log
+        if process.is_main:
+            process.log(f"resuming {cfg.out} at step {done} of {cfg.steps}")
+    else:
+        log = [dict(step=0, observe_s=watch.ms["observe"] / 1000, **evaluate(model, eval_data, kinds, cfg, process))]
+        if process.is_main:
+            tqdm.write(json.dumps(log[-1]))
+    steps = tqdm(schedule[done:], desc="train", unit="step", disable=not process.is_main, initial=done, total=cfg.steps)
+    for step, batch in enumerate(steps, start=done + 1):
         with watch.section("train"):  # the optimisation alone, for the throughput: no observation, no evaluation
             loss = batch_loss(model, scorer, [train_data[i] for i in process.shard(batch)], cfg)
             optimizer.zero_grad(set_to_none=True)
@@ -295,27 +360,59 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
             optimizer.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             train_loss = float(process.sum(loss.detach())) / process.world_size
-            samples_per_s = step * len(batch) / (watch.ms["train"] / 1000)
+            samples_per_s = (step - done) * len(batch) / (watch.ms["train"] / 1000)
             log.append(dict(step=step, train_loss=train_loss, samples_per_s=samples_per_s,
                             **evaluate(model, eval_data, kinds, cfg, process)))
             if process.is_main:
                 tqdm.write(json.dumps(log[-1]))
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps and process.is_main:
+            save(model, cfg, log, TrainingState(step, log, optimizer.state_dict(), asdict(cfg)))
     layer.eval().requires_grad_(True)
     assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in vlm_state.items()), "the VLM changed"
     return model, log
 
 
-def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict]) -> Path:
-    """Write the checkpoint folder (config.json + model.safetensors + model card) and the training log."""
+def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict], state: TrainingState | None = None) -> Path:
+    """
+    Write the checkpoint folder (config.json + model.safetensors + model card), the training log and, mid-run,
+    the state --resume continues from. Atomic: all is written into a temporary folder beside --out, which then
+    takes --out's place (replace_folder), so an interruption leaves the old folder whole.
+    """
+    import torch
+
     out = Path(cfg.out or fresh_out())
+    staging = out.with_name(f".{out.name}.saving")
+    shutil.rmtree(staging, ignore_errors=True)  # left by a save that was cut short
     card = (f"ARR-COC layer trained for `{model.vlm.name}` ({model.vlm.family}, hidden size {model.vlm.hidden_size}) "
             f"with `python -m arr_coc.train`.\n\nTraining config:\n```json\n{json.dumps(asdict(cfg), indent=2)}\n```\n\n"
             f"Held-out evaluation (fraction of saccades on the target box, per scene kind):\n```json\n"
             f"{json.dumps(log[0], indent=2)}\n->\n{json.dumps(log[-1], indent=2)}\n```\n")
-    model.layer.save_pretrained(out)  # config.json + model.safetensors; the card below replaces the generic one
-    (out / "README.md").write_text(f"---\nlibrary_name: arr-coc\ntags: [arr-coc, qwen2-vl]\n---\n\n# {out.name}\n\n{card}")
-    (out / "train_log.json").write_text(json.dumps(log, indent=2))
+    model.layer.save_pretrained(staging)  # config.json + model.safetensors; the card below replaces the generic one
+    (staging / "README.md").write_text(f"---\nlibrary_name: arr-coc\ntags: [arr-coc, qwen2-vl]\n---\n\n# {out.name}\n\n{card}")
+    (staging / "train_log.json").write_text(json.dumps(log, indent=2))
+    if state is not None:
+        torch.save(asdict(state), staging / STATE_FILE)
+    replace_folder(staging, out)
     return out
+
+
+def replace_folder(new: Path, old: Path) -> None:
+    """
+    Put the folder `new` in the place of `old` by renames. Files of old's that new lacks (a user's own, not a stale
+    training state) move into new first; then old is renamed aside, new renamed in, and only then is the old one
+    deleted. Until those two renames `old` is whole; between them (microseconds) both exist, beside each other.
+    """
+    if not old.is_dir():
+        new.rename(old)
+        return
+    for entry in old.iterdir():
+        if entry.name != STATE_FILE and not (new / entry.name).exists():
+            entry.rename(new / entry.name)
+    aside = old.with_name(f".{old.name}.replaced")
+    shutil.rmtree(aside, ignore_errors=True)
+    old.rename(aside)
+    new.rename(old)
+    shutil.rmtree(aside)
 
 
 def push(folder: Path, repo_id: str) -> str:
@@ -342,8 +439,15 @@ def parse_args(argv=None) -> TrainConfig:
         else:
             p.add_argument(name, type=f.metadata["type"] or str, default=f.default, help=f.metadata["help"])
     cfg = TrainConfig(**vars(p.parse_args(argv)))
-    cfg.out = cfg.out or fresh_out()
-    if Path(cfg.out).is_file() or (Path(cfg.out).is_dir() and any(Path(cfg.out).iterdir()) and not cfg.overwrite):
+    if cfg.resume and not cfg.out:
+        p.error("argument --resume: needs --out, the folder of the run to continue")
+    cfg.out = cfg.out or cli.default_folder(p, "--out", fresh_out())
+    out = Path(cfg.out)
+    if cfg.resume and not (out / STATE_FILE).is_file():
+        p.error(f"argument --resume: {cfg.out} holds no training state to resume (--save-every N saves one)")
+    if out.resolve() in (Path.cwd(), *Path.cwd().parents):
+        p.error(f"argument --out: {cfg.out} holds the working folder; give the checkpoint a folder of its own")
+    if not cfg.resume and out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
         p.error(f"argument --out: {cfg.out} already exists and is not empty; pass --overwrite to write into it, "
                 "or choose another folder")
     if cfg.box_weight == 0 and cfg.lm_weight == 0:
@@ -368,12 +472,21 @@ def main(argv=None) -> int:
     except (InputError, CheckpointError, OutOfMemory) as e:  # a bad --model, --data or --init: one line, exit 2
         process.log(f"error: {e}")
         return 2
+    except KeyboardInterrupt:
+        saved = (Path(cfg.out) / STATE_FILE).is_file()
+        process.log("stopped; " + ("rerun the same command with --resume to continue from the last checkpoint in "
+                                   f"{cfg.out}" if saved else "nothing was saved (--save-every N saves every N steps)"))
+        return 130
     distributed.finish(process)
     if not process.is_main:  # rank 0 writes and pushes the checkpoint
         return 0
     cli.log(f"trained at {log[-1]['samples_per_s']:.1f} samples/s over {process.world_size} process(es), after "
             f"{log[0]['observe_s']:.1f}s of observation")
-    folder = save(model, cfg, log)
+    try:
+        folder = save(model, cfg, log)
+    except OSError as e:  # the folder went away or filled up since it was checked: one line, not a traceback
+        print(f"error: cannot write the checkpoint to {cfg.out} ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
     print(f"wrote {folder}")
     if cfg.push_to_hub:
         try:

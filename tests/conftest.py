@@ -139,11 +139,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_app(log: Path, *args: str):
-    """Run `python app.py --model tiny` on a free port until the context exits; yields its URL."""
+def serve_app(log: Path, *args: str, env: dict[str, str] | None = None):
+    """Run `python app.py --model tiny` on a free port until the context exits (SIGTERM, as a service manager
+    stops it); yields its URL. `env`: more environment variables (GRADIO_TEMP_DIR, say)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
     with open(log, "w") as out:  # a file, not a pipe: a pipe nobody reads would fill up and stall the app
         app = subprocess.Popen([sys.executable, "app.py", "--model", "tiny", "--port", str(port), *args],
                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

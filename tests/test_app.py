@@ -6,17 +6,20 @@ while the app stays up. Also the app helpers in arr_coc/app/ui.py that need no s
     .venv/bin/python -m pytest tests/test_app.py -q
 """
 
+import io
 import json
 import logging
 import math
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gradio as gr
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -29,7 +32,7 @@ from arr_coc.app import ui, viz
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import ARRCOCQwen
 from arr_coc.relevance.config import ARRCOCConfig
-from arr_coc.relevance.layer import ARRCOCLayer
+from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError, list_checkpoints
 from arr_coc.vlm.tiny import tiny_config
 from arr_coc.vlm.views import make_views
 
@@ -307,7 +310,8 @@ BAD_INPUTS = {  # case: (endpoint, its arguments from the bad files, the message
     "foreign safetensors": ("/ab", lambda b: ab_args(files_b=checkpoint_upload(b["foreign"])),
                             "checkpoint B: uploaded/model.safetensors does not fit an ARR-COC layer"),
     "checkpoint of another model": ("/ab", lambda b: ab_args(files_a=checkpoint_upload(b["other_model"])),
-                                    "trained for hidden size 1536, but the loaded model has hidden size 64"),
+                                    "checkpoint A: checkpoint uploaded was made for an unnamed model ('qwen2_vl', "
+                                    "hidden size 1536), but the loaded model is tiny ('qwen2_vl', hidden size 64)"),
     "config without weights": ("/ab", lambda b: ab_args(files_a=[handle_file(b["pickle"] / "config.json")]),
                                "upload exactly config.json and model.safetensors; got config.json"),
     "torch.save file": ("/ab", lambda b: ab_args(files_a=[handle_file(b["weights.pt"])]), "Invalid file type"),
@@ -321,12 +325,187 @@ def test_bad_input_gets_a_clear_error(app_url, bad, case):
         Client(app_url, verbose=False).predict(*args(bad), api_name=endpoint)  # a fresh session: no scene
 
 
+# ----------------------------------------------------------------------------- hostile uploads
+
+
+def sideways_jpeg(path: Path, size: tuple[int, int]) -> Path:
+    """A grey JPEG stored `size` (w, h) with EXIF orientation 6 (rotate 90 to view): gradio's own preprocess
+    would decode and turn it, at full size, before any check of ours."""
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    Image.new("L", size, 128).save(path, exif=exif)
+    return path
+
+
+def text_bomb_png(path: Path, inflated: int = 500 << 20, before_pixels: bool = True) -> Path:
+    """A 32x32 PNG with a zTXt chunk (compressed text) that inflates to `inflated` bytes, before or after its
+    pixels (IDAT): read at open or at decode."""
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (10, 20, 30)).save(buffer, format="PNG")
+    png, deflate = buffer.getvalue(), zlib.compressobj(9)
+    body = b"Comment\0\0" + b"".join(deflate.compress(bytes(1 << 20)) for _ in range(inflated >> 20)) + deflate.flush()
+    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
+    at = png.index(b"IDAT" if before_pixels else b"IEND") - 4  # a chunk starts with its length
+    path.write_bytes(png[:at] + chunk + png[at:])
+    return path
+
+
+def checkpoint_with(folder: Path, **fields) -> list:
+    """The tiny model's layer, saved, its config.json then edited as a hostile upload would: as handle_files."""
+    files = save_checkpoint(folder)
+    config = json.loads(Path(files[0]).read_text())
+    Path(files[0]).write_text(json.dumps({**config, **fields}))
+    return [handle_file(f) for f in files]
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, Path]:
+    """The issue's probes: a sideways 72-megapixel JPEG, PNGs whose text inflates to 500 MB."""
+    folder = tmp_path_factory.mktemp("hostile")
+    return {"sideways.jpg": sideways_jpeg(folder / "sideways.jpg", (9000, 8000)),
+            "bomb.png": text_bomb_png(folder / "bomb.png"),
+            "late-bomb.png": text_bomb_png(folder / "late-bomb.png", before_pixels=False)}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"balancer_hidden": 15_000_000}, "checkpoint A: uploaded/config.json: balancer_hidden must be in [1, 1024], "
+                                      "got 15000000"),
+    ({"prior_weights": "x"}, "checkpoint A: uploaded/config.json: prior_weights must be a list of 3 numbers in "
+                             "[0, 1], got 'x'"),
+    ({"prior_weights": "xyz"}, "prior_weights must be a list of 3 numbers in [0, 1], got 'xyz'"),
+    ({"hidden_size": "64"}, "hidden_size must be an integer in [1, 16384], got '64'"),
+])
+def test_a_hostile_config_is_refused_by_field_before_the_layer_is_built(app_url, tmp_path, fields, message):
+    """Item 8: a config.json's sizes and types are checked before anything is built from them (the 350-byte
+    upload with balancer_hidden 15000000 took 8 GB and the shared queue for 18 s)."""
+    start = time.monotonic()
+    with pytest.raises(AppError) as refused:
+        Client(app_url, verbose=False).predict(*ab_args(files_a=checkpoint_with(tmp_path, **fields)), api_name="/ab")
+    assert message in str(refused.value) and "Unexpected error" not in str(refused.value)
+    assert time.monotonic() - start < 30  # no layer of 15 million units was built: a CPU takes minutes
+
+
+@pytest.mark.parametrize("endpoint", ["/compare", "/microscope"])
+def test_a_sideways_huge_jpeg_is_refused_from_its_header(app_url, hostile, endpoint):
+    """Item 9: the pixel limit is checked on the file's header, before gradio or PIL decodes and turns it by its
+    EXIF orientation: the message gives the size as stored (9000x8000), not as turned (8000x9000)."""
+    args = {"/compare": (QUESTION, "gestalt", 1, "topk", CELLS, 0), "/microscope": (QUESTION, "topk", 273, CELLS, 0)}
+    with pytest.raises(AppError, match=re.escape("sideways.jpg is too large (9000x8000 pixels); the limit is 64 "
+                                                 "megapixels")):
+        Client(app_url, verbose=False).predict(handle_file(hostile["sideways.jpg"]), *args[endpoint],
+                                               api_name=endpoint)
+
+
+@pytest.mark.parametrize("name", ["bomb.png", "late-bomb.png"])
+def test_a_png_whose_text_inflates_to_500_mb_gets_one_clear_line(app_url, app_log, hostile, name):
+    """Item 10: a decompression bomb in a PNG's metadata is refused in one line naming the file, not the
+    server's temporary path, and the console logs one line, no traceback."""
+    before = app_log.read_text()
+    with pytest.raises(AppError) as refused:
+        Client(app_url, verbose=False).predict(handle_file(hostile[name]), QUESTION, "gestalt", 1, "topk", CELLS, 0,
+                                               api_name="/compare")
+    message = str(refused.value)
+    assert f"{name} could not be decoded as an image (a compressed metadata chunk inflates past the 1 MB PIL " \
+           "reads: a decompression bomb)" in message
+    assert "Could not preprocess" not in message and "/tmp" not in message and "gradio" not in message
+    new = app_log.read_text()[len(before):]
+    assert "Traceback" not in new and new.count("user error: ") == 1, new
+
+
+def test_an_upload_over_the_size_limit_is_refused(app_url, tmp_path):
+    """Item 11: the server refuses an upload over ui.MAX_UPLOAD_MB itself (HTTP 413), not only a polite client."""
+    client = Client(app_url, verbose=False)
+    assert client.config["max_file_size"] == ui.MAX_UPLOAD_MB << 20
+    big = tmp_path / "big.png"
+    with open(big, "wb") as f:
+        f.truncate((ui.MAX_UPLOAD_MB << 20) + 1)  # sparse: no 50 MB written to disk
+    with open(big, "rb") as f:  # as a client that skips the size check would send it
+        response = httpx.post(client.upload_url, files=[("files", ("big.png", f))], timeout=60)
+    assert response.status_code == 413
+    with pytest.raises(ValueError, match="exceeds the maximum file size"):
+        compare(client, image=str(big))
+
+
+def test_the_upload_cache_is_cleaned_while_serving_and_at_shutdown(tmp_path):
+    """Item 11: uploads and drawings leave gradio's cache (GRADIO_TEMP_DIR) --cache-age seconds after they were
+    written, and all of them when the server stops (SIGTERM); the examples stay."""
+    from conftest import serve_app
+
+    cache = tmp_path / "cache"
+
+    def cached() -> list[str]:
+        examples = {Path(e["image"]).name for e in json.loads((ROOT / "assets" / "examples.json").read_text())}
+        return sorted(p.name for p in cache.rglob("*") if p.is_file() and p.name not in examples)
+
+    upload = tmp_path / "upload.png"  # a name no example has
+    upload.write_bytes(Path(CAT).read_bytes())
+    with serve_app(tmp_path / "app.log", "--cache-age", "10", env={"GRADIO_TEMP_DIR": str(cache)}) as url:
+        client = Client(url, verbose=False, download_files=str(tmp_path / "downloads"))
+        assert compare(client, image=str(upload), tokens=1)[0].startswith("Done in")
+        assert cached()  # the drawings, just written (and the upload, unless the request took over 10 s)
+        deadline = time.monotonic() + 60
+        while cached() and time.monotonic() < deadline:  # the schedule: every 10 s, what is older than 10 s
+            time.sleep(1)
+        assert cached() == []
+        with open(upload, "rb") as f:  # an upload a second old when the server stops
+            assert httpx.post(client.upload_url, files=[("files", ("late.png", f))], timeout=60).is_success
+        assert cached() == ["late.png"]
+    assert cached() == []  # the server stopped: its files went with it
+
+
 def test_the_app_still_answers_after_bad_inputs(client):
     status, *_, arr_stats, _, _, _, _, _ = compare(client, tokens=1)
     assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
 
 
 # ----------------------------------------------------------------------------- helpers without a server
+
+
+def test_an_upload_is_not_decoded_before_its_header_passes_the_pixel_limit(tmp_path, monkeypatch):
+    """The image input's preprocess reads the header first: a sideways JPEG over the limit is refused with no
+    decode and no EXIF turn (gradio's "pil" preprocess did both, 0.5 GB for a 13000x13000 photo)."""
+    from gradio.data_classes import ImageData
+    from PIL import ImageFile, ImageOps
+
+    component = ui.image_input(label="Image")
+    assert component.type == "filepath" and component.preprocess is ui.read_upload
+    path = sideways_jpeg(tmp_path / "upload.jpg", (300, 200))
+    decoded = []
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self, load=ImageFile.ImageFile.load: decoded.append(
+        "load") or load(self))
+    monkeypatch.setattr(ImageOps, "exif_transpose", lambda image, turn=ImageOps.exif_transpose, **kw: decoded.append(
+        "turn") or turn(image, **kw))
+    monkeypatch.setattr(ui, "MAX_IMAGE_PIXELS", 300 * 200 - 1)
+    with pytest.raises(gr.Error, match=re.escape("photo.jpg is too large (300x200 pixels)")):
+        component.preprocess(ImageData(path=str(path), orig_name="photo.jpg"))
+    assert decoded == []
+    monkeypatch.setattr(ui, "MAX_IMAGE_PIXELS", 64_000_000)
+    assert component.preprocess(ImageData(path=str(path), orig_name="photo.jpg")).size == (200, 300)  # upright
+    assert decoded and component.preprocess(None) is None
+
+
+def test_an_inline_data_url_upload_is_read_with_the_same_checks(tmp_path):
+    """A client may send the image inline (a data: URL): gradio would decode and turn it in full; ours reads its
+    header first, as for a file, and a broken one is one line naming no server path."""
+    import base64
+
+    from gradio.data_classes import ImageData
+
+    def data_url(raw: bytes) -> str:
+        return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+    buffer = io.BytesIO()
+    Image.new("1", (9000, 8000)).save(buffer, format="PNG")
+    with pytest.raises(gr.Error, match=re.escape("the image is too large (9000x8000 pixels)")):
+        ui.read_upload(ImageData(path=None, url=data_url(buffer.getvalue())))
+    assert ui.read_upload(ImageData(path=None, url=data_url(Path(CAT).read_bytes()), orig_name="cat.png")).size == \
+        (451, 300)
+    with pytest.raises(gr.Error, match=r"cat.png could not be decoded as an image \(") as broken:
+        ui.read_upload(ImageData(path=str(tmp_path / "gone.png"), orig_name="cat.png"))  # cleaned from the cache
+    assert str(tmp_path) not in broken.value.message
 
 
 def test_errors_reach_the_user_with_their_message():
@@ -356,7 +535,50 @@ def test_default_checkpoint_is_the_first_that_fits_the_model(arr_model, tmp_path
     assert model.layer.config.prior_weights == [0.1, 0.2, 0.7]
     name, notice = ui.install_default_layer(model, "a_other_model", tmp_path)
     assert name == ui.PRIOR and "'a_other_model' could not be loaded" in notice and "hidden size 1536" in notice
-    assert ui.checkpoint_choices(tmp_path) == [ui.PRIOR, "a_other_model", "b_fits"]
+    assert ui.checkpoint_choices(tmp_path, model) == [ui.PRIOR, "b_fits"]  # only what fits is offered
+
+
+def test_a_checkpoint_of_another_model_is_not_offered_and_its_refusal_names_both_models(arr_model):
+    """Item 7: the A/B offers the shipped checkpoints made for the loaded model, and they load; the others (the
+    pocket model's, under the tiny model) are not offered, and loading one names both models."""
+    model, root = ARRCOCQwen(arr_model.vlm), ROOT / "checkpoints"
+    offered = ui.checkpoint_choices(root, model)
+    others = [name for name in list_checkpoints(root) if name not in offered]
+    assert offered[0] == ui.PRIOR and "pocket-fineprint" in others
+    for name in offered[1:]:
+        model.load_layer(str(root / name))
+    for name in others:
+        refusal = (rf"^checkpoint {name} was made for \S+ \('qwen2_vl', hidden size \d+\), but the loaded model "
+                   r"is tiny \('qwen2_vl', hidden size 64\)$")
+        with pytest.raises(CheckpointError, match=refusal):
+            model.load_layer(str(root / name))
+    with pytest.raises(CheckpointError, match=re.escape("was made for pocket ('qwen2_vl', hidden size 256), but")):
+        model.load_layer(str(root / "pocket-fineprint"))
+
+
+def test_the_ab_dropdowns_offer_only_checkpoints_made_for_the_loaded_model(app_url, arr_model):
+    """Item 7: the served page's two A/B dropdowns hold the prior and the checkpoints that load on its model."""
+    config = json.load(urllib.request.urlopen(f"{app_url}/config", timeout=10))
+    offered = {c["props"]["label"]: [choice[1] for choice in c["props"]["choices"]] for c in config["components"]
+               if c["type"] == "dropdown" and c["props"].get("label", "").startswith("Checkpoint ")}
+    fitting = ui.checkpoint_choices(ROOT / "checkpoints", ARRCOCQwen(arr_model.vlm))
+    assert offered == {"Checkpoint A": fitting, "Checkpoint B": fitting} and "pocket-fineprint" not in fitting
+
+
+def test_the_examples_that_answer_offline_come_first_with_their_answers(app_url):
+    """Item 16: the pocket pages lead the examples, labelled with the answer the offline pocket model gives; every
+    other example (the photos, the synthetic scenes) says it means something only with real Qwen-VL weights."""
+    path = ROOT / "assets" / "examples.json"
+    entries, labels = json.loads(path.read_text()), ui.example_labels(path)
+    offline = [e["image"].startswith(ui.POCKET_EXAMPLE) for e in entries]
+    assert any(offline) and offline == sorted(offline, reverse=True)  # the pocket pages, then the rest
+    for entry, label, pocket in zip(entries, labels, offline):
+        expected = entry["note"].split("Expected answer:")[1].strip().rstrip(".")
+        assert label == (f"{entry['question']} → {expected} (answers offline: the pocket model)" if pocket else
+                         f"{entry['question']} · meaningful only with real Qwen-VL weights")
+    config = json.load(urllib.request.urlopen(f"{app_url}/config", timeout=10))
+    shown = [c["props"].get("sample_labels") for c in config["components"] if c["type"] == "dataset"]
+    assert shown == [labels] * 3  # in every tab
 
 
 def test_answers_agree_up_to_case_spacing_and_end_punctuation():

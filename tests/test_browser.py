@@ -152,7 +152,7 @@ def test_microscope_on_a_portrait_page(page, portrait):
     table = page.locator("#microscope-saccades")
     expect(table).to_contain_text("score", timeout=TIMEOUT_MS)
     right = table.bounding_box()["x"] + table.bounding_box()["width"]
-    for header in ("rank", "row", "col", "score"):  # every column on screen, none cut off at the right
+    for header in ("rank", "row", "col", "score", "fed"):  # every column on screen, none cut off at the right
         cell = table.locator("th", has_text=header).first
         assert cell.bounding_box()["x"] + cell.bounding_box()["width"] <= right + 1, header
 

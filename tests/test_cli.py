@@ -37,6 +37,7 @@ BAD_FLAGS = [
     (run.parse_args, [*RUN, "--pipelines", ","], "--pipelines"),
     (run.parse_args, [*RUN, "--strategy", "best"], "--strategy"),
     (run.parse_args, ["--image", "assets/chelsea.png", "--question", "  "], "--question"),
+    (run.parse_args, ["--image", "assets/chelsea.png", "--question", "x" * 5000], "--question"),  # as the empty one
     (train.parse_args, ["--steps", "0"], "--steps"),
     (train.parse_args, ["--batch-size", "-2"], "--batch-size"),
     (train.parse_args, ["--lr", "0"], "--lr"),
@@ -85,6 +86,19 @@ BAD_PATHS = [
     (evaluate.parse_args, ["--dataset", "/nonexistent"], "--dataset", "/nonexistent does not exist"),
     (evaluate.parse_args, ["--dataset", "assets/chartqa"], "--dataset", "assets/chartqa does not exist"),
     (evaluate.parse_args, ["--out", "pyproject.toml"], "--out", "pyproject.toml is a file"),
+    # a relative path with a slash, under no folder here, whose schema cannot be told: named as missing, not a hub id
+    (evaluate.parse_args, ["--dataset", "nowhere-xyz/does-not-exist"], "--dataset",
+     "nowhere-xyz/does-not-exist does not exist (no such file or folder); for a hub dataset of that id, pass --schema"),
+    # an ARR checkpoint is no VLM: --checkpoint takes it (a folder, or a shipped checkpoint's name)
+    *((parse, [*argv, "--model", name], "--model", f"{name} is an ARR checkpoint (an ARR layer made for a qwen2_vl "
+       f"model of hidden size 256), not a VLM: pass it as --checkpoint {name}, with --model the VLM it was made for")
+      for parse, argv in ((run.parse_args, RUN), (evaluate.parse_args, []), (train.parse_args, []))
+      for name in ("checkpoints/pocket-fineprint", "pocket-fineprint")),
+    (run.parse_args, [*RUN, "--model", "/nonexistent/model"], "--model", "no such model folder: /nonexistent/model"),
+    # a folder nothing can be written into is refused before the run, not after it (root too: /proc takes no folder)
+    (train.parse_args, ["--out", "/proc/arr-coc/ck"], "--out", "cannot write into /proc/arr-coc/ck: /proc is not writable"),
+    (evaluate.parse_args, ["--out", "/proc/arr-coc/ev"], "--out", "cannot write into /proc/arr-coc/ev: /proc is not"),
+    (run.parse_args, [*RUN, "--json", "/proc/arr-coc/run.json"], "--json", "cannot write /proc/arr-coc/run.json: /proc"),
     (train.parse_args, ["--device", "tpu"], "--device", "unknown device 'tpu'"),
     (bench.parse_args, [*TINY_BENCH, "--device", "tpu"], "--device", "unknown device 'tpu'"),
     (bench.parse_args, [*TINY_BENCH, "--json", "assets"], "--json", "assets is a folder"),
@@ -112,6 +126,25 @@ def test_bad_flags_exit_2_naming_the_flag_in_one_line(parse, argv, flag, capsys)
 def test_bad_paths_and_devices_are_refused_at_parse_time(parse, argv, flag, message, capsys):
     reason = one_line_refusal(parse, argv, capsys)
     assert f"error: argument {flag}: {message}" in reason, reason
+
+
+def test_a_file_that_is_no_image_is_refused_at_parse_time(tmp_path, capsys):
+    """A PDF (or any file PIL does not know) given as --image: one line, before torch or the model loads."""
+    pdf, text = tmp_path / "page.pdf", tmp_path / "notes.txt"
+    pdf.write_bytes(b"%PDF-1.4\n1 0 obj <<>> endobj\ntrailer <<>>\n%%EOF\n")
+    text.write_text("not an image")
+    reason = one_line_refusal(run.parse_args, ["--image", str(pdf), "--question", "hi"], capsys)
+    assert f"argument --image: {pdf} is not an image PIL can read (a PDF: export the page as PNG or JPEG)" in reason
+    reason = one_line_refusal(run.parse_args, ["--image", str(text), "--question", "hi"], capsys)
+    assert reason.endswith(f"argument --image: {text} is not an image PIL can read (see {cli.command_name()} --help)")
+
+
+def test_the_question_limit_is_the_pipelines_own():
+    from arr_coc.pipelines.answer import MAX_QUESTION_CHARS, check_question
+
+    assert cli.question("x" * MAX_QUESTION_CHARS) and check_question("x" * MAX_QUESTION_CHARS)
+    with pytest.raises(Exception, match=f"over the limit of {MAX_QUESTION_CHARS}"):
+        cli.question("x" * (MAX_QUESTION_CHARS + 1))
 
 
 def test_an_unknown_or_missing_flag_is_one_line_pointing_to_help(capsys):
@@ -159,9 +192,10 @@ def test_good_flags_parse():
 
 @pytest.mark.parametrize("module, bad", [
     ("run", [["--image", "nowhere.png", "--question", "hi"], ["--image", "assets", "--question", "hi"],
-             [*RUN, "--device", "tpu"], [*RUN, "--json", "assets"]]),
-    ("train", [["--device", "tpu"]]),
-    ("evaluate", [["--dataset", "/nonexistent"], ["--device", "tpu"]]),
+             [*RUN, "--device", "tpu"], [*RUN, "--json", "assets"], ["--image", "pyproject.toml", "--question", "hi"],
+             ["--image", "assets/chelsea.png", "--question", "x" * 5000], [*RUN, "--model", "pocket-fineprint"]]),
+    ("train", [["--device", "tpu"], ["--out", "/proc/arr-coc/ck"], ["--model", "checkpoints/pocket-fineprint"]]),
+    ("evaluate", [["--dataset", "/nonexistent"], ["--device", "tpu"], ["--dataset", "nowhere-xyz/does-not-exist"]]),
     ("bench", [["--device", "tpu"], ["--json", "assets"]]),
     ("eval.data", []),
 ])
@@ -345,9 +379,19 @@ def test_a_report_returning_main_exits_0(monkeypatch):
 def test_a_model_or_dataset_that_cannot_load_exits_2_in_one_line(command, tmp_path, capsys):
     main = {"run": run.main, "evaluate": evaluate.main, "train": train.main}[command]
     own = {"run": RUN, "evaluate": ["--out", str(tmp_path / "eval")], "train": ["--out", str(tmp_path / "ck")]}[command]
-    assert main(["--model", str(tmp_path / "no-such-model"), *own]) == 2
+    (tmp_path / "not-a-model").mkdir()  # there, but no model in it (one that is not there is refused at parse time)
+    assert main(["--model", str(tmp_path / "not-a-model"), *own]) == 2
     error = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error: "))
-    assert f"cannot load the model '{tmp_path / 'no-such-model'}'" in error and "--model tiny" in error
+    assert f"cannot load the model '{tmp_path / 'not-a-model'}'" in error
+    assert "--model pocket runs the shipped offline model" in error and "HF_HUB_OFFLINE=1" in error
     if command == "train":  # a dataset folder without data.jsonl
         assert main(["--model", "tiny", "--data", str(tmp_path), "--out", str(tmp_path / "ck2")]) == 2
         assert "no such dataset file" in capsys.readouterr().err
+
+
+def test_the_default_output_folder_is_checked_too(tmp_path, monkeypatch, capsys):
+    """Without --out, train and evaluate write a fresh runs/...: in a folder that takes no new files, refused now."""
+    monkeypatch.chdir("/proc")  # nothing can be made here, even by root
+    for parse in (train.parse_args, evaluate.parse_args):
+        reason = one_line_refusal(parse, [], capsys)
+        assert "argument --out: cannot write into runs/" in reason and ": /proc is not writable" in reason, reason

@@ -473,3 +473,120 @@ def test_bench_reports_every_pipeline_and_engine_with_exact_decode_length(tmp_pa
     assert ttft == pytest.approx(big["pipelines"]["arr/fast"]["ttft_ms"] / big["pipelines"]["full/hf"]["ttft_ms"])
     assert "| arr | fast | 529 |" in bench.format_table(big["pipelines"])
     assert json.loads(out.read_text())["sizes"]["1000"]["ratios"] == json.loads(json.dumps(big["ratios"]))
+
+
+def test_a_hub_dataset_that_is_neither_here_nor_reachable_fails_at_once_naming_both(tmp_path, monkeypatch, capsys):
+    """An id whose schema its name tells (so no parse-time refusal), not on disk, with no hub: one line, no retries."""
+    import time
+
+    import datasets
+    import huggingface_hub
+
+    from arr_coc import cli
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # restored after go_offline sets them
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+    monkeypatch.setattr(cli, "hub_answers", lambda endpoint, timeout=cli.HUB_TIMEOUT_S: False)
+    start = time.perf_counter()
+    assert evaluate.main([*FAST, "--dataset", "nowhere-xyz/chartqa", "--out", str(tmp_path / "eval")]) == 2
+    assert time.perf_counter() - start < 20
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: cannot load the dataset 'nowhere-xyz/chartqa' (split 'validation'): no such file "
+                            "or folder here, and as a hub dataset: the hub (") and "cannot be reached" in error
+
+
+def test_a_line_cut_short_in_this_processs_part_is_trimmed_before_resuming(tmp_path, capsys):
+    """The cut line in the part file the resumed process appends to: the first new result must not be glued to it."""
+    folder = write_parquet_set(tmp_path / "chartqa", "chartqa", 3)
+    out = tmp_path / "eval"
+    command = [*FAST, "--dataset", str(folder), "--out", str(out)]
+    assert evaluate.main(command) == 0
+    first = results(out)
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first[:4]))  # items 0 and 1
+    (out / "part-0.jsonl").write_text('{"item": 2, "row": "ges')  # item 2 cut off mid-line, in rank 0's own part
+    capsys.readouterr()
+    assert evaluate.main(command) == 0
+    resumed = results(out)
+    assert [(r["item"], r["row"]) for r in resumed] == [(i, row) for i in range(3) for row in ("gestalt", "arr:topk")]
+    assert without_timings(resumed[4:]) == without_timings(first[4:])
+    assert "warning" not in capsys.readouterr().out and "Warning" not in (out / "report.md").read_text()
+
+
+def test_trim_cuts_a_part_back_to_its_last_whole_line(tmp_path):
+    from arr_coc.distributed import Process
+
+    folder = evaluate.ResultsFolder(str(tmp_path), Process(0, 1, "cpu"))
+    folder.part.write_text('{"item": 0}\n{"item": 1, "ro')
+    folder.append([{"item": 1, "row": "full"}])
+    assert folder.part.read_text() == '{"item": 0}\n{"item": 1, "row": "full"}\n'
+    folder.part.write_text('{"item": 0, "r')  # no whole line at all
+    folder.append([{"item": 0}])
+    assert folder.read() == [{"item": 0}]
+
+
+def test_rows_evaluated_on_different_items_are_flagged_loudly(tmp_path):
+    records = [dict(item=i, row=row, score=1.0, visual_tokens=10, ttft_ms=1.0, total_ms=2.0, gflops=1.0)
+               for i in range(3) for row in ("full", "arr:topk") if (i, row) != (1, "arr:topk")]
+    summary = report.summarise(records, ["full", "arr:topk"])
+    assert report.uneven_items(records, list(summary)) == {"arr:topk": [1]}
+    assert report.uneven_items([r for r in records if r["item"] != 1], list(summary)) == {}
+    report.write_report(tmp_path, summary, dict(metric="contains"), records)
+    assert (tmp_path / "report.md").read_text().startswith(
+        "# ARR-COC evaluation\n\n**Warning: rows were evaluated on different items, so their means are not comparable: "
+        "arr:topk lacks 1 of 3 (item 1).**")
+    assert json.loads((tmp_path / "report.json").read_text())["uneven_items"] == {"arr:topk": [1]}
+
+
+def test_a_lost_result_is_flagged_on_stdout(tmp_path, capsys, monkeypatch):
+    """Should a row still lack an item at the end (here one result is thrown away as it is written), evaluate says
+    so before the table."""
+    append = evaluate.ResultsFolder.append
+    monkeypatch.setattr(evaluate.ResultsFolder, "append",
+                        lambda self, results: append(self, [r for r in results if (r["item"], r["row"]) != (1, "gestalt")]))
+    assert evaluate.main([*FAST, "--synthetic", "3", "--out", str(tmp_path / "eval")]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: rows were evaluated on different items, so their means are not comparable: gestalt lacks 1 of 3 " \
+           "(item 1); a budget over an image's grid is skipped (said above), any other gap is a lost result: rerun " \
+           "the same command to fill it" in printed
+
+
+def test_ctrl_c_stops_with_one_line_and_exit_130_and_the_same_command_resumes(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "eval"
+    command = [*FAST, "--synthetic", "3", "--out", str(out)]
+    evaluate_item = evaluate.evaluate_item
+
+    def interrupted(model, source, item, *args):
+        if item.index == 1:
+            raise KeyboardInterrupt  # what Python's SIGINT handler raises, here while item 1 is evaluated
+        return evaluate_item(model, source, item, *args)
+
+    monkeypatch.setattr(evaluate, "evaluate_item", interrupted)
+    try:
+        code = evaluate.main(command)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped"
+    assert code == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"stopped; rerun the same command to resume (finished items are kept in {out})"
+    assert "Traceback" not in err
+    assert [(r["item"], r["row"]) for r in map(json.loads, (out / "part-0.jsonl").read_text().splitlines())] == [
+        (0, "gestalt"), (0, "arr:topk")]
+    monkeypatch.setattr(evaluate, "evaluate_item", evaluate_item)
+    assert evaluate.main(command) == 0
+    assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 2  # items 1 and 2
+    assert [r["item"] for r in results(out)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_the_report_gives_each_rows_wilson_interval_and_the_suite_is_scored_by_exact_match():
+    """Per row: items, accuracy and its 95% Wilson interval (Newcombe's 81/263 -> 0.2553-0.3662); fine-print pages
+    alone are scored by exact match."""
+    from arr_coc.eval import report, sets
+
+    records = [dict(row="full", item=i, score=float(i < 81)) for i in range(263)]
+    means = report.summarise(records, ["full"])["full"]
+    assert means["items"] == 263 and means["interval"] == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert "| full | 263 | 0.308 | [0.26, 0.37] |" in report.markdown_table(report.summarise(records, ["full"]), "exact")
+    assert sets.synthetic_source(1, ("fine_print", "box_word"), seed=0).metric == "exact"
+    assert sets.synthetic_source(1, ("fine_print", "text_vs_distractor"), seed=0).metric == "contains"

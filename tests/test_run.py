@@ -127,12 +127,15 @@ def test_run_prints_and_records_a_second_look(tmp_path, capsys):
     assert e.value.code == 2 and "only used with --refixate" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [  # a missing image is refused at parse time (tests/test_cli.py)
-    (["--image", "pyproject.toml", "--question", "hi"], "cannot read pyproject.toml as an image"),
+@pytest.mark.parametrize("args, message", [  # a missing image, or a file that is none, is refused at parse time
+    (["--image", "{cut}", "--question", "hi"], "cut.png as an image (OSError: image file is truncated"),
     (["--image", "assets/chelsea.png", "--question", "hi", "--checkpoint", "assets"], "config.json"),
 ])
-def test_bad_input_exits_2_with_one_line(capsys, args, message):
-    assert main(["--model", "tiny", *args]) == 2
+def test_bad_input_exits_2_with_one_line(capsys, args, message, tmp_path):
+    cut = tmp_path / "cut.png"  # a PNG cut short: its header passes, its pixels do not decode
+    data = open("assets/chelsea.png", "rb").read()
+    cut.write_bytes(data[:len(data) // 2])
+    assert main(["--model", "tiny", *(a.format(cut=cut) for a in args)]) == 2
     err = capsys.readouterr().err.strip().splitlines()  # progress lines first, then the reason
     assert message in err[-1] and err[-1].startswith("error: ") and not any("Traceback" in line for line in err)
 
@@ -154,6 +157,44 @@ def test_load_image_applies_the_exif_orientation(tmp_path):
     Image.new("RGB", (300, 200), (200, 30, 30)).save(path, exif=exif)
     assert Image.open(path).size == (300, 200)
     assert load_image(str(path)).size == (200, 300)
+
+
+def test_a_png_whose_text_inflates_past_pils_limit_exits_2_with_one_line(tmp_path, capsys):
+    """A zTXt chunk after the pixels (so the header passes --image's check) inflating to 64 MB: PIL's ValueError
+    was a traceback; it is one line naming the file and what is wrong, before the model loads."""
+    import io
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    png, body = buffer.getvalue(), b"Comment\0\0" + zlib.compress(bytes(64 << 20), 9)
+    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
+    at = png.index(b"IEND") - 4
+    (tmp_path / "bomb.png").write_bytes(png[:at] + chunk + png[at:])
+    assert main(["--model", "tiny", "--image", str(tmp_path / "bomb.png"), "--question", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: cannot read {tmp_path / 'bomb.png'} as an image (OSError: a compressed metadata chunk "
+                   "inflates past the 1 MB PIL reads: a decompression bomb)"]
+
+
+def test_a_png_whose_text_inflates_before_its_pixels_is_refused_at_parse_time(tmp_path, capsys):
+    """The same bomb before the pixels: PIL meets it reading the header, so --image refuses it, in one line."""
+    import io
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    png, body = buffer.getvalue(), b"Comment\0\0" + zlib.compress(bytes(64 << 20), 9)
+    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
+    at = png.index(b"IDAT") - 4
+    (tmp_path / "bomb.png").write_bytes(png[:at] + chunk + png[at:])
+    with pytest.raises(SystemExit) as stop:
+        main(["--model", "tiny", "--image", str(tmp_path / "bomb.png"), "--question", "hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1
+    assert f"argument --image: cannot read {tmp_path / 'bomb.png'} as an image (ValueError: " in err[0]
 
 
 @pytest.mark.parametrize("flags, reason", [
@@ -180,3 +221,52 @@ def test_faithfulness_answer_is_plain_text_and_capped_before_the_model_loads(tmp
     assert main([*args, "--answer", "x" * 1001]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["error: the answer to score is 1001 characters long; the limit is 1000"]
+
+
+# ----------------------------------------------------------------------------- offline: the pocket fallback
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    """No hub (its one quick probe gets no answer) and an empty cache; the flags the command sets are put back."""
+    import huggingface_hub
+
+    from arr_coc import cli
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # restored after go_offline sets it
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(cli, "hub_answers", lambda endpoint, timeout=cli.HUB_TIMEOUT_S: False)
+    return huggingface_hub.constants
+
+
+def test_offline_the_default_model_falls_back_to_the_pocket_model_at_once(offline_hub, tmp_path, capsys):
+    """No --model, no hub, no cache: the pocket model answers, a note says why, the JSON records it; no retries."""
+    import time
+
+    start = time.perf_counter()
+    assert main(["--image", "assets/chelsea.png", "--question", QUESTION, "--pipelines", "gestalt",
+                 "--max-new-tokens", "1", "--json", str(tmp_path / "run.json")]) == 0
+    assert time.perf_counter() - start < 20  # the hub's retries alone wait about 35 s
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: Could not load Qwen/Qwen2-VL-2B-Instruct (the hub (")
+    assert "cannot be reached, and it is not in the local cache). Running pocket-qwen2-vl" in notes[0]
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["model"] == report["model_name"] == "pocket" and "pocket-qwen2-vl" in report["notice"]
+    assert offline_hub.HF_HUB_OFFLINE  # the process went offline: transformers read the cache alone
+
+
+@pytest.mark.parametrize("model", ["someone/no-such-vl", "Qwen/Qwen2-VL-2B-Instruct"])
+def test_offline_a_hub_model_asked_for_by_name_is_refused_naming_the_way_out(model, offline_hub, capsys):
+    """Asked for by name (even the default's), a model the hub cannot give is refused, not swapped, in one line."""
+    assert main(["--model", model, "--image", "assets/chelsea.png", "--question", QUESTION]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"error: cannot load the model '{model}': the hub (") and "not in the local cache" in error
+    assert "--model pocket runs the shipped offline model" in error and "HF_HUB_OFFLINE=1" in error
+
+
+@pytest.mark.parametrize("command", ["arr_coc.run", "arr_coc.evaluate"])
+def test_help_names_the_default_model_and_the_pocket_model(command):
+    proc = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, timeout=120)
+    model_help = " ".join(proc.stdout.partition("\n  --model MODEL")[2].split())[:400]  # its help, not the usage
+    assert "'pocket' (the offline model shipped in models/pocket-qwen2-vl" in model_help
+    assert "Default: Qwen/Qwen2-VL-2B-Instruct; where the hub cannot be reached and the cache lacks it, the pocket" in model_help

@@ -44,7 +44,7 @@ TICK_S = 0.25  # a streaming handler yields at least this often, so Stop takes e
 @dataclass
 class Kept:
     """What redrawing and re-selecting an analysed image need, all on the CPU: a user's gr.State holds it."""
-    image: Image.Image  # the original image, RGB
+    image: Image.Image  # the image, RGB, at most at the size the drawings use (drawn_size), never the upload itself
     highres: Image.Image  # the candidate (high-res) view: the saccade mosaic's pixels
     grid: tuple[int, int]  # (GH, GW) candidate grid
     relevance: torch.Tensor  # [GH, GW] balanced relevance map
@@ -59,20 +59,31 @@ def on_cpu(maps: dict) -> dict:
     return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in maps.items()}
 
 
+def drawn_size(image: Image.Image) -> Image.Image:
+    """
+    The image as a Kept holds it: shrunk to the canvas the drawings use (viz.canvas_size: at most viz.MAX_SIDE px
+    a side), so redrawing gives the same pixels; a smaller one as it is. A session keeps this for an hour, not a
+    62-megapixel upload (186 MB).
+    """
+    size = viz.canvas_size(*image.size)
+    return image.resize(size, Image.Resampling.BICUBIC) if size[0] < image.width else image
+
+
 def kept_answer(answer: Answer) -> Kept:
-    """A finished ARR answer as the Compare tab keeps it: enough to renumber its heatmap and mosaic."""
+    """A finished ARR answer as the Compare tab keeps it: enough to renumber its heatmap and mosaic, its saccades
+    ranked most relevant first whatever order they were fed in (a raster-order checkpoint feeds them row by row)."""
     views = answer.views
     second = answer.fixations[1].arr.positions[0].cpu() if answer.refixated else None
-    return Kept(views.image, views.highres, views.candidate_grid, answer.arr.relevance[0].cpu(),
-                answer.arr.positions[0].cpu(), second=second)
+    return Kept(drawn_size(views.image), views.highres, views.candidate_grid, answer.arr.relevance[0].cpu(),
+                answer.arr.in_order("relevance").positions[0].cpu(), second=second)
 
 
 def kept_scene(scene: Scene) -> Kept:
     """A scored scene as the Microscope keeps it: its maps (on the CPU) re-select without the VLM."""
     views, maps = scene.views, on_cpu(scene.maps)
     no_saccades = torch.zeros(0, 2, dtype=torch.long)  # [0, 2]: selection_outputs selects them
-    return Kept(views.image, views.highres, views.candidate_grid, maps["relevance"][0], no_saccades, maps,
-                scene.ablation or NO_ABLATION, len(scene.observation.gestalt))
+    return Kept(drawn_size(views.image), views.highres, views.candidate_grid, maps["relevance"][0], no_saccades,
+                maps, scene.ablation or NO_ABLATION, len(scene.observation.gestalt))
 
 
 def redraw(kept: Kept | None, numbered: int) -> tuple:
@@ -108,17 +119,18 @@ def compare_outputs(status: str, base_text: str = "", base: Answer | None = None
         return status, base_text, base_stats, arr_text, arr_stats, None, None, None, None, base_cells, None
     kept = kept_answer(arr)
     heatmap, mosaic = redraw(kept, numbered)
-    return (status, base_text, base_stats, arr_text, arr_stats, heatmap, arr.views.gestalt,
-            viz.weights_bar(arr.arr.weights[0]), mosaic, base_cells, kept)
+    weights = viz.weights_bar(arr.arr.weights[0], arr.arr.shares()[0], float(arr.arr.agreement()[0]))
+    return (status, base_text, base_stats, arr_text, arr_stats, heatmap, arr.views.gestalt, weights, mosaic,
+            base_cells, kept)
 
 
 def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_new_tokens: int, strategy: str,
-                  max_cells: int, numbered: int, refixate: float = 0.0):
+                  max_cells: int, numbered: int, refixate: float = 0.0, stop: threading.Event | None = None):
     """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`; 0: off);
-    then their stats and ARR's drawings."""
+    then their stats and ARR's drawings. Setting `stop` ends the generation under way at its next token."""
     ui.check_inputs(image, question)
     start = time.perf_counter()
-    settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))  # one cap for both pipelines
+    settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells), stop=stop)  # one cap for both
     running = f"{RUNNING} the **{baseline}** baseline…"
     yield compare_outputs(running)
     for base in model.stream(image, question, baseline, **settings):  # the text as it grows, then the Answer
@@ -136,19 +148,23 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
 
 def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baseline: str, max_new_tokens: int,
             strategy: str, max_cells: int, numbered: int, refixate: float = 0.0):
-    """compare_steps, whose status line says "Failed: why" if a step fails."""
+    """compare_steps, whose status line says "Failed: why" if a step fails; Stop (gradio closes this generator)
+    ends the model's generation at once."""
+    stop = threading.Event()
     yield from reporting(ticking(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
-                                               numbered, refixate)), status_at=0, outputs=11)
+                                               numbered, refixate, stop), stop), status_at=0, outputs=11)
 
 
-def ticking(steps):
+def ticking(steps, stop: threading.Event | None = None):
     """
     Pass on a streaming event's output tuples, computed in a thread; while no new one comes (vision and prefill
     stream no text for seconds), repeat the last every TICK_S. Gradio can cancel a streaming event only between
     two outputs, and ignores a new click until the cancelled one ends: so Stop takes effect within a tick.
-    On Stop (this generator closed), the thread stops at its next step; a generation under way runs out alone.
+    On Stop (this generator closed), `stop` is set: the steps' generation under way (given the same event) ends at
+    its next token, and the thread stops at its next step. The next request waits for the model (ARRCOCQwen.lock)
+    only as long as that token takes.
     """
-    items, stop, end = queue.Queue(), threading.Event(), object()
+    items, stop, end = queue.Queue(), stop or threading.Event(), object()
 
     def run():
         try:
@@ -217,7 +233,8 @@ def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int,
     auto, settings = ui.tension_request(*tensions)
     budget = auto or min(int(budget), gh * gw - (extra if isinstance(extra, int) else 0))  # slider: the largest grid
     out = arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, strategy, kept.ablation, settings)
-    heatmap, mosaic = redraw(replace(kept, positions=out.positions[0]), numbered)
+    ranked = out.in_order("relevance")  # numbered most relevant first, whatever order they are fed in
+    heatmap, mosaic = redraw(replace(kept, positions=ranked.positions[0]), numbered)
     summary = ui.selection_summary(out, (time.perf_counter() - start) * 1000, kept.ablation.description
                                    if kept.ablation is not NO_ABLATION else None, overridden=bool(tensions[1]))
     return heatmap, summary, ui.saccade_rows(out), mosaic
@@ -282,10 +299,11 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
     typed = check_answer(answer or "")  # a too long answer fails before any VLM work; empty: ARR's own
     gh, gw = model.views(image, int(max_cells)).candidate_grid  # the budget slider allows the largest grid
     progress(0.05, desc="ARR's answer and selection")
-    arr = model.answer(image, question, "arr", FAITHFULNESS_ANSWER_TOKENS, strategy, min(int(budget), gh * gw),
-                       max_cells=int(max_cells))
-    progress(0.3, desc="about 30 teacher-forced forward passes")
-    curves = faithfulness_curves(model, arr.observation, arr.arr, typed or arr.text)
+    with model.lock:  # the curves' forward passes use the VLM too: no other request in between
+        arr = model.answer(image, question, "arr", FAITHFULNESS_ANSWER_TOKENS, strategy, min(int(budget), gh * gw),
+                           max_cells=int(max_cells))
+        progress(0.3, desc="about 30 teacher-forced forward passes")
+        curves = faithfulness_curves(model, arr.observation, arr.arr, typed or arr.text)
     chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
     return chart, ui.faithfulness_summary(curves)
 
@@ -296,19 +314,21 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
 def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question: str, choice_a: str,
        files_a: list[str] | None, choice_b: str, files_b: list[str] | None, strategy: str, max_new_tokens: int,
        max_cells: int):
-    """ab_steps, whose summary (the tab's status) says "Failed: why" if a step fails."""
+    """ab_steps, whose summary (the tab's status) says "Failed: why" if a step fails; Stop as Compare's."""
+    stop = threading.Event()
     yield from reporting(ticking(ab_steps(model, checkpoints, image, question, choice_a, files_a, choice_b, files_b,
-                                          strategy, max_new_tokens, max_cells)), status_at=5, outputs=6)
+                                          strategy, max_new_tokens, max_cells, stop), stop), status_at=5, outputs=6)
 
 
 def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question: str, choice_a: str,
              files_a: list[str] | None, choice_b: str, files_b: list[str] | None, strategy: str,
-             max_new_tokens: int, max_cells: int):
-    """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both."""
+             max_new_tokens: int, max_cells: int, stop: threading.Event | None = None):
+    """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both.
+    Setting `stop` ends the generation under way at its next token."""
     ui.check_inputs(image, question)
     layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
-    settings = dict(strategy=strategy, max_cells=int(max_cells))  # identical views: only the layers differ
+    settings = dict(strategy=strategy, max_cells=int(max_cells), stop=stop)  # identical views: only the layers differ
     yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **A**…"
     a = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_a, **settings)
     yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **B**…"

@@ -6,8 +6,10 @@ the app shows, and turning exceptions into messages for the user. app.py wires t
     rows = stats_rows(answer)            # [[metric, value], ...] for a gr.Dataframe
 """
 
+import base64
 import functools
 import inspect
+import io
 import json
 import logging
 import math
@@ -21,12 +23,13 @@ from PIL import Image, UnidentifiedImageError
 from arr_coc import checkpoints
 from arr_coc.app.viz import rank_correlation, saccade_overlap
 from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
-from arr_coc.errors import InputError, OutOfMemory
+from arr_coc.errors import InputError, OutOfMemory, Stopped
+from arr_coc.eval.data import open_image
 from arr_coc.eval.faithfulness import FaithfulnessCurves
 from arr_coc.eval.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, check_question
 from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError,
-                                     list_checkpoints)
+                                     list_checkpoints, read_checkpoint_config)
 from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
 from arr_coc.relevance.texture import CHANNELS
 from arr_coc.timing import TIMING_KEYS
@@ -34,15 +37,17 @@ from arr_coc.vlm.views import to_rgb
 
 log = logging.getLogger("arr_coc.app")
 
+POCKET_EXAMPLE = "pocket_"  # an example image named so is a fine-print page the offline pocket model answers
 MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the shared queue, for no gain
+MAX_UPLOAD_MB = 50  # the server refuses a larger upload (HTTP 413); a 64-megapixel JPEG or an ARR checkpoint is less
 STATS_HEADERS = ["metric", "value"]
-SACCADE_HEADERS = ["rank", "row", "col", "score"]
+SACCADE_HEADERS = ["rank", "row", "col", "score", "fed"]  # rank 1 = most relevant; fed: its place in the LLM's input
 FALLBACKS = {
     "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (a busy "
                      "image, noise or a dense texture with no cells that stand out, counts as flat)",
     "non_finite": "non-finite relevance: the map has NaN or inf values, so the saccades fall back to an even grid",
 }
-USER_ERRORS = (InputError, CheckpointError, OutOfMemory)  # their messages are written for the user
+USER_ERRORS = (InputError, CheckpointError, OutOfMemory, Stopped)  # their messages are written for the user
 # the Microscope's tension sliders: name -> (label, lowest, highest, step, the prior it starts at)
 TENSION_SLIDERS = {
     "explore": ("exploit↔explore: e, the budget's share on coverage", 0.0, MAX_EXPLORE, 0.05, 0.0),
@@ -103,35 +108,45 @@ def check_inputs(image, question: str) -> None:
 
 def image_input(**kwargs) -> gr.Image:
     """
-    A PIL gr.Image that passes uploads on in their own mode (16-bit, RGBA, animated: arr_coc.vlm.views.to_rgb
-    handles them) and fails unreadable ones with a clear gr.Error. Its preprocess is wrapped, not overridden
-    in a subclass, because gradio writes a .pyi stub beside the module of every Component subclass.
+    A gr.Image whose uploads reach the handlers as PIL images in their own mode (16-bit, RGBA, animated:
+    arr_coc.vlm.views.to_rgb handles them), read by read_upload, which fails unreadable ones with a clear
+    gr.Error. Its type is "filepath": gradio's "pil" preprocess decodes and turns an EXIF-rotated file in full
+    before any check of ours. Its preprocess is replaced on the instance, not overridden in a subclass, because
+    gradio writes a .pyi stub beside the module of every Component subclass.
     """
-    component = gr.Image(type="pil", image_mode=None, **kwargs)
-    component.preprocess = functools.partial(read_upload, component.preprocess)
+    component = gr.Image(type="filepath", image_mode=None, **kwargs)
+    component.preprocess = read_upload
     return component
 
 
-def read_upload(preprocess, payload) -> Image.Image | None:
-    """gr.Image's preprocess (it only reads the header), then the pixel limit and the decode, naming the file."""
+def read_upload(payload) -> Image.Image | None:
+    """
+    gr.Image's payload -> the image, decoded and upright (arr_coc.eval.data.open_image, as the commands read
+    theirs): the pixel limit is checked on the file's header, before anything decodes it. Each refusal is one
+    line naming the file as uploaded, never the server's path to it.
+    """
+    if payload is None:
+        return None
+    name = upload_name(payload)
     try:
-        image = preprocess(payload)
-        if image is None:
-            return None
-        if image.width * image.height > MAX_IMAGE_PIXELS:
-            raise Image.DecompressionBombError(f"{image.width}x{image.height} pixels")
-        image.load()  # decode now, so a truncated file fails here
-        return image
+        return open_image(upload_source(payload), MAX_IMAGE_PIXELS)
     except Image.DecompressionBombError as e:
-        raise user_error(f"{upload_name(payload)} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} "
-                         "megapixels: downscale it first (the model sees at most ~1 megapixel anyway)") from None
+        raise user_error(f"{name} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} megapixels: "
+                         "downscale it first (the model sees at most ~1 megapixel anyway)") from None
     except UnidentifiedImageError:
-        raise user_error(f"{upload_name(payload)} is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF "
-                         "file") from None
-    except OSError as e:
-        raise user_error(f"{upload_name(payload)} could not be decoded as an image ({e})") from None
-    except gr.Error as e:  # gradio's own refusal (an SVG, say)
-        raise user_error(e.message) from None
+        raise user_error(f"{name} is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF file") from None
+    except (OSError, ValueError) as e:  # ValueError: a data: URL that is no base64
+        reason = str(e).replace(payload.path, name) if payload.path else str(e)
+        raise user_error(f"{name} could not be decoded as an image ({reason})") from None
+
+
+def upload_source(payload) -> str | io.BytesIO:
+    """An uploaded image's file, or its bytes where a client sent it inline as a data: URL (base64)."""
+    if payload.url and payload.url.startswith("data:"):
+        return io.BytesIO(base64.b64decode(payload.url.split(",", 1)[-1], validate=True))
+    if payload.path is None:
+        raise OSError("the upload has no file")
+    return payload.path
 
 
 def checkpoint_upload(**kwargs) -> gr.File:
@@ -150,14 +165,25 @@ def quietly(preprocess, payload):
 
 
 def upload_name(payload) -> str:
-    return payload.orig_name or Path(payload.path).name
+    return payload.orig_name or (Path(payload.path).name if payload.path else "the image")
 
 
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def checkpoint_choices(root: Path) -> list[str]:
-    return [PRIOR, *list_checkpoints(root)]
+def checkpoint_choices(root: Path, model: ARRCOCQwen) -> list[str]:
+    """The A/B's choices: the prior, then the checkpoints under root made for the loaded model (the model family and
+    hidden size their config.json names, as the default rule reads them); the others could not load on it."""
+    return [PRIOR, *(name for name in list_checkpoints(root) if made_for(Path(root) / name, model))]
+
+
+def made_for(folder: Path, model: ARRCOCQwen) -> bool:
+    """Whether a checkpoint folder's config.json names the loaded model's family and hidden size (unreadable: no)."""
+    try:
+        config = read_checkpoint_config(folder)
+    except CheckpointError:
+        return False
+    return (config.base_model_family, config.hidden_size) == (model.vlm.family, model.vlm.hidden_size)
 
 
 def install_default_layer(model: ARRCOCQwen, requested: str | None, root: Path) -> tuple[str, str | None]:
@@ -203,8 +229,24 @@ def choose_layer(model: ARRCOCQwen, side: str, choice: str, files: list[str] | N
 
 
 def load_examples(path: Path) -> list[list[str]]:
-    """assets/examples.json -> [[image path, question], ...] for gr.Examples."""
+    """assets/examples.json -> [[image path, question], ...] for gr.Examples, in the file's order (the fine-print
+    pages the offline pocket model answers first)."""
     return [[str(path.parent / e["image"]), e["question"]] for e in json.loads(path.read_text())]
+
+
+def example_labels(path: Path) -> list[str]:
+    """
+    What the examples list shows for each of load_examples' rows: a pocket page (POCKET_EXAMPLE) its question and
+    the expected answer (its note's "Expected answer: ..."), which the offline pocket model gives; any other (the
+    photos, the synthetic scenes) its question, said to be meaningful only with real Qwen-VL weights.
+    """
+    labels = []
+    for e in json.loads(path.read_text()):
+        expected = e["note"].split("Expected answer:", 1)[-1].strip().rstrip(".")
+        labels.append(f"{e['question']} → {expected} (answers offline: the pocket model)"
+                      if e["image"].startswith(POCKET_EXAMPLE) else
+                      f"{e['question']} · meaningful only with real Qwen-VL weights")
+    return labels
 
 
 def channels_markdown() -> str:
@@ -270,9 +312,12 @@ def memory_text(mb: float) -> int | str:
 
 
 def saccade_rows(out: ARRCOCOutput) -> list[list]:
-    """The ranked saccades of the first image as [rank, row, col, score] rows."""
-    return [[rank, r, c, round(s, 4)]
-            for rank, ((r, c), s) in enumerate(zip(out.positions[0].tolist(), out.scores[0].tolist()), start=1)]
+    """The saccades of the first image most relevant first, as [rank, row, col, score, fed] rows: fed is the place
+    each one has in the LLM's input (out's order: the same as rank in relevance order, row by row in raster order)."""
+    fed = {cell: place for place, cell in enumerate(out.indices[0].tolist(), start=1)}
+    ranked = out.in_order("relevance")
+    return [[rank, r, c, round(s, 4), fed[cell]] for rank, ((r, c), s, cell) in enumerate(
+        zip(ranked.positions[0].tolist(), ranked.scores[0].tolist(), ranked.indices[0].tolist()), start=1)]
 
 
 def selection_summary(out: ARRCOCOutput, ms: float, ablation: str | None = None, overridden: bool = False) -> str:

@@ -9,7 +9,7 @@ Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --sa
                     the image or ARR's relevance map; VisionZip's merged context cells shaded
 - channel_grid      the 13 texture channels, on one [0, 1] scale
 - scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
-- weights_bar       the balancer's three weights
+- weights_bar       the balancer's three weights, and each scorer map's share of the saccades' relevance
 - difference_map    B - A of two relevance maps, with both saccade sets marked
 - faithfulness_chart  the answer's log-likelihood as saccades are removed (rank order, random) or inserted
 - saccade_overlap, rank_correlation: how much two selections / two maps agree
@@ -57,6 +57,7 @@ MOSAIC_GAP = 2  # px between mosaic tiles
 MOSAIC_BACKGROUND = (32, 32, 32)  # the gaps and the empty places of the last row
 SCORERS = ("information", "perspectival", "participatory")
 SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # one per scorer, in weights_bar
+EQUAL_WEIGHTS = 0.05  # weights_bar: balancer weights closer than this are said to be about equal
 FAITHFULNESS_TITLE_CHARS = 56  # a long answer in the chart's title is cut to fit the chart's width
 FAITHFULNESS_STYLES = {"deletion": ("#c44e52", "-"), "random": ("#8c8c8c", "--"), "insertion": ("#4c72b0", "-")}
 KEPT_COLOUR = (0, 255, 255)  # a reducer's kept cells: one colour (it does not rank them), the saccades' rank-1 cyan
@@ -441,19 +442,44 @@ def scorer_maps(out, index: int = 0) -> Image.Image:
     return map_grid(panels, cols=len(panels), colorbar=True)
 
 
-def weights_bar(weights: MapLike | Sequence[float]) -> Image.Image:
-    """Horizontal bars of the balancer weights (information, perspectival, participatory) on a 0..1 axis."""
+def weights_bar(weights: MapLike | Sequence[float], shares: MapLike | Sequence[float] | None = None,
+                agreement: float | None = None) -> Image.Image:
+    """
+    Horizontal bars of the balancer weights (information, perspectival, participatory) on a 0..1 axis. With
+    `shares` (ARRCOCOutput.shares), a second chart beside it: each map's share of the selected saccades' relevance,
+    which tells the scorers apart where the weights do not (a trained balancer may give all three the same weight:
+    the chart then says so), and under it the maps' `agreement` (ARRCOCOutput.agreement: maps that agree share alike).
+    """
     w = as_array(weights).ravel()
     if w.size != len(SCORERS):
         raise ValueError(f"expected {len(SCORERS)} weights, got {w.size}")
-    fig = Figure(figsize=(4.8, 1.9), dpi=DPI, layout="constrained")
-    ax = fig.subplots()
+    share = None if shares is None else as_array(shares).ravel()
+    if share is not None and share.size != len(SCORERS):
+        raise ValueError(f"expected {len(SCORERS)} shares, got {share.size}")
+    fig = Figure(figsize=(4.8 if share is None else 9.6, 1.9 if agreement is None else 2.2), dpi=DPI,
+                 layout="constrained")
+    axes = fig.subplots(1, 1 if share is None else 2, squeeze=False)[0]
+    ax = axes[0]
     ax.barh(SCORERS, w, color=SCORER_COLOURS)
     ax.invert_yaxis()  # information on top, as in the scorer maps
     ax.set_xlim(0, max(1.0, float(w.max()) * 1.15))  # sigmoid weights: a fixed 0..1 axis compares runs
     for y, v in enumerate(w):
         ax.text(v, y, f" {v:.2f}", va="center", fontsize=9)
-    ax.set_title("balancer weights", fontsize=10)
+    equal = float(w.max() - w.min()) < EQUAL_WEIGHTS
+    ax.set_title("balancer weights" + (": about equal, so the maps are summed alike" if equal else ""), fontsize=10)
+    if share is None:
+        return render(fig)
+    ax = axes[1]
+    ax.barh(SCORERS, share, color=SCORER_COLOURS)
+    ax.invert_yaxis()
+    ax.set_xlim(min(0.0, float(share.min()) * 1.3), max(1.0, float(share.max()) * 1.3))
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks([])
+    for y, v in enumerate(share):
+        ax.text(max(float(v), 0.0), y, f" {v:.0%}", va="center", fontsize=9)
+    ax.set_title("share of the saccades' relevance", fontsize=10)
+    if agreement is not None:
+        ax.set_xlabel(f"the maps' mean correlation: {agreement:.2f} (1: one map three times)", fontsize=9)
     return render(fig)
 
 
@@ -528,10 +554,10 @@ def save_all(result, folder: str | Path, image: Image.Image | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     fixations = getattr(result, "fixations", [])
     second = fixations[1].arr.positions[0] if len(fixations) > 1 else ()  # a second look's saccades, in green
-    drawings = {"heatmap.png": heatmap_overlay(image, out.relevance[0], out.positions[0], numbered=numbered,
-                                               second=second)}
+    ranked = out.in_order("relevance").positions[0]  # numbered most relevant first, whatever order they were fed in
+    drawings = {"heatmap.png": heatmap_overlay(image, out.relevance[0], ranked, numbered=numbered, second=second)}
     if views is not None:
-        drawings["mosaic.png"] = saccade_mosaic(views.highres, views.candidate_grid, out.positions[0], numbered)
+        drawings["mosaic.png"] = saccade_mosaic(views.highres, views.candidate_grid, ranked, numbered)
     drawings.update({"channels.png": channel_grid(out.textures[0]), "scorers.png": scorer_maps(out)})
     paths = []
     for name, drawing in drawings.items():

@@ -37,10 +37,10 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import IO, Iterable, Iterator, Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont, ImageOps
+from PIL import Image, ImageDraw, ImageFont, ImageOps, PngImagePlugin
 
 from arr_coc import cli
 from arr_coc.errors import InputError
@@ -346,13 +346,28 @@ def make_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distract
 # JSONL on disk
 
 
-def open_image(path: str | Path) -> Image.Image:
-    """An image file as the app receives an upload: decoded now, its first frame, turned upright by its EXIF
-    orientation (a phone photo stored sideways with orientation 6 comes out portrait). The CLI and the
-    dataset loader both read images through here, so they see what the app sees."""
-    with Image.open(path) as image:
-        image.load()  # decode now, so a truncated file fails here
-        return ImageOps.exif_transpose(image)  # a transposed copy, or a plain copy: valid after the file closes
+def open_image(path: str | Path | IO[bytes], max_pixels: int | None = None) -> Image.Image:
+    """
+    An image file as the app receives an upload: decoded now, its first frame, turned upright by its EXIF
+    orientation (a phone photo stored sideways with orientation 6 comes out portrait). The CLI, the dataset
+    loader and the app all read images through here, so they see the same.
+
+    The header is read first (size, mode, EXIF; no pixels): more than `max_pixels` is refused from it, with
+    Image.DecompressionBombError("WxH pixels"), before anything decodes or turns the image. A compressed PNG
+    text or colour-profile chunk that inflates past PIL's limit (PngImagePlugin.MAX_TEXT_CHUNK, a zip bomb in the
+    metadata) is an OSError saying so, as every unreadable file is, never PIL's ValueError.
+    """
+    try:
+        with Image.open(path) as image:  # the header only
+            if max_pixels is not None and image.width * image.height > max_pixels:
+                raise Image.DecompressionBombError(f"{image.width}x{image.height} pixels")
+            image.load()  # decode now, so a truncated file fails here
+            return ImageOps.exif_transpose(image)  # a transposed copy, or a plain copy: valid after the file closes
+    except ValueError as e:
+        if "MAX_TEXT" in str(e):  # PngImagePlugin's MAX_TEXT_CHUNK or MAX_TEXT_MEMORY
+            raise OSError(f"a compressed metadata chunk inflates past the {PngImagePlugin.MAX_TEXT_CHUNK >> 20} MB "
+                          "PIL reads: a decompression bomb") from None
+        raise OSError(str(e)) from None  # PIL's other refusals of a broken file
 
 
 def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:

@@ -16,6 +16,9 @@ per scene kind (tokens_by_kind: each image's own K under --budget auto).
 
 A sweep's report has a table per budget (full and gestalt in each), its report.json the curves (each row's
 points in budget order), and its two plots one curve per row: accuracy against visual tokens and against TTFT.
+
+Rows evaluated on different items (a sweep's budget skipped over an image's grid, a result lost) are flagged at
+the top of report.md, and listed under "uneven_items" in report.json (row -> the items it lacks).
 """
 
 import json
@@ -28,12 +31,14 @@ from PIL import Image
 
 from arr_coc.app import viz
 from arr_coc.eval.faithfulness import CURVES
+from arr_coc.eval.metrics import wilson
 
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
 COLUMNS = (
     ("items", "items", "{:.0f}"),
     ("unscored", "unscored (no answers)", "{:.0f}"),
     ("accuracy", "accuracy", "{:.3f}"),
+    ("interval", "95% interval", "[{0[0]:.2f}, {0[1]:.2f}]"),  # Wilson's, of the accuracy over its scored items
     ("contains", "contains (lenient)", "{:.3f}"),
     ("visual_tokens", "visual tokens", "{:.0f}"),
     ("ttft_ms", "TTFT ms", "{:.0f}"),
@@ -80,12 +85,29 @@ def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
             values = [r[key] for r in mine if r.get(key) is not None]
             if values:
                 means["accuracy" if key == "score" else key] = statistics.fmean(values)
+            if values and key == "score":
+                means["interval"] = wilson(sum(values), len(values))
         for name in CURVES:
             areas = [r["faithfulness"]["areas"][name] for r in mine if "faithfulness" in r]
             if areas:
                 means[f"{name}_area"] = statistics.fmean(areas)
         summary[row] = means
     return summary
+
+
+def uneven_items(records: list[dict], rows: list[str]) -> dict[str, list[int]]:
+    """Per row label that lacks some of the items other rows were evaluated on, those items (sorted): its means are
+    over other items than its neighbours', so the table compares unlike with unlike. {} when the rows agree."""
+    items = {row: {r["item"] for r in records if record_label(r) == row} for row in rows}
+    every = set().union(*items.values())
+    return {row: sorted(every - mine) for row, mine in items.items() if every - mine}
+
+
+def uneven_line(uneven: dict[str, list[int]], total: int) -> str:
+    """uneven_items in one line: each row with how many items it lacks and which (the first ten)."""
+    rows = [f"{row} lacks {len(missing)} of {total} (item {', '.join(map(str, missing[:10]))}"
+            f"{', ...' if len(missing) > 10 else ''})" for row, missing in uneven.items()]
+    return "rows were evaluated on different items, so their means are not comparable: " + "; ".join(rows)
 
 
 def markdown_table(summary: dict[str, dict], metric: str) -> str:
@@ -241,8 +263,9 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     folder = Path(folder)
     metric, sweep = header["metric"], is_sweep(summary)
     refixation = refixation_summary(records)
+    uneven = uneven_items(records, list(summary))
     (folder / "report.json").write_text(json.dumps(dict(header, summary=summary, refixation=refixation, **(
-        {"curves": curves(summary)} if sweep else {})), indent=2))
+        {"curves": curves(summary)} if sweep else {}), uneven_items=uneven), indent=2))
     paths = [folder / "report.md", folder / "report.json"]
     for x, x_label, name, _ in PLOTS:
         if any("accuracy" in means for means in summary.values()):  # not when every item is unscored (a test split)
@@ -259,6 +282,7 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     links = "".join(f"\n![{titles[p.name]}]({p.name})\n" for p in paths[2:])
     second_look = f"\n{refixation_table(refixation)}\n" if refixation else ""
     by_kind = tokens_by_kind(records, list(summary))
-    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{settings}\n\n{markdown_tables(summary, metric)}\n"
+    warning = (f"**Warning: {uneven_line(uneven, len({r['item'] for r in records}))}.**\n\n" if uneven else "")
+    (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{warning}{settings}\n\n{markdown_tables(summary, metric)}\n"
                                       + (f"\n{by_kind}\n" if by_kind else "") + second_look + links)
     return paths

@@ -11,6 +11,7 @@ and the image, and which metric the set is scored by:
     textvqa  question, answers (10), image             vqa                        128
     chartqa  query | question, label | answer, image   relaxed                    16
     jsonl    image, question, answer, box              contains                   16
+    suite    the fine-print pages (--synthetic)        exact                      16
 
 The hub sets are asked as lmms-eval asks Qwen2-VL (its tasks' `default` prompt kwargs and generation limits):
 the question (TextVQA's through str.capitalize()), then the set's one-line instruction.
@@ -33,6 +34,7 @@ from typing import Iterable, Iterator
 from PIL import Image, UnidentifiedImageError
 
 from arr_coc.eval.data import Box, Sample, load_jsonl, make_dataset, open_image
+from arr_coc.eval.fineprint import PAGE_KINDS
 from arr_coc.errors import InputError
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."  # lmms-eval's DocVQA and TextVQA instruction
@@ -64,6 +66,8 @@ SCHEMAS = {  # prompts and limits verified in lmms-eval's tasks/{docvqa,textvqa,
                       reference="lmms-eval chartqa: default post_prompt, max_new_tokens 16",
                       hub_ids=("HuggingFaceM4/ChartQA", "lmms-lab/ChartQA")),
     "jsonl": Schema(("question",), ("answer",), "contains", reference="ARR-COC's own sets: the question as written"),
+    "suite": Schema(("question",), ("answer",), "exact", reference="the fine-print suite (arr_coc.eval.fineprint): "
+                                                                    "exact match, as the pocket model is trained"),
 }
 ID_COLUMNS = ("questionId", "question_id", "id")  # a set's own id for an item, kept in the results when present
 
@@ -140,8 +144,10 @@ def open_source(name: str, split: str = "validation", config: str | None = None,
 
 
 def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896) -> Source:
-    """Fresh synthetic scenes (arr_coc.eval.data) of size x size px, scored like the JSONL sets."""
-    return Source("synthetic", "jsonl", from_samples(make_dataset(n, kinds, seed=seed, size=size)))
+    """Fresh synthetic scenes (arr_coc.eval.data) of size x size px, scored like the JSONL sets; pages of the
+    fine-print suite alone by exact match (contains is reported beside it)."""
+    schema = "suite" if set(kinds) <= set(PAGE_KINDS) else "jsonl"
+    return Source("synthetic", schema, from_samples(make_dataset(n, kinds, seed=seed, size=size)))
 
 
 def from_samples(samples: list[Sample]) -> list[Item]:
@@ -149,17 +155,28 @@ def from_samples(samples: list[Sample]) -> list[Item]:
 
 
 def load_rows(name: str, split: str, config: str | None):
-    """The split as a stream of rows, images left undecoded; a parquet file or folder loads as parquet."""
-    import datasets
+    """
+    The split as a stream of rows, images left undecoded; a parquet file or folder loads as parquet. A name that is
+    not here is a hub id: where the hub is out of reach (cli.hub_out_of_reach) it loads from the cache alone, at
+    once, and the error says that it is neither here nor to be had.
+    """
+    from arr_coc import cli
 
     path = Path(name)
+    offline = None if path.exists() else cli.hub_out_of_reach()  # before datasets reads the offline flag
+    import datasets
+
     try:
         if path.is_file():
             rows = datasets.load_dataset("parquet", data_files={split: str(path)}, split=split, streaming=True)
         else:
             rows = datasets.load_dataset(name, config, split=split, streaming=True)
     except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
-        raise InputError(f"cannot load the dataset {name!r} (split {split!r}): {str(e).splitlines()[0][:200]}") from None
+        if path.exists():
+            raise InputError(f"cannot load the dataset {name!r} (split {split!r}): {str(e).splitlines()[0][:200]}") from None
+        why = f"{offline}, and it is not in the local cache" if offline else f"the hub: {str(e).splitlines()[0][:200]}"
+        raise InputError(f"cannot load the dataset {name!r} (split {split!r}): no such file or folder here, and as a "
+                         f"hub dataset: {why}") from None
     for column, feature in (rows.features or {}).items():
         if isinstance(feature, datasets.Image):  # decoded per item by Item.open, only on the rank that needs it
             rows = rows.cast_column(column, datasets.Image(decode=False))

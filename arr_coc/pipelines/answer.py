@@ -10,12 +10,14 @@ timed generation, the Answer's assembly).
 """
 
 import math
+import threading
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
-from arr_coc.config import PipelineConfig
-from arr_coc.errors import InputError
+from arr_coc.config import MAX_QUESTION_CHARS, PipelineConfig
+from arr_coc.errors import InputError, Stopped
 from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.config import AUTO, TensionSettings
@@ -23,7 +25,6 @@ from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_m
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
 
-MAX_QUESTION_CHARS = 4000
 MAX_NEW_TOKENS = 1024
 # A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
 # round's visual tokens (273 -> 409, still a tenth of a 1792 px page's 4096 cells), yet adds half as many
@@ -45,6 +46,7 @@ class Request:
     tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
     refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
+    stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
 
 
 @dataclass
@@ -246,8 +248,32 @@ def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: 
     """Greedy generation timed into watch (prefill up to the first token, decode after it) -> (it, new tokens).
     prune = (K, N): FastV's pruned prefill (VLM.generate)."""
     timer = TimingStreamer(watch, request.streamer)
-    generation = vlm.generate(inputs, request.max_new_tokens, streamer=timer, prune=prune)
+    check_stop(request.stop)  # stopped before its generation began (in the vision, or waiting for the VLM)
+    streamer = timer if request.stop is None else StopStreamer(request.stop, timer)
+    generation = vlm.generate(inputs, request.max_new_tokens, streamer=streamer, prune=prune)
     return generation, timer.new_tokens
+
+
+def check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise Stopped("stopped by the user")
+
+
+class StopStreamer(BaseStreamer):
+    """
+    Passes each token on to a streamer, and raises Stopped at the first token after `stop` is set: every decode loop
+    (the Decoder's, stock generate()'s) hands each new token to its streamer, so Stop ends the loop there.
+    """
+
+    def __init__(self, stop: threading.Event, inner: BaseStreamer):
+        self.stop, self.inner = stop, inner
+
+    def put(self, value):
+        check_stop(self.stop)
+        self.inner.put(value)
+
+    def end(self):
+        self.inner.end()
 
 
 def token_counts(prompt_length: int, gestalt: int, saccade: int, total_visual: int | None = None) -> dict:

@@ -29,6 +29,28 @@ def mix(maps: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (weights.view(*weights.shape, 1, 1) * standardise(maps)).sum(1)
 
 
+def shares(maps: torch.Tensor, weights: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+    """
+    [B, 3, gh, gw] scorer maps, [B, 3] weights, [B, K] cells (row * gw + col: the selected saccades) -> [B, 3]: each
+    weighted, standardised map's share of those cells' relevance, its mean over them over the relevance's mean over
+    them. A standardised map averages 0 over the image, so a share is the part of what lifted the cells above the
+    average cell that this scorer gave; the shares sum to 1 (negative: a map that held them back), and they tell
+    the scorers apart where the weights do not. Cells no higher than the average cell: all zeros.
+    """
+    parts = (weights.view(*weights.shape, 1, 1) * standardise(maps)).flatten(2)  # [B, 3, N]
+    lift = parts.gather(2, cells.unsqueeze(1).expand(-1, parts.shape[1], -1)).mean(-1)  # [B, 3]
+    total = lift.sum(-1, keepdim=True)  # [B, 1]: the cells' mean relevance
+    return torch.where(total > 1e-6, lift / total.clamp_min(1e-6), torch.zeros_like(lift))
+
+
+def agreement(maps: torch.Tensor) -> torch.Tensor:
+    """[B, 3, gh, gw] scorer maps -> [B]: their mean pairwise correlation over the cells (1: the same map three times,
+    whatever the weights; then each scorer's share is about a third)."""
+    z = standardise(maps).flatten(2)  # [B, 3, N]
+    corr = z @ z.transpose(1, 2) / z.shape[-1]  # [B, 3, 3]
+    return (corr.sum((1, 2)) - corr.diagonal(dim1=1, dim2=2).sum(-1)) / 6
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """[B, L, D] with mask [B, L] -> [B, D]."""
     if mask is None:

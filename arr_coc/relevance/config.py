@@ -16,6 +16,19 @@ STRATEGIES = ("topk", "logpolar", "grid", "random")
 SACCADE_ORDERS = ("relevance", "raster")  # the orders the saccades can be fed to the LLM in
 MAX_EXPLORE = 0.5  # at most half the budget goes to coverage: ARR stays relevance-led
 AUTO = "auto"  # the budget value that turns the adaptive budget on (--budget auto)
+WIDTH = (1, 1024)  # a scorer's or the balancer's width (16 and 32 by default): far wider is no ARR layer but a bomb
+BUDGET = (1, 65536)  # saccades: 4x the largest candidate grid (arr_coc.config.MAX_CELLS)
+# every number field's range, inclusive: a checkpoint's config.json (an upload, in the app) is checked against these
+# before anything is built from it, so a hostile size cannot allocate gigabytes
+LIMITS = dict(
+    hidden_size=(1, 16384),  # the LLM's hidden size (Qwen2-VL-2B: 1536; the largest Qwen-VL: 8192)
+    budget=(0, BUDGET[1]), seed=(0, 2**63 - 1),
+    texture_channels=(13, 13),  # generate_texture_array's 13 channels: the scorers can be fed no other count
+    info_hidden=WIDTH, persp_hidden=WIDTH, partic_dim=WIDTH, balancer_hidden=WIDTH,
+    logpolar_rho=(1, 1024), logpolar_theta=(1, 1024),
+    void_tolerance=(0.0, 1.0), void_top_fraction=(1e-6, 1.0), void_structure=(0.0, 1e6),
+    spacing_radius=(0.0, 1e6), min_budget=BUDGET, max_budget=BUDGET, budget_temperature=(1e-6, 1e6),
+)
 
 
 @dataclass
@@ -55,17 +68,47 @@ class ARRCOCConfig:
     budget_temperature: float = 0.5  # softmax temperature of the relevance map's entropy, the adaptive budget's prior
 
     def __post_init__(self):
+        for f in fields(self):  # types and ranges first: the checks below, and the layer, trust them
+            check_field(f.name, f.type, getattr(self, f.name))
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.saccade_order not in SACCADE_ORDERS:
             raise ValueError(f"saccade_order must be one of {SACCADE_ORDERS}, got {self.saccade_order!r}")
-        if self.budget < 0:
-            raise ValueError(f"budget must be >= 0, got {self.budget}")
         if not 1 <= self.min_budget <= self.max_budget:
             raise ValueError(f"the adaptive budget needs 1 <= min_budget <= max_budget, got {self.min_budget}, "
                              f"{self.max_budget}")
-        if len(self.prior_weights) != 3:
-            raise ValueError(f"prior_weights needs 3 values, got {self.prior_weights}")
+
+
+def check_field(name: str, kind: str, value) -> None:
+    """
+    One ARRCOCConfig field (`kind`: its annotation) against its type and LIMITS; TypeError or ValueError naming
+    the field. JSON has no int/float split that matters here: a whole number is a valid float, but a bool is no
+    number and 1.0 no int.
+    """
+    if kind == "str":
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {shown(value)}")
+    elif name == "prior_weights":
+        if not (isinstance(value, (list, tuple)) and len(value) == 3 and all(is_number(v) for v in value)
+                and all(0 <= v <= 1 for v in value)):
+            raise TypeError(f"{name} must be a list of 3 numbers in [0, 1], got {shown(value)}")
+    else:
+        lo, hi = LIMITS[name]
+        if not is_number(value) or (kind == "int" and not isinstance(value, int)):
+            raise TypeError(f"{name} must be {'an integer' if kind == 'int' else 'a number'} in [{lo}, {hi}], "
+                            f"got {shown(value)}")
+        if not lo <= value <= hi:  # NaN fails too
+            raise ValueError(f"{name} must be in [{lo}, {hi}], got {shown(value)}")
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def shown(value) -> str:
+    """A config value as an error message quotes it: its repr, cut short (a hostile file may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)

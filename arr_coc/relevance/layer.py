@@ -16,6 +16,7 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
 
 import json
 import os
+import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 
 from arr_coc.graphs import CUDAGraphed
+from arr_coc.relevance import balancing
 from arr_coc.relevance.attending import TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
 from arr_coc.relevance.concentration import image_structure
@@ -37,6 +39,8 @@ from arr_coc.relevance.texture import is_flat
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 OPTIONAL_PREFIXES = ("balancer.tension_head.",)  # newer than some checkpoints: missing there, they load at zero
+CARD_FILE = "README.md"  # the model card; the one arr_coc.train writes names the model it trained for
+CARD_MODEL = re.compile(r"trained for `([^`\n]{1,200})` \(")  # its line: "layer trained for `pocket` (qwen2_vl, ..."
 
 
 class CheckpointError(ValueError):
@@ -78,6 +82,19 @@ class ARRCOCOutput:
             1, reorder(self.scores, by_cell).argsort(dim=1, descending=True, stable=True))
         return replace(self, saccade_order=order,
                        **{name: reorder(getattr(self, name), by_order) for name in PER_SACCADE})
+
+    def scorer_maps(self) -> torch.Tensor:
+        """[B, 3, gh, gw] the three scorer maps, in the weights' order (information, perspectival, participatory)."""
+        return torch.stack([self.information, self.perspectival, self.participatory], dim=1).detach().float()
+
+    def shares(self) -> torch.Tensor:
+        """[B, 3] each scorer map's share of the selected saccades' relevance (balancing.shares): what tells the
+        scorers apart when the balancer's weights are equal."""
+        return balancing.shares(self.scorer_maps(), self.weights.detach().float(), self.indices)
+
+    def agreement(self) -> torch.Tensor:
+        """[B] the scorer maps' mean pairwise correlation (balancing.agreement): near 1, they are one map."""
+        return balancing.agreement(self.scorer_maps())
 
 
 PER_SACCADE = ("indices", "positions", "scores", "selected_scores", "kinds", "gates")  # ARRCOCOutput's [B, K, ...]
@@ -175,23 +192,28 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
 
     @classmethod
     def from_pretrained(cls, checkpoint: str | os.PathLike, *, expect_family: str | None = None,
-                        expect_hidden_size: int | None = None, map_location: str = "cpu") -> "ARRCOCLayer":
+                        expect_hidden_size: int | None = None, expect_model: str | None = None,
+                        map_location: str = "cpu") -> "ARRCOCLayer":
         """
         Load a checkpoint folder (or a hub repo holding one) strictly, never unpickling anything.
-        expect_* name the loaded VLM: a checkpoint made for another model raises CheckpointError naming both.
+        expect_* name the loaded VLM: a checkpoint made for another model raises CheckpointError naming both (the
+        checkpoint's model as its model card names it, card_model; expect_model, the loaded model's name).
+        Nothing is allocated before config.json has passed ARRCOCConfig's type and range checks and the
+        safetensors header's names and shapes match the layer it describes: an upload cannot size the layer.
         """
         folder = Path(checkpoint)
         if not folder.is_dir():
             folder = _download(str(checkpoint))
         config = read_checkpoint_config(folder)
-        if expect_family is not None and config.base_model_family != expect_family:
-            raise CheckpointError(f"checkpoint {folder.name} was trained for a {config.base_model_family!r} model, "
-                                  f"but the loaded model is {expect_family!r}")
-        if expect_hidden_size is not None and config.hidden_size != expect_hidden_size:
-            raise CheckpointError(f"checkpoint {folder.name} was trained for hidden size {config.hidden_size}, "
-                                  f"but the loaded model has hidden size {expect_hidden_size}")
-        layer = cls(config)
-        check_weights(folder / WEIGHTS_FILE, layer.state_dict())
+        if ((expect_family is not None and config.base_model_family != expect_family)
+                or (expect_hidden_size is not None and config.hidden_size != expect_hidden_size)):
+            made_for = model_text(card_model(folder) or "an unnamed model", config.base_model_family,
+                                  config.hidden_size)
+            loaded = model_text(expect_model or "another", expect_family, expect_hidden_size)
+            raise CheckpointError(f"checkpoint {folder.name} was made for {made_for}, but the loaded model is {loaded}")
+        with torch.device("meta"):  # the layer's names and shapes, no memory: the file's header must match them
+            check_weights(folder / WEIGHTS_FILE, cls(config).state_dict())
+        layer = cls(config)  # only now allocated: its sizes are those of the file
         # strict but for the newer heads an older checkpoint lacks (check_weights allows only those): they stay zero
         load_model(layer, str(folder / WEIGHTS_FILE), strict=False, device=map_location)
         return layer
@@ -206,6 +228,22 @@ def _download(repo_id: str) -> Path:
     except Exception as e:
         raise CheckpointError(f"checkpoint {repo_id!r} is not a folder with {CONFIG_FILE} and {WEIGHTS_FILE}, "
                               f"and could not be fetched from the hub ({type(e).__name__})") from None
+
+
+def model_text(name: str, family: str | None, hidden_size: int | None) -> str:
+    """A model as a mismatch message names it, with what is known of it: "pocket ('qwen2_vl', hidden size 256)"."""
+    known = [repr(family)] * (family is not None) + [f"hidden size {hidden_size}"] * (hidden_size is not None)
+    return f"{name} ({', '.join(known)})"
+
+
+def card_model(folder: Path) -> str | None:
+    """The model a checkpoint was trained for, as its model card names it (arr_coc.train writes the line); None
+    without a card or the line (an upload, a card written by hand)."""
+    try:
+        match = CARD_MODEL.search((folder / CARD_FILE).read_text(encoding="utf-8", errors="replace")[:100_000])
+    except OSError:
+        return None
+    return match.group(1) if match else None
 
 
 def read_checkpoint_config(folder: Path) -> ARRCOCConfig:

@@ -31,6 +31,7 @@ attention call is written here, and tests pin prefill logits, decode tokens and 
     ids, probs, safe_mode = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
 """
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -107,6 +108,9 @@ class Decoder:
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graphed_prefill = CUDAGraphed(self._prefill, pool=self.pool)
         self.graphed_prior = CUDAGraphed(self._prior, pool=self.pool)
+        # the caches and graphs above are shared by every caller: two generations at once would write into one
+        # cache (and one decode state), so they take turns
+        self.lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -307,7 +311,8 @@ class Decoder:
         weights = torch.zeros(embeds.shape[1], device=embeds.device)
         weights[query[0]:query[1]] = 1.0 / (query[1] - query[0])
         run = self.graphed_prior if self.use_graphs else self._prior
-        return run(embeds, position_ids, weights, index, deepstack)[:L]
+        with self.lock:  # a graph's static inputs are shared: one caller replays it at a time
+            return run(embeds, position_ids, weights, index, deepstack)[:L]
 
     def _state(self, cap: int, dtype: torch.dtype) -> DecodeState:
         """The buffers of cache size `cap`, made on first use; beyond MAX_CACHES sizes the least recent is freed."""
@@ -356,22 +361,24 @@ class Decoder:
         deepstack: None, or Qwen3-VL's DeepStack features over the prompt [k, 1, L, D] (zeros outside image tokens).
         pruning: None, or FastV's (the prefill sets pruning.kept).
         If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
-        token is shown, so a streamer never sees garbage.
+        token is shown, so a streamer never sees garbage. One generation at a time (self.lock): a streamer that
+        raises (the app's Stop) ends the loop at that token.
         """
         args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack, pruning)
-        try:
-            return *self._generate(*args), False
-        except NonFiniteLogits as overflow:
-            # masked slots still enter attention as 0 x value: inf/NaN left in the cache would poison every
-            # later step (and request), so the overflowed run's cache is wiped before the redo
-            for state in self.states.values():
-                for t in state.keys + state.values:
-                    t.zero_()
-            self.safe = True
-            try:  # the tokens streamed before the overflow were finite: stream only what comes after them
-                return *self._generate(*args, streamed=overflow.streamed), True
-            finally:
-                self.safe = False
+        with self.lock:
+            try:
+                return *self._generate(*args), False
+            except NonFiniteLogits as overflow:
+                # masked slots still enter attention as 0 x value: inf/NaN left in the cache would poison every
+                # later step (and request), so the overflowed run's cache is wiped before the redo
+                for state in self.states.values():
+                    for t in state.keys + state.values:
+                        t.zero_()
+                self.safe = True
+                try:  # the tokens streamed before the overflow were finite: stream only what comes after them
+                    return *self._generate(*args, streamed=overflow.streamed), True
+                finally:
+                    self.safe = False
 
     def start(self, embeds, position_ids, max_new_tokens: int, deepstack=None, suppress: list[int] = (),
               pruning: Pruning | None = None):

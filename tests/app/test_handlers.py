@@ -8,6 +8,7 @@ user error, and the answer box of the faithfulness curves.
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from PIL import Image
 
 from arr_coc.app import handlers, viz
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
-from arr_coc.model import Answer, Observation, Scene
+from arr_coc.model import Answer, ARRCOCQwen, Observation, Scene
 from arr_coc.pipelines import REDUCERS
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.vlm.views import Views
@@ -200,6 +201,23 @@ def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
     assert "strategy `grid`" in summary and spread != fewer
 
 
+def test_a_session_keeps_its_image_at_the_size_its_drawings_use(arr_model):
+    """Compare's and the Microscope's state hold the image shrunk to the drawings' canvas (at most viz.MAX_SIDE a
+    side), not the upload (5 sessions of a 62-megapixel image held 1.3 GB for an hour), and redraw the same pixels."""
+    big = CAT.convert("RGB").resize((4510, 3000))  # 13.5 megapixels
+    canvas = viz.canvas_size(*big.size)
+    assert max(canvas) == viz.MAX_SIDE
+    compared = list(handlers.compare(arr_model, big, QUESTION, "gestalt", 1, "topk", CELLS, 5))[-1][-1]
+    analysed = handlers.microscope(arr_model, big, QUESTION, "topk", 50, CELLS, 5)[0]
+    for kept in (compared, analysed):
+        assert kept.image.size == canvas
+        kept = dataclasses.replace(kept, positions=torch.tensor([[0, 0], [3, 5], [7, 2]]))
+        as_kept, as_uploaded = handlers.redraw(kept, 2), handlers.redraw(dataclasses.replace(kept, image=big), 2)
+        assert np.array_equal(np.asarray(as_kept[0]), np.asarray(as_uploaded[0]))  # the heatmap, pixel for pixel
+    small = handlers.microscope(arr_model, CAT, QUESTION, "topk", 50, CELLS, 5)[0]
+    assert small.image.size == CAT.size  # one smaller than its canvas is kept as it is (drawn upscaled)
+
+
 def test_the_microscope_shows_the_tensions_and_the_sliders_override_them(arr_model):
     kept, _, _, _, summary, saccades, _ = handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5)
     assert ("**Tensions** (set by the balancer) · explore e = 0.00 · diversify λ = 0.00 · K = 273 (fixed)"
@@ -223,9 +241,9 @@ def test_the_microscope_analyses_under_an_ablation_and_reselects_under_it(arr_mo
     assert f"ablation: {kept.ablation.description}" in summary
     _, summary, fewer, _ = handlers.reselect(arr_model, kept, "topk", 50, 5)
     assert summary.startswith(f"**{50 + extra} saccades**") and "ablation" in summary
-    if ablation == "raster":  # the same cells, raster-sorted
-        cells = [(row[1], row[2]) for row in fewer]
-        assert cells == sorted(cells)
+    if ablation == "raster":  # the same cells fed raster-sorted, still listed most relevant first
+        fed = [(row[1], row[2]) for row in sorted(fewer, key=lambda row: row[4])]
+        assert fed == sorted(fed) and [row[3] for row in fewer] == sorted((row[3] for row in fewer), reverse=True)
     if ablation == "fixed-weights":
         assert torch.equal(kept.maps["weights"], torch.tensor([[0.2, 0.2, 0.6]]))
     with pytest.raises(gr.Error, match="unknown ablation 'nope'"):
@@ -277,3 +295,116 @@ def test_the_kept_cells_panel_shows_only_for_a_reducer():
 
     assert [show_kept_cells(name)["visible"] for name in ("divprune", "visionzip", "fastv")] == [True] * 3
     assert [show_kept_cells(name)["visible"] for name in ("full", "gestalt", "budget", NO_REDUCER)] == [False] * 4
+
+
+# ----------------------------------------------------------------------------- numbering, weights, overlap and Stop
+
+
+@pytest.fixture
+def raster(arr_model):
+    """The tiny model with a layer that feeds its saccades in raster order, as pocket-fineprint does."""
+    model = ARRCOCQwen(arr_model.vlm)
+    model.layer.config.saccade_order = "raster"
+    return model
+
+
+def rank_one_ringed(drawing: Image.Image, cell: tuple[int, int], grid: tuple[int, int]) -> bool:
+    """Whether the cell wears rank 1's white ring (viz.draw_saccades), where its number "1" is drawn: most of the
+    pixels just left of its box (right of it, on the canvas's left edge) are white."""
+    x0, y0, x1, y1 = viz.cell_rect(*cell, grid, drawing.size)
+    column = np.asarray(drawing)[y0:y1 + 1, x0 - 1 if x0 > 0 else x1 + 1]
+    return (column == 255).all(-1).mean() > 0.5
+
+
+def test_compare_numbers_a_raster_fed_selection_most_relevant_first(raster):
+    """Item 1: a checkpoint that feeds its saccades row by row; the heatmap's "1" (its white ring) and the kept
+    saccades go to the highest-scoring cell, then down the scores, not along the top rows."""
+    final = list(handlers.compare(raster, CAT, QUESTION, "gestalt", 1, "topk", CELLS, 5))[-1]
+    heatmap, kept = final[5], final[-1]
+    cells = [tuple(c) for c in kept.positions.tolist()]
+    scores = [float(kept.relevance[r, c]) for r, c in cells]
+    assert scores == sorted(scores, reverse=True)  # most relevant first...
+    assert cells != sorted(cells)  # ...which is not the raster order they were fed in
+    assert rank_one_ringed(heatmap, cells[0], kept.grid) and not rank_one_ringed(heatmap, min(cells), kept.grid)
+
+
+def test_the_microscope_lists_and_numbers_a_raster_fed_selection_by_relevance(raster):
+    """Item 1: the saccade list's rank is relevance (its "fed" column the raster order the LLM reads), and the
+    heatmap's "1" sits on the highest-scoring cell, after Analyse and after a re-selection."""
+    kept, _, _, heatmap, summary, rows, _ = handlers.microscope(raster, CAT, QUESTION, "topk", 50, CELLS, 5)
+    reselected, _, fewer, _ = handlers.reselect(raster, kept, "topk", 20, 5)
+    assert "fed in raster order" in summary
+    for drawing, listed in ((heatmap, rows), (reselected, fewer)):
+        scores = [row[3] for row in listed]
+        assert [row[0] for row in listed] == list(range(1, len(listed) + 1)) and scores == sorted(scores, reverse=True)
+        fed = [(row[1], row[2]) for row in sorted(listed, key=lambda row: row[4])]
+        assert fed == sorted(fed) and fed != [(row[1], row[2]) for row in listed]
+        assert rank_one_ringed(drawing, (listed[0][1], listed[0][2]), kept.grid)
+        assert not rank_one_ringed(drawing, fed[0], kept.grid)
+
+
+def test_the_weights_chart_shows_each_scorers_share_of_the_saccades(arr_model):
+    """Item 2: beside the balancer weights, each scorer map's share of the selected saccades' relevance (they
+    sum to 1): what tells the scorers apart when the weights are all 1.00, as on the pocket checkpoint."""
+    answer = arr_model.answer(CAT, QUESTION, "arr", 1)
+    out = dataclasses.replace(answer.arr, weights=torch.ones(1, 3))  # a balancer that says nothing
+    shares = out.shares()[0]
+    standard = torch.stack([out.information, out.perspectival, out.participatory], 1)[0].flatten(1)  # [3, N]
+    standard = (standard - standard.mean(1, keepdim=True)) / standard.std(1, unbiased=False, keepdim=True)
+    lift = standard[:, out.indices[0]].mean(1)  # each map's mean over the saccades: what lifted them
+    torch.testing.assert_close(shares, lift / lift.sum())
+    assert float(shares.sum()) == pytest.approx(1.0) and float(shares.max() - shares.min()) > 0.05
+    one_map = dataclasses.replace(out, perspectival=out.information, participatory=2 * out.information + 1)
+    assert float(one_map.agreement()[0]) == pytest.approx(1.0, abs=1e-4) and float(out.agreement()[0]) < 0.99
+    final = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 1, "topk", CELLS, 5))[-1]
+    assert final[7].width > viz.weights_bar(answer.arr.weights[0]).width  # the shares' chart beside the weights'
+
+
+@pytest.fixture(scope="module")
+def pocket():
+    """The offline pocket model with its default checkpoint, as `python app.py` serves it offline."""
+    from arr_coc.app import ui
+
+    model = ARRCOCQwen.from_pretrained("pocket", device="cpu", dtype=torch.float32)
+    ui.install_default_layer(model, None, ROOT / "checkpoints")
+    return model
+
+
+def test_two_overlapping_requests_on_the_pocket_model_answer_as_each_alone(pocket):
+    """Item 12: two requests at once (two users, or a new one while a stopped one winds down) take turns on the
+    model: each answer equals its lone answer (overlapping, they once shared a decode cache: "7878" became "7")."""
+    requests = [(Image.open(ROOT / "assets" / "pocket_fine_print.png"), "What is the value of WIDTH?"),
+                (Image.open(ROOT / "assets" / "pocket_box_word.png"), "What word is in the blue box?")]
+    lone = [pocket.answer(image, question, "arr", 16).text for image, question in requests]
+    for _ in range(6):  # an overlap corrupts one run in a few, not every one
+        together, start = [None, None], threading.Barrier(2)
+
+        def ask(i):
+            start.wait()
+            together[i] = pocket.answer(*requests[i], "arr", 16).text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert together == lone
+
+
+def test_stop_ends_the_generation_at_once_and_frees_the_model(arr_model, monkeypatch):
+    """Item 12: Stop (gradio closes the event's generator) ends the decode loop within a token or two, instead of
+    letting the 256 tokens run out while the next request starts beside it."""
+    decoder, steps = arr_model.vlm.decoder, []
+    step = decoder._decode_step
+    monkeypatch.setattr(decoder, "_decode_step", lambda cap: steps.append(cap) or step(cap))
+    updates = handlers.compare(arr_model, CAT, QUESTION, "gestalt", 256, "topk", CELLS, 5)
+    for _ in updates:  # ticks while the baseline decodes
+        if len(steps) >= 3:
+            break
+    updates.close()  # Stop
+    assert arr_model.lock.acquire(timeout=30)  # the stopped request let go of the model
+    arr_model.lock.release()
+    stopped = len(steps)
+    time.sleep(1.0)
+    assert len(steps) == stopped < 50  # no decode step after the stop; far from the 255 it would have run
+

@@ -231,6 +231,25 @@ def test_weights_bar_lengths_follow_the_weights():
         viz.weights_bar([0.5, 0.5])
 
 
+def test_weights_bar_draws_each_maps_share_beside_equal_weights():
+    """Item 2: weights of 1.00 / 1.00 / 1.00 (the pocket checkpoint's) tell the scorers nothing; the chart beside
+    them, each map's share of the saccades' relevance, does (a negative share: a map that held them back)."""
+    def bars(image):
+        return np.asarray([colour_count(image, np.asarray(hex_to_rgb(c)) * 255, tolerance=1)
+                           for c in viz.SCORER_COLOURS], dtype=float)
+
+    shares = np.asarray([0.15, 0.3, 0.55])
+    out = viz.weights_bar(torch.ones(3), torch.tensor(shares), 0.4)
+    weights, share_bars = bars(out.crop((0, 0, out.width // 2, out.height))), bars(out.crop((out.width // 2, 0,
+                                                                                               *out.size)))
+    assert np.allclose(weights / weights[0], 1, rtol=0.05)  # equal weights: equal bars
+    assert np.allclose(share_bars / share_bars[2], shares / shares[2], rtol=0.08)  # the shares tell them apart
+    assert out.width > viz.weights_bar(torch.ones(3)).width
+    assert min(viz.weights_bar([0.5, 0.5, 0.5], [-0.2, 0.4, 0.8]).size) > 50
+    with pytest.raises(ValueError, match="3 shares"):
+        viz.weights_bar([0.5] * 3, [0.5, 0.5])
+
+
 def test_difference_map_is_red_where_b_is_more_relevant_and_marks_both_sets():
     a, b = torch.zeros(4, 4), torch.zeros(4, 4)
     a[1, 1], b[2, 2] = 1.0, 1.0
@@ -306,6 +325,23 @@ def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
     baseline = arr_model.answer(image, "What is on the saucer?", "gestalt", max_new_tokens=1)
     with pytest.raises(ValueError, match="gestalt pipeline has no ARR output"):
         viz.save_all(baseline, tmp_path / "baseline")
+
+
+def test_save_all_numbers_a_raster_fed_answer_most_relevant_first(arr_model, tmp_path):
+    """`run --save-dir` under a layer that feeds its saccades row by row (as pocket-fineprint does): the heatmap's
+    and the mosaic's numbers follow relevance, as `run --json`'s saccades do, not the feed order."""
+    from arr_coc.model import ARRCOCQwen
+
+    model = ARRCOCQwen(arr_model.vlm)
+    model.layer.config.saccade_order = "raster"
+    image = Image.open("assets/coffee.jpg")
+    answer = model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
+    assert answer.arr.saccade_order == "raster" and [s.rank for s in answer.saccades[:3]] == [1, 2, 3]
+    heatmap, mosaic = (Image.open(p).convert("RGB") for p in viz.save_all(answer, tmp_path)[:2])
+    expected = viz.heatmap_overlay(answer.views.image, answer.arr.relevance[0], answer.saccades)
+    assert np.array_equal(np.asarray(heatmap), np.asarray(expected))
+    expected = viz.saccade_mosaic(answer.views.highres, answer.views.candidate_grid, answer.saccades)
+    assert np.array_equal(np.asarray(mosaic), np.asarray(expected))
 
 
 def test_rank_numbers_of_clustered_saccades_never_overlap_and_skipped_ones_are_said():

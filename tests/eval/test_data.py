@@ -273,6 +273,48 @@ def test_loader_applies_the_exif_orientation(tmp_path):
     assert sample.image.size == (200, 300) and sample.box == (0, 0, 200, 300)  # the box is checked upright
 
 
+def test_open_image_refuses_too_many_pixels_from_the_header_before_decoding(tmp_path, monkeypatch):
+    """max_pixels is checked on the header: a sideways photo over it is neither decoded nor turned (the app's
+    64-megapixel check came after gradio had decoded and turned a 13000x13000 JPEG, 0.5 GB a request)."""
+    from PIL import ImageFile, ImageOps
+
+    from arr_coc.eval.data import open_image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 to view
+    Image.new("L", (300, 200), 128).save(tmp_path / "sideways.jpg", exif=exif)
+    decoded = []
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self, load=ImageFile.ImageFile.load: decoded.append(
+        "load") or load(self))
+    monkeypatch.setattr(ImageOps, "exif_transpose", lambda image, turn=ImageOps.exif_transpose, **kw: decoded.append(
+        "turn") or turn(image, **kw))
+    with pytest.raises(Image.DecompressionBombError, match=r"^300x200 pixels$"):
+        open_image(tmp_path / "sideways.jpg", max_pixels=300 * 200 - 1)
+    assert decoded == []
+    assert open_image(tmp_path / "sideways.jpg", max_pixels=300 * 200).size == (200, 300) and decoded
+
+
+@pytest.mark.parametrize("before_pixels", [True, False])
+def test_open_image_says_a_png_text_bomb_is_one_in_an_oserror(tmp_path, before_pixels):
+    """A zTXt chunk inflating to 64 MB, read at open (before IDAT) or at decode (after): an OSError saying what it
+    is, which `run` and the app report in one line, never PIL's bare ValueError (a traceback in `run`)."""
+    import io
+    import struct
+    import zlib
+
+    from arr_coc.eval.data import open_image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    png, body = buffer.getvalue(), b"Comment\0\0" + zlib.compress(bytes(64 << 20), 9)
+    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
+    at = png.index(b"IDAT" if before_pixels else b"IEND") - 4
+    (tmp_path / "bomb.png").write_bytes(png[:at] + chunk + png[at:])
+    with pytest.raises(OSError, match=r"^a compressed metadata chunk inflates past the 1 MB PIL reads: a "
+                                      r"decompression bomb$"):
+        open_image(tmp_path / "bomb.png")
+
+
 def test_cli_writes_a_loadable_dataset(tmp_path, capsys):
     out = tmp_path / "cli"
     main(["--out", str(out), "--n", "4", "--kinds", "noise,document", "--seed", "2", "--size", "96"])

@@ -143,3 +143,51 @@ def test_corrupt_weights_and_missing_files_are_refused(tmp_path):
         ARRCOCLayer.from_pretrained(tmp_path / "ck")
     with pytest.raises(CheckpointError, match="not a folder with config.json"):
         ARRCOCLayer.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("balancer_hidden", 15_000_000, "balancer_hidden must be in [1, 1024], got 15000000"),
+    ("prior_weights", "x", "prior_weights must be a list of 3 numbers in [0, 1], got 'x'"),
+    ("prior_weights", "xyz", "prior_weights must be a list of 3 numbers in [0, 1], got 'xyz'"),
+    ("prior_weights", [0.2, 0.2, float("nan")], "prior_weights must be a list of 3 numbers in [0, 1]"),
+    ("hidden_size", "64", "hidden_size must be an integer in [1, 16384], got '64'"),
+    ("budget", 2.5, "budget must be an integer in [0, 65536], got 2.5"),
+    ("min_budget", True, "min_budget must be an integer in [1, 65536], got True"),
+    ("void_tolerance", float("inf"), "void_tolerance must be in [0.0, 1.0], got inf"),
+    ("texture_channels", 12, "texture_channels must be in [13, 13], got 12"),
+    ("strategy", ["topk"], "strategy must be a string, got ['topk']"),
+    ("info_hidden", "x" * 1000, "info_hidden must be an integer in [1, 1024], got 'xxxxx"),
+])
+def test_every_config_field_is_checked_for_type_and_range_naming_it(tmp_path, field, value, message):
+    """A checkpoint's config.json (an upload, in the app) gets a CheckpointError naming the field, never a
+    ValueError from deep in torch; a long value is cut short in the message."""
+    import json
+
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    config = json.loads((tmp_path / "ck" / "config.json").read_text())
+    (tmp_path / "ck" / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(CheckpointError, match=r"^ck/config\.json: ") as refused:
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    assert message in str(refused.value) and len(str(refused.value)) < 200
+
+
+def test_sizes_are_checked_against_the_safetensors_header_before_anything_is_allocated(tmp_path, monkeypatch):
+    """A config within its ranges whose sizes the weights do not have: refused from the safetensors header, with
+    the layer it describes built only on the meta device (no memory), never for real."""
+    import json
+
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    config = json.loads((tmp_path / "ck" / "config.json").read_text())
+    (tmp_path / "ck" / "config.json").write_text(json.dumps({**config, "balancer_hidden": 1024}))
+    built, init = [], ARRCOCLayer.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(next(self.parameters()).device.type)
+
+    monkeypatch.setattr(ARRCOCLayer, "__init__", recording)
+    with pytest.raises(CheckpointError, match=r"wrong shapes: balancer.*expected \(1024, .*found \(32, "):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    assert built == ["meta"]
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
+    assert ARRCOCLayer.from_pretrained(tmp_path / "ck").config.balancer_hidden == 32 and built[1:] == ["meta", "cpu"]
