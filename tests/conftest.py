@@ -209,3 +209,20 @@ def write_parquet_set(folder: Path, schema: str, n: int, split: str = "validatio
     path.parent.mkdir(parents=True, exist_ok=True)
     datasets.Dataset.from_dict(columns, features=features).to_parquet(path)
     return folder
+
+
+def text_bomb_png(path: Path, inflated: int = 500 << 20, before_pixels: bool = True) -> Path:
+    """A 32x32 PNG with a zTXt chunk (compressed text) that inflates to `inflated` bytes, before or after its
+    pixels (IDAT): read at open or at decode."""
+    import io
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (10, 20, 30)).save(buffer, format="PNG")
+    png, deflate = buffer.getvalue(), zlib.compressobj(9)
+    body = b"Comment\0\0" + b"".join(deflate.compress(bytes(1 << 20)) for _ in range(inflated >> 20)) + deflate.flush()
+    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
+    at = png.index(b"IDAT" if before_pixels else b"IEND") - 4  # a chunk starts with its length
+    path.write_bytes(png[:at] + chunk + png[at:])
+    return path

@@ -27,6 +27,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 from safetensors.torch import save_file
+from conftest import text_bomb_png
 
 from arr_coc.app import ui, viz
 from arr_coc.errors import OutOfMemory
@@ -334,22 +335,6 @@ def sideways_jpeg(path: Path, size: tuple[int, int]) -> Path:
     exif = Image.Exif()
     exif[0x0112] = 6  # Orientation
     Image.new("L", size, 128).save(path, exif=exif)
-    return path
-
-
-def text_bomb_png(path: Path, inflated: int = 500 << 20, before_pixels: bool = True) -> Path:
-    """A 32x32 PNG with a zTXt chunk (compressed text) that inflates to `inflated` bytes, before or after its
-    pixels (IDAT): read at open or at decode."""
-    import struct
-    import zlib
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (32, 32), (10, 20, 30)).save(buffer, format="PNG")
-    png, deflate = buffer.getvalue(), zlib.compressobj(9)
-    body = b"Comment\0\0" + b"".join(deflate.compress(bytes(1 << 20)) for _ in range(inflated >> 20)) + deflate.flush()
-    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
-    at = png.index(b"IDAT" if before_pixels else b"IEND") - 4  # a chunk starts with its length
-    path.write_bytes(png[:at] + chunk + png[at:])
     return path
 
 

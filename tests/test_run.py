@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from PIL import Image
+from conftest import text_bomb_png
 
 from arr_coc.run import load_image, main
 
@@ -162,16 +163,7 @@ def test_load_image_applies_the_exif_orientation(tmp_path):
 def test_a_png_whose_text_inflates_past_pils_limit_exits_2_with_one_line(tmp_path, capsys):
     """A zTXt chunk after the pixels (so the header passes --image's check) inflating to 64 MB: PIL's ValueError
     was a traceback; it is one line naming the file and what is wrong, before the model loads."""
-    import io
-    import struct
-    import zlib
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
-    png, body = buffer.getvalue(), b"Comment\0\0" + zlib.compress(bytes(64 << 20), 9)
-    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
-    at = png.index(b"IEND") - 4
-    (tmp_path / "bomb.png").write_bytes(png[:at] + chunk + png[at:])
+    text_bomb_png(tmp_path / "bomb.png", 64 << 20, before_pixels=False)
     assert main(["--model", "tiny", "--image", str(tmp_path / "bomb.png"), "--question", "hi"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: cannot read {tmp_path / 'bomb.png'} as an image (OSError: a compressed metadata chunk "
@@ -180,16 +172,7 @@ def test_a_png_whose_text_inflates_past_pils_limit_exits_2_with_one_line(tmp_pat
 
 def test_a_png_whose_text_inflates_before_its_pixels_is_refused_at_parse_time(tmp_path, capsys):
     """The same bomb before the pixels: PIL meets it reading the header, so --image refuses it, in one line."""
-    import io
-    import struct
-    import zlib
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
-    png, body = buffer.getvalue(), b"Comment\0\0" + zlib.compress(bytes(64 << 20), 9)
-    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
-    at = png.index(b"IDAT") - 4
-    (tmp_path / "bomb.png").write_bytes(png[:at] + chunk + png[at:])
+    text_bomb_png(tmp_path / "bomb.png", 64 << 20, before_pixels=True)
     with pytest.raises(SystemExit) as stop:
         main(["--model", "tiny", "--image", str(tmp_path / "bomb.png"), "--question", "hi"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -298,18 +298,11 @@ def test_open_image_refuses_too_many_pixels_from_the_header_before_decoding(tmp_
 def test_open_image_says_a_png_text_bomb_is_one_in_an_oserror(tmp_path, before_pixels):
     """A zTXt chunk inflating to 64 MB, read at open (before IDAT) or at decode (after): an OSError saying what it
     is, which `run` and the app report in one line, never PIL's bare ValueError (a traceback in `run`)."""
-    import io
-    import struct
-    import zlib
+    from conftest import text_bomb_png
 
     from arr_coc.eval.data import open_image
 
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
-    png, body = buffer.getvalue(), b"Comment\0\0" + zlib.compress(bytes(64 << 20), 9)
-    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
-    at = png.index(b"IDAT" if before_pixels else b"IEND") - 4
-    (tmp_path / "bomb.png").write_bytes(png[:at] + chunk + png[at:])
+    text_bomb_png(tmp_path / "bomb.png", 64 << 20, before_pixels)
     with pytest.raises(OSError, match=r"^a compressed metadata chunk inflates past the 1 MB PIL reads: a "
                                       r"decompression bomb$"):
         open_image(tmp_path / "bomb.png")
