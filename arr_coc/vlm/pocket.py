@@ -551,11 +551,11 @@ def save_heads(head, binding, folder: Path):
     save_file(binding.state_dict(), folder / BINDING_FILE)
 
 
-def save_state(model, head, optimizer, folder: Path, state: dict, binding=None):
+def save_state(model, head, binding, optimizer, folder: Path, state: dict):
     """Weights (fp32), heads, optimizer moments and state.json, every file under 16 MiB: the resume point."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder / "weights", max_shard_size=SHARD)
-    save_heads(head, binding or BindingHead(head.proj.in_features), folder)
+    save_heads(head, binding, folder)
     moments = {}
     names = {p: n for n, p in trained_parameters(model, head, binding).items()}
     for p, s in optimizer.state.items():
@@ -566,7 +566,7 @@ def save_state(model, head, optimizer, folder: Path, state: dict, binding=None):
     (folder / "state.json").write_text(json.dumps(state, indent=1))
 
 
-def load_state(model, head, optimizer, folder: Path, binding=None) -> dict:
+def load_state(model, head, binding, optimizer, folder: Path) -> dict:
     moments = load_shards(folder, "optimizer")
     for n, p in trained_parameters(model, head, binding).items():
         if f"{n}.exp_avg" in moments:
@@ -630,7 +630,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage)
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
-        load_state(model, head, optimizer, folder, binding)
+        load_state(model, head, binding, optimizer, folder)
     trainee = Trainee(model, head, binding)
     trainee = DistributedDataParallel(trainee) if process.distributed else trainee
     if process.is_main:
@@ -652,7 +652,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
                               pages_per_second=round(seen / elapsed, 1),
                               device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"))
     if process.is_main:
-        save_state(model, head, optimizer, folder, state, binding)
+        save_state(model, head, binding, optimizer, folder, state)
     process.barrier()
     return state
 
