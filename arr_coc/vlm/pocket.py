@@ -49,7 +49,7 @@ from arr_coc import distributed
 from arr_coc.checkpoints import shipped
 from arr_coc.eval.metrics import interval_text
 from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
-from arr_coc.vlm.binding import BindingHead, binding_targets
+from arr_coc.vlm.binding import BindingHead, aligned_count, aligned_ids, aligned_loss, binding_targets
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.reading import MergerOutputHook, ReadingHead, glyph_targets
 from arr_coc.vlm.views import PIPELINE, fit_grid
@@ -106,6 +106,8 @@ CURRICULUM = (
 PASS_MARK = 0.7  # a stage may end early when held-out exact match on its own pages reaches this on its gate kinds:
 # its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
 REVIEW = 0.2  # share of batches drawn from an earlier stage than the current one, so that no stage is forgotten
+KIND_WEIGHTS = (0.35, 0.5, 0.15)  # how often each of PAGE_KINDS is drawn: box_word, the kind the model binds worst, most
+REVERSED = 0.3  # share of a page's training questions asked the other way round (reversed_questions)
 GESTALT_FIRST = 0.2  # share of batches whose conversations show the page's gestalt view (<= 256 tokens) first, then
 # the page: two image blocks, as ARR's prompt has (and as the real Qwen saw multi-image prompts in training)
 
@@ -143,6 +145,7 @@ class TrainConfig:
     eval_sizes: tuple[int, ...] = (896, 1792)  # held-out square page sides
     device: str = "cuda"  # where to train (under torchrun on CUDA, each process its own GPU)
     stage: int | None = None  # start at this curriculum stage (None: where the resumed state stands)
+    init: str = str(POCKET_FOLDER)  # with resume and no run in `out` yet: continue from this exported folder
 
 
 # -----------------------------------------------------------------------------
@@ -364,14 +367,35 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
     images, conversations, readings, bindings = [], [], [], []
     for _ in range(n):
         style = rng.choice(s.styles) if len(s.styles) > 1 else s.styles[0]
-        page = make_page(rng.choice(PAGE_KINDS), rng.getrandbits(40), w, h, style)
-        k = rng.randint(1, min(s.turns, len(page.questions)))
-        turns = [(q.question, q.answer) for q in rng.sample(page.questions, k)]
+        page = make_page(rng.choices(PAGE_KINDS, KIND_WEIGHTS)[0], rng.getrandbits(40), w, h, style)
+        pool = [(q.question, q.answer) for q in page.questions]
+        for i, qa in enumerate(reversed_questions(page)[:len(pool)]):  # mark i is question i's target
+            if rng.random() < REVERSED:
+                pool[i] = qa
+        k = rng.randint(1, min(s.turns, len(pool)))
+        turns = rng.sample(pool, k)
         images.append(page.image)
         conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
         readings.append(glyph_targets(page.glyphs, w, h))
         bindings.append(binding_targets(page.marks, w, h))
     return images, conversations, readings, gestalt_first, bindings
+
+
+def reversed_questions(page) -> list[tuple[str, str]]:
+    """Training-only questions that ask each of the page's targets the other way round: the box's colour from its
+    word, the shape from its colour, the key from its value. They teach the LLM to read a mark's colour, shape or key
+    off the tokens it holds, the binding that the suite's questions (word from colour, value from key) use
+    in the opposite direction; the input and output embeddings are tied, so both directions share one code."""
+    values = [m.text for m in page.marks if m.kind == "field"]
+    out = []
+    for m in page.marks:
+        if m.kind == "box":
+            out.append((f"What colour is the box around {m.text}?", m.colour))
+        elif m.kind == "shape":
+            out.append((f"Which shape is {m.colour}?", m.shape))
+        elif m.kind == "field" and values.count(m.text) == 1:
+            out.append((f"Which key has the value {m.text}?", m.key))
+    return out
 
 
 class PageStream(torch.utils.data.IterableDataset):
@@ -490,27 +514,31 @@ class Trainee(nn.Module):
     """The VLM and its training-only heads as one module: what DistributedDataParallel wraps, so that one
     backward all-reduces every trained gradient."""
 
-    def __init__(self, model, reading: ReadingHead, binding: BindingHead):
+    def __init__(self, model, reading: ReadingHead, binding: BindingHead, aligned: dict[str, torch.Tensor]):
         super().__init__()
         self.model, self.reading, self.binding = model, reading, binding
+        self.aligned = aligned  # aligned_ids(tokenizer): the binding channels also taught in the word embeddings
 
     def forward(self, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                 counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(answer, reading, binding) losses, each a sum over this process's batch divided by `counts` [3]: the
+        """(answer, reading, binding) losses, each a sum over this process's batch divided by `counts` [4]: the
         global batch's label counts over the world size, so that DDP's mean of the processes' gradients is the
         gradient of the global batch's mean loss (exactly one process's over the same batch)."""
         with MergerOutputHook(self.model) as visual:
             answer = self.model(**inputs, num_items_in_batch=counts[0]).loss
         reading_loss = self.reading(visual.value, reading, reduction="sum") / counts[1]
-        binding_loss = self.binding(visual.value, binding, reduction="sum") / counts[2]
+        embeddings = self.model.get_input_embeddings().weight.detach()  # [V, H] fixed: the visual tokens move
+        binding_loss = (self.binding(visual.value, binding, reduction="sum") / counts[2]
+                        + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3])
         return answer, reading_loss, binding_loss
 
 
 def label_counts(inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                  process: distributed.Process) -> torch.Tensor:
-    """The global batch's answer tokens, reading slots and binding labels, over the world size: float [3]."""
+    """The global batch's answer tokens, reading slots, binding labels and aligned binding labels (aligned_count),
+    over the world size: float [4]."""
     local = torch.stack([(inputs["labels"][:, 1:] != IGNORE).sum(), (reading != IGNORE).sum(),
-                         (binding != IGNORE).sum()]).double()  # [3]
+                         (binding != IGNORE).sum(), aligned_count(binding)]).double()  # [4]
     return (process.sum(local) / process.world_size).clamp(min=1).float()
 
 
@@ -584,21 +612,21 @@ def make_optimizer(model, cfg: TrainConfig, head=None, binding=None):
                              lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
 
 
-def load_or_init(folder: Path, resume: bool, device, stage: int | None = None):
-    """(model, reading head, tokenizer, state, binding head): the run's if resuming, else the exported pocket folder
-    (with the heads it ships), else all fresh."""
+def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, init: Path = POCKET_FOLDER):
+    """(model, reading head, tokenizer, state, binding head): the run's if resuming, else the exported folder `init`
+    (with the heads it carries; by default the shipped model), else all fresh."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
-    tok_folder = folder / "weights" if (folder / "weights" / "tokenizer.json").is_file() else POCKET_FOLDER
+    tok_folder = folder / "weights" if (folder / "weights" / "tokenizer.json").is_file() else init
     tokenizer = AutoTokenizer.from_pretrained(tok_folder)
     heads = None
     if resume and (folder / "state.json").is_file():
         model = Qwen2VLForConditionalGeneration.from_pretrained(folder / "weights", dtype=torch.float32)
         state, heads = json.loads((folder / "state.json").read_text()), folder
-    elif resume and (POCKET_FOLDER / "config.json").is_file():  # a new machine: continue from the shipped model
-        model = Qwen2VLForConditionalGeneration.from_pretrained(POCKET_FOLDER, dtype=torch.float32)
-        state, heads = json.loads((POCKET_FOLDER / "training_state.json").read_text()), POCKET_FOLDER
+    elif resume and (init / "config.json").is_file():  # a new machine: continue from an exported folder
+        model = Qwen2VLForConditionalGeneration.from_pretrained(init, dtype=torch.float32)
+        state, heads = json.loads((init / "training_state.json").read_text()), init
     else:
         torch.manual_seed(0)
         model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer), dtype=torch.float32)
@@ -627,11 +655,11 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     process = process or distributed.start(cfg.device)
     device = torch.device(process.device)
     folder = Path(cfg.out)
-    model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage)
+    model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage, Path(cfg.init))
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
         load_state(model, head, binding, optimizer, folder)
-    trainee = Trainee(model, head, binding)
+    trainee = Trainee(model, head, binding, aligned_ids(tokenizer))
     trainee = DistributedDataParallel(trainee) if process.distributed else trainee
     if process.is_main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -734,7 +762,7 @@ def backward(trainee, inputs: dict, reading: torch.Tensor, binding: torch.Tensor
              process: distributed.Process) -> tuple[torch.Tensor, ...]:
     """The losses of this process's batch, normalised by the global batch's label counts, and their backward:
     under DDP the gradients arrive averaged over processes, i.e. the global batch's. (answer, reading, binding)."""
-    counts = label_counts(inputs, reading, binding, process)  # [3]
+    counts = label_counts(inputs, reading, binding, process)  # [4]
     with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
         losses = trainee(inputs, reading, binding, counts)
     sum(losses).backward()
@@ -794,6 +822,13 @@ def export(run: Path, out: Path):
     return out
 
 
+def exported_folder(path: str) -> str:
+    """--init: a folder that `--export` wrote (its config and training state), or an argparse error."""
+    if not all((Path(path) / name).is_file() for name in ("config.json", "training_state.json")):
+        raise argparse.ArgumentTypeError(f"{path} is not an exported pocket folder (config.json, training_state.json)")
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=TrainConfig.out, help="run folder (weights, optimizer, state.json)")
@@ -814,6 +849,8 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     parser.add_argument("--stage", type=int, default=None, choices=range(len(CURRICULUM)),
                         help="start at this curriculum stage (default: where the resumed run stands)")
+    parser.add_argument("--init", type=exported_folder, default=TrainConfig.init,
+                        help="with --resume and no run in --out yet: continue from this exported folder")
     parser.add_argument("--export", default=None, help="after training, write the hub folder here")
     parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
     args = parser.parse_args(argv)
@@ -823,7 +860,7 @@ def main(argv=None):
     cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
                       cooldown=args.cooldown, image_tokens=args.image_tokens, max_pages=args.max_pages,
                       workers=args.workers, eval_every=args.eval_every, eval_pages=args.eval_pages, device=args.device,
-                      stage=args.stage,
+                      stage=args.stage, init=args.init,
                       eval_sizes=tuple(int(v) for v in args.eval_sizes.split(",")))
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():

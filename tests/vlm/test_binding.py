@@ -100,3 +100,33 @@ def test_nothing_is_named_on_an_empty_page_and_the_loss_ignores_gestalt_rows():
     with torch.no_grad():
         torch.testing.assert_close(head(tokens, targets), head(tokens[[0, 2]], targets[[0, 2]]))
         torch.testing.assert_close(head(tokens, targets, reduction="sum") / (2 * len(CHANNELS)), head(tokens, targets))
+
+
+def test_aligned_loss_is_the_cross_entropy_of_scaled_cosines_to_the_names_embeddings_on_marked_cells():
+    from arr_coc.vlm.binding import aligned_count, aligned_loss
+
+    embeddings = torch.tensor([[9.0, 9.0], [2.0, 0.0], [0.0, 3.0]])  # [V, H]: token 1 and token 2 name the classes
+    ids = {"inside": torch.tensor([1, 2])}  # inside's classes 1 and 2 are tokens 1 and 2
+    tokens = torch.tensor([[5.0, 0.0], [1.0, 1.0], [0.0, 7.0], [4.0, 4.0]])  # [N, H]
+    targets = torch.zeros(4, len(CHANNELS), dtype=torch.int64)
+    targets[:, CHANNELS.index("inside")] = torch.tensor([1, 0, 2, -100])  # row 1: nothing; row 3: a gestalt token
+    targets[:, CHANNELS.index("word")] = torch.tensor([3, 0, 0, -100])  # not in ids: not summed here
+    # rows 0 and 2 point exactly at their class (cosines 1 and 0): log(1 + e^-10) each
+    assert float(aligned_loss(tokens, targets, embeddings, ids)) == pytest.approx(2 * 4.5398899e-05, rel=1e-3)  # fp32
+    targets[0, CHANNELS.index("inside")] = 2  # row 0 now names the other class: log(1 + e^10) = 10.0000454
+    assert float(aligned_loss(tokens, targets, embeddings, ids)) == pytest.approx(10.0000454 + 4.5398899e-05, rel=1e-6)
+    assert int(aligned_count(targets)) == 3  # the marked inside (2) and word (1) labels; key has none
+
+
+def test_the_aligned_names_are_the_words_as_the_questions_and_answers_write_them():
+    from transformers import AutoTokenizer
+
+    from arr_coc.vlm.binding import aligned_ids
+    from arr_coc.vlm.pocket import POCKET_FOLDER
+
+    tokenizer = AutoTokenizer.from_pretrained(POCKET_FOLDER)
+    ids = aligned_ids(tokenizer)
+    names = {channel: [tokenizer.decode([i]) for i in ids[channel].tolist()] for channel in ids}
+    assert names["inside"] == [" blue", " brown", " cyan", " green", " orange", " pink", " purple", " red"]
+    assert names["word"][:3] == ["apple", "river", "stone"] and len(names["word"]) == 48
+    assert names["key"][0] == " " + CLASSES["key"][1] and len(names["key"]) == 32

@@ -311,7 +311,7 @@ def _greedy(model, tokenizer, image, question) -> str:
 
 
 def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
-    from arr_coc.vlm.binding import BindingHead, binding_targets
+    from arr_coc.vlm.binding import BindingHead, aligned_ids, binding_targets
     from arr_coc.vlm.pocket import TrainConfig, Trainee, _train_step, make_optimizer
     from arr_coc.vlm.reading import ReadingHead, glyph_targets
 
@@ -324,7 +324,7 @@ def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     heads = ReadingHead(256), BindingHead(256)
     try:
-        assert _train_step(Trainee(model.train(), *heads), make_optimizer(model, TrainConfig(device="cpu"), *heads),
+        assert _train_step(Trainee(model.train(), *heads, aligned_ids(tokenizer)), make_optimizer(model, TrainConfig(device="cpu"), *heads),
                            inputs, 1e-3, batch["reading"], batch["binding"]) is None
     finally:
         model.eval().zero_grad(set_to_none=True)
@@ -340,3 +340,33 @@ def test_the_cool_down_decays_the_rate_to_five_percent_over_the_runs_last_minute
     assert lr_at(100, 0, cfg, seconds_left=0) == pytest.approx(5e-5)  # the floor
     assert lr_at(4, 0, cfg, seconds_left=600) == pytest.approx(5e-4)  # warming up after a (re)start
     assert lr_at(100, 0, TrainConfig(lr=1e-3, warmup=10, cooldown=0.0), seconds_left=0) == pytest.approx(1e-3)  # off
+
+
+def test_reversed_questions_ask_each_target_the_other_way_round():
+    from arr_coc.eval.fineprint import Mark, Page
+    from arr_coc.vlm.pocket import reversed_questions
+
+    marks = [Mark("box", (0, 0, 90, 60), colour="orange", border=4, text="lemon"),
+             Mark("shape", (100, 0, 160, 60), colour="cyan", shape="diamond"),
+             Mark("field", (0, 100, 90, 112), key="LIMIT", text="0420"),
+             Mark("field", (0, 120, 90, 132), key="RATE", text="7777"),
+             Mark("field", (0, 140, 90, 152), key="DATE", text="7777")]  # a value twice: no key to name
+    page = Page(None, "box_word", [], [], marks)
+    assert reversed_questions(page) == [("What colour is the box around lemon?", "orange"),
+                                        ("Which shape is cyan?", "diamond"),
+                                        ("Which key has the value 0420?", "LIMIT")]
+
+
+def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
+    import json
+    import shutil
+
+    from arr_coc.vlm.pocket import POCKET_FOLDER, load_or_init, main
+
+    exported = tmp_path / "exported"
+    shutil.copytree(POCKET_FOLDER, exported)
+    state = json.loads((exported / "training_state.json").read_text())
+    (exported / "training_state.json").write_text(json.dumps(state | {"step": 123456}))
+    assert load_or_init(tmp_path / "run", True, "cpu", init=exported)[3]["step"] == 123456
+    with pytest.raises(SystemExit):  # a folder that --export did not write: refused at parse time
+        main(["--init", str(tmp_path), "--steps", "0"])

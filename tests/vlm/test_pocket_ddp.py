@@ -20,7 +20,7 @@ import sys, torch
 from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 from arr_coc import distributed
 from arr_coc.eval.fineprint import make_page
-from arr_coc.vlm.binding import BindingHead, binding_targets
+from arr_coc.vlm.binding import BindingHead, aligned_ids, binding_targets
 from arr_coc.vlm.pocket import (POCKET_FOLDER, PocketConfig, Trainee, backward, collate, image_processor,
                                 model_inputs, model_config, use_same_size_pages_attention)
 from arr_coc.vlm.reading import ReadingHead, glyph_targets
@@ -35,7 +35,7 @@ model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer, arc
 model.config._attn_implementation = "sdpa"
 use_same_size_pages_attention(model).train()
 reading, binding = ReadingHead(32), BindingHead(32)
-trainee = Trainee(model, reading, binding)
+trainee = Trainee(model, reading, binding, aligned_ids(tokenizer))
 if process.distributed:
     trainee = torch.nn.parallel.DistributedDataParallel(trainee)
 pages = [make_page(kind, 7, 112) for kind in ("fine_print", "box_word", "shape_colour", "box_word")]

@@ -89,7 +89,7 @@ def test_with_the_gestalt_first_only_the_pages_tokens_have_reading_targets(stock
 def test_a_training_step_trains_the_heads_on_their_losses(stock):
     import copy
 
-    from arr_coc.vlm.binding import BindingHead, binding_targets
+    from arr_coc.vlm.binding import BindingHead, aligned_ids, binding_targets
     from arr_coc.vlm.pocket import Trainee
 
     model = copy.deepcopy(stock[0]).train()
@@ -99,7 +99,7 @@ def test_a_training_step_trains_the_heads_on_their_losses(stock):
     head, bound = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
     before = head.proj.weight.detach().clone(), bound.proj.weight.detach().clone()
     optimizer = make_optimizer(model, TrainConfig(device="cpu"), head, bound)
-    answer, reading_loss, binding_loss = _train_step(Trainee(model, head, bound), optimizer, inputs, 1e-3, reading,
+    answer, reading_loss, binding_loss = _train_step(Trainee(model, head, bound, aligned_ids(stock[1])), optimizer, inputs, 1e-3, reading,
                                                      binding)
     assert answer > 0 and reading_loss > 0 and binding_loss > 0
     assert not torch.equal(before[0], head.proj.weight) and not torch.equal(before[1], bound.proj.weight)
