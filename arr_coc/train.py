@@ -6,8 +6,8 @@ Two losses, both reaching every ARR parameter:
   put its mass on the target box (a listwise cross-entropy against the box's cell coverage);
 - answer (--lm-weight > 0): the frozen VLM's loss on the expected answer, given the gestalt and the
   selected saccades; the hard top-k selection passes gradient through the straight-through product
-  tokens * (1 + s - s.detach()) * gates on the selected scores (docs/ARCHITECTURE.md §3), the gates carrying
-  the three tensions' gradients (arr_coc.relevance.tensions: exactly 1 forward).
+  tokens * (1 + (s - s.detach())) * gates on the selected scores (ARRCOCOutput.token_weights; docs/ARCHITECTURE.md
+  §3), the gates carrying the three tensions' gradients (arr_coc.relevance.tensions: exactly 1 forward).
 
 and, with --budget auto, a token cost (--token-cost) on the adaptive budget: token_cost * K_soft / --max-budget,
 K_soft the unrounded K (the relaxation is explained in arr_coc.relevance.tensions). The held-out log reports the
@@ -185,9 +185,7 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     with torch.no_grad():
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D], frozen
     if saccades is not None:
-        s = out.selected_scores[0].unsqueeze(-1)  # [K, 1]
-        gates = out.gates[0].unsqueeze(-1).to(s.dtype)  # [K, 1] exactly 1: the tensions' gradients
-        saccades = saccades.scaled((1 + s - s.detach()) * gates)  # forward: unchanged tokens; backward: d/ds = tokens
+        saccades = saccades.scaled(out.token_weights()[0].unsqueeze(-1))  # [K, 1]: forward 1; d/ds = the tokens
     prompt = arr_prompt(vlm, observation, saccades, answer)  # the answer teacher-forced at the end
     return -vlm.answer_logprobs([prompt])[0]
 

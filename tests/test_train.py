@@ -75,7 +75,7 @@ def test_trained_scorer_looks_where_the_question_points(tmp_path):
 def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_product(family):
     """
     Without the relevance loss, the answer loss's gradient reaches the balancer and the participatory scorer only
-    through tokens * (1 + s - s.detach()) on the selected scores; its value is the scorer faithfulness reads.
+    through tokens * (1 + (s - s.detach())) on the selected scores; its value is the scorer faithfulness reads.
     """
     vlm, layer = family.vlm, family.layer
     sample = make_dataset(1, ("text_vs_distractor",), seed=3, size=448)[0]

@@ -74,6 +74,13 @@ class ARRCOCOutput:
     grid: tuple[int, int]  # (gh, gw) candidate grid
     saccade_order: str = "relevance"  # the order of the per-saccade fields: "relevance" or "raster" (in_order)
 
+    def token_weights(self) -> torch.Tensor:
+        """[B, K] what training multiplies the saccades' tokens by: (1 + (s - s.detach())) * gates, the straight-through
+        estimator. Forward exactly 1 (the frozen tokens unchanged); backward, d/ds of a token is the token itself,
+        and the gates carry the tensions' gradients."""
+        s = self.selected_scores  # [B, K] with gradient
+        return (1 + (s - s.detach())) * self.gates.to(s.dtype)  # s - s.detach() is exactly 0: the forward is 1
+
     def in_order(self, order: str) -> "ARRCOCOutput":
         """The same saccades in the order fed to the LLM: "relevance" (most relevant first, raster order on ties,
         as the allocator returns them) or "raster" (row by row). Either is exact from the other."""

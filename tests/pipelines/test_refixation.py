@@ -17,7 +17,6 @@ from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.tensions import COVERAGE
-from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from conftest import QUESTION, scene_image
 
 
@@ -104,9 +103,12 @@ def test_the_final_answer_reads_both_rounds_at_their_true_places(family, monkeyp
     final = prompts[-1]
     image = final.ids[0] == vlm.image_token_id
     n_gestalt = len(a.observation.gestalt)
-    blocks = [raster_block(a.views.gestalt_grid), ImageBlock(a.views.candidate_grid, torch.cat([first, second]))]
     assert int(image.sum()) == n_gestalt + 273 + 40
-    assert torch.equal(final.position_ids, mrope_position_ids(final.ids, vlm.image_token_id, blocks))
+    saccade = image.nonzero()[n_gestalt:, 0]  # [313] where both rounds' saccades sit in the sequence
+    t, h, w = final.position_ids[:, 0, saccade]  # [313] each
+    start = int(final.position_ids[0, 0, saccade[0] - 1]) + 1  # one after the <|vision_start|> before the block
+    cells = torch.cat([first, second])  # [313, 2] (row, col) on the candidate grid
+    assert (t == start).all() and torch.equal(h - start, cells[:, 0]) and torch.equal(w - start, cells[:, 1])
     torch.testing.assert_close(final.embeds[0, image][n_gestalt:], torch.cat([r.features for r in rounds]))
     if rounds[0].deepstack is not None:  # Qwen3-VL: each level's features at the same tokens
         torch.testing.assert_close(final.deepstack[:, 0, image][:, n_gestalt:],

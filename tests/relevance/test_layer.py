@@ -53,7 +53,7 @@ def test_straight_through_gradient_reaches_every_parameter():
         K = out.indices.shape[1]
         target = torch.randn(1, K, D)
         tokens = torch.randn(1, K, D)  # stand-in for the frozen encoder's saccade tokens
-        tokens = tokens * ((1 + out.selected_scores - out.selected_scores.detach()) * out.gates).unsqueeze(-1)
+        tokens = tokens * out.token_weights().unsqueeze(-1)
         loss = (tokens - target).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
@@ -63,17 +63,19 @@ def test_straight_through_gradient_reaches_every_parameter():
     assert not dead, f"no gradient reaches {dead}"
 
 
-def test_straight_through_product_keeps_the_tokens_and_passes_them_as_the_gradient():
-    """tokens * (1 + s - s.detach()): forward value exactly the tokens; d(sum)/ds = the tokens' row sums."""
-    torch.manual_seed(0)
-    tokens = torch.randn(5, 8)
-    s = torch.rand(5, requires_grad=True)  # selected scores
-    out = tokens * (1 + s - s.detach()).unsqueeze(-1)
-    torch.testing.assert_close(out, tokens, rtol=0, atol=0)  # computed independently: the raw tokens
-    weights = torch.randn(5, 8)
-    (out * weights).sum().backward()
-    torch.testing.assert_close(s.grad, (tokens * weights).sum(-1))  # as if the tokens were scaled by s
-    assert not torch.equal(s.grad, torch.zeros(5))
+def test_token_weights_keep_the_tokens_and_pass_them_as_the_scores_gradient():
+    """ARRCOCOutput.token_weights, training's straight-through product: forward exactly the gates (1 from the
+    layer); backward, d(sum(tokens * w * v))/ds = the row sums of tokens * v, and the gate's own gradient too."""
+    out = run(ARRCOCLayer(ARRCOCConfig(hidden_size=D, budget=4)), n=1)
+    s = torch.tensor([[0.3, -1.2, 2.0, 0.7]], requires_grad=True)  # selected scores
+    gates = torch.tensor([[1.0, 1.0, 1.0, 1.0]], requires_grad=True)
+    out.selected_scores, out.gates = s, gates
+    weights = out.token_weights()
+    assert weights.tolist() == [[1.0, 1.0, 1.0, 1.0]]  # forward: the tokens unchanged, whatever the scores
+    tokens = torch.tensor([[[1.0, 2.0], [0.0, -1.0], [3.0, 3.0], [-2.0, 0.5]]])  # [1, K, 2]
+    (tokens * weights.unsqueeze(-1)).sum().backward()
+    assert s.grad.tolist() == [[3.0, -1.0, 6.0, -1.5]]  # each token's own sum, written out
+    assert gates.grad.tolist() == [[3.0, -1.0, 6.0, -1.5]]
 
 
 def test_checkpoint_round_trip(tmp_path):

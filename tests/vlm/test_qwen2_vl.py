@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from arr_coc.errors import InputError
-from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
+from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.views import CELL, fit_grid, make_views, to_rgb
 
 
@@ -21,27 +21,6 @@ def test_native_candidate_grid_is_not_tied_to_the_gestalt():
     assert views.candidate_grid == views.native_grid == (32, 50)  # 28 px cells at the image's own resolution
     assert views.candidate_grid != tuple(2 * g for g in views.gestalt_grid)
     assert views.highres.size == (50 * CELL, 32 * CELL)
-
-
-def test_two_block_layout():
-    pad = 9
-    gestalt_grid, candidate_grid = (2, 3), (4, 6)
-    saccades = torch.tensor([[3, 5], [0, 0], [2, 1]])
-    # prefix(2) <vs> 6 gestalt <ve> <vs> 3 saccades <ve> question(2)
-    ids = torch.tensor([[1, 2, 7] + [pad] * 6 + [8, 7] + [pad] * 3 + [8, 5, 6]])
-    pos = mrope_position_ids(ids, pad, [raster_block(gestalt_grid), ImageBlock(candidate_grid, saccades)])[:, 0]
-    t, h, w = pos
-    assert t[:3].tolist() == [0, 1, 2] and (pos[:, :3] == t[:3]).all()  # text: all three rows equal
-    g = 3  # gestalt block starts after <vs> at 2
-    assert t[3:9].tolist() == [g] * 6
-    assert h[3:9].tolist() == [g, g, g, g + 1, g + 1, g + 1] and w[3:9].tolist() == [g, g + 1, g + 2] * 2
-    ve = g + max(gestalt_grid)  # text resumes at start + max(gh, gw)
-    assert pos[:, 9].tolist() == [ve] * 3 and pos[:, 10].tolist() == [ve + 1] * 3
-    s = ve + 2
-    assert t[11:14].tolist() == [s] * 3
-    assert h[11:14].tolist() == [s + 3, s, s + 2] and w[11:14].tolist() == [s + 5, s, s + 1]  # (r, c) -> (s+r, s+c)
-    after = s + max(candidate_grid)
-    assert pos[:, 14:].tolist() == [[after, after + 1, after + 2]] * 3
 
 
 def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
