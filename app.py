@@ -57,7 +57,8 @@ import gradio as gr  # noqa: E402
 from gradio.route_utils import delete_files_created_by_app  # noqa: E402
 
 from arr_coc import zerogpu  # noqa: E402
-from arr_coc.app import handlers, ui, viz  # noqa: E402
+from arr_coc import viz  # noqa: E402
+from arr_coc.app import handlers, ui  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
 from arr_coc.pipelines import REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402

@@ -3,7 +3,7 @@ What `pip install .` adds to pyproject.toml: the folders the repo ships beside t
 as package data, so the commands and the app find them outside the repo (arr_coc.checkpoints.shipped):
 
     checkpoints/  ->  arr_coc/shipped/checkpoints/   the trained ARR layers (--checkpoint tiny-text-vs-distractor)
-    models/       ->  arr_coc/shipped/models/        offline models, once the repo has the folder
+    models/       ->  arr_coc/shipped/models/        the offline model (models/pocket-qwen2-vl, --model pocket)
 
     pip install .            # then, from any folder: python -m arr_coc.run --checkpoint tiny-text-vs-distractor ...
 """

@@ -22,7 +22,6 @@ This module imports nothing heavy at the top: every command imports it before pa
 import argparse
 import importlib
 import json
-import math
 import re
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, command_name,  # noqa: F401
+                            int_list, names, one_of)  # (re-exported: the commands write cli.bounded_int)
 from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
@@ -38,93 +39,6 @@ MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer a
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # a hub repo id: name or owner/name
 HUB_TIMEOUT_S = 3.0  # how long the hub may take to answer before a command goes offline
 OFFLINE_HINT = "--model pocket runs the shipped offline model (HF_HUB_OFFLINE=1: the local cache alone, no hub)"
-
-
-def command_name() -> str:
-    """How the user started this command, for messages: "python -m arr_coc.run", "arr-coc-run", "app.py"."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name.startswith("arr_coc."):  # python -m: argv[0] is the module's file
-        return f"python -m {spec.name}"
-    return Path(sys.argv[0]).name
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """
-    argparse's parser, whose errors are one line: the reason (which names the flag), then where the flags are
-    listed. argparse's own puts the whole usage block first, burying the reason under it.
-    """
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("prog", command_name())
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def bounded_int(lo: int, hi: int):
-    """An argparse type: an integer in [lo, hi]."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}, got {value}")
-        return value
-    parse.__name__ = "integer"  # argparse names the type in its own messages
-    return parse
-
-
-def bounded_float(lo: float, hi: float = math.inf, above: bool = False):
-    """An argparse type: a finite number in [lo, hi] (in (lo, hi] with above=True)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < lo or (above and value == lo) or value > hi:
-            low = f"> {lo}" if above else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"must be {low}" + (f" and <= {hi}" if hi < math.inf else "")
-                                             + f", got {text}")
-        return value
-    parse.__name__ = "number"
-    return parse
-
-
-def int_list(lo: int, hi: int):
-    """An argparse type: comma-separated integers in [lo, hi] -> list[int]."""
-    one = bounded_int(lo, hi)
-
-    def parse(text: str) -> list[int]:
-        values = [one(v) for v in text.split(",") if v.strip()]
-        if not values:
-            raise argparse.ArgumentTypeError("expected at least one integer")
-        return values
-    parse.__name__ = "integers"
-    return parse
-
-
-def comma_list(choices, allow_empty: bool = False):
-    """An argparse type: comma-separated names from `choices`, returned cleaned as "a,b" (callers split it)."""
-    def parse(text: str) -> str:
-        names = [n.strip() for n in text.split(",") if n.strip()]
-        unknown = [n for n in names if n not in choices]
-        if unknown or (not names and not allow_empty):
-            raise argparse.ArgumentTypeError(f"unknown {unknown or 'empty list'}; choose from {','.join(choices)}")
-        return ",".join(names)
-    parse.__name__ = "list"
-    return parse
-
-
-def one_of(choices):
-    """An argparse type: one of `choices` (a flag a dataclass declares, where argparse's choices= cannot go)."""
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {', '.join(choices)}")
-        return text
-    parse.__name__ = "choice"
-    return parse
 
 
 def ablation_list(text: str) -> str:
@@ -299,11 +213,6 @@ def default_model(args: argparse.Namespace) -> None:
     args.model = args.model or DEFAULT_MODEL
 
 
-def names(text: str) -> list[str]:
-    """A comma_list value -> its names ("" -> [])."""
-    return [n for n in text.split(",") if n]
-
-
 def budget(text: str) -> int | str:
     """An argparse type: a saccade count in [1, MAX_CELLS], or "auto" for the adaptive budget."""
     return AUTO if text.strip().lower() == AUTO else bounded_int(1, MAX_CELLS)(text)
@@ -380,7 +289,7 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
 
     from arr_coc import checkpoints
     from arr_coc.errors import ModelOffline
-    from arr_coc.vlm.pocket import POCKET, POCKET_NOTICE
+    from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -425,7 +334,7 @@ def load_vlm(name: str, device: str):
 
 def hub_model(name: str) -> bool:
     """Whether --model names a hub repo: no folder here, no offline model (tiny ones, pocket), a hub id's form."""
-    from arr_coc.vlm.pocket import POCKET
+    from arr_coc.checkpoints import POCKET
     from arr_coc.vlm.tiny import TINY_MODELS
 
     return name not in TINY_MODELS and name != POCKET and not Path(name).exists() and bool(HUB_ID.fullmatch(name))

@@ -37,7 +37,7 @@ from arr_coc.relevance.texture import generate_texture_array
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM
 from arr_coc.vlm.families import load_vlm
-from arr_coc.vlm.pocket import POCKET, POCKET_NOTICE
+from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 from arr_coc.vlm.tiny import TINY_MODELS
 from arr_coc.vlm.views import Views
 

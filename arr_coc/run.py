@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
     if args.save_dir and arr_answer is not None:
-        from arr_coc.app import viz
+        from arr_coc import viz
 
         paths = viz.save_all(arr_answer, args.save_dir, image)
         if args.faithfulness:

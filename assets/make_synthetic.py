@@ -3,7 +3,7 @@ Regenerate the synthetic example images in assets/ and refresh their entries in 
 Entries for other images (the photographs) are kept.
 
 - the square scenes: arr_coc.eval.data.make_scene at fixed seeds (896 px, the old high-res view);
-- three pages of the fine-print suite (arr_coc.eval.fineprint.make_page, 896 px), one per kind: the scenes the
+- three pages of the fine-print suite (arr_coc.synth.fineprint.make_page, 896 px), one per kind: the scenes the
   offline pocket model was trained on, with their first question;
 - two high-resolution scenes drawn here, whose answer needs the native-resolution candidates (DESIGN.md
   section 1): a 1700x2200 invoice page in 12 px print, and a 2400x900 street with a small green sign.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ASSETS.parent))  # so `python assets/make_synthetic.py` f
 from PIL import Image, ImageDraw  # noqa: E402
 
 from arr_coc.eval.data import WORDS, Sample, _clip_box, _font, _rng, make_scene  # noqa: E402
-from arr_coc.eval.fineprint import make_page  # noqa: E402
+from arr_coc.synth.fineprint import make_page  # noqa: E402
 
 
 @dataclass
@@ -60,7 +60,7 @@ EXAMPLES = [
 ]
 
 
-POCKET_NOTE = ("Fine-print suite page (arr_coc.eval.fineprint, held-out seed), the kind of scene the offline pocket "
+POCKET_NOTE = ("Fine-print suite page (arr_coc.synth.fineprint, held-out seed), the kind of scene the offline pocket "
                "model was trained on: its answers are real here and meaningless on the photographs. Picked as the "
                "first held-out seed from 10**9 + 1 on that the shipped pocket model answers right through both full "
                "and ARR (pocket-fineprint); the README's Accuracy section gives how often it does. ")

@@ -29,7 +29,8 @@ from PIL import Image
 from safetensors.torch import save_file
 from conftest import text_bomb_png
 
-from arr_coc.app import ui, viz
+from arr_coc import viz
+from arr_coc.app import ui
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import ARRCOCQwen
 from arr_coc.relevance.config import ARRCOCConfig

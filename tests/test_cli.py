@@ -319,7 +319,7 @@ def test_pip_install_ships_the_checkpoints_and_models_found_from_any_folder(tmp_
         for name in ("config.json", "model.safetensors"):
             assert f"arr_coc/shipped/checkpoints/{folder.name}/{name}" in files, sorted(files)
     assert "arr_coc/shipped/models/pocket-test/weights/model.safetensors" in files
-    assert {"arr_coc/eval/data.py", "arr_coc/app/viz.py", "arr_coc/pipelines/arr.py"} <= files  # every layer ships
+    assert {"arr_coc/eval/data.py", "arr_coc/viz.py", "arr_coc/pipelines/arr.py"} <= files  # every layer ships
     assert not any(f.startswith(("app.py", "tests/", "assets/", "checkpoints/", "models/")) for f in files)
     # run from another folder, the installed package finds its own copy by name
     code = ("from arr_coc import checkpoints\nprint(checkpoints.resolve_checkpoint('tiny-text-vs-distractor'))\n"

@@ -25,7 +25,8 @@ import gradio as gr
 import torch
 from PIL import Image
 
-from arr_coc.app import ui, viz
+from arr_coc import viz
+from arr_coc.app import ui
 from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc import pipelines

@@ -21,7 +21,7 @@ import gradio as gr
 from PIL import Image, UnidentifiedImageError
 
 from arr_coc import checkpoints
-from arr_coc.app.viz import rank_correlation, saccade_overlap
+from arr_coc.viz import rank_correlation, saccade_overlap
 from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
 from arr_coc.errors import InputError, OutOfMemory, Stopped
 from arr_coc.eval.data import open_image

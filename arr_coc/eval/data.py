@@ -13,7 +13,7 @@ its model's grids):
     chart               a matplotlib bar chart; the question asks for one named bar's value
     document            a dense page of small black text with one "Invoice total: NNNN" line
     fine_print, box_word, shape_colour
-                        the fine-print suite (arr_coc.eval.fineprint) that the pocket model is trained on
+                        the fine-print suite (arr_coc.synth.fineprint) that the pocket model is trained on
 
 Every scene is a pure function of (kind, seed, size).
 
@@ -42,9 +42,9 @@ from typing import IO, Iterable, Iterator, Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps, PngImagePlugin
 
-from arr_coc import cli
+from arr_coc import flags
 from arr_coc.errors import InputError
-from arr_coc.eval.fineprint import PAGE_KINDS, make_page
+from arr_coc.synth.fineprint import PAGE_KINDS, make_page
 
 Box = tuple[int, int, int, int]
 
@@ -291,7 +291,7 @@ def _document(seed: int, size: int) -> Sample:
 
 
 def _fine_print_suite(kind: str):
-    """A fine-print page (arr_coc.eval.fineprint, the pocket model's suite) with one of its questions, chosen by the seed."""
+    """A fine-print page (arr_coc.synth.fineprint, the pocket model's suite) with one of its questions, chosen by the seed."""
     def generate(seed: int, size: int) -> Sample:
         page = make_page(kind, seed, size)
         q = _rng(kind, seed).choice(page.questions)
@@ -455,17 +455,17 @@ def load_jsonl(path: str | Path) -> list[Sample]:
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
-    parser = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (created if needed)")
-    parser.add_argument("--n", type=cli.bounded_int(0, 10_000_000), default=100, help="number of samples to write")
-    parser.add_argument("--kinds", type=cli.comma_list(SCENE_KINDS), default="text_vs_distractor,distractor_query",
+    parser.add_argument("--n", type=flags.bounded_int(0, 10_000_000), default=100, help="number of samples to write")
+    parser.add_argument("--kinds", type=flags.comma_list(SCENE_KINDS), default="text_vs_distractor,distractor_query",
                         help=f"comma-separated scene kinds, cycled in order; any of: {','.join(SCENE_KINDS)}")
     parser.add_argument("--seed", type=int, default=0, help="dataset seed; the same seed gives the same dataset")
-    parser.add_argument("--size", type=cli.bounded_int(64, 8192), default=896,
+    parser.add_argument("--size", type=flags.bounded_int(64, 8192), default=896,
                         help="image side in pixels (the pipelines read it at its native resolution, capped at max_cells)")
     args = parser.parse_args(argv)
 
-    kinds = tuple(cli.names(args.kinds))
+    kinds = tuple(flags.names(args.kinds))
     counts: Counter[str] = Counter()
 
     def counted(samples: Iterable[Sample]) -> Iterator[Sample]:

@@ -29,7 +29,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from PIL import Image
 
-from arr_coc.app import viz
+from arr_coc import viz
 from arr_coc.eval.faithfulness import CURVES
 from arr_coc.eval.metrics import wilson
 

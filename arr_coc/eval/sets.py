@@ -34,7 +34,7 @@ from typing import Iterable, Iterator
 from PIL import Image, UnidentifiedImageError
 
 from arr_coc.eval.data import Box, Sample, load_jsonl, make_dataset, open_image
-from arr_coc.eval.fineprint import PAGE_KINDS
+from arr_coc.synth.fineprint import PAGE_KINDS
 from arr_coc.errors import InputError
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."  # lmms-eval's DocVQA and TextVQA instruction
@@ -66,7 +66,7 @@ SCHEMAS = {  # prompts and limits verified in lmms-eval's tasks/{docvqa,textvqa,
                       reference="lmms-eval chartqa: default post_prompt, max_new_tokens 16",
                       hub_ids=("HuggingFaceM4/ChartQA", "lmms-lab/ChartQA")),
     "jsonl": Schema(("question",), ("answer",), "contains", reference="ARR-COC's own sets: the question as written"),
-    "suite": Schema(("question",), ("answer",), "exact", reference="the fine-print suite (arr_coc.eval.fineprint): "
+    "suite": Schema(("question",), ("answer",), "exact", reference="the fine-print suite (arr_coc.synth.fineprint): "
                                                                     "exact match, as the pocket model is trained"),
 }
 ID_COLUMNS = ("questionId", "question_id", "id")  # a set's own id for an item, kept in the results when present

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from arr_coc.config import MAX_QUESTION_CHARS, PipelineConfig
+from arr_coc.settings import MAX_QUESTION_CHARS, PipelineConfig
 from arr_coc.errors import InputError, Stopped
 from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput

@@ -16,8 +16,8 @@ import torch
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 
-from arr_coc.config import DEFAULT_MODEL
-from arr_coc.vlm.pocket import POCKET, POCKET_FOLDER
+from arr_coc.settings import DEFAULT_MODEL
+from arr_coc.checkpoints import POCKET, POCKET_FOLDER
 from arr_coc.vlm.tiny import TINY_MODELS, tiny_model_path, tokenizer_folder
 from arr_coc.errors import InputError
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
-from arr_coc.config import ENGINES
+from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.vlm.attention import AttentionProbe

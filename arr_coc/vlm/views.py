@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageSequence
 
-from arr_coc.config import PipelineConfig
+from arr_coc.settings import PipelineConfig
 from arr_coc.errors import InputError
 
 PATCH = 14  # ViT patch side in px (Qwen2-VL, Qwen2.5-VL)

@@ -18,7 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.app import handlers, viz
+from arr_coc import viz
+from arr_coc.app import handlers
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, ARRCOCQwen, Observation, Scene
 from arr_coc.pipelines import REDUCERS
@@ -73,7 +74,7 @@ def test_compare_draws_the_cells_a_reducer_kept_under_its_answer(arr_model):
 def test_compare_with_a_second_look_shows_both_looks_and_draws_them_in_two_colours(arr_model):
     """The tau slider: at 1 the second look fires (no answer is certain); the stats show both looks' saccades,
     times, confidences and answers, the kept state its cells, the heatmap them in green; at 0 it is off."""
-    from arr_coc.app import viz
+    from arr_coc import viz
 
     on = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5, 1.0))[-1]
     off = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5, 0.0))[-1]

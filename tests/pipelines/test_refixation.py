@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.eval.fineprint import make_page
+from arr_coc.synth.fineprint import make_page
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
 from arr_coc.relevance.config import TensionSettings

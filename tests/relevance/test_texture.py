@@ -118,7 +118,7 @@ def test_minmax_is_per_image_floors_rounding_and_ignores_non_finite():
 
 def test_the_package_has_one_minmax():
     """the prior's attention upsampling and viz's heat maps scale through texture.minmax, not copies of it."""
-    from arr_coc.app import viz
+    from arr_coc import viz
     from arr_coc.relevance import prior
 
     m = prior.upsample_map(torch.tensor([0.0, 1.0, 2.0, 3.0]), (2, 2), (4, 4))

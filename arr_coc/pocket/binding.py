@@ -1,7 +1,7 @@
 """
 Dense binding supervision for pocket training: every merged visual token learns what its cell belongs to.
 
-The reading head (arr_coc.vlm.reading) taught the pocket model glyphs, but not which colour, shape or key they go
+The reading head (arr_coc.pocket.reading) taught the pocket model glyphs, but not which colour, shape or key they go
 with: its wrong `box_word` answers were the word of another box, its wrong `shape_colour` answers another shape's
 colour, and its wrong `fine_print` answers (at 13 px and up) another field's value. So beside the characters, each
 28 px cell names, in nine channels:
@@ -41,7 +41,7 @@ import torch
 from PIL import Image, ImageDraw
 from torch import nn
 
-from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, KEYS, SHAPES, Mark, draw_shape
+from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, KEYS, SHAPES, Mark, draw_shape
 from arr_coc.vlm.views import CELL
 
 DIGITS = ("digit1", "digit2", "digit3", "digit4")  # a field's value, NNNN

@@ -1,5 +1,5 @@
 """
-Dense binding targets (arr_coc.vlm.binding), pinned by what was drawn: a cell named after a colour holds that colour's
+Dense binding targets (arr_coc.pocket.binding), pinned by what was drawn: a cell named after a colour holds that colour's
 pixels; the cells of a box's word name that box's colour and word; the cells of a field's digits name its key and
 value. The expectations come from the page's pixels, its questions and its glyphs, never from binding_targets.
 """
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from arr_coc.eval.fineprint import COLOURS, make_page
-from arr_coc.vlm.binding import CHANNELS, CLASSES, BindingHead, binding_targets
+from arr_coc.synth.fineprint import COLOURS, make_page
+from arr_coc.pocket.binding import CHANNELS, CLASSES, BindingHead, binding_targets
 
 SIZE = 448
 CELL = 28
@@ -103,7 +103,7 @@ def test_nothing_is_named_on_an_empty_page_and_the_loss_ignores_gestalt_rows():
 
 
 def test_aligned_loss_is_the_cross_entropy_of_scaled_cosines_to_the_names_embeddings_on_marked_cells():
-    from arr_coc.vlm.binding import aligned_count, aligned_loss
+    from arr_coc.pocket.binding import aligned_count, aligned_loss
 
     embeddings = torch.tensor([[9.0, 9.0], [2.0, 0.0], [0.0, 3.0]])  # [V, H]: token 1 and token 2 name the classes
     ids = {"inside": torch.tensor([1, 2])}  # inside's classes 1 and 2 are tokens 1 and 2
@@ -121,8 +121,8 @@ def test_aligned_loss_is_the_cross_entropy_of_scaled_cosines_to_the_names_embedd
 def test_the_aligned_names_are_the_words_as_the_questions_and_answers_write_them():
     from transformers import AutoTokenizer
 
-    from arr_coc.vlm.binding import aligned_ids
-    from arr_coc.vlm.pocket import POCKET_FOLDER
+    from arr_coc.pocket.binding import aligned_ids
+    from arr_coc.pocket.train import POCKET_FOLDER
 
     tokenizer = AutoTokenizer.from_pretrained(POCKET_FOLDER)
     ids = aligned_ids(tokenizer)

@@ -1,15 +1,15 @@
 """
-Dense reading supervision (arr_coc.vlm.reading): each merged cell's targets are its characters in reading order, in
+Dense reading supervision (arr_coc.pocket.reading): each merged cell's targets are its characters in reading order, in
 the ViT's raster order of cells; the hook sees exactly the visual tokens the LLM reads; the head trains and resumes.
 """
 
 import pytest
 import torch
 
-from arr_coc.eval.fineprint import Glyph, PageStyle, make_page
-from arr_coc.vlm.pocket import (HEAD_FILE, IGNORE, POCKET_FOLDER, TrainConfig, _train_step, collate, image_processor,
+from arr_coc.synth.fineprint import Glyph, PageStyle, make_page
+from arr_coc.pocket.train import (HEAD_FILE, IGNORE, POCKET_FOLDER, TrainConfig, _train_step, collate, image_processor,
                                 load_or_init, make_optimizer, model_inputs, train)
-from arr_coc.vlm.reading import ALPHABET, NONE, SLOTS, MergerOutputHook, ReadingHead, glyph_targets
+from arr_coc.pocket.reading import ALPHABET, NONE, SLOTS, MergerOutputHook, ReadingHead, glyph_targets
 
 
 def _decode(targets) -> list[str]:
@@ -89,8 +89,8 @@ def test_with_the_gestalt_first_only_the_pages_tokens_have_reading_targets(stock
 def test_a_training_step_trains_the_heads_on_their_losses(stock):
     import copy
 
-    from arr_coc.vlm.binding import BindingHead, aligned_ids, binding_targets
-    from arr_coc.vlm.pocket import Trainee
+    from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
+    from arr_coc.pocket.train import Trainee
 
     model = copy.deepcopy(stock[0]).train()
     inputs, reading = _batch(stock)
@@ -108,7 +108,7 @@ def test_a_training_step_trains_the_heads_on_their_losses(stock):
 def test_the_heads_are_saved_and_resumed(tmp_path):
     from safetensors.torch import load_file
 
-    from arr_coc.vlm.pocket import BINDING_FILE
+    from arr_coc.pocket.train import BINDING_FILE
 
     cfg = TrainConfig(out=str(tmp_path), steps=1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)

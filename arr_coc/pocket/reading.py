@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from arr_coc.eval.fineprint import BOX_WORDS, FILLER, KEYS, Glyph
+from arr_coc.synth.fineprint import BOX_WORDS, FILLER, KEYS, Glyph
 from arr_coc.vlm.views import CELL
 
 ALPHABET = "".join(sorted(set("".join(KEYS + BOX_WORDS + FILLER)) | set("0123456789:")))  # every drawn character

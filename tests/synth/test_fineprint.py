@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, font, make_page
+from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, font, make_page
 
 FORMATS = {  # the exact formats
     "fine_print": (rf"What is the value of ({'|'.join(KEYS)})\?", r"\d{4}"),

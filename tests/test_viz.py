@@ -1,7 +1,7 @@
 """
-Behaviour of arr_coc/app/viz.py: what each drawing shows where, and the two agreement measures.
+Behaviour of arr_coc/viz.py: what each drawing shows where, and the two agreement measures.
 
-    .venv/bin/python -m pytest tests/app/test_viz.py -q
+    .venv/bin/python -m pytest tests/test_viz.py -q
 """
 
 
@@ -12,7 +12,7 @@ import torch
 from matplotlib.colors import to_rgb as hex_to_rgb
 from PIL import Image, ImageDraw
 
-from arr_coc.app import viz
+from arr_coc import viz
 from arr_coc.model import Saccade
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer

@@ -15,10 +15,10 @@ A page carries every question it can answer (`Page.questions`), each with the bo
 (arr_coc.eval.data) is one of them. The print of the first two kinds is unreadable at the gestalt's view of a
 1792 px page (a quarter of the native resolution: 2.5-4 px glyphs) and readable at native resolution.
 
-`PageStyle` holds the ranges; `SPEC` is the suite as specified, and arr_coc.vlm.pocket trains through easier
+`PageStyle` holds the ranges; `SPEC` is the suite as specified, and arr_coc.pocket.train trains through easier
 styles first (larger glyphs, fewer fields, less clutter).
 
-    python -m arr_coc.eval.fineprint --kind fine_print --seed 3 --size 896 --out /tmp/page.png   # draw one page
+    python -m arr_coc.synth.fineprint --kind fine_print --seed 3 --size 896 --out /tmp/page.png   # draw one page
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Question:
 
 @dataclass(frozen=True)
 class Glyph:
-    """One drawn character: the dense reading target of pocket training (arr_coc.vlm.reading)."""
+    """One drawn character: the dense reading target of pocket training (arr_coc.pocket.reading)."""
     x: float  # centre of its advance, px from the page's left
     y: float  # centre of its line's ink box, px from the top (every glyph of a line has the same y)
     char: str  # the character (never a space)
@@ -88,7 +88,7 @@ class Glyph:
 
 @dataclass(frozen=True)
 class Mark:
-    """One drawn target: what pocket training's binding head learns to tie to its cells (arr_coc.vlm.binding)."""
+    """One drawn target: what pocket training's binding head learns to tie to its cells (arr_coc.pocket.binding)."""
     kind: str  # "field" (KEY: NNNN), "box" (a coloured border around a word) or "shape" (a filled shape)
     box: Box  # half-open pixel box: the field's ink box, the box's outer edge, the shape's extent
     colour: str = ""  # box and shape: its colour (a COLOURS key)

@@ -18,7 +18,7 @@ Every drawing is a PIL RGB image (what gr.Image shows). Cell drawings are plain 
 exact pixels; charts are matplotlib `Figure`s built without pyplot, so no figure is ever registered
 globally: nothing leaks and Gradio's worker threads cannot race on pyplot's state.
 
-    from arr_coc.app import viz
+    from arr_coc import viz
     viz.heatmap_overlay(image, out.relevance[0], out.positions[0]).save("heatmap.png")
     viz.saccade_mosaic(views.highres, views.candidate_grid, out.positions[0]).save("mosaic.png")
     viz.save_all(answer, "out/run")   # heatmap.png, mosaic.png, channels.png, scorers.png

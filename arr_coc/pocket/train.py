@@ -1,5 +1,5 @@
 """
-pocket-qwen2-vl: a small stock Qwen2-VL trained here, from scratch, to read the fine-print suite (arr_coc.eval.fineprint).
+pocket-qwen2-vl: a small stock Qwen2-VL trained here, from scratch, to read the fine-print suite (arr_coc.synth.fineprint).
 
 It is the stock `Qwen2VLForConditionalGeneration` at a pocket size (ViT 6x256, LLM 4x256, ~10M parameters)
 with its own byte-level BPE tokenizer (Qwen's special tokens and chat template, a vocabulary sized to the task),
@@ -11,7 +11,7 @@ the real Qwen saw multi-image prompts in training; ARR's prompt has two image bl
 ARR meets it as it meets the real Qwen.
 Its answers are real on fine-print scenes and meaningless elsewhere.
 
-Beside the answers, every visual token learns which characters its cell holds (arr_coc.vlm.reading, a training-only
+Beside the answers, every visual token learns which characters its cell holds (arr_coc.pocket.reading, a training-only
 head): without it the from-scratch ViT never learned glyphs at arbitrary sub-patch offsets.
 Training follows a curriculum (CURRICULUM) that moves on when the model reads each stage's own held-out pages:
 large glyphs, few fields and small pages first; then smaller print and more clutter; then the suite as specified
@@ -21,10 +21,10 @@ many CPU workers (a DataLoader over an iterable of whole batches); batch i of a 
 Held-out accuracy (new seeds, square 896 and 1792 px pages, per kind, native and gestalt views) is teacher-forced
 exact match: every answer token is the argmax, which is exactly when greedy decoding produces the answer.
 
-    torchrun --nproc-per-node 4 -m arr_coc.vlm.pocket --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
-    python -m arr_coc.vlm.pocket --out runs/pocket --minutes 8 --resume      # one GPU
-    python -m arr_coc.vlm.pocket --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
-    python -m arr_coc.vlm.pocket --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
+    torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
+    python -m arr_coc.pocket.train --out runs/pocket --minutes 8 --resume      # one GPU
+    python -m arr_coc.pocket.train --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
+    python -m arr_coc.pocket.train --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
 
 The exported folder loads with stock transformers alone: AutoTokenizer (with its chat template),
 AutoImageProcessor and Qwen2VLForConditionalGeneration.from_pretrained(folder).
@@ -46,21 +46,14 @@ import torch
 from torch import nn
 
 from arr_coc import distributed
-from arr_coc.checkpoints import shipped
+from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.eval.metrics import interval_text
-from arr_coc.eval.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
-from arr_coc.vlm.binding import BindingHead, aligned_count, aligned_ids, aligned_loss, binding_targets
+from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
+from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss, binding_targets
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
-from arr_coc.vlm.reading import MergerOutputHook, ReadingHead, glyph_targets
+from arr_coc.pocket.reading import MergerOutputHook, ReadingHead, glyph_targets
 from arr_coc.vlm.views import PIPELINE, fit_grid
 
-POCKET = "pocket"  # --model pocket
-POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
-POCKET_NOTICE = ("Running pocket-qwen2-vl, the offline model (--model pocket): a 10M-parameter Qwen2-VL trained here "
-                 "from scratch on synthetic fine-print scenes (arr_coc.eval.fineprint). Its answers are real on such "
-                 "scenes and meaningless on any other image. It is still in training: it names the shapes' colours, "
-                 "reads about four in five of the suite's fine-print values and one in four box words (see its "
-                 "model card), and says nothing about real Qwen-VL.")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -87,7 +80,7 @@ class Stage:
         return self.styles[0]
 
 
-# Reading is supervised densely from the start (arr_coc.vlm.reading), so the print goes anywhere from the first stage;
+# Reading is supervised densely from the start (arr_coc.pocket.reading), so the print goes anywhere from the first stage;
 # the stages grow the pages and shrink the print.
 _LARGE = PageStyle(fields=(1, 2), field_font=(20, 28), boxes=(1, 2), word_font=(20, 28), shapes=(1, 2), clutter=0.1)
 _MEDIUM = PageStyle(fields=(1, 4), field_font=(16, 26), boxes=(1, 3), word_font=(16, 26), shapes=(1, 3), clutter=0.3)

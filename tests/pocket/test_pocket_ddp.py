@@ -19,11 +19,11 @@ STEP = '''
 import sys, torch
 from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 from arr_coc import distributed
-from arr_coc.eval.fineprint import make_page
-from arr_coc.vlm.binding import BindingHead, aligned_ids, binding_targets
-from arr_coc.vlm.pocket import (POCKET_FOLDER, PocketConfig, Trainee, backward, collate, image_processor,
+from arr_coc.synth.fineprint import make_page
+from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
+from arr_coc.pocket.train import (POCKET_FOLDER, PocketConfig, Trainee, backward, collate, image_processor,
                                 model_inputs, model_config, use_same_size_pages_attention)
-from arr_coc.vlm.reading import ReadingHead, glyph_targets
+from arr_coc.pocket.reading import ReadingHead, glyph_targets
 
 torch.set_num_threads(1)
 process = distributed.start("cpu")
@@ -72,7 +72,7 @@ def test_the_ddp_step_equals_one_process_over_the_same_global_batch(tmp_path):
 
 def test_each_process_draws_its_own_batches_of_one_stream():
     """Process r of N takes the stream's batches r, r + N, ...: for N = 2 they interleave to the one-process stream."""
-    from arr_coc.vlm.pocket import PageStream
+    from arr_coc.pocket.train import PageStream
 
     class Seen(PageStream):  # the stream's batch indices, not the pages
         def __iter__(self):
@@ -93,8 +93,8 @@ def test_each_process_draws_its_own_batches_of_one_stream():
 def test_the_curriculum_moves_on_at_its_step_budget_when_no_check_passes(tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from arr_coc.vlm import pocket
-    from arr_coc.vlm.pocket import TrainConfig, train
+    from arr_coc.pocket import train as pocket
+    from arr_coc.pocket.train import TrainConfig, train
 
     monkeypatch.setattr(pocket, "exact_match", lambda *a, **k: 0.0)  # no check ever passes
     monkeypatch.setattr(pocket, "CURRICULUM", (replace(pocket.CURRICULUM[0], budget=2),) + pocket.CURRICULUM[1:])

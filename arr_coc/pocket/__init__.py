@@ -1,0 +1,12 @@
+"""
+pocket-qwen2-vl's training: the offline model (models/pocket-qwen2-vl) is a stock Qwen2-VL at a pocket size, trained
+here from scratch on the synthetic fine-print suite (arr_coc.synth.fineprint).
+
+    train.py     the tokenizer, the page stream, the curriculum, held-out evaluation, the training loop and export
+    reading.py   the training-only reading head: every visual token names the characters its cell holds
+    binding.py   the training-only binding head: what colour, shape, box and field each cell belongs to
+
+    torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume
+
+Loading the exported model needs none of this (arr_coc.checkpoints names its folder; stock transformers loads it).
+"""

@@ -1,0 +1,32 @@
+"""
+How the pipelines look at an image, and the names every layer shares: the first layer, torch-free and importing
+nothing, so that vlm/, the pipelines and the commands read the same values (arr_coc.config adds the pipelines' and
+the relevance layer's names for the commands). PipelineConfig belongs to the running app or command, never to an
+ARR checkpoint (whose knobs are arr_coc.relevance.config.ARRCOCConfig), so A/B compares two layers on identical views.
+
+    from arr_coc.settings import PipelineConfig
+    pipe = PipelineConfig(max_cells=16384)
+"""
+
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
+ENGINES = ("fast", "hf")  # generation: our static cache + CUDA graphs, or transformers' own generate()
+MIN_CELLS, MAX_CELLS = 1024, 16384  # bounds of PipelineConfig.max_cells (1024 = 2x a 256-token gestalt per side)
+MAX_QUESTION_CHARS = 4000  # the longest question a pipeline takes (run checks --question against it at parse time)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    gestalt_max_tokens: int = 256  # at most this many merged gestalt tokens (16x16 at 448^2)
+    max_cells: int = 4096  # cap on the native-resolution candidate grid and on the `full` baseline (64x64 at 1792^2)
+    budget_tokens: int = 529  # token count of Views.budget_grid when no budget is asked for (the `budget` baseline
+    # sizes its view to ARR's count at the request's budget instead: 23x23 at 644^2 by default)
+    prior_layer_fraction: float = 0.5  # read question->gestalt attention at this fraction of the LLM's depth
+    fastv_layer: int = 2  # FastV's K (Chen et al. 2024): layers >= K read only the top image tokens (the paper's 2)
+
+    def __post_init__(self):
+        if not MIN_CELLS <= self.max_cells <= MAX_CELLS:
+            raise ValueError(f"max_cells must be between {MIN_CELLS} and {MAX_CELLS}, got {self.max_cells}")
+        if not 1 <= self.gestalt_max_tokens <= MIN_CELLS // 4:
+            raise ValueError(f"gestalt_max_tokens must be between 1 and {MIN_CELLS // 4}, got {self.gestalt_max_tokens}")

@@ -1,0 +1,57 @@
+"""
+The layers hold: each package, imported alone in a fresh interpreter, loads nothing from the layers above it
+(docs/ARCHITECTURE.md). Bottom to top:
+
+    1. utilities   settings, errors, graphs, timing, flops, distributed, zerogpu, checkpoints
+    2. relevance/ and vlm/, side by side, neither loading the other
+    3. pipelines/
+    4. synth/ (the page generator) and viz (drawing)
+    5. eval/ and pocket/ (the pocket model's training)
+    6. the facade (model), the app and the commands (cli, run, train, evaluate, bench, config)
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ("arr_coc.model", "arr_coc.app", "arr_coc.cli", "arr_coc.run", "arr_coc.train", "arr_coc.evaluate",
+            "arr_coc.bench", "arr_coc.config")
+ABOVE_PIPELINES = ("arr_coc.synth", "arr_coc.viz", "arr_coc.eval", "arr_coc.pocket") + COMMANDS
+LAYERS = {  # module imported alone -> the prefixes it must not load
+    "arr_coc.settings": ("arr_coc.vlm", "arr_coc.relevance", "arr_coc.pipelines", "torch") + ABOVE_PIPELINES,
+    "arr_coc.vlm.families": ("arr_coc.relevance", "arr_coc.pipelines") + ABOVE_PIPELINES,
+    "arr_coc.vlm.qwen2_vl": ("arr_coc.relevance", "arr_coc.pipelines") + ABOVE_PIPELINES,
+    "arr_coc.vlm.qwen3_vl": ("arr_coc.relevance", "arr_coc.pipelines") + ABOVE_PIPELINES,
+    "arr_coc.vlm.tiny": ("arr_coc.relevance", "arr_coc.pipelines") + ABOVE_PIPELINES,
+    "arr_coc.relevance.layer": ("arr_coc.vlm", "arr_coc.pipelines", "transformers.models") + ABOVE_PIPELINES,
+    "arr_coc.relevance.prior": ("arr_coc.vlm", "arr_coc.pipelines", "transformers.models") + ABOVE_PIPELINES,
+    "arr_coc.relevance.ablation": ("arr_coc.vlm", "arr_coc.pipelines") + ABOVE_PIPELINES,
+    "arr_coc.pipelines.arr": ABOVE_PIPELINES,
+    "arr_coc.pipelines.fastv": ABOVE_PIPELINES,
+    "arr_coc.pipelines.visionzip": ABOVE_PIPELINES,
+    "arr_coc.synth.fineprint": ("arr_coc.vlm", "arr_coc.relevance", "arr_coc.pipelines", "arr_coc.eval",
+                                "arr_coc.pocket", "torch") + COMMANDS,
+    "arr_coc.viz": ("arr_coc.pipelines", "arr_coc.eval", "arr_coc.pocket") + COMMANDS,
+    "arr_coc.eval.report": COMMANDS,
+    "arr_coc.eval.data": COMMANDS,
+    "arr_coc.eval.faithfulness": COMMANDS,
+    "arr_coc.pocket.train": ("arr_coc.relevance", "arr_coc.pipelines", "arr_coc.viz") + COMMANDS,
+}
+
+
+def loaded(module: str) -> list[str]:
+    """Every module a fresh interpreter holds after importing `module` alone."""
+    code = f"import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_a_module_loads_nothing_from_the_layers_above_it(module):
+    above = [m for m in loaded(module) if m.startswith(LAYERS[module]) and not m.startswith(module)]
+    assert above == [], f"{module} loads {above}"
