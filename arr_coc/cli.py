@@ -29,6 +29,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from arr_coc.hub import go_offline, hub_out_of_reach  # noqa: F401  (re-exported)
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, command_name,  # noqa: F401
                             int_list, names, one_of)  # (re-exported: the commands write cli.bounded_int)
 from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
@@ -37,7 +38,6 @@ from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
 MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # a hub repo id: name or owner/name
-HUB_TIMEOUT_S = 3.0  # how long the hub may take to answer before a command goes offline
 OFFLINE_HINT = "--model pocket runs the shipped offline model (HF_HUB_OFFLINE=1: the local cache alone, no hub)"
 
 
@@ -338,47 +338,6 @@ def hub_model(name: str) -> bool:
     from arr_coc.vlm.tiny import TINY_MODELS
 
     return name not in TINY_MODELS and name != POCKET and not Path(name).exists() and bool(HUB_ID.fullmatch(name))
-
-
-_OFFLINE: dict[str, str] = {}  # "reason": why this process went offline (go_offline), for the messages
-
-
-def hub_out_of_reach() -> str | None:
-    """
-    Why the hub cannot be asked now, or None when it answers: HF_HUB_OFFLINE=1, or no answer to one request
-    within HUB_TIMEOUT_S. Out of reach, the process goes offline (go_offline), so that transformers and datasets
-    read their local caches at once instead of waiting out their retries (about 35 s) for nothing.
-    """
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return _OFFLINE.get("reason", "HF_HUB_OFFLINE=1 is set")
-    if hub_answers(constants.ENDPOINT):
-        return None
-    go_offline(f"the hub ({constants.ENDPOINT}) cannot be reached")
-    return _OFFLINE["reason"]
-
-
-def hub_answers(endpoint: str, timeout: float = HUB_TIMEOUT_S) -> bool:
-    """Whether the hub answers one HEAD request, whatever its status, within `timeout` (proxies as configured)."""
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(endpoint, timeout=timeout)
-        return True
-    except Exception:  # no network, no name resolution, a refusing proxy, a timeout: nothing would load from there
-        return False
-
-
-def go_offline(reason: str) -> None:
-    """This process from now on as under HF_HUB_OFFLINE=1: huggingface_hub and transformers read the flag at each
-    request; datasets copies it when imported, so an imported one is told too."""
-    from huggingface_hub import constants
-
-    _OFFLINE["reason"] = reason
-    constants.HF_HUB_OFFLINE = True
-    if (datasets := sys.modules.get("datasets")) is not None:
-        datasets.config.HF_HUB_OFFLINE = True
 
 
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,

@@ -2,7 +2,7 @@
 The layers hold: each package, imported alone in a fresh interpreter, loads nothing from the layers above it
 (docs/ARCHITECTURE.md). Bottom to top:
 
-    1. utilities   settings, errors, graphs, timing, flops, distributed, zerogpu, checkpoints
+    1. utilities   settings, errors, flags, hub, graphs, timing, flops, distributed, zerogpu, checkpoints
     2. relevance/ and vlm/, side by side, neither loading the other
     3. pipelines/
     4. synth/ (the page generator) and viz (drawing)
@@ -39,6 +39,7 @@ LAYERS = {  # module imported alone -> the prefixes it must not load
     "arr_coc.eval.report": COMMANDS,
     "arr_coc.eval.data": COMMANDS,
     "arr_coc.eval.faithfulness": COMMANDS,
+    "arr_coc.eval.sets": COMMANDS,
     "arr_coc.pocket.train": ("arr_coc.relevance", "arr_coc.pipelines", "arr_coc.viz") + COMMANDS,
 }
 

@@ -12,7 +12,9 @@ ARR meets it as it meets the real Qwen.
 Its answers are real on fine-print scenes and meaningless elsewhere.
 
 Beside the answers, every visual token learns which characters its cell holds (arr_coc.pocket.reading, a training-only
-head): without it the from-scratch ViT never learned glyphs at arbitrary sub-patch offsets.
+head): without it the from-scratch ViT never learned glyphs at arbitrary sub-patch offsets. It also learns which
+colour, shape, box and field its cell belongs to (arr_coc.pocket.binding), three of those in the LLM's own word
+embeddings; and a share of questions is asked the other way round (reversed_questions).
 Training follows a curriculum (CURRICULUM) that moves on when the model reads each stage's own held-out pages:
 large glyphs, few fields and small pages first; then smaller print and more clutter; then the suite as specified
 (fineprint.SPEC) at 448-1792 px; a REVIEW share of batches comes from earlier stages. Pages are drawn by
@@ -48,10 +50,10 @@ from torch import nn
 from arr_coc import distributed
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.eval.metrics import interval_text
-from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss, binding_targets
-from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.pocket.reading import MergerOutputHook, ReadingHead, glyph_targets
+from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
+from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.views import PIPELINE, fit_grid
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",

@@ -1,0 +1,50 @@
+"""The views every pipeline reads (arr_coc.vlm.views), with their grids, cell boxes and box coverage written out by
+hand: the gestalt grid closest to the image's aspect, the stock processor's native grid, and where a candidate cell
+lies in the original image."""
+
+import pytest
+import torch
+from PIL import Image
+
+from arr_coc.vlm.views import Views, fit_grid, native_grid, resize
+
+
+@pytest.mark.parametrize("size, grid", [((448, 448), (16, 16)),  # square: 16 x 16 = 256
+                                        ((1792, 896), (11, 22)),  # 2:1 -> rows round(sqrt(128)) = 11, cols 22
+                                        ((896, 1792), (23, 11)),  # 1:2 -> rows round(sqrt(512)) = 23, cols 256 // 23
+                                        ((10, 10), (16, 16))])  # the grid depends on the aspect alone
+def test_the_gestalt_grid_is_the_closest_to_the_aspect_under_256_tokens(size, grid):
+    assert fit_grid(*size, 256) == grid
+
+
+@pytest.mark.parametrize("size, grid", [((1792, 1792), (64, 64)),  # 1792 / 28
+                                        ((1400, 900), (32, 50)),  # 900 / 28 = 32.1, 1400 / 28 = 50
+                                        ((3584, 3584), (64, 64)),  # capped at 4096 cells
+                                        ((448, 448), (16, 16)),  # 448 / 28
+                                        ((20, 20), (2, 2))])  # raised to 4 cells, as Qwen2-VL's 56 x 56 px
+def test_the_native_grid_is_the_stock_processors(size, grid):
+    assert native_grid(*size, max_cells=4096) == grid
+
+
+def _views(width=100, height=50) -> Views:
+    image = Image.new("RGB", (width, height))
+    pixels = torch.zeros(1, 3, height, width, dtype=torch.uint8)
+    return Views(image, pixels, (1, 2), (2, 4), (2, 4), (1, 2))
+
+
+def test_a_candidate_cells_box_in_the_original_image():
+    views = _views()  # 100 x 50 px on a 2 x 4 candidate grid: 25 px cells
+    assert views.cell_box(0, 0) == [0, 0, 25, 25]
+    assert views.cell_box(1, 3) == [75, 25, 100, 50]
+
+
+def test_box_coverage_is_the_share_of_each_cell_inside_the_box():
+    coverage = _views().box_coverage([30, 0, 60, 25])  # x 30..60 covers 20 px of column 1 and 10 of column 2
+    torch.testing.assert_close(coverage, torch.tensor([[0.0, 0.8, 0.4, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_resize_keeps_a_view_of_its_own_size_and_scales_uint8_to_one():
+    pixels = torch.tensor([[[[0, 255]] * 2] * 3], dtype=torch.uint8).repeat(1, 1, 14, 14)  # [1, 3, 28, 28]
+    out = resize(pixels, (1, 1))  # one 28 px cell: the same size, no resampling
+    assert out.shape == (1, 3, 28, 28) and out.dtype == torch.float32
+    assert out[0, 0, 0, :2].tolist() == [0.0, 1.0]
