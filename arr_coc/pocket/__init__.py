@@ -5,6 +5,7 @@ here from scratch on the synthetic fine-print suite (arr_coc.synth.fineprint).
     train.py     the tokenizer, the page stream, the curriculum, held-out evaluation, the training loop and export
     reading.py   the training-only reading head: every visual token names the characters its cell holds
     binding.py   the training-only binding head: what colour, shape, box and field each cell belongs to
+    pointing.py  the training-only pointing loss: where an answer's attention must look (its target's tokens)
 
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume
 

@@ -14,7 +14,8 @@ Its answers are real on fine-print scenes and meaningless elsewhere.
 Beside the answers, every visual token learns which characters its cell holds (arr_coc.pocket.reading, a training-only
 head): without it the from-scratch ViT never learned glyphs at arbitrary sub-patch offsets. It also learns which
 colour, shape, box and field its cell belongs to (arr_coc.pocket.binding), three of those in the LLM's own word
-embeddings; and a share of questions is asked the other way round (reversed_questions).
+embeddings; a share of questions is asked the other way round (reversed_questions); and one attention head of
+the LLM learns to look at each answer's target (arr_coc.pocket.pointing).
 Training follows a curriculum (CURRICULUM) that moves on when the model reads each stage's own held-out pages:
 large glyphs, few fields and small pages first; then smaller print and more clutter; then the suite as specified
 (fineprint.SPEC) at 448-1792 px; a REVIEW share of batches comes from earlier stages. Pages are drawn by
@@ -51,6 +52,7 @@ from arr_coc import distributed
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.eval.metrics import interval_text
 from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss, binding_targets
+from arr_coc.pocket.pointing import Pointing, pointing_targets, use_pointing_attention
 from arr_coc.pocket.reading import MergerOutputHook, ReadingHead, glyph_targets
 from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
@@ -285,7 +287,8 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
     attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
     glyph_targets) also every visual token's reading targets, concatenated, and with `bindings` (each page's
-    binding_targets) its binding targets. Pixels travel between processes as
+    binding_targets) its binding targets and where each suite answer must look (pointing_targets: point_queries
+    [P, 2], point_targets [P, L]). Pixels travel between processes as
     bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
     stock processor does. gestalt_first: each conversation shows the page's gestalt view (ARR's, <= 256 tokens,
     resized on the GPU by `model_inputs`) before the page itself; its tokens have no reading targets.
@@ -317,6 +320,8 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
         unbound = np.full((sizes[0], bindings[0].shape[1]), IGNORE, dtype=np.int64)
         batch["binding"] = torch.from_numpy(np.concatenate([part for b in bindings  # [visual tokens, channels]
                                                             for part in ([unbound, b] if gestalt_first else [b])]))
+        point_at = pointing_targets(conversations, labels, input_ids, image_token_id, bindings)
+        batch["point_queries"], batch["point_targets"] = point_at.queries, point_at.targets  # [P, 2], [P, L]
     return batch
 
 
@@ -516,24 +521,29 @@ class Trainee(nn.Module):
 
     def forward(self, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                 counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(answer, reading, binding) losses, each a sum over this process's batch divided by `counts` [4]: the
+        """(answer, reading, binding) losses, each a sum over this process's batch divided by `counts` [5]: the
         global batch's label counts over the world size, so that DDP's mean of the processes' gradients is the
-        gradient of the global batch's mean loss (exactly one process's over the same batch)."""
-        with MergerOutputHook(self.model) as visual:
-            answer = self.model(**inputs, num_items_in_batch=counts[0]).loss
+        gradient of the global batch's mean loss (exactly one process's over the same batch). The binding loss
+        holds the binding head's, the aligned names' and the answers' pointing (arr_coc.pocket.pointing)."""
+        model_inputs = {k: v for k, v in inputs.items() if not k.startswith("point_")}
+        queries = inputs.get("point_queries", torch.zeros(0, 2, dtype=torch.long))
+        with MergerOutputHook(self.model) as visual, Pointing(self.model, queries) as pointing:
+            answer = self.model(**model_inputs, num_items_in_batch=counts[0]).loss
         reading_loss = self.reading(visual.value, reading, reduction="sum") / counts[1]
         embeddings = self.model.get_input_embeddings().weight.detach()  # [V, H] fixed: the visual tokens move
         binding_loss = (self.binding(visual.value, binding, reduction="sum") / counts[2]
-                        + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3])
+                        + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3]
+                        + pointing.loss(inputs.get("point_targets", torch.zeros(0, 0, dtype=torch.bool))) / counts[4])
         return answer, reading_loss, binding_loss
 
 
 def label_counts(inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                  process: distributed.Process) -> torch.Tensor:
-    """The global batch's answer tokens, reading slots, binding labels and aligned binding labels (aligned_count),
-    over the world size: float [4]."""
+    """The global batch's answer tokens, reading slots, binding labels, aligned binding labels (aligned_count) and
+    pointing answers, over the world size: float [5]."""
+    pointers = torch.tensor(len(inputs.get("point_queries", ())), device=binding.device)
     local = torch.stack([(inputs["labels"][:, 1:] != IGNORE).sum(), (reading != IGNORE).sum(),
-                         (binding != IGNORE).sum(), aligned_count(binding)]).double()  # [4]
+                         (binding != IGNORE).sum(), aligned_count(binding), pointers]).double()  # [5]
     return (process.sum(local) / process.world_size).clamp(min=1).float()
 
 
@@ -639,7 +649,8 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, i
     state.setdefault("stage_start", state["step"])  # a state from before the step budgets: its stage starts now
     if stage is not None and stage != state["stage"]:  # --stage: start (or go back) at this curriculum stage
         state["stage"], state["stage_start"] = stage, state["step"]
-    return use_same_size_pages_attention(model).to(device).train(), head.to(device), tokenizer, state, binding.to(device)
+    model = use_pointing_attention(use_same_size_pages_attention(model))
+    return model.to(device).train(), head.to(device), tokenizer, state, binding.to(device)
 
 
 def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = None) -> dict:
@@ -757,7 +768,7 @@ def backward(trainee, inputs: dict, reading: torch.Tensor, binding: torch.Tensor
              process: distributed.Process) -> tuple[torch.Tensor, ...]:
     """The losses of this process's batch, normalised by the global batch's label counts, and their backward:
     under DDP the gradients arrive averaged over processes, i.e. the global batch's. (answer, reading, binding)."""
-    counts = label_counts(inputs, reading, binding, process)  # [4]
+    counts = label_counts(inputs, reading, binding, process)  # [5]
     with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
         losses = trainee(inputs, reading, binding, counts)
     sum(losses).backward()

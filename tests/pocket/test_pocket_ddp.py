@@ -19,21 +19,22 @@ STEP = '''
 import sys, torch
 from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 from arr_coc import distributed
-from arr_coc.synth.fineprint import make_page
 from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
+from arr_coc.pocket.pointing import POINT_LAYER, use_pointing_attention
+from arr_coc.pocket.reading import ReadingHead, glyph_targets
 from arr_coc.pocket.train import (POCKET_FOLDER, PocketConfig, Trainee, backward, collate, image_processor,
                                 model_inputs, model_config, use_same_size_pages_attention)
-from arr_coc.pocket.reading import ReadingHead, glyph_targets
+from arr_coc.synth.fineprint import make_page
 
 torch.set_num_threads(1)
 process = distributed.start("cpu")
 tokenizer = AutoTokenizer.from_pretrained(POCKET_FOLDER)
 torch.manual_seed(0)
-arch = PocketConfig(vision_depth=1, vision_dim=32, vision_heads=2, hidden_size=32, layers=1, heads=2, kv_heads=1,
-                    intermediate=64)
+arch = PocketConfig(vision_depth=1, vision_dim=32, vision_heads=2, hidden_size=32, layers=POINT_LAYER + 1, heads=2,
+                    kv_heads=1, intermediate=64)  # deep enough for the pointing head's layer
 model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer, arch), dtype=torch.float32)
 model.config._attn_implementation = "sdpa"
-use_same_size_pages_attention(model).train()
+use_pointing_attention(use_same_size_pages_attention(model)).train()
 reading, binding = ReadingHead(32), BindingHead(32)
 trainee = Trainee(model, reading, binding, aligned_ids(tokenizer))
 if process.distributed:

@@ -1,0 +1,123 @@
+"""
+The answer points at what it reads: a training-only loss on one attention head of the pocket model's LLM.
+
+Run 13 showed the gap (models/pocket-qwen2-vl/README.md): the model finds a token by its glyphs and reads its colour,
+but cannot find a token *by* its colour. Asked for the orange box's word on a page with two boxes, it answers at
+chance. So, as the reading and binding heads supervise what each visual token holds, this supervises where the
+answer looks: at the position that predicts an answer's first token, head POINT_HEAD of layer POINT_LAYER must put
+its attention on the target's tokens, those the binding targets name as the asked box's interior, the asked key's
+field or the asked shape. The loss is -log(the head's attention mass on them), summed over questions.
+
+The head's probabilities come from the attention call itself: the LLM runs under POINTING_ATTENTION, which is
+sdpa plus, for the one layer and the few query rows asked for, the softmax of that head's scores over the keys the
+position may see (causal). Nothing changes in the forward's output; exported models load with plain sdpa.
+
+    point_at = pointing_targets(conversations, bindings, ...)       # in collate: (row, position) and target keys
+    with Pointing(model, point_at.queries) as pointing:              # the next forward records the head's rows
+        model(**inputs)
+    loss = pointing.loss(point_at.targets)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from arr_coc.pocket.binding import CHANNELS, CLASSES
+
+POINTING_ATTENTION = "sdpa_pointing"  # the LLM's attention in pocket training (registered by use_pointing_attention)
+POINT_LAYER = 2  # the supervised layer (of 4): the question's words have reached the answer position by then
+POINT_HEAD = 0  # the supervised query head of that layer
+QUESTIONS = (  # a suite question -> the binding channel whose class names its target
+    (re.compile(r"What word is in the (\w+) box\?"), "inside"),
+    (re.compile(r"What is the value of (\w+)\?"), "key"),
+    (re.compile(r"What colour is the (\w+)\?"), "shape"),
+)
+
+
+@dataclass
+class PointAt:
+    """Where a batch's answers must look: one row per suite question with a target on its page."""
+    queries: torch.Tensor  # [P, 2] (batch row, position predicting the answer's first token)
+    targets: torch.Tensor  # [P, L] bool: the keys (sequence positions) of the target's visual tokens
+
+
+def pointing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """sdpa, and on the module that a Pointing holds, the POINT_HEAD's log-softmax at the asked query rows."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
+                                          dropout=dropout, **kwargs)
+    pointing = getattr(module, "pointing", None)
+    if pointing is not None:
+        rows, positions = pointing.queries.unbind(-1)  # [P] each
+        q = query[rows, POINT_HEAD, positions].float()  # [P, d]
+        k = key[rows, POINT_HEAD // module.num_key_value_groups].float()  # [P, L, d]
+        scores = torch.einsum("pd,pld->pl", q, k) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+        seen = torch.arange(k.shape[1], device=k.device) <= positions[:, None]  # [P, L] causal
+        pointing.log_probs = scores.masked_fill(~seen, float("-inf")).log_softmax(-1)  # [P, L]
+    return out
+
+
+def use_pointing_attention(model):
+    """Run the model's LLM under pointing_attention (sdpa while no Pointing is active)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(POINTING_ATTENTION, pointing_attention)
+    model.config.text_config._attn_implementation = POINTING_ATTENTION
+    return model
+
+
+class Pointing:
+    """Context manager: the next forward records POINT_HEAD's attention rows at `queries` [P, 2]."""
+
+    def __init__(self, model, queries: torch.Tensor):
+        self.attention = model.model.language_model.layers[POINT_LAYER].self_attn
+        self.queries, self.log_probs = queries, None
+
+    def __enter__(self):
+        if len(self.queries):
+            self.attention.pointing = self
+        return self
+
+    def __exit__(self, *exc):
+        self.attention.pointing = None
+
+    def loss(self, targets: torch.Tensor) -> torch.Tensor:
+        """Summed over the queries: -log(the head's attention mass on each one's target keys). targets [P, L] bool."""
+        if self.log_probs is None:
+            return torch.zeros((), device=targets.device)
+        on_target = self.log_probs.masked_fill(~targets.to(self.log_probs.device), float("-inf"))  # [P, L]
+        return -on_target.logsumexp(-1).sum()
+
+
+def pointing_targets(conversations: list[list[tuple[str, str]]], labels: torch.Tensor, input_ids: torch.Tensor,
+                     image_token_id: int, bindings: list[np.ndarray]) -> PointAt:
+    """
+    For each conversation's suite questions: the position whose logits give the answer's first token (one before
+    the turn's first labelled token), and the sequence positions of the page's visual tokens (the last image block,
+    raster order, as binding_targets) that the question's target covers. A question whose target covers no token
+    (or a transcript, a reversed question) is left out. labels, input_ids [B, L]; bindings: [cells, channels] a page.
+    """
+    queries, targets = [], []
+    for row, (turns, binding) in enumerate(zip(conversations, bindings)):
+        labelled = labels[row] != -100  # [L]
+        starts = (labelled & ~torch.cat([labelled.new_zeros(1), labelled[:-1]])).nonzero()[:, 0]  # each answer's first
+        page = (input_ids[row] == image_token_id).nonzero()[:, 0][-len(binding):]  # [cells] the page's token positions
+        for (question, _), start in zip(turns, starts.tolist()):
+            for pattern, channel in QUESTIONS:
+                if match := pattern.fullmatch(question):
+                    name = match.group(1)
+                    hit = binding[:, CHANNELS.index(channel)] == CLASSES[channel].index(name)  # [cells]
+                    if hit.any():
+                        mask = torch.zeros(labels.shape[1], dtype=torch.bool)
+                        mask[page[torch.from_numpy(hit)]] = True
+                        queries.append((row, start - 1))
+                        targets.append(mask)
+                    break
+    if not queries:
+        return PointAt(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, labels.shape[1], dtype=torch.bool))
+    return PointAt(torch.tensor(queries), torch.stack(targets))
