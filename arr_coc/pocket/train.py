@@ -680,7 +680,9 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
         pass  # the stage ended: the next one draws its own pages
     elapsed = time.time() - run["t0"]
     seen = int(process.sum(torch.tensor(run["seen"])).item())
-    state.update(gpu_seconds=state["gpu_seconds"] + elapsed * process.world_size, samples=state["samples"] + seen)
+    if device.type == "cuda":  # a CPU run (a test, a smoke run) is no GPU time
+        state["gpu_seconds"] += elapsed * process.world_size
+    state["samples"] += seen
     _evaluate(model, tokenizer, processor, device, cfg, state, process)
     state["runs"].append(dict(steps=state["step"] - run["start"], seconds=round(elapsed, 1), gpus=process.world_size,
                               pages_per_second=round(seen / elapsed, 1),

@@ -225,6 +225,7 @@ def test_training_runs_saves_and_resumes(tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert set(second["heldout"][-1]["accuracy"]["224"]["full"]) == set(FORMATS)
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 3
+    assert second["gpu_seconds"] == 0.0 and second["runs"][-1]["device"] == "cpu"  # a CPU run counts no GPU time
 
 
 def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypatch):
