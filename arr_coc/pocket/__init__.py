@@ -2,7 +2,10 @@
 pocket-qwen2-vl's training: the offline model (models/pocket-qwen2-vl) is a stock Qwen2-VL at a pocket size, trained
 here from scratch on the synthetic fine-print suite (arr_coc.synth.fineprint).
 
-    train.py     the tokenizer, the page stream, the curriculum, held-out evaluation, the training loop and export
+    model.py     the architecture (stock Qwen2VLConfig at a pocket size), its tokenizer, the batched ViT attention
+    data.py      the curriculum, each batch's pages and conversations, their ids, labels, positions and targets
+    heldout.py   the held-out check: the suite on new seeds, teacher-forced exact match
+    train.py     the training loop (one process or torchrun), resumable state in small shards, export
     reading.py   the training-only reading head: every visual token names the characters its cell holds
     binding.py   the training-only binding head: what colour, shape, box and field each cell belongs to
     pointing.py  the training-only pointing loss: where an answer's attention must look (its target's tokens)

@@ -122,7 +122,7 @@ def test_the_aligned_names_are_the_words_as_the_questions_and_answers_write_them
     from transformers import AutoTokenizer
 
     from arr_coc.pocket.binding import aligned_ids
-    from arr_coc.pocket.train import POCKET_FOLDER
+    from arr_coc.checkpoints import POCKET_FOLDER
 
     tokenizer = AutoTokenizer.from_pretrained(POCKET_FOLDER)
     ids = aligned_ids(tokenizer)

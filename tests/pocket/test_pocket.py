@@ -15,8 +15,10 @@ import torch
 from conftest import answers_by_engine
 
 from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, make_page
-from arr_coc.pocket.train import (IGNORE, POCKET_FOLDER, READ_PAGE, TrainConfig, collate, encode, image_processor,
-                                model_inputs, train)
+from arr_coc.checkpoints import POCKET_FOLDER
+from arr_coc.pocket.data import IGNORE, READ_PAGE, collate, encode, model_inputs
+from arr_coc.pocket.model import image_processor
+from arr_coc.pocket.train import TrainConfig, train
 
 FORMATS = {"fine_print": r"\d{4}", "box_word": "|".join(BOX_WORDS), "shape_colour": "|".join(COLOURS)}
 
@@ -65,7 +67,7 @@ def test_stock_generate_answers_in_the_tasks_format(stock, kind):
 
 def test_the_shipped_tokenizer_is_what_build_tokenizer_makes(stock):
     """The recipe rebuilds the shipped tokenizer exactly: same vocabulary, same chat template."""
-    from arr_coc.pocket.train import build_tokenizer
+    from arr_coc.pocket.model import build_tokenizer
 
     _, shipped, _ = stock
     built = build_tokenizer()
@@ -114,7 +116,7 @@ def test_the_training_forward_is_the_stock_forward(stock, gestalt_first):
     real token, in fp32; with gestalt_first, of two images a conversation: the page's gestalt view, then the page."""
     import copy
 
-    from arr_coc.pocket.train import use_same_size_pages_attention
+    from arr_coc.pocket.model import use_same_size_pages_attention
 
     model, tokenizer, _ = stock
     pages = [make_page(kind, 9, 588, 476).image for kind in ("fine_print", "box_word", "shape_colour")]
@@ -158,7 +160,7 @@ def test_the_shipped_model_reads_print_that_its_gestalt_cannot(stock):
     46408, 24 pages a kind): large print on small pages (the curriculum's first stage) 24 and 23 of 24; the suite
     at 896 px, native: fine_print 20, box_word 4, shape_colour 24; the gestalt: 0, 0 and 24. The bounds sit below
     the measurement, inside its 95% interval (fine_print 20/24: 0.64-0.93), and fail on a model that lost a kind."""
-    from arr_coc.pocket.train import exact_match, gestalt_view, heldout
+    from arr_coc.pocket.heldout import exact_match, gestalt_view, heldout
 
     model, tokenizer, _ = stock
     cpu = torch.device("cpu")
@@ -203,7 +205,7 @@ def test_the_offline_app_answers_its_fine_print_examples(served):
 def test_arr_reads_fine_print_only_with_its_saccades_in_reading_order(served):
     """The same 273 saccades of the pocket checkpoint, fed row by row or most relevant first, on 12 held-out pages at
     896 px (measured: 6 and 1 read, `full` 6): the pocket model reads a key and its digits in reading order only."""
-    from arr_coc.pocket.train import heldout
+    from arr_coc.pocket.heldout import heldout
 
     model, _ = served
     read = {"raster": 0, "relevance-order": 0}
@@ -230,7 +232,7 @@ def test_training_runs_saves_and_resumes(tmp_path):
 
 def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypatch):
     """A stage check below PASS_MARK keeps the stage; one at it moves on, and the next batches are the next stage's."""
-    from arr_coc.pocket import train as pocket
+    from arr_coc.pocket import data, train as pocket
 
     stage0_checks = []  # exact_match on 168 px pages: the first check (3 kinds) fails, only the second passes
 
@@ -243,21 +245,21 @@ def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypat
 
     monkeypatch.setattr(pocket, "exact_match", fake_exact_match)
     drawn = []
-    real_batch_pages = pocket.batch_pages
-    monkeypatch.setattr(pocket, "batch_pages", lambda *a, **k: drawn.append(a[2]) or real_batch_pages(*a, **k))
+    real_batch_pages = data.batch_pages
+    monkeypatch.setattr(data, "batch_pages", lambda *a, **k: drawn.append(a[2]) or real_batch_pages(*a, **k))
     cfg = TrainConfig(out=str(tmp_path), steps=3, minutes=5, image_tokens=64, workers=0, eval_every=1,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     state = train(cfg, resume=False)
     assert [c["stage"] for c in state["stage_checks"]] == [0, 0, 1]
     assert state["stage"] == 1 and drawn[:3] == [0, 0, 1]  # the third batch is drawn at stage 1
-    w, h = pocket.batch_pages(0, 0, 1, 4096)[0][0].size
-    assert all(pocket.CURRICULUM[1].sides[0] <= side <= pocket.CURRICULUM[1].sides[1] for side in (w, h))
+    w, h = data.batch_pages(0, 0, 1, 4096)[0][0].size
+    assert all(data.CURRICULUM[1].sides[0] <= side <= data.CURRICULUM[1].sides[1] for side in (w, h))
 
 
 def test_a_review_share_of_batches_comes_from_earlier_stages(monkeypatch):
     """At stage 2 about REVIEW of the batches are drawn in an earlier stage's style (whole batches: one page size);
     at stage 0 there is nothing to review."""
-    from arr_coc.pocket import train as pocket
+    from arr_coc.pocket import data as pocket
 
     styles = []
     real_make_page = pocket.make_page
@@ -288,7 +290,7 @@ def _weights(folder):
 
 def test_exact_match_scores_every_chunk(stock):
     """Teacher-forced exact match over several chunks: a right answer scores, a wrong one does not."""
-    from arr_coc.pocket.train import exact_match
+    from arr_coc.pocket.heldout import exact_match
 
     model, tokenizer, _ = stock
     page = make_page("shape_colour", 10**9 + 7, 224)
@@ -300,7 +302,7 @@ def test_exact_match_scores_every_chunk(stock):
 
 
 def _greedy(model, tokenizer, image, question) -> str:
-    from arr_coc.pocket.train import collate
+    from arr_coc.pocket.data import collate
 
     batch = collate(tokenizer, [image], [[(question, "")]])
     inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
@@ -345,7 +347,7 @@ def test_the_cool_down_decays_the_rate_to_five_percent_over_the_runs_last_minute
 
 def test_reversed_questions_ask_each_target_the_other_way_round():
     from arr_coc.synth.fineprint import Mark, Page
-    from arr_coc.pocket.train import reversed_questions
+    from arr_coc.pocket.data import reversed_questions
 
     marks = [Mark("box", (0, 0, 90, 60), colour="orange", border=4, text="lemon"),
              Mark("shape", (100, 0, 160, 60), colour="cyan", shape="diamond"),
@@ -362,7 +364,8 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
     import json
     import shutil
 
-    from arr_coc.pocket.train import POCKET_FOLDER, load_or_init, main
+    from arr_coc.checkpoints import POCKET_FOLDER
+    from arr_coc.pocket.train import load_or_init, main
 
     exported = tmp_path / "exported"
     shutil.copytree(POCKET_FOLDER, exported)

@@ -22,8 +22,10 @@ from arr_coc import distributed
 from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
 from arr_coc.pocket.pointing import POINT_LAYER, use_pointing_attention
 from arr_coc.pocket.reading import ReadingHead, glyph_targets
-from arr_coc.pocket.train import (POCKET_FOLDER, PocketConfig, Trainee, backward, collate, image_processor,
-                                model_inputs, model_config, use_same_size_pages_attention)
+from arr_coc.checkpoints import POCKET_FOLDER
+from arr_coc.pocket.data import collate, model_inputs
+from arr_coc.pocket.model import PocketConfig, image_processor, model_config, use_same_size_pages_attention
+from arr_coc.pocket.train import Trainee, backward
 from arr_coc.synth.fineprint import make_page
 
 torch.set_num_threads(1)
@@ -73,7 +75,7 @@ def test_the_ddp_step_equals_one_process_over_the_same_global_batch(tmp_path):
 
 def test_each_process_draws_its_own_batches_of_one_stream():
     """Process r of N takes the stream's batches r, r + N, ...: for N = 2 they interleave to the one-process stream."""
-    from arr_coc.pocket.train import PageStream
+    from arr_coc.pocket.data import PageStream
 
     class Seen(PageStream):  # the stream's batch indices, not the pages
         def __iter__(self):

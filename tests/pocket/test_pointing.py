@@ -13,7 +13,8 @@ from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.binding import binding_targets
 from arr_coc.pocket.pointing import POINT_HEAD, POINT_LAYER, Pointing, use_pointing_attention
-from arr_coc.pocket.train import collate, image_processor, model_inputs
+from arr_coc.pocket.data import collate, model_inputs
+from arr_coc.pocket.model import image_processor
 from arr_coc.synth.fineprint import make_page
 
 SIZE = 336

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from arr_coc.synth.fineprint import Glyph, PageStyle, make_page
-from arr_coc.pocket.train import (HEAD_FILE, IGNORE, POCKET_FOLDER, TrainConfig, _train_step, collate, image_processor,
-                                load_or_init, make_optimizer, model_inputs, train)
+from arr_coc.checkpoints import POCKET_FOLDER
+from arr_coc.pocket.data import IGNORE, collate, model_inputs
+from arr_coc.pocket.model import image_processor
+from arr_coc.pocket.train import HEAD_FILE, TrainConfig, _train_step, load_or_init, make_optimizer, train
 from arr_coc.pocket.reading import ALPHABET, NONE, SLOTS, MergerOutputHook, ReadingHead, glyph_targets
 
 

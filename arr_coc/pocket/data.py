@@ -1,0 +1,242 @@
+"""
+pocket training's data: the curriculum's stages, the pages and conversations of each training batch (a pure function
+of seed, stage and index), their token ids, labels and M-RoPE positions, the dense targets of every visual token,
+and the stream the DataLoader's workers draw them from.
+
+    images, conversations, readings, gestalt_first, bindings = batch_pages(index, seed, stage, image_tokens=8192)
+    batch = collate(tokenizer, images, conversations, readings, gestalt_first, bindings)
+    inputs = model_inputs(batch, image_processor(), image_token_id, "cuda")
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from arr_coc.pocket.binding import binding_targets
+from arr_coc.pocket.pointing import pointing_targets
+from arr_coc.pocket.reading import glyph_targets
+from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
+from arr_coc.vlm.positions import mrope_position_ids, raster_block
+from arr_coc.vlm.views import PIPELINE, fit_grid
+
+READ_PAGE = "Read the page."  # the transcription question: dense supervision of every glyph, as OCR pre-training
+IGNORE = -100
+GESTALT_TOKENS = PIPELINE.gestalt_max_tokens  # ARR's gestalt view: at most this many merged tokens
+MAX_PAGES = 96  # at most this many pages a batch (the first stage's pages are small)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the curriculum. The model moves on once it reads this stage's own held-out pages (its `gate`
+    kinds at PASS_MARK), or after `budget` steps at it, whichever comes first: the curriculum never stalls."""
+    sides: tuple[int, int]  # page side range in px (each side drawn separately; aspect kept within 3:4..4:3)
+    styles: tuple[PageStyle, ...]  # what the pages hold: each page draws one of these, uniformly
+    turns: int  # at most this many questions per page (a multi-turn conversation)
+    read: float  # share of conversations that open with READ_PAGE (the page's transcript)
+    budget: int = 10**9  # move on after this many steps at this stage, passed or not
+    gate: tuple[str, ...] = ("fine_print",)  # the kinds whose held-out pages must reach PASS_MARK to move on early
+
+    @property
+    def style(self) -> PageStyle:
+        """The style of the stage's own held-out check pages: its first."""
+        return self.styles[0]
+
+
+# Reading is supervised densely from the start (arr_coc.pocket.reading), so the print goes anywhere from the first stage;
+# the stages grow the pages and shrink the print.
+_LARGE = PageStyle(fields=(1, 2), field_font=(20, 28), boxes=(1, 2), word_font=(20, 28), shapes=(1, 2), clutter=0.1)
+_MEDIUM = PageStyle(fields=(1, 4), field_font=(16, 26), boxes=(1, 3), word_font=(16, 26), shapes=(1, 3), clutter=0.3)
+_MID = PageStyle(fields=(2, 8), field_font=(13, 22), boxes=(2, 5), word_font=(13, 22), clutter=0.5)
+_SMALLER = PageStyle(fields=(4, 16), field_font=(11, 19), boxes=(3, 8), word_font=(12, 19), clutter=0.8)
+# the suite's hardest corner, half of the late stages' pages: its smallest print on its most crowded pages
+SMALL_PRINT = PageStyle(fields=(16, 32), field_font=(10, 12), word_font=(11, 13))
+CURRICULUM = (
+    Stage((112, 224), (_LARGE,), turns=2, read=0.5, gate=("fine_print", "box_word")),
+    Stage((168, 336), (_MEDIUM,), turns=4, read=0.5, gate=("fine_print", "box_word")),
+    Stage((224, 560), (_MID,), turns=6, read=0.35, budget=300),
+    Stage((336, 896), (_SMALLER, SMALL_PRINT), turns=8, read=0.25, budget=300),
+    Stage((448, 1344), (SPEC, SMALL_PRINT), turns=8, read=0.15, budget=400),
+    Stage((448, 1792), (SPEC, SMALL_PRINT), turns=8, read=0.1),  # the last stage: the suite at every size
+)
+PASS_MARK = 0.7  # a stage may end early when held-out exact match on its own pages reaches this on its gate kinds:
+# its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
+REVIEW = 0.2  # share of batches drawn from an earlier stage than the current one, so that no stage is forgotten
+KIND_WEIGHTS = (0.35, 0.5, 0.15)  # how often each of PAGE_KINDS is drawn: box_word, the kind the model binds worst, most
+REVERSED = 0.3  # share of a page's training questions asked the other way round (reversed_questions)
+GESTALT_FIRST = 0.2  # share of batches whose conversations show the page's gestalt view (<= 256 tokens) first, then
+# the page: two image blocks, as ARR's prompt has (and as the real Qwen saw multi-image prompts in training)
+
+
+# -----------------------------------------------------------------------------
+# conversations -> tensors
+
+
+def conversation(questions: list[tuple[str, str]], images: int = 1) -> list[dict]:
+    """`images` images, then question/answer turns (the images go with the first question)."""
+    messages = []
+    for i, (q, a) in enumerate(questions):
+        content = [{"type": "image"}] * images + [{"type": "text", "text": q}] if i == 0 else q
+        messages += [{"role": "user", "content": content}, {"role": "assistant", "content": a}]
+    return messages
+
+
+def encode(tokenizer, questions: list[tuple[str, str]], image_tokens: list[int]) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation with its image blocks (image_tokens: each one's token count, in order)
+    expanded, and labels on the answers (+ <|im_end|>) only."""
+    text = tokenizer.apply_chat_template(conversation(questions, len(image_tokens)), tokenize=False)
+    first, *rest = text.split("<|image_pad|>")  # one pad per image, in order
+    text = first + "".join("<|image_pad|>" * n + after for n, after in zip(image_tokens, rest, strict=True))
+    spans, at = [], 0
+    for _, a in questions:  # each answer's characters and its <|im_end|>, in order
+        start = text.index("<|im_start|>assistant\n" + a + "<|im_end|>", at) + len("<|im_start|>assistant\n")
+        at = start + len(a) + len("<|im_end|>")
+        spans.append((start, at))
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    labels = [t if any(s <= o0 and o1 <= e for s, e in spans) and o1 > o0 else IGNORE
+              for t, (o0, o1) in zip(enc["input_ids"], enc["offset_mapping"])]
+    return enc["input_ids"], labels
+
+
+def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool = False, bindings=None) -> dict:
+    """
+    Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
+    attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
+    glyph_targets) also every visual token's reading targets, concatenated, and with `bindings` (each page's
+    binding_targets) its binding targets and where each suite answer must look (pointing_targets: point_queries
+    [P, 2], point_targets [P, L]). Pixels travel between processes as
+    bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
+    stock processor does. gestalt_first: each conversation shows the page's gestalt view (ARR's, <= 256 tokens,
+    resized on the GPU by `model_inputs`) before the page itself; its tokens have no reading targets.
+    """
+    w, h = images[0].size
+    page = (h // 28, w // 28)  # the page's cell grid
+    blocks = ([raster_block(fit_grid(w, h, GESTALT_TOKENS))] if gestalt_first else []) + [raster_block(page)]
+    sizes = [len(block.positions) for block in blocks]
+    rows = [encode(tokenizer, qa, sizes) for qa in conversations]
+    length = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, (ids, lab) in enumerate(rows):
+        input_ids[i, :len(ids)], labels[i, :len(lab)], attention[i, :len(ids)] = torch.tensor(ids), torch.tensor(lab), 1
+    pages = torch.from_numpy(np.stack([np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images]))  # [B, H, W, 3]
+    image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    # M-RoPE positions drawn here, in the workers: not per row on the GPU
+    position_ids = torch.cat([mrope_position_ids(row[None], image_token_id, blocks)  # [3, 1, L] per row
+                              for row in input_ids], 1)  # [3, B, L]
+    batch = dict(input_ids=input_ids, attention_mask=attention, labels=labels, pages=pages, position_ids=position_ids)
+    if gestalt_first:
+        batch["gestalt_grid"] = torch.tensor(blocks[0].grid)
+    if readings is not None:
+        unread = np.full((sizes[0], readings[0].shape[1]), IGNORE, dtype=np.int64)  # a gestalt's tokens: no targets
+        batch["reading"] = torch.from_numpy(np.concatenate([part for r in readings  # [visual tokens, slots]
+                                                            for part in ([unread, r] if gestalt_first else [r])]))
+    if bindings is not None:
+        unbound = np.full((sizes[0], bindings[0].shape[1]), IGNORE, dtype=np.int64)
+        batch["binding"] = torch.from_numpy(np.concatenate([part for b in bindings  # [visual tokens, channels]
+                                                            for part in ([unbound, b] if gestalt_first else [b])]))
+        point_at = pointing_targets(conversations, labels, input_ids, image_token_id, bindings)
+        batch["point_queries"], batch["point_targets"] = point_at.queries, point_at.targets  # [P, 2], [P, L]
+    return batch
+
+
+def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
+    """A collated batch -> Qwen2VLForConditionalGeneration's inputs on `device` (pixel patches as the processor's;
+    with a gestalt grid, each page's gestalt view, then the page)."""
+    from arr_coc.vlm.qwen2_vl import image_patches
+    from arr_coc.vlm.views import resize
+
+    host_only = ("pages", "reading", "binding", "gestalt_grid")  # laid out below, or not the model's
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in host_only}
+    pages = batch["pages"].to(device, non_blocking=True).permute(0, 3, 1, 2).float() / 255.0  # [B, 3, H, W]
+    out["pixel_values"], out["image_grid_thw"] = image_patches(pages, processor)  # [B*N, 1176], [B, 3]
+    if "gestalt_grid" in batch:
+        B, grid = len(pages), tuple(batch["gestalt_grid"].tolist())
+        gestalts = torch.cat([resize(page[None], grid) for page in pages])  # [B, 3, gh*28, gw*28]: ARR's resize
+        small, small_thw = image_patches(gestalts, processor)  # [B*n, 1176], [B, 3]
+        out["pixel_values"] = torch.cat([small.view(B, -1, small.shape[-1]),  # [B, n + N, 1176]: gestalt, page
+                                         out["pixel_values"].view(B, -1, small.shape[-1])], 1).flatten(0, 1)
+        out["image_grid_thw"] = torch.stack([small_thw, out["image_grid_thw"]], 1).flatten(0, 1)  # [2B, 3]
+    out["mm_token_type_ids"] = (out["input_ids"] == image_token_id).int()
+    return out
+
+
+def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
+    """A (width, height) in multiples of 28 px within `sides`, aspect between 3:4 and 4:3."""
+    lo, hi = sides[0] // 28, sides[1] // 28
+    w = rng.randint(lo, hi)
+    h = rng.randint(max(lo, math.ceil(w * 3 / 4)), min(hi, max(lo, math.floor(w * 4 / 3))))
+    return w * 28, h * 28
+
+
+def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = MAX_PAGES):
+    """The pages, conversations, reading targets, gestalt_first flag and binding targets of training batch `index`
+    at curriculum `stage` (a REVIEW share of batches from an earlier stage): a pure function of them. Under
+    torchrun, process r of N takes batches r, r + N, r + 2N, ... (PageStream)."""
+    rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}")
+    s = CURRICULUM[rng.randrange(stage) if stage and rng.random() < REVIEW else stage]
+    w, h = page_size(rng, s.sides)
+    gestalt_first = rng.random() < GESTALT_FIRST
+    tokens = w * h // 784 + (math.prod(fit_grid(w, h, GESTALT_TOKENS)) if gestalt_first else 0)  # per conversation
+    n = min(max_pages, max(2, image_tokens // tokens))
+    images, conversations, readings, bindings = [], [], [], []
+    for _ in range(n):
+        style = rng.choice(s.styles) if len(s.styles) > 1 else s.styles[0]
+        page = make_page(rng.choices(PAGE_KINDS, KIND_WEIGHTS)[0], rng.getrandbits(40), w, h, style)
+        pool = [(q.question, q.answer) for q in page.questions]
+        for i, qa in enumerate(reversed_questions(page)[:len(pool)]):  # mark i is question i's target
+            if rng.random() < REVERSED:
+                pool[i] = qa
+        k = rng.randint(1, min(s.turns, len(pool)))
+        turns = rng.sample(pool, k)
+        images.append(page.image)
+        conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
+        readings.append(glyph_targets(page.glyphs, w, h))
+        bindings.append(binding_targets(page.marks, w, h))
+    return images, conversations, readings, gestalt_first, bindings
+
+
+def reversed_questions(page) -> list[tuple[str, str]]:
+    """Training-only questions that ask each of the page's targets the other way round: the box's colour from its
+    word, the shape from its colour, the key from its value. They teach the LLM to read a mark's colour, shape or key
+    off the tokens it holds, the binding that the suite's questions (word from colour, value from key) use
+    in the opposite direction; the input and output embeddings are tied, so both directions share one code."""
+    values = [m.text for m in page.marks if m.kind == "field"]
+    out = []
+    for m in page.marks:
+        if m.kind == "box":
+            out.append((f"What colour is the box around {m.text}?", m.colour))
+        elif m.kind == "shape":
+            out.append((f"Which shape is {m.colour}?", m.shape))
+        elif m.kind == "field" and values.count(m.text) == 1:
+            out.append((f"Which key has the value {m.text}?", m.key))
+    return out
+
+
+class PageStream(torch.utils.data.IterableDataset):
+    """This process's batches of steps start, start+1, ... of one stage, drawn by the DataLoader's workers (worker
+    k of n: every n-th step from start + k). Step i's global batch is batches i*world .. i*world + world-1, one a
+    process: the same stream for the same world size, resumed or not."""
+
+    def __init__(self, folder: str, seed: int, stage: int, start: int, image_tokens: int, max_pages: int,
+                 rank: int = 0, world: int = 1):
+        self.folder, self.seed, self.stage, self.start = folder, seed, stage, start
+        self.image_tokens, self.max_pages, self.rank, self.world = image_tokens, max_pages, rank, world
+
+    def __iter__(self):
+        from transformers import AutoTokenizer
+
+        torch.set_num_threads(1)  # many workers: one thread each, or they thrash the cores
+        info = torch.utils.data.get_worker_info()
+        k, n = (info.id, info.num_workers) if info else (0, 1)
+        tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        step = self.start + k
+        while True:
+            index = step * self.world + self.rank
+            yield collate(tokenizer, *batch_pages(index, self.seed, self.stage, self.image_tokens, self.max_pages))
+            step += n

@@ -1,0 +1,141 @@
+"""
+pocket-qwen2-vl's architecture: the stock Qwen2VLConfig at a pocket size, its byte-level BPE tokenizer (Qwen's
+special tokens and chat template), the stock image processor's settings, and the batched ViT attention that training
+uses for pages of one size.
+
+    tokenizer = build_tokenizer()
+    model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer, PocketConfig()))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, FILLER, KEYS, SHAPES
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+@dataclass
+class PocketConfig:
+    """The pocket model's architecture (stock Qwen2-VL at a pocket size)."""
+    vision_depth: int = 6  # ViT blocks
+    vision_dim: int = 256  # ViT width
+    vision_heads: int = 4  # ViT attention heads
+    hidden_size: int = 256  # LLM width (the merger projects the ViT to it)
+    layers: int = 4  # LLM decoder layers
+    heads: int = 4  # LLM query heads (head_dim 64)
+    kv_heads: int = 2  # LLM key/value heads (GQA, as Qwen2-VL)
+    intermediate: int = 1024  # LLM MLP width
+    vocab: int = 1024  # BPE vocabulary incl. special tokens
+
+
+# -----------------------------------------------------------------------------
+# tokenizer and model
+
+
+def tokenizer_corpus() -> list[str]:
+    """The text the pocket tokenizer is fitted on: every question and answer form, the chat frame, filler."""
+    lines = [SYSTEM_PROMPT, "system", "user", "assistant", "What is in this image?", "Describe the image."]
+    lines += [f"What is the value of {k}?" for k in KEYS] + [f"{k}: " for k in KEYS]
+    lines += [f"What word is in the {c} box?" for c in COLOURS] + list(BOX_WORDS)
+    lines += [f"What colour is the {s}?" for s in SHAPES] + list(COLOURS)
+    lines += [" ".join(FILLER), "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,:;!?'\"()-"]
+    return lines * 4
+
+
+def build_tokenizer(vocab: int = PocketConfig.vocab):
+    """A byte-level BPE (digits split one by one, as Qwen2's) with Qwen's special tokens and chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from arr_coc.vlm.qwen2_vl import CHAT_TEMPLATE
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(tokenizer_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   unk_token=None, model_max_length=32768)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def model_config(tokenizer, arch: PocketConfig = PocketConfig()):
+    """The stock Qwen2VLConfig at pocket size; every special id comes from the pocket tokenizer."""
+    from transformers import Qwen2VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = arch.hidden_size // arch.heads
+    section = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]  # t, h, w halves: as Qwen's 16/24/24 of 64
+    return Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=arch.hidden_size, intermediate_size=arch.intermediate,
+                         num_hidden_layers=arch.layers, num_attention_heads=arch.heads,
+                         num_key_value_heads=arch.kv_heads, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=section),
+                         tie_word_embeddings=True, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                         pad_token_id=ids["<|endoftext|>"]),
+        vision_config=dict(depth=arch.vision_depth, embed_dim=arch.vision_dim, num_heads=arch.vision_heads,
+                           mlp_ratio=4, hidden_size=arch.hidden_size, hidden_act="quick_gelu", patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True)
+
+
+VISION_ATTENTION = "flash_same_size_pages"  # "flash" in the name: Qwen2-VL's ViT then hands over cu_seqlens whole
+
+
+def same_size_pages_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
+                              cu_seq_lens_q=None, **kwargs):
+    """
+    Qwen2-VL's vision attention for a batch of pages as one batched sdpa call per image size (one for a batch of
+    same-size pages, two with their gestalt views): the same block-diagonal attention as the stock per-image loop
+    (which launches 2 x images kernels per block), for training only. The stock ViT asks this of any attention
+    whose name holds "flash"; registered under VISION_ATTENTION.
+    """
+    import torch.nn.functional as F
+
+    _, heads, S, d = query.shape  # [1, H, S, d]: every image's patches, one image after another
+    out = torch.empty_like(query)  # [1, H, S, d]
+    for rows, n, size in _size_groups(cu_seq_lens_q):
+        q, k, v = (t[0][:, rows].view(heads, n, size, d).transpose(0, 1) for t in (query, key, value))
+        o = F.scaled_dot_product_attention(q, k, v, scale=scaling)  # [n, H, size, d]
+        out[0][:, rows] = o.transpose(0, 1).reshape(heads, -1, d)
+    return out.transpose(1, 2), None  # [1, S, H, d], as the interface returns
+
+
+def _size_groups(cu_seqlens: torch.Tensor) -> list[tuple[torch.Tensor, int, int]]:
+    """The images of cu_seqlens [n + 1] grouped by size: (their patch rows [n_size * size], n_size, size) per size."""
+    bounds = cu_seqlens.tolist()
+    starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds, bounds[1:])]
+    groups = []
+    for size in sorted(set(lengths)):
+        first = torch.tensor([a for a, n in zip(starts, lengths) if n == size], device=cu_seqlens.device)  # [n]
+        groups.append(((first[:, None] + torch.arange(size, device=first.device)).flatten(), len(first), size))
+    return groups
+
+
+def use_same_size_pages_attention(model):
+    """Switch the model's ViT to same_size_pages_attention (every batch must hold pages of one size)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VISION_ATTENTION, same_size_pages_attention)
+    model.config.vision_config._attn_implementation = VISION_ATTENTION
+    return model
+
+
+def image_processor():
+    """Qwen2-VL's stock image processor (the PIL one: no torchvision needed), capped like the hub's at 16384 tokens."""
+    from arr_coc.vlm.tiny import qwen2_vl_image_processor
+
+    return qwen2_vl_image_processor(max_tokens=16384)
