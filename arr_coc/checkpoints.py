@@ -28,6 +28,17 @@ def shipped(name: str, package: Path = PACKAGE) -> Path:
 
 
 ROOT = shipped("checkpoints")  # the shipped checkpoints, found by name (--checkpoint tiny-text-vs-distractor)
+
+# the offline model (--model pocket), trained by arr_coc.pocket.train: its name, folder and notice live here, beside
+# the other shipped folders, so that loading it loads nothing of its trainer
+POCKET = "pocket"  # --model pocket
+POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
+POCKET_NOTICE = ("Running pocket-qwen2-vl, the offline model (--model pocket): a 10M-parameter Qwen2-VL trained here "
+                 "from scratch on synthetic fine-print scenes (arr_coc.synth.fineprint). Its answers are real on such "
+                 "scenes and meaningless on any other image. It is still in training: it names the shapes' colours, "
+                 "reads about four in five of the suite's fine-print values and one in four box words (see its "
+                 "model card), and says nothing about real Qwen-VL.")
+
 PRIOR = "prior (untrained)"  # how the untrained layer is shown; "prior" also asks for it
 PRIOR_NAMES = ("prior", PRIOR)
 
@@ -66,13 +77,3 @@ def choose(requested: str | None, model_family: str, hidden_size: int, root: Pat
 def label(checkpoint: str | None) -> str:
     """A checkpoint's short name, as the app's dropdown and the reports show it."""
     return PRIOR if checkpoint is None else (Path(checkpoint).name if Path(checkpoint).is_dir() else checkpoint)
-
-# the offline model (--model pocket), trained by arr_coc.pocket.train: its name, folder and notice live here, beside
-# the other shipped folders, so that loading it loads nothing of its trainer
-POCKET = "pocket"  # --model pocket
-POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
-POCKET_NOTICE = ("Running pocket-qwen2-vl, the offline model (--model pocket): a 10M-parameter Qwen2-VL trained here "
-                 "from scratch on synthetic fine-print scenes (arr_coc.synth.fineprint). Its answers are real on such "
-                 "scenes and meaningless on any other image. It is still in training: it names the shapes' colours, "
-                 "reads about four in five of the suite's fine-print values and one in four box words (see its "
-                 "model card), and says nothing about real Qwen-VL.")

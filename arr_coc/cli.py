@@ -29,14 +29,16 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from arr_coc.hub import go_offline, hub_out_of_reach  # noqa: F401  (re-exported)
-from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, command_name,  # noqa: F401
-                            int_list, names, one_of)  # (re-exported: the commands write cli.bounded_int)
+from arr_coc import checkpoints, settings
+from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
+from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, int_list,  # noqa: F401
+                           names, one_of)  # (re-exported: the commands write cli.bounded_int)
+from arr_coc.hub import hub_out_of_reach
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
-MAX_NEW_TOKENS = (1, 1024)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
+MAX_NEW_TOKENS = (1, settings.MAX_NEW_TOKENS)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # a hub repo id: name or owner/name
 OFFLINE_HINT = "--model pocket runs the shipped offline model (HF_HUB_OFFLINE=1: the local cache alone, no hub)"
 
@@ -186,8 +188,6 @@ def model_name(text: str) -> str:
     An ARR checkpoint (a folder, or a name under checkpoints/), which --checkpoint takes, is refused, and so is a
     path that is not there and cannot be a hub id.
     """
-    from arr_coc import checkpoints
-
     if (config := arr_checkpoint(Path(checkpoints.resolve_checkpoint(text)))) is not None:
         raise argparse.ArgumentTypeError(
             f"{text} is an ARR checkpoint (an ARR layer made for a {config['base_model_family']} model of hidden size "
@@ -287,9 +287,7 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     import torch
     import transformers
 
-    from arr_coc import checkpoints
     from arr_coc.errors import ModelOffline
-    from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -334,7 +332,6 @@ def load_vlm(name: str, device: str):
 
 def hub_model(name: str) -> bool:
     """Whether --model names a hub repo: no folder here, no offline model (tiny ones, pocket), a hub id's form."""
-    from arr_coc.checkpoints import POCKET
     from arr_coc.vlm.tiny import TINY_MODELS
 
     return name not in TINY_MODELS and name != POCKET and not Path(name).exists() and bool(HUB_ID.fullmatch(name))

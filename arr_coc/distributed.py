@@ -104,10 +104,12 @@ def start(device: str | None = None) -> Process:
 
 
 def finish(process: Process) -> None:
-    """Leave the process group (so NCCL does not warn at exit)."""
+    """Leave the process group (so NCCL does not warn at exit), all together: a gloo process that leaves while
+    another still works can abort at exit ("terminate called without an active exception")."""
     if process.distributed:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
 

@@ -14,6 +14,7 @@ DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 ENGINES = ("fast", "hf")  # generation: our static cache + CUDA graphs, or transformers' own generate()
 MIN_CELLS, MAX_CELLS = 1024, 16384  # bounds of PipelineConfig.max_cells (1024 = 2x a 256-token gestalt per side)
 MAX_QUESTION_CHARS = 4000  # the longest question a pipeline takes (run checks --question against it at parse time)
+MAX_NEW_TOKENS = 1024  # the most tokens one request generates (the pipelines and --max-new-tokens check it)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from arr_coc import bench, checkpoints, cli, evaluate, run, train
+from arr_coc import bench, checkpoints, cli, evaluate, flags, run, train
 from arr_coc.eval import data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_a_file_that_is_no_image_is_refused_at_parse_time(tmp_path, capsys):
     reason = one_line_refusal(run.parse_args, ["--image", str(pdf), "--question", "hi"], capsys)
     assert f"argument --image: {pdf} is not an image PIL can read (a PDF: export the page as PNG or JPEG)" in reason
     reason = one_line_refusal(run.parse_args, ["--image", str(text), "--question", "hi"], capsys)
-    assert reason.endswith(f"argument --image: {text} is not an image PIL can read (see {cli.command_name()} --help)")
+    assert reason.endswith(f"argument --image: {text} is not an image PIL can read (see {flags.command_name()} --help)")
 
 
 def test_the_question_limit_is_the_pipelines_own():
@@ -150,7 +150,7 @@ def test_the_question_limit_is_the_pipelines_own():
 def test_an_unknown_or_missing_flag_is_one_line_pointing_to_help(capsys):
     assert "unrecognized arguments: --bogus" in one_line_refusal(run.parse_args, [*RUN, "--bogus"], capsys)
     assert "required: --image, --question" in one_line_refusal(run.parse_args, [], capsys)
-    assert one_line_refusal(data.main, ["--n", "3"], capsys).startswith(f"{cli.command_name()}: error: ")
+    assert one_line_refusal(data.main, ["--n", "3"], capsys).startswith(f"{flags.command_name()}: error: ")
 
 
 @pytest.mark.parametrize("parse, argv", [(run.parse_args, RUN), (evaluate.parse_args, []), (train.parse_args, []),

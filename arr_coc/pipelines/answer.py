@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from arr_coc.settings import MAX_QUESTION_CHARS, PipelineConfig
+from arr_coc.settings import MAX_NEW_TOKENS, MAX_QUESTION_CHARS, PipelineConfig
 from arr_coc.errors import InputError, Stopped
 from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
@@ -25,7 +25,6 @@ from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_m
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
 
-MAX_NEW_TOKENS = 1024
 # A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
 # round's visual tokens (273 -> 409, still a tenth of a 1792 px page's 4096 cells), yet adds half as many
 # cells again as the first look read: enough to cover a line the first one clipped.

@@ -57,6 +57,7 @@ from arr_coc.pocket.pointing import Pointing, use_pointing_attention
 from arr_coc.pocket.reading import MergerOutputHook, ReadingHead
 from arr_coc.synth.fineprint import PAGE_KINDS
 
+
 @dataclass
 class TrainConfig:
     """One training run (resumable)."""
@@ -110,10 +111,10 @@ class Trainee(nn.Module):
         global batch's label counts over the world size, so that DDP's mean of the processes' gradients is the
         gradient of the global batch's mean loss (exactly one process's over the same batch). The binding loss
         holds the binding head's, the aligned names' and the answers' pointing (arr_coc.pocket.pointing)."""
-        model_inputs = {k: v for k, v in inputs.items() if not k.startswith("point_")}
+        forward_inputs = {k: v for k, v in inputs.items() if not k.startswith("point_")}  # the model's own
         queries = inputs.get("point_queries", torch.zeros(0, 2, dtype=torch.long))
         with MergerOutputHook(self.model) as visual, Pointing(self.model, queries) as pointing:
-            answer = self.model(**model_inputs, num_items_in_batch=counts[0]).loss
+            answer = self.model(**forward_inputs, num_items_in_batch=counts[0]).loss
         reading_loss = self.reading(visual.value, reading, reduction="sum") / counts[1]
         embeddings = self.model.get_input_embeddings().weight.detach()  # [V, H] fixed: the visual tokens move
         binding_loss = (self.binding(visual.value, binding, reduction="sum") / counts[2]
