@@ -64,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", type=cli.output_file, default=None, help="write all numbers here (a file path)")
     p.add_argument("--check", type=baseline_file, default=None, metavar="BASELINE.json",
                    help=f"compare ARR's TTFT and decode with this saved run (--json) on the same kind of card; exit 1 "
-                        f"if either is more than {CHECK_TOLERANCE:.0%} slower")
+                        f"if either is more than {CHECK_TOLERANCE:.0%}% slower")
     args = p.parse_args(argv)
     if on_cpu(args.device) and (args.random_weights or args.model not in tiny_models()):
         flag = "--random-weights" if args.random_weights else "--model"

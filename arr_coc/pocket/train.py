@@ -269,13 +269,15 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     if device.type == "cuda":  # a CPU run (a test, a smoke run) is no GPU time
         state["gpu_seconds"] += elapsed * process.world_size
     state["samples"] += seen
-    _evaluate(model, tokenizer, processor, device, cfg, state, process)
     state["runs"].append(dict(steps=state["step"] - run["start"], seconds=round(elapsed, 1), gpus=process.world_size,
                               pages_per_second=round(seen / elapsed, 1),
                               device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"))
-    if process.is_main:
-        save_state(model, head, binding, optimizer, folder, state)
-    process.barrier()
+    for evaluated in (False, True):  # saved before the held-out check too: a run cut off there keeps its steps
+        if evaluated:
+            _evaluate(model, tokenizer, processor, device, cfg, state, process)
+        if process.is_main:
+            save_state(model, head, binding, optimizer, folder, state)
+        process.barrier()
     return state
 
 
@@ -448,6 +450,8 @@ def main(argv=None):
     parser.add_argument("--export", default=None, help="after training, write the hub folder here")
     parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
     args = parser.parse_args(argv)
+    if args.steps == 0 and args.export and not (Path(args.out) / "state.json").is_file():
+        parser.error(f"--steps 0 --export: {args.out} holds no run (state.json) to export")
     if args.tokenizer_only:
         build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
         return

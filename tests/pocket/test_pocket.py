@@ -230,6 +230,22 @@ def test_training_runs_saves_and_resumes(tmp_path):
     assert second["gpu_seconds"] == 0.0 and second["runs"][-1]["device"] == "cpu"  # a CPU run counts no GPU time
 
 
+def test_a_run_cut_off_in_its_held_out_check_keeps_its_steps(tmp_path, monkeypatch):
+    """The state is saved before the held-out check (which can take minutes at 1792 px): a run killed there (a
+    device call's time limit, say) resumes at its last step, not at its start."""
+    from arr_coc.pocket import train as pocket
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pocket, "_evaluate", killed)
+    cfg = TrainConfig(out=str(tmp_path), steps=2, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+                      eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, resume=False)
+    assert json.loads((tmp_path / "state.json").read_text())["step"] == 2
+
+
 def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypatch):
     """A stage check below PASS_MARK keeps the stage; one at it moves on, and the next batches are the next stage's."""
     from arr_coc.pocket import data, train as pocket
@@ -374,3 +390,14 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
     assert load_or_init(tmp_path / "run", True, "cpu", init=exported)[3]["step"] == 123456
     with pytest.raises(SystemExit):  # a folder that --export did not write: refused at parse time
         main(["--init", str(tmp_path), "--steps", "0"])
+
+
+def test_exporting_a_folder_that_holds_no_run_is_refused(tmp_path, capsys):
+    """`--steps 0 --export` on a run folder with no state.json would train nothing from --init and export that:
+    refused before any model loads, with the folder named."""
+    from arr_coc.pocket.train import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path / "none"), "--steps", "0", "--export", str(tmp_path / "export")])
+    assert exit_.value.code == 2 and "holds no run" in capsys.readouterr().err
+    assert not (tmp_path / "export").exists() and not (tmp_path / "none").exists()
