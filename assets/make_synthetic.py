@@ -65,9 +65,9 @@ POCKET_NOTE = ("Fine-print suite page (arr_coc.synth.fineprint, held-out seed), 
                "first held-out seed from 10**9 + 1 on that the shipped pocket model answers right through both full "
                "and ARR (pocket-fineprint); the README's Accuracy section gives how often it does. ")
 FINEPRINT = [  # SyntheticExample's kind is a fine-print kind here, drawn by make_page
-    SyntheticExample("pocket_fine_print.png", "fine_print", 10**9 + 1, 896,  # the 1st seed tried (step 46408)
+    SyntheticExample("pocket_fine_print.png", "fine_print", 10**9 + 1, 896,  # the 1st seed tried (step 47213)
                      POCKET_NOTE + "8-32 fields in 10-17 px print; the gestalt cannot read them."),
-    SyntheticExample("pocket_box_word.png", "box_word", 10**9 + 2, 896,  # the 2nd: box_word is the weakest kind
+    SyntheticExample("pocket_box_word.png", "box_word", 10**9 + 1, 896,  # the 1st (step 46408 needed the 2nd)
                      POCKET_NOTE + "A small word in each coloured box; the colour is visible at any scale, the word "
                                    "only at native resolution."),
     SyntheticExample("pocket_shape_colour.png", "shape_colour", 10**9 + 1, 896,  # the 1st
@@ -221,7 +221,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    entries, written = [], set()
+    pages, entries, written = [], [], set()  # pages: the pocket model's, the app's first examples
     for ex in EXAMPLES:
         sample = make_scene(ex.kind, ex.seed, ex.size)
         if ex.file not in written:
@@ -241,8 +241,8 @@ def main() -> None:
         written.add(ex.file)
         print(f"wrote {args.out / ex.file} ({ex.kind} page, seed {ex.seed}, {ex.size}px)")
         q = page.questions[0]
-        entries.append({"image": ex.file, "question": q.question, "box": list(q.box),
-                        "note": f"{ex.note} Expected answer: {q.answer}."})
+        pages.append({"image": ex.file, "question": q.question, "box": list(q.box),
+                      "note": f"{ex.note} Expected answer: {q.answer}."})
 
     for ex in HIGHRES:
         samples = ex.draw(ex.seed)
@@ -257,10 +257,10 @@ def main() -> None:
         path = args.out / "examples.json"
         kept = json.loads(path.read_text()) if path.exists() else []
         kept = [e for e in kept if e.get("image") not in written]
-        text = json.dumps(kept + entries, indent=2, ensure_ascii=False)
+        text = json.dumps(pages + kept + entries, indent=2, ensure_ascii=False)
         text = re.sub(r"\[\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\s*\]", r"[\1, \2, \3, \4]", text)  # boxes on one line
         path.write_text(text + "\n")
-        print(f"updated {path}: {len(kept)} other entries kept, {len(entries)} synthetic entries written")
+        print(f"updated {path}: {len(kept)} other entries kept, {len(pages + entries)} synthetic entries written")
 
 
 if __name__ == "__main__":

@@ -157,9 +157,10 @@ def test_the_fast_engine_answers_as_stock_generate_on_non_trivial_answers(pocket
 
 def test_the_shipped_model_reads_print_that_its_gestalt_cannot(stock):
     """Held-out pages (new seeds), teacher-forced exact match through the stock forward (measured on this CPU, step
-    46408, 24 pages a kind): large print on small pages (the curriculum's first stage) 24 and 23 of 24; the suite
-    at 896 px, native: fine_print 20, box_word 4, shape_colour 24; the gestalt: 0, 0 and 24. The bounds sit below
-    the measurement, inside its 95% interval (fine_print 20/24: 0.64-0.93), and fail on a model that lost a kind."""
+    47213, 24 pages a kind): large print on small pages (the curriculum's first stage) 24 and 24 of 24; the suite
+    at 896 px, native: fine_print 20, box_word 24, shape_colour 24; the gestalt: 0, 2 and 24. The bounds sit below
+    the measurement, inside its 95% interval (fine_print 20/24: 0.64-0.93; 24/24: 0.86-1.00), and fail on a model
+    that lost a kind: the step-46408 weights read 4 box words of 24."""
     from arr_coc.pocket.heldout import exact_match, gestalt_view, heldout
 
     model, tokenizer, _ = stock
@@ -170,12 +171,12 @@ def test_the_shipped_model_reads_print_that_its_gestalt_cannot(stock):
 
     for kind in ("fine_print", "box_word"):
         assert read(heldout(kind, 168, 24, 0)) >= 22, kind
-    bounds = {"fine_print": (17, 0), "box_word": (3, 0), "shape_colour": (22, 22)}  # (native at least, gestalt)
+    bounds = {"fine_print": (17, 0), "box_word": (21, 4), "shape_colour": (22, 22)}  # (native at least, gestalt)
     for kind, (native_at_least, gestalt_bound) in bounds.items():
         native = heldout(kind, 896, 24)
         gestalt = read([(gestalt_view(image), q, a) for image, q, a in native])
         assert read(native) >= native_at_least, kind
-        assert gestalt >= gestalt_bound if kind == "shape_colour" else gestalt == gestalt_bound, kind
+        assert gestalt >= gestalt_bound if kind == "shape_colour" else gestalt <= gestalt_bound, kind
 
 
 @pytest.fixture(scope="module")
