@@ -48,6 +48,7 @@ from torch import nn
 
 from arr_coc import distributed
 from arr_coc.checkpoints import POCKET_FOLDER
+from arr_coc.flags import ArgumentParser, bounded_float, bounded_int, int_list, one_of
 from arr_coc.eval.metrics import interval_text
 from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss
 from arr_coc.pocket.data import CURRICULUM, IGNORE, MAX_PAGES, PASS_MARK, PageStream, model_inputs
@@ -426,23 +427,33 @@ def exported_folder(path: str) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=TrainConfig.out, help="run folder (weights, optimizer, state.json)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out, else from the shipped models/pocket-qwen2-vl, else start fresh")
-    parser.add_argument("--minutes", type=float, default=TrainConfig.minutes, help="stop after this many minutes")
-    parser.add_argument("--steps", type=int, default=TrainConfig.steps, help="stop at this total step count")
-    parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
-    parser.add_argument("--cooldown", type=float, default=TrainConfig.cooldown,
+    parser.add_argument("--minutes", type=bounded_float(0, above=True), default=TrainConfig.minutes,
+                        help="stop after this many minutes")
+    parser.add_argument("--steps", type=bounded_int(0, TrainConfig.steps), default=TrainConfig.steps,
+                        help="stop at this total step count (0 with --export: export the run in --out)")
+    parser.add_argument("--lr", type=bounded_float(0, 1, above=True), default=TrainConfig.lr, help="peak learning rate")
+    parser.add_argument("--cooldown", type=bounded_float(0), default=TrainConfig.cooldown,
                         help="decay the lr to 5%% over the run's last this many minutes (before an export)")
-    parser.add_argument("--image-tokens", type=int, default=TrainConfig.image_tokens, help="image tokens per batch")
-    parser.add_argument("--workers", type=int, default=TrainConfig.workers, help="page-drawing worker processes")
-    parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every, help="stage check interval (steps)")
-    parser.add_argument("--max-pages", type=int, default=TrainConfig.max_pages, help="at most this many pages a batch")
-    parser.add_argument("--eval-pages", type=int, default=TrainConfig.eval_pages, help="held-out pages per kind and size")
-    parser.add_argument("--eval-sizes", default="896,1792", help="held-out square page sides, comma-separated")
-    parser.add_argument("--seed", type=int, default=TrainConfig.seed, help="the training data stream's seed")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    parser.add_argument("--image-tokens", type=bounded_int(64, 2**20), default=TrainConfig.image_tokens,
+                        help="image tokens per batch")
+    parser.add_argument("--workers", type=bounded_int(0, 256), default=TrainConfig.workers,
+                        help="page-drawing worker processes")
+    parser.add_argument("--eval-every", type=bounded_int(1, 10**9), default=TrainConfig.eval_every,
+                        help="stage check interval (steps)")
+    parser.add_argument("--max-pages", type=bounded_int(1, 4096), default=TrainConfig.max_pages,
+                        help="at most this many pages a batch")
+    parser.add_argument("--eval-pages", type=bounded_int(1, 10**5), default=TrainConfig.eval_pages,
+                        help="held-out pages per kind and size")
+    parser.add_argument("--eval-sizes", type=int_list(112, 4096), default=list(TrainConfig.eval_sizes),
+                        help="held-out square page sides, comma-separated")
+    parser.add_argument("--seed", type=bounded_int(0, 2**31 - 1), default=TrainConfig.seed,
+                        help="the training data stream's seed")
+    parser.add_argument("--device", type=one_of(("cuda", "cpu")), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda or cpu")
     parser.add_argument("--stage", type=int, default=None, choices=range(len(CURRICULUM)),
                         help="start at this curriculum stage (default: where the resumed run stands)")
     parser.add_argument("--init", type=exported_folder, default=TrainConfig.init,
@@ -459,7 +470,7 @@ def main(argv=None):
                       cooldown=args.cooldown, image_tokens=args.image_tokens, max_pages=args.max_pages,
                       workers=args.workers, eval_every=args.eval_every, eval_pages=args.eval_pages, device=args.device,
                       stage=args.stage, init=args.init,
-                      eval_sizes=tuple(int(v) for v in args.eval_sizes.split(",")))
+                      eval_sizes=tuple(args.eval_sizes))
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
         state = train(cfg, args.resume, process)

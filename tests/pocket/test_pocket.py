@@ -393,6 +393,17 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
         main(["--init", str(tmp_path), "--steps", "0"])
 
 
+@pytest.mark.parametrize("flag, value", [("--minutes", "0"), ("--lr", "-1"), ("--eval-sizes", "896,x"),
+                                         ("--workers", "-2"), ("--device", "tpu"), ("--steps", "ten")])
+def test_a_bad_flag_is_refused_in_one_line_before_anything_loads(flag, value, capsys):
+    from arr_coc.pocket.train import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and f"argument {flag}:" in err, err
+
+
 def test_exporting_a_folder_that_holds_no_run_is_refused(tmp_path, capsys):
     """`--steps 0 --export` on a run folder with no state.json would train nothing from --init and export that:
     refused before any model loads, with the folder named."""
