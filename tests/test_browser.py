@@ -98,6 +98,21 @@ def not_blank(image: Image.Image) -> bool:
     return float(np.asarray(image, dtype=np.float64).std()) > 10
 
 
+def test_an_example_clicked_then_run_answers(page):
+    """A click on an example re-creates the session's image box (gradio's update from the example), whose copy hands
+    the handler a file path, not our reader's image: the app reads it as an upload. It once failed with "expected
+    a PIL image, got str" in every tab."""
+    from playwright.sync_api import expect
+
+    page.locator("#compare-image").scroll_into_view_if_needed()
+    page.get_by_text("What is the value of PAGE? → 6407", exact=False).first.click()
+    expect(page.locator("#compare-image img")).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.locator("#compare-question textarea")).to_have_value("What is the value of PAGE?")
+    page.locator("#compare-run").click()
+    expect(page.locator("#compare-status")).to_contain_text("Done in", timeout=TIMEOUT_MS)
+    expect(page.locator("#compare-status")).not_to_contain_text("Failed")
+
+
 def test_compare_on_a_portrait_page(page, portrait):
     from playwright.sync_api import expect
 

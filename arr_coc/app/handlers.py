@@ -129,7 +129,7 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
                   max_cells: int, numbered: int, refixate: float = 0.0, stop: threading.Event | None = None):
     """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`; 0: off);
     then their stats and ARR's drawings. Setting `stop` ends the generation under way at its next token."""
-    ui.check_inputs(image, question)
+    image = ui.check_inputs(image, question)
     start = time.perf_counter()
     settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells), stop=stop)  # one cap for both
     running = f"{RUNNING} the **{baseline}** baseline…"
@@ -248,6 +248,7 @@ def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, stra
                particularize: float = 0.5) -> tuple:
     """Run ARR (under an ablation: arr_coc.relevance.ablation) up to selection once, keep its maps (CPU) for
     re-selection, and draw every map; the tension controls as in selection_outputs."""
+    image = ui.check_inputs(image, question)
     scene = model.prepare(image, question, max_cells=int(max_cells), ablation=ablation)
     out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
     kept = kept_scene(scene)
@@ -284,7 +285,7 @@ def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, 
         return None
     if kept is None:
         raise ui.user_error("Analyse an image first: the reducer's cells are drawn over its relevance map.")
-    ui.check_inputs(image, question)
+    image = ui.check_inputs(image, question)
     adaptive, settings = ui.tension_request(auto, override, explore, diversify, particularize)
     answer = model.answer(image, question, reducer, 1, budget=adaptive or int(budget), max_cells=int(max_cells),
                           tensions=settings)
@@ -296,7 +297,7 @@ def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, 
 def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, answer: str, strategy: str,
                  budget: int, max_cells: int, progress=gr.Progress()) -> tuple:
     """Deletion, random and insertion curves of an answer (empty: ARR's own) over ARR's selection."""
-    ui.check_inputs(image, question)
+    image = ui.check_inputs(image, question)
     typed = check_answer(answer or "")  # a too long answer fails before any VLM work; empty: ARR's own
     gh, gw = model.views(image, int(max_cells)).candidate_grid  # the budget slider allows the largest grid
     progress(0.05, desc="ARR's answer and selection")
@@ -326,7 +327,7 @@ def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, qu
              max_new_tokens: int, max_cells: int, stop: threading.Event | None = None):
     """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both.
     Setting `stop` ends the generation under way at its next token."""
-    ui.check_inputs(image, question)
+    image = ui.check_inputs(image, question)
     layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
     settings = dict(strategy=strategy, max_cells=int(max_cells), stop=stop)  # identical views: only the layers differ

@@ -191,6 +191,25 @@ def test_stop_says_what_was_stopped(status, after):
     assert handlers.stopped(status) == after
 
 
+def test_an_examples_file_path_is_read_as_the_upload_it_stands_for(arr_model, tmp_path):
+    """A click on an example re-creates the session's gr.Image from its constructor arguments, and the copy hands
+    the handlers a file path (gradio's own "filepath" preprocess): each handler reads it as an upload, with the same
+    answers and selection as the image itself, and refuses a path to no image in the upload's one line."""
+    path = str(ROOT / "assets" / "chelsea.png")
+    by_path, by_image = (list(handlers.compare(arr_model, image, QUESTION, "gestalt", 2, "topk", CELLS, 5))[-1]
+                         for image in (path, CAT))
+    assert by_path[0].startswith("Done in") and (by_path[1], by_path[3]) == (by_image[1], by_image[3])
+    assert handlers.microscope(arr_model, path, QUESTION, "topk", 273, CELLS, 5)[5] == \
+        handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5)[5]  # the saccade list
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an image")
+    steps = handlers.compare(arr_model, str(notes), QUESTION, "gestalt", 2, "topk", CELLS, 5)
+    failed = next(steps)
+    with pytest.raises(gr.Error):
+        next(steps)
+    assert failed[0].startswith("**Failed**: notes.txt is not an image") and str(tmp_path) not in failed[0]
+
+
 def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
     kept, channels, scorers, heatmap, summary, saccades, mosaic = handlers.microscope(
         arr_model, CAT, QUESTION, "topk", 273, CELLS, 5)
