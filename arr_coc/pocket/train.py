@@ -435,7 +435,8 @@ def main(argv=None):
                         help="stop after this many minutes")
     parser.add_argument("--steps", type=bounded_int(0, TrainConfig.steps), default=TrainConfig.steps,
                         help="stop at this total step count (0 with --export: export the run in --out)")
-    parser.add_argument("--lr", type=bounded_float(0, 1, above=True), default=TrainConfig.lr, help="peak learning rate")
+    parser.add_argument("--lr", type=bounded_float(0, 1, above=True), default=TrainConfig.lr,
+                        help="peak learning rate")
     parser.add_argument("--cooldown", type=bounded_float(0), default=TrainConfig.cooldown,
                         help="decay the lr to 5%% over the run's last this many minutes (before an export)")
     parser.add_argument("--image-tokens", type=bounded_int(64, 2**20), default=TrainConfig.image_tokens,
@@ -452,8 +453,8 @@ def main(argv=None):
                         help="held-out square page sides, comma-separated")
     parser.add_argument("--seed", type=bounded_int(0, 2**31 - 1), default=TrainConfig.seed,
                         help="the training data stream's seed")
-    parser.add_argument("--device", type=one_of(("cuda", "cpu")), default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cuda or cpu")
+    parser.add_argument("--device", type=one_of(("cuda", "cpu")),
+                        default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     parser.add_argument("--stage", type=int, default=None, choices=range(len(CURRICULUM)),
                         help="start at this curriculum stage (default: where the resumed run stands)")
     parser.add_argument("--init", type=exported_folder, default=TrainConfig.init,
