@@ -136,11 +136,21 @@ def output_table(label: str, headers: list[str], elem_id: str | None = None) -> 
 
 
 def examples(image: gr.Image, question: gr.Textbox) -> gr.Examples:
-    """The examples, labelled: the fine-print pages the offline pocket model answers come first, with their expected
-    answers; the photos and other scenes are said to need real Qwen-VL weights."""
+    """
+    The examples, labelled: the fine-print pages the offline pocket model answers come first, with their expected
+    answers; the photos and other scenes are said to need real Qwen-VL weights. A click fills a hidden path box
+    and the question, then shows the file in the image box as a plain value: an example loaded into the image box
+    itself is gradio's update of it, which re-creates the box for the session without image_input's upload check.
+    """
     gr.Markdown(EXAMPLES_NOTE)
-    return gr.Examples(EXAMPLES, inputs=[image, question], example_labels=EXAMPLE_LABELS,
-                       examples_per_page=len(EXAMPLES))
+    path = gr.Textbox(visible=False)
+    return gr.Examples(EXAMPLES, inputs=[path, question], outputs=image, fn=show_example, run_on_click=True,
+                       cache_examples=False, example_labels=EXAMPLE_LABELS, examples_per_page=len(EXAMPLES))
+
+
+def show_example(path: str, question: str) -> str:
+    """An example's file, for the image box (the question is already in its box)."""
+    return path
 
 
 def bind(model: ARRCOCQwen, handler, *args, gpu_seconds: int | None = None):

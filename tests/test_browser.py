@@ -113,6 +113,22 @@ def test_an_example_clicked_then_run_answers(page):
     expect(page.locator("#compare-status")).not_to_contain_text("Failed")
 
 
+def test_a_bad_upload_after_an_example_gets_the_one_line_refusal(page, tmp_path):
+    """After an example, the image box still reads uploads with the app's check: a text file named .png is refused
+    by name in one line, with no server path (gradio's own check, on a re-created box, showed its raw error)."""
+    from playwright.sync_api import expect
+
+    fake = tmp_path / "fake.png"
+    fake.write_text("not an image")
+    page.get_by_text("What is the value of PAGE? → 6407", exact=False).first.click()
+    expect(page.locator("#compare-image img")).to_be_visible(timeout=TIMEOUT_MS)
+    page.locator("#compare-image input[type=file]").set_input_files(str(fake))
+    page.locator("#compare-run").click()
+    refusal = page.get_by_text("fake.png is not an image", exact=False).first
+    expect(refusal).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.get_by_text("Could not preprocess", exact=False)).to_have_count(0)
+
+
 def test_compare_on_a_portrait_page(page, portrait):
     from playwright.sync_api import expect
 

@@ -104,9 +104,10 @@ def reports_errors(event):
 def check_inputs(image, question: str) -> Image.Image:
     """
     The request's image, and a fast failure, before any output is cleared or streamed, on a missing image or an
-    empty question. A file path is read as read_upload reads an upload: gradio hands one over after a click on an
-    example, whose update re-creates the session's gr.Image from its constructor arguments, and the copy has
-    gradio's own "filepath" preprocess, not image_input's read_upload.
+    empty question. A file path is read as read_upload reads an upload: gradio hands one over from a copy of the
+    image box that an update of it re-created (from its constructor arguments: gradio's own "filepath"
+    preprocess, not image_input's read_upload), as a click on an example did before app.examples loaded them
+    around the box.
     """
     if isinstance(image, str):
         image = read_upload(FileData(path=image))
@@ -121,8 +122,8 @@ def image_input(**kwargs) -> gr.Image:
     arr_coc.vlm.views.to_rgb handles them), read by read_upload, which fails unreadable ones with a clear
     gr.Error. Its type is "filepath": gradio's "pil" preprocess decodes and turns an EXIF-rotated file in full
     before any check of ours. Its preprocess is replaced on the instance, not overridden in a subclass, because
-    gradio writes a .pyi stub beside the module of every Component subclass; a copy that gradio re-creates (a click
-    on an example) hands over a file path instead, which check_inputs reads the same way.
+    gradio writes a .pyi stub beside the module of every Component subclass; a copy that gradio re-creates (any
+    update of the box's props) hands over a file path instead, which check_inputs reads the same way.
     """
     component = gr.Image(type="filepath", image_mode=None, **kwargs)
     component.preprocess = read_upload

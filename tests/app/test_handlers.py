@@ -192,9 +192,10 @@ def test_stop_says_what_was_stopped(status, after):
 
 
 def test_an_examples_file_path_is_read_as_the_upload_it_stands_for(arr_model, tmp_path):
-    """A click on an example re-creates the session's gr.Image from its constructor arguments, and the copy hands
-    the handlers a file path (gradio's own "filepath" preprocess): each handler reads it as an upload, with the same
-    answers and selection as the image itself, and refuses a path to no image in the upload's one line."""
+    """An update of the image box re-creates the session's gr.Image from its constructor arguments, and the copy
+    hands the handlers a file path (gradio's own "filepath" preprocess; a click on an example did, before
+    app.examples loaded them around the box): each handler reads it as an upload, with the same answers and
+    selection as the image itself, and refuses a path to no image in the upload's one line."""
     path = str(ROOT / "assets" / "chelsea.png")
     by_path, by_image = (list(handlers.compare(arr_model, image, QUESTION, "gestalt", 2, "topk", CELLS, 5))[-1]
                          for image in (path, CAT))
