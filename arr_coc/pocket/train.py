@@ -183,6 +183,11 @@ def save_state(model, head, binding, optimizer, folder: Path, state: dict):
             moments[f"{names[p]}.{key}"] = s[key]
         moments[f"{names[p]}.step"] = torch.as_tensor(s["step"], dtype=torch.float32).reshape(1)
     save_shards(moments, folder, "optimizer")
+    write_state(folder, state)
+
+
+def write_state(folder: Path, state: dict):
+    """The run's state.json: its step, stage, curve, held-out checks and runs."""
     (folder / "state.json").write_text(json.dumps(state, indent=1))
 
 
@@ -273,12 +278,13 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     state["runs"].append(dict(steps=state["step"] - run["start"], seconds=round(elapsed, 1), gpus=process.world_size,
                               pages_per_second=round(seen / elapsed, 1),
                               device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"))
-    for evaluated in (False, True):  # saved before the held-out check too: a run cut off there keeps its steps
-        if evaluated:
-            _evaluate(model, tokenizer, processor, device, cfg, state, process)
-        if process.is_main:
-            save_state(model, head, binding, optimizer, folder, state)
-        process.barrier()
+    if process.is_main:  # the resume point, before the held-out check: a run cut off there keeps its steps
+        save_state(model, head, binding, optimizer, folder, state)
+    process.barrier()
+    _evaluate(model, tokenizer, processor, device, cfg, state, process)
+    if process.is_main:  # the check's numbers beside the weights they measured (unchanged since the save)
+        write_state(folder, state)
+    process.barrier()
     return state
 
 
