@@ -9,6 +9,9 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
     attention = vlm.prior_attention(question, tokens, 0.5, [saccades])   # ... with saccades read in between
     generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], probs [T], safe_mode
+    first = vlm.generate(prompt, 64, keep=True)                           # a conversation's turn 1: + its History
+    more = vlm.prompt("And the date?", [saccades_2], history=first.history)   # turn 2: the new tokens only
+    second = vlm.generate(more, 64)                                      # continues turn 1's cache (+ its History)
     pruned = vlm.generate(prompt, 64, prune=(2, 529))                    # FastV: layers >= 2 read 529 image tokens
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
     stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
@@ -21,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from arr_coc.vlm.decoder import KVCache
 from arr_coc.vlm.positions import ImageBlock
 
 
@@ -68,6 +72,20 @@ class VisionAttention:
 
 
 @dataclass
+class History:
+    """A conversation after a turn (Generation.history): what the next turn's prompt continues."""
+    cache: KVCache  # the LLM's keys and values of `ids`, and where the next token goes
+    ids: torch.Tensor  # [1, n] every token read so far, turns in order (the last answer's last token excluded)
+    last: int  # the last answer's last token, not yet read: the next turn begins with it (or, at an EOS, with the
+    # chat template's end of turn)
+
+    @property
+    def length(self) -> int:
+        """Tokens in the conversation's context so far."""
+        return self.ids.shape[1]
+
+
+@dataclass
 class Prompt:
     """A chat prompt with image blocks, as the LLM reads it (built by VLM.prompt only)."""
     ids: torch.Tensor  # [1, L] token ids, each image block's pads expanded
@@ -75,6 +93,7 @@ class Prompt:
     position_ids: torch.Tensor  # [3, 1, L] M-RoPE (t, h, w) ids
     answer_start: int  # where a teacher-forced answer begins (L when there is none)
     deepstack: torch.Tensor | None = None  # [k, 1, L, D] DeepStack features at the image tokens, zeros elsewhere
+    history: History | None = None  # the conversation this prompt's turn follows (then it holds the new tokens only)
 
     @property
     def length(self) -> int:
@@ -101,6 +120,7 @@ class Generation:
     safe_mode: bool = False  # the request was redone with an fp32 residual stream after fp16 overflowed
     kept: torch.Tensor | None = None  # [N] under FastV: indices into the prompt's image tokens that layers >= K read
     probs: torch.Tensor | None = None  # [T] each new token's probability under the model (softmax of its logits)
+    history: History | None = None  # the conversation after this turn (generate(keep=True), or a follow-up prompt)
 
 
 class VLM(ABC):
@@ -142,8 +162,10 @@ class VLM(ABC):
         """The question's own token embeddings [1, Lq, D] (the participatory scorer's query)."""
 
     @abstractmethod
-    def prompt(self, question: str, images: list[VisualTokens], answer: str | None = None) -> Prompt:
-        """The chat prompt: image blocks, the question, and optionally an answer to teacher-force."""
+    def prompt(self, question: str, images: list[VisualTokens], answer: str | None = None,
+               history: History | None = None) -> Prompt:
+        """The chat prompt: image blocks, the question, and optionally an answer to teacher-force. With a
+        conversation's history: the next user turn (its image blocks and question) after the last answer."""
 
     @abstractmethod
     def stock_inputs(self, question: str, view) -> StockInputs:
@@ -161,10 +183,12 @@ class VLM(ABC):
 
     @abstractmethod
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
-                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None) -> Generation:
+                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None,
+                 keep: bool = False) -> Generation:
         """Greedy decoding with self.engine (a Prompt) or stock generate() from pixels (StockInputs). prune = (K, N):
         FastV on the fast engine: layers >= K read only the N image tokens that layer K - 1's last prompt token
-        attends to most (Generation.kept names them)."""
+        attends to most (Generation.kept names them). keep (or a prompt with a history): a conversation's
+        turn, Generation.history what the next turn continues (the fast engine only)."""
 
     @abstractmethod
     def decode(self, ids: torch.Tensor) -> str:

@@ -14,6 +14,10 @@ bandwidth allows. This module owns the loop instead:
   order, at their own M-RoPE positions and cache slots). Decoding goes on from that mixed cache: each layer's
   own mask (`DecodeState.mask[i]`) hides the slots its prefill never wrote, so layers < K read the whole prompt
   and layers >= K the shortened one. A pruned prefill runs eagerly (unpadded); its decode steps are graphed.
+- conversations, when a `KVCache` is passed: a follow-up turn's tokens are prefilled after the earlier turns'
+  keys and values (restored into the shared cache, each new token attending to them and causally to its own
+  turn), eagerly; decoding goes on as for any prompt. `keep=True` hands back a copy of the cache after the turn,
+  which the conversation holds (the shared buffers serve every request in between).
 
 Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
 its DeepStack visual features come as one dense tensor `deepstack` [k, 1, L, D] (zeros outside image tokens),
@@ -28,7 +32,9 @@ or `layer_types` other than "full_attention") is refused by name rather than run
 attention call is written here, and tests pin prefill logits, decode tokens and the prior to transformers.
 
     decoder = Decoder(model)                        # model: e.g. Qwen2VLForConditionalGeneration
-    ids, probs, safe_mode = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
+    ids, probs, safe_mode, _ = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
+    ids, probs, safe_mode, cache = decoder.generate(embeds, position_ids, 64, [151645], keep=True)   # turn 1
+    ids, probs, safe_mode, cache = decoder.generate(more, more_ids, 64, [151645], history=cache, keep=True)  # turn 2
 """
 
 import threading
@@ -68,6 +74,19 @@ class DecodeState:
     rope: torch.Tensor  # [1] M-RoPE position of the next token (t = h = w for text)
     mask: torch.Tensor  # [layers, 1, 1, 1, cap] additive, per layer: 0 for the slots it wrote, -inf for the rest
     logit_bias: torch.Tensor  # [V] added before argmax: -inf on EOS while min_new_tokens is not reached
+
+
+@dataclass
+class KVCache:
+    """A conversation's keys and values after a turn: every token so far but the last generated one (not yet
+    read), and where that one goes. The conversation's own copy; a follow-up restores it into the shared cache."""
+    keys: list[torch.Tensor]  # per layer [1, Hkv, n, hd]
+    values: list[torch.Tensor]  # per layer [1, Hkv, n, hd]
+    position: int  # the M-RoPE position of the next token (the last generated one), t = h = w for text
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2]
 
 
 @dataclass
@@ -190,6 +209,22 @@ class Decoder:
         for i, layer in enumerate(self.lm.layers):
             x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
         return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
+
+    def _extend(self, embeds, position_ids, start: int, cap: int, deepstack=None):
+        """
+        A follow-up turn's prefill (eager, unpadded): embeds [1, L, D] at cache slots start..start + L - 1, each
+        token attending to the slots before `start` (the earlier turns, already in the cache) and causally to its
+        own turn -> logits of the last token [1, V].
+        """
+        state, L = self.states[cap], embeds.shape[1]
+        cos, sin = self._rope(embeds, position_ids)
+        slots = torch.arange(start, start + L, device=embeds.device)  # [L]
+        seen = torch.arange(cap, device=embeds.device) <= slots.unsqueeze(1)  # [L, cap]: earlier turns and causal
+        mask = torch.zeros(L, cap, dtype=self.dtype, device=embeds.device).masked_fill(~seen, float("-inf"))
+        x = embeds.float() if self.safe else embeds
+        for i, layer in enumerate(self.lm.layers):
+            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots, mask[None, None]), deepstack, i)
+        return self._logits(x[:, -1])  # [1, V]
 
     def last_token_attention(self, layer, x, cos, sin, last: int) -> torch.Tensor:
         """
@@ -353,21 +388,28 @@ class Decoder:
 
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: list[int],
-                 streamer=None, min_new_tokens: int = 0, deepstack=None,
-                 pruning: Pruning | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+                 streamer=None, min_new_tokens: int = 0, deepstack=None, pruning: Pruning | None = None,
+                 history: KVCache | None = None,
+                 keep: bool = False) -> tuple[torch.Tensor, torch.Tensor, bool, KVCache | None]:
         """
         Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, each new
-        token's probability [T] under the model's softmax, safe_mode).
+        token's probability [T] under the model's softmax, safe_mode, the cache after it if `keep`).
         deepstack: None, or Qwen3-VL's DeepStack features over the prompt [k, 1, L, D] (zeros outside image tokens).
         pruning: None, or FastV's (the prefill sets pruning.kept).
+        history: a conversation's cache after its earlier turns; the prompt is then the next turn's tokens only,
+        at positions after them. keep: return a copy of the cache after this turn (the next turn's history).
         If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
         token is shown, so a streamer never sees garbage. One generation at a time (self.lock): a streamer that
         raises (the app's Stop) ends the loop at that token.
         """
-        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack, pruning)
+        if (history is not None or keep) and pruning is not None:
+            raise ValueError("FastV's pruned prefill cannot be part of a conversation: its layers read two lengths")
+        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack, pruning,
+                history, keep)
         with self.lock:
             try:
-                return *self._generate(*args), False
+                ids, probs, kept = self._generate(*args)
+                return ids, probs, False, kept
             except NonFiniteLogits as overflow:
                 # masked slots still enter attention as 0 x value: inf/NaN left in the cache would poison every
                 # later step (and request), so the overflowed run's cache is wiped before the redo
@@ -376,26 +418,33 @@ class Decoder:
                         t.zero_()
                 self.safe = True
                 try:  # the tokens streamed before the overflow were finite: stream only what comes after them
-                    return *self._generate(*args, streamed=overflow.streamed), True
+                    ids, probs, kept = self._generate(*args, streamed=overflow.streamed)
+                    return ids, probs, True, kept
                 finally:
                     self.safe = False
 
     def start(self, embeds, position_ids, max_new_tokens: int, deepstack=None, suppress: list[int] = (),
-              pruning: Pruning | None = None):
+              pruning: Pruning | None = None, history: KVCache | None = None):
         """
         Prefill a prompt into a cache big enough for max_new_tokens more and set the decode state to continue
         after it -> (cache size, logits of the prompt's last token [1, V]). `suppress`: token ids kept off the
         argmax (EOS under min_new_tokens) until state.logit_bias is cleared. `pruning`: FastV's prefill instead.
+        `history`: a conversation's earlier turns, restored into the cache first; the prompt follows them.
         """
-        L = embeds.shape[1]
+        H = 0 if history is None else history.length
+        L = H + embeds.shape[1]  # the cache's tokens after this prefill
         cap = -(-(L + BUCKET + max_new_tokens) // CACHE_STEP) * CACHE_STEP
         state = self._state(cap, embeds.dtype)
         padded, padded_ids, padded_deepstack = self._pad(embeds, position_ids, deepstack)
-        last = torch.tensor([L - 1], device=self.device)
+        last = torch.tensor([L - 1], device=self.device)  # (the prefill graphs run without history only)
         run = self.graphed_prefill if self.use_graphs else self._prefill
         state.logit_bias.zero_()
         state.logit_bias[torch.tensor(list(suppress), dtype=torch.long, device=self.device)] = float("-inf")
-        if pruning is None:
+        if history is not None:
+            for cache, kept in zip(state.keys + state.values, history.keys + history.values):
+                cache[:, :, :H].copy_(kept)
+            logits = self._extend(embeds, position_ids, H, cap, deepstack)  # [1, V]
+        elif pruning is None:
             logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
         else:
             logits = self._prefill_pruned(embeds, position_ids, cap, pruning, deepstack)  # [1, V]
@@ -412,9 +461,9 @@ class Decoder:
         return cap, logits
 
     def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
-                  pruning, streamed=0):
+                  pruning, history, keep, streamed=0):
         cap, logits = self.start(embeds, position_ids, max_new_tokens, deepstack,
-                                 eos_token_ids if min_new_tokens > 0 else (), pruning)
+                                 eos_token_ids if min_new_tokens > 0 else (), pruning, history)
         state = self.states[cap]
         token = state.token.clone()
         new, probs = [], []
@@ -435,7 +484,10 @@ class Decoder:
             token, logits = self._decode_step(cap)
         if streamer is not None:
             streamer.end()
-        return torch.tensor([new], device=self.device), torch.stack(probs).float()
+        n = int(state.slot)  # the tokens in the cache: the prompt and every new one but the last
+        kept = KVCache([t[:, :, :n].clone() for t in state.keys], [t[:, :, :n].clone() for t in state.values],
+                       int(state.rope)) if keep else None
+        return torch.tensor([new], device=self.device), torch.stack(probs).float(), kept
 
 
 class NonFiniteLogits(RuntimeError):

@@ -22,13 +22,14 @@ from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.vlm.attention import AttentionProbe
-from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisionAttention, VisualTokens
+from arr_coc.vlm.base import VLM, Generation, History, Prompt, StockInputs, VisionAttention, VisualTokens
 from arr_coc.vlm.decoder import Decoder, Pruning
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from arr_coc.vlm.views import MERGE, view_tensor
 
 GRAPHED_CELLS = 1024  # vision calls of at most this many cells replay as CUDA graphs (gestalt, saccades, budget)
 QUESTION_SLOT = "\x00question\x00"  # stands in for the question while the chat template is rendered
+ANSWER_SLOT = "\x00answer\x00"  # stands in for an earlier answer while a follow-up turn's template is rendered
 END_OF_TURN = "<|im_end|>"  # closes a teacher-forced answer, as the model closes its own
 
 # The Qwen2-VL chat template (as on the hub's Qwen2-VL-*-Instruct repos); Qwen2.5-VL's repos ship the same one.
@@ -211,16 +212,25 @@ class QwenVL(VLM):
 
     # --- text ---
 
-    def prompt_ids(self, question: str, block_sizes: list[int]) -> torch.Tensor:
+    def prompt_ids(self, question: str, block_sizes: list[int], follows: int | None = None) -> torch.Tensor:
         """
         Chat-template ids for len(block_sizes) images then the question, each image pad expanded -> [1, L].
         The question is user text: special tokens typed in it stay plain characters (no injected turns or pads).
+        follows: the user turn after an answer whose last token this is (not yet read), as the template renders a
+        conversation: that token unless it is an EOS (the template's end of turn closes the answer), the end of
+        turn, then the user turn (no system prompt: it began the conversation).
         """
         content = [{"type": "image"} for _ in block_sizes] + [{"type": "text", "text": QUESTION_SLOT}]
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], chat_template=self.chat_template,
-                                                  tokenize=False, add_generation_prompt=True)
+        messages = [{"role": "user", "content": content}]
+        if follows is not None:
+            messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": ANSWER_SLOT}] + messages
+        text = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=True)
+        if follows is not None:
+            text = text.split(ANSWER_SLOT)[1]  # from the end of the answer's turn
         before, after = text.split(QUESTION_SLOT)
-        ids = self.tokenizer(before, add_special_tokens=False)["input_ids"]
+        ids = [] if follows is None or follows in self.eos_token_ids else [follows]
+        ids += self.tokenizer(before, add_special_tokens=False)["input_ids"]
         ids += self.question_ids(question)
         ids += self.tokenizer(after, add_special_tokens=False)["input_ids"]
         out, sizes = [], iter(block_sizes)
@@ -240,21 +250,26 @@ class QwenVL(VLM):
         """[1, L] ids -> [3, 1, L] M-RoPE ids, each image block at its cells' true places (get_rope_index's layout)."""
         return mrope_position_ids(input_ids, self.image_token_id, blocks)
 
-    def prompt(self, question: str, images: list[VisualTokens], answer: str | None = None) -> Prompt:
+    def prompt(self, question: str, images: list[VisualTokens], answer: str | None = None,
+               history: History | None = None) -> Prompt:
         """
         The chat prompt for image blocks (each VisualTokens: its features and where they sit) then the question,
         and optionally an answer to teacher-force: ids, embeddings, M-RoPE ids and DeepStack features. Every
-        pipeline builds its LLM input here, so no caller lays out a family's internals itself.
+        pipeline builds its LLM input here, so no caller lays out a family's internals itself. With a history: a
+        conversation's next turn, the new tokens only (prompt_ids' `follows`), their positions after the
+        conversation's (each image block at its true places, as get_rope_index lays out a second image).
         """
-        ids = self.prompt_ids(question, [len(tokens) for tokens in images])
+        ids = self.prompt_ids(question, [len(tokens) for tokens in images], None if history is None else history.last)
         answer_start = ids.shape[1]
         if answer is not None:
             # the answer is user text, as the question is: a special token typed in it stays plain characters
             target = self.question_ids(answer) + self.tokenizer(END_OF_TURN, add_special_tokens=False)["input_ids"]
             ids = torch.cat([ids, torch.tensor([target], device=ids.device)], dim=1)
         embeds = self.embed(ids, [tokens.features for tokens in images])  # [1, L, D]
-        return Prompt(ids, embeds, self.position_ids(ids, [tokens.block for tokens in images]), answer_start,
-                      self._deepstack_layout(ids, images, embeds))
+        position_ids = self.position_ids(ids, [tokens.block for tokens in images])  # [3, 1, L] from 0
+        if history is not None:
+            position_ids = position_ids + history.cache.position  # the turn goes on where the conversation stands
+        return Prompt(ids, embeds, position_ids, answer_start, self._deepstack_layout(ids, images, embeds), history)
 
     def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:
         """Token embeddings with each image block's pads replaced by its features, in order -> [1, L, D]."""
@@ -335,22 +350,32 @@ class QwenVL(VLM):
 
     @torch.no_grad()
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
-                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None) -> Generation:
+                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None,
+                 keep: bool = False) -> Generation:
         """
         Greedy decoding -> Generation(new ids [1, T], safe_mode, probs [T]). A Prompt runs on self.engine: "fast"
         is the Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
         stream and says so in safe_mode), "hf" stock generate() on the embeddings. StockInputs always run stock
         generate() from pixels. min_new_tokens (default: generation_config's) suppresses EOS until then.
         prune = (K, N): FastV (a Prompt on the fast engine only), Generation.kept the image tokens layers >= K read.
+        keep, or a Prompt that continues a conversation (Prompt.history): Generation.history is the conversation
+        after this turn (the fast engine only: it keeps the static cache's keys and values).
         """
         if min_new_tokens is None:
             min_new_tokens = self.model.generation_config.min_new_tokens or 0
         pruning = None if prune is None else self.pruning(inputs, *prune)
+        earlier = getattr(inputs, "history", None)
+        keep = keep or earlier is not None
         if isinstance(inputs, Prompt) and self.engine == "fast":
-            ids, probs, safe_mode = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens,
-                                                          self.eos_token_ids, streamer, min_new_tokens,
-                                                          inputs.deepstack, pruning)
-            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates(), probs)
+            ids, probs, safe_mode, cache = self.decoder.generate(
+                inputs.embeds, inputs.position_ids, max_new_tokens, self.eos_token_ids, streamer, min_new_tokens,
+                inputs.deepstack, pruning, None if earlier is None else earlier.cache, keep)
+            history = None if cache is None else History(cache, torch.cat(
+                [inputs.ids.new_zeros(1, 0) if earlier is None else earlier.ids, inputs.ids, ids[:, :-1]], dim=1),
+                int(ids[0, -1]))
+            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates(), probs, history)
+        if keep:
+            raise ValueError("conversations run on the fast engine: it keeps the earlier turns' keys and values")
         if pruning is not None:
             raise ValueError("FastV pruning runs on the fast engine only: its layers read two sequence lengths")
         if isinstance(inputs, Prompt):
