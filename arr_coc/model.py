@@ -7,6 +7,9 @@ views -> VLM -> relevance -> VLM -> answer.
     model = ARRCOCQwen.from_pretrained("tiny")               # or "Qwen/Qwen2-VL-2B-Instruct", a folder
     answer = model.answer(image, "What does the sign say?", pipeline="arr")
     answer.text, answer.tokens, answer.timings_ms, answer.saccades
+    chat = Conversation("arr", image)                        # several questions about one image, in a row
+    first = model.answer(None, "What does the sign say?", conversation=chat)
+    second = model.answer(None, "And the date under it?", conversation=chat, fresh_cells=True)
 
 The Answer, Saccade, Observation and Scene dataclasses live in arr_coc.pipelines.answer and are importable from here.
 """
@@ -29,6 +32,7 @@ from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Request, Saccade, Scene,  # noqa: F401
                                       check_question, check_request, check_stop, views_for)
+from arr_coc.pipelines.conversation import Conversation
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
@@ -164,7 +168,8 @@ class ARRCOCQwen:
                streamer=None, max_cells: int | None = None, ablation: str | None = None,
                fastv_layer: int | None = None, tensions: TensionSettings | None = None,
                refixate: float | None = None, refixate_budget: int | None = None,
-               stop: threading.Event | None = None) -> Answer:
+               stop: threading.Event | None = None, conversation: Conversation | None = None,
+               fresh_cells: bool = False) -> Answer:
         """
         Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed. Requests
         take turns on the VLM (self.lock); setting `stop` ends this one at its next generated token (Stopped).
@@ -172,8 +177,12 @@ class ARRCOCQwen:
         FastV's K (fastv only). budget "auto" is ARR's adaptive budget, and tensions fix its tensions by hand
         (arr_coc.relevance.tensions); the reducers then keep as many tokens as ARR reads of that image. refixate is
         tau: ARR looks again, refixate_budget more saccades, when its answer's confidence is below it (arr only;
-        None: never).
+        None: never). conversation: ask the question as its next turn (arr_coc.pipelines.conversation): its image
+        and pipeline are the ones it was made with (`image` and `pipeline` are then not read); fresh_cells: ARR's
+        follow-ups read only cells no earlier turn read.
         """
+        if conversation is not None:
+            pipeline = conversation.pipeline
         if pipeline not in pipelines.REGISTRY:
             raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
         if ablation not in (None, ablations.NO_ABLATION.name) and pipeline != "arr":
@@ -185,10 +194,12 @@ class ARRCOCQwen:
         request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells,
                                         ablation=None if chosen is ablations.NO_ABLATION else chosen,
                                         fastv_layer=fastv_layer, tensions=tensions, refixate=refixate,
-                                        refixate_budget=refixate_budget, stop=stop))
+                                        refixate_budget=refixate_budget, stop=stop, fresh_cells=fresh_cells))
         try:
             with self.lock:
                 check_stop(stop)  # stopped while it waited for the VLM: nothing to run
+                if conversation is not None:
+                    return conversation.ask(self, question, request)
                 return pipelines.load(pipeline).answer(self, image, question, request)
         except torch.cuda.OutOfMemoryError:
             gc.collect()

@@ -7,6 +7,8 @@ timed generation, the Answer's assembly).
     answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.confidence, answer.to_json()
     answer = pipelines.load("arr").answer(model, image, question, Request(refixate=0.5))   # a second look below 0.5
     answer.refixated, [f.text for f in answer.fixations]
+    first = pipelines.load("full").answer(model, image, question, Request(converse=True))   # a conversation's turn 1
+    second = follow_up(model, "full", first, "And the date?", Request())   # turn 2 (arr has its own: arr.follow_up)
 """
 
 import math
@@ -16,13 +18,13 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from arr_coc.settings import MAX_NEW_TOKENS, MAX_QUESTION_CHARS, PipelineConfig
+from arr_coc.settings import MAX_CONVERSATION_TOKENS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, PipelineConfig
 from arr_coc.errors import InputError, Stopped
 from arr_coc.relevance.ablation import Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.config import AUTO, TensionSettings
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory
-from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
+from arr_coc.vlm.base import VLM, Generation, History, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
 
 # A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
@@ -46,6 +48,8 @@ class Request:
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
     refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
     stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
+    converse: bool = False  # keep the conversation after the answer (Answer.history) for a follow-up question
+    fresh_cells: bool = False  # arr's follow-ups: select only cells no earlier turn of the conversation read
 
 
 @dataclass
@@ -114,6 +118,9 @@ class Answer:
     confidence: float | None = None  # the least probable answer token's probability (answer_confidence)
     fixations: list[Fixation] = field(default_factory=list)  # arr under Request.refixate: 1 round, or 2 if it fired
     refixate: float | None = None  # the threshold tau the answer ran under (None: refixation off)
+    history: History | None = field(default=None, repr=False)  # the conversation after this answer (Request.converse)
+    turn: int | None = None  # in a conversation: this answer's turn, 1 for the first (None: a single question)
+    context: int | None = None  # in a conversation: the tokens of the whole conversation after this answer
 
     @property
     def refixated(self) -> bool:
@@ -142,6 +149,11 @@ class Answer:
         first_decode = self.fixations[0].timings_ms["decode"] if self.refixated else 0.0
         return sum(self.timings_ms[k] for k in ("vision", "selection", "prefill")) + first_decode
 
+    @property
+    def prefilled(self) -> int:
+        """Tokens this answer's prefill read: its whole prompt, or a follow-up's new turn only."""
+        return self.tokens["text"] + self.tokens["total_visual"]
+
     def to_json(self) -> dict:
         out = dict(answer=self.text, tokens=self.tokens, timings_ms={k: round(v, 2) for k, v in self.timings_ms.items()},
                    ttft_ms=round(self.ttft_ms, 2), decode_ms_per_token=round(self.decode_ms_per_token, 3),
@@ -156,6 +168,8 @@ class Answer:
             out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
         if self.confidence is not None:
             out["confidence"] = round(self.confidence, 6)
+        if self.turn is not None:
+            out["conversation"] = dict(turn=self.turn, prefilled=self.prefilled, context=self.context)
         if self.refixate is not None:
             out["refixation"] = dict(tau=self.refixate, fired=self.refixated,
                                      answers=[f.text for f in self.fixations],
@@ -249,7 +263,7 @@ def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: 
     timer = TimingStreamer(watch, request.streamer)
     check_stop(request.stop)  # stopped before its generation began (in the vision, or waiting for the VLM)
     streamer = timer if request.stop is None else StopStreamer(request.stop, timer)
-    generation = vlm.generate(inputs, request.max_new_tokens, streamer=streamer, prune=prune)
+    generation = vlm.generate(inputs, request.max_new_tokens, streamer=streamer, prune=prune, keep=request.converse)
     return generation, timer.new_tokens
 
 
@@ -299,4 +313,33 @@ def finish(vlm: VLM, pipeline: str, generation: Generation, new_tokens: int, tok
     watch.add("total", (watch.now() - start) * 1000)
     return Answer(pipeline, vlm.decode(generation.ids), tokens, latency_split(watch.ms), peak_memory_mb(vlm.device),
                   new_tokens, views, safe_mode=generation.safe_mode, gflops=gflops,
-                  confidence=answer_confidence(vlm, generation), **arr)
+                  confidence=answer_confidence(vlm, generation), history=generation.history,
+                  context=None if generation.history is None else generation.history.length + 1, **arr)
+
+
+def continue_prompt(vlm: VLM, last: Answer, question: str, images: list[VisualTokens], request: Request) -> Prompt:
+    """A conversation's next turn after `last` (its images, then the question); refused when the conversation
+    would outgrow MAX_CONVERSATION_TOKENS."""
+    if last.history is None:
+        raise ValueError("a follow-up needs the answer of a conversation's turn (asked with Request(converse=True))")
+    prompt = vlm.prompt(question, images, history=last.history)
+    total = last.history.length + prompt.length + request.max_new_tokens
+    if total > MAX_CONVERSATION_TOKENS:
+        raise InputError(f"this conversation holds {last.history.length} tokens; this turn would take it to {total}, "
+                         f"past the {MAX_CONVERSATION_TOKENS} a conversation keeps: start a new one")
+    return prompt
+
+
+@torch.no_grad()
+def follow_up(model, pipeline: str, last: Answer, question: str, request: Request) -> Answer:
+    """
+    A later turn of a conversation whose image was read once, in its first turn (the stock baselines and the
+    reducers): the question after the last answer, as the stock chat template continues a conversation, only
+    the new turn prefilled after the earlier turns' cache. ARR reads anew each turn (arr.follow_up).
+    """
+    vlm = model.vlm
+    watch, start = start_watch(vlm.device)
+    prompt = continue_prompt(vlm, last, question, [], request)
+    generation, new_tokens = generate(vlm, prompt, watch, request)
+    return finish(vlm, pipeline, generation, new_tokens, token_counts(prompt.length, 0, 0), watch, start, last.views,
+                  vlm.gflops([], prompt.length))

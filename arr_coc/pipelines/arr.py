@@ -11,6 +11,12 @@ probability) is below tau makes ARR look again, from relevance down (refixate):
           context now gestalt + first saccades; K2 cells not yet read) -> VLM (gestalt + both rounds' saccades,
           one block at their true M-RoPE places) -> answer 2
 
+In a conversation (arr_coc.pipelines.conversation) each follow-up question is read anew (follow_up):
+
+    turn 1's observation (views, gestalt tokens, texture array: encoded once) -> the prior pass and the scorers
+          on the new question -> its cells (with Request.fresh_cells, none an earlier turn read), encoded at their
+          true places -> VLM (the conversation so far from its cache, then a new image block and the question)
+
 observe / score / select are also ARRCOCQwen's own steps (the app re-selects a scored scene; training scores
 observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
 faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
@@ -19,6 +25,8 @@ the prior and the weights in score, the saccade count and order in select, the g
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(budget=273))
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(ablation=ABLATIONS["raster"]))
     answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(refixate=0.5))
+    first = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(converse=True))
+    second = pipelines.load("arr").follow_up(model, first, "And the date?", Request(), read=None)
 """
 
 from __future__ import annotations
@@ -28,13 +36,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Request, Saccade, answer_confidence, finish,
-                                      generate, latency_split, second_look_saccades, start_watch, token_counts,
-                                      views_for)
+from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Request, Saccade, answer_confidence,
+                                      continue_prompt, finish, generate, latency_split, second_look_saccades,
+                                      start_watch, token_counts, views_for)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
 from arr_coc.relevance.prior import upsample_map
-from arr_coc.relevance.config import NO_SETTINGS, TensionSettings
+from arr_coc.relevance.config import AUTO, NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Generation, Prompt, VisualTokens
 
@@ -69,13 +77,16 @@ def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablat
 
 
 def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | str | None = None,
-           strategy: str | None = None, ablation: Ablation = NO_ABLATION,
-           settings: TensionSettings | None = None) -> ARRCOCOutput:
+           strategy: str | None = None, ablation: Ablation = NO_ABLATION, settings: TensionSettings | None = None,
+           exclude: torch.Tensor | None = None) -> ARRCOCOutput:
     """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, "auto" for the adaptive one,
     or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
-    under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions)."""
+    under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions). exclude [1, GH, GW]:
+    cells not to select (a conversation's earlier turns'); a fixed budget then takes at most the cells left."""
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
-    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation)))
+    if exclude is not None and budget != AUTO:
+        budget = min(int(budget), int((~exclude).sum()))
+    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude))
 
 
 def tension_settings(settings: TensionSettings | None, ablation: Ablation) -> TensionSettings:
@@ -225,3 +236,35 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
                   observation.views, gflops, arr=out, saccades=rows, observation=observation,
                   ablation=None if ablation is NO_ABLATION else ablation.name, fixations=fixations,
                   refixate=request.refixate)
+
+
+@torch.no_grad()
+def follow_up(model: ARRCOCQwen, last: Answer, question: str, request: Request,
+              read: torch.Tensor | None = None) -> Answer:
+    """
+    A conversation's next question, read anew (the module docstring's second diagram): the first turn's views,
+    gestalt tokens and texture array, the prior pass and the scorers on this question, its cells (none of
+    `read` [GH, GW], the cells earlier turns read, with Request.fresh_cells) encoded at their true places as a
+    new image block, and the question, after the conversation so far (only this turn is prefilled).
+    """
+    vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
+    watch, start = start_watch(vlm.device)
+    first = last.observation
+    views = first.views
+    with watch.section("selection"):  # the gestalt guides this question's gaze; the scorers read this question
+        attention = vlm.prior_attention(question, first.gestalt, model.pipeline.prior_layer_fraction)  # [Ng]
+        observation = replace(first, question=question, question_embeds=vlm.question_embeds(question),
+                              prior=upsample_map(attention, views.gestalt_grid, views.candidate_grid))
+        maps = score(observation, layer.graphed_score, ablation)
+        exclude = read.unsqueeze(0) if request.fresh_cells and read is not None else None  # [1, GH, GW]
+        out = select(layer, maps, views.candidate_grid, len(first.gestalt), request.budget, request.strategy,
+                     ablation, request.tensions, exclude)
+    with watch.section("vision"):
+        saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
+    prompt = continue_prompt(vlm, last, question, [] if saccades is None else [saccades], request)
+    generation, new_tokens = generate(vlm, prompt, watch, request)
+    K = out.indices.shape[1]
+    gflops = round_gflops(vlm, model, [K] if K else [], prompt, 0, len(first.gestalt), 0, K)
+    return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, 0, K), watch, start, views, gflops,
+                  arr=out, saccades=saccade_list(observation, out), observation=observation,
+                  ablation=None if ablation is NO_ABLATION else ablation.name)

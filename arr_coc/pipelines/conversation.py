@@ -1,0 +1,88 @@
+"""
+Conversations: one image asked several questions in a row by one pipeline, each turn continuing the LLM's context
+of the turns before it. The static cache's keys and values are kept between turns, so a turn prefills only its
+own tokens (arr_coc.vlm.decoder).
+
+- ARR reads each question anew (arr.follow_up): the gestalt, its tokens and the texture array come from turn 1;
+  the prior pass and the scorers run on the new question, and its cells join the conversation as a new image
+  block at their true places, before the question. With Request.fresh_cells a turn reads only cells no earlier
+  turn read.
+- Every other pipeline reads its image once, in turn 1; later turns add the question alone, as the stock chat
+  template builds a conversation (answer.follow_up). FastV cannot hold one: its layers' caches differ in length.
+
+    chat = Conversation("arr", image)
+    first = chat.ask(model, "What is the value of KEY?", Request())
+    second = chat.ask(model, "What colour is the box around HAMMER?", Request(fresh_cells=True))
+    second.turn, second.prefilled, second.context, chat.moves()[-1].new
+"""
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from arr_coc import pipelines
+from arr_coc.errors import InputError
+from arr_coc.pipelines.answer import Answer, Request, follow_up
+
+
+@dataclass
+class Moves:
+    """How ARR's saccades moved from one turn to the next, as (row, col) cells of the candidate grid."""
+    new: list[tuple[int, int]]  # read in this turn, not in the one before
+    kept: list[tuple[int, int]]  # read in both
+    dropped: list[tuple[int, int]]  # read in the turn before, not in this one
+
+
+def moves(before: Answer, after: Answer) -> Moves:
+    """The cells of `after`'s saccades against `before`'s (raster order)."""
+    a, b = ({(s.row, s.col) for s in answer.saccades} for answer in (before, after))
+    return Moves(sorted(b - a), sorted(a & b), sorted(a - b))
+
+
+@dataclass
+class Conversation:
+    """One image, one pipeline, and the answers of its turns so far (the last one holds the LLM's context)."""
+    pipeline: str  # a name in arr_coc.pipelines.PIPELINES
+    image: object  # the image every turn is about (PIL, a path or an array: what the pipelines take)
+    answers: list[Answer] = field(default_factory=list)  # one per turn, in order; Answer.turn is 1, 2, ...
+
+    def __post_init__(self):
+        if self.pipeline in pipelines.FAST_ENGINE_ONLY:
+            raise InputError(f"{self.pipeline} cannot hold a conversation: its pruned layers keep caches of "
+                             "different lengths; ask its questions one at a time")
+
+    @property
+    def read(self) -> torch.Tensor | None:
+        """ARR: [GH, GW] bool, the candidate cells any turn so far read (None before the first ARR turn)."""
+        if not self.answers or self.answers[0].arr is None:
+            return None
+        grid = self.answers[0].arr.grid
+        cells = torch.zeros(grid, dtype=torch.bool)
+        for answer in self.answers:
+            for s in answer.saccades:
+                cells[s.row, s.col] = True
+        return cells.to(self.answers[0].arr.indices.device)
+
+    def ask(self, model, question: str, request: Request) -> Answer:
+        """The next turn: the pipeline's answer to `question` after the turns so far (turn 1: the image's first)."""
+        if model.vlm.engine != "fast":
+            raise InputError("conversations run on the fast engine (it keeps the earlier turns' keys and values); "
+                             "the hf engine answers one question at a time")
+        module = pipelines.load(self.pipeline)
+        if not self.answers:
+            answer = module.answer(model, self.image, question, replace(request, converse=True))
+        elif request.refixate is not None:
+            raise InputError("refixation (a second look) runs on a conversation's first turn only")
+        elif hasattr(module, "follow_up"):  # ARR: reads each question anew
+            answer = module.follow_up(model, self.answers[-1], question, request, self.read)
+        else:
+            answer = follow_up(model, self.pipeline, self.answers[-1], question, request)
+        answer.turn = len(self.answers) + 1
+        if self.answers:  # only the last turn's context is continued: the earlier caches go
+            self.answers[-1].history = None
+        self.answers.append(answer)
+        return answer
+
+    def moves(self) -> list[Moves]:
+        """ARR: for each turn after the first, how its saccades moved from the turn before."""
+        return [moves(a, b) for a, b in zip(self.answers, self.answers[1:])]
