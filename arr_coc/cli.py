@@ -340,13 +340,14 @@ def hub_model(name: str) -> bool:
 def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
            budget: int | str | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None,
            tensions: TensionSettings | None = None, refixate: float | None = None,
-           refixate_budget: int | None = None):
+           refixate_budget: int | None = None, conversation=None, fresh_cells: bool = False):
     """The one place the commands ask the model for an answer (so a new keyword is passed once); refixate and
-    refixate_budget reach the arr pipeline only (the others have no second look)."""
+    refixate_budget reach the arr pipeline only (the others have no second look). conversation: ask the question
+    as its next turn (arr_coc.pipelines.conversation), fresh_cells: ARR's follow-ups skip cells read before."""
     second_look = dict(refixate=refixate, refixate_budget=refixate_budget) if pipeline == "arr" else {}
     return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
                         max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer, tensions=tensions,
-                        **second_look)
+                        conversation=conversation, fresh_cells=fresh_cells, **second_look)
 
 
 def versions() -> dict:

@@ -17,6 +17,16 @@ it fired, with both confidences and both answers; the JSON records them under ea
     python -m arr_coc.run --model tiny --image assets/synth_invoice_page.png --question "What is the total?" \
         --pipelines arr --refixate 0.9 --save-dir out/run      # heatmap.png: the second look in green
 
+Several --question flags ask them in one conversation about the image, in order (arr_coc.pipelines.conversation):
+each pipeline keeps its own, ARR reading each question anew (a new block of saccades a turn; --fresh-cells: only
+cells no earlier turn read), the others reading the image once. A table per turn, a line per turn with each
+pipeline's TTFT, prefilled tokens and context, and the JSON's "turns" holds one entry per turn; --save-dir
+draws each turn into turn-K/, with moves.png: the cells new in the turn, kept from the one before, dropped. FastV cannot
+hold a conversation: it is left out of the default pipelines then.
+
+    python -m arr_coc.run --model pocket --image assets/pocket_box_word.png --pipelines arr,full \
+        --question "What word is in the red box?" --question "What word is in the blue box?" --fresh-cells
+
 --faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.eval.faithfulness): the answer's
 log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
 curves in the JSON and, with --save-dir, faithfulness.png.
@@ -52,16 +62,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     cli.add_model(p)
     p.add_argument("--image", required=True, type=cli.image_file,
                    help="path of the image to look at (PNG, JPEG, ...: a format PIL reads; not a PDF)")
-    p.add_argument("--question", required=True, type=cli.question,
-                   help=f"the question to ask about the image (at most {MAX_QUESTION_CHARS} characters)")
+    p.add_argument("--question", required=True, type=cli.question, action="append",
+                   help=f"the question to ask about the image (at most {MAX_QUESTION_CHARS} characters); given "
+                        "several times, they are asked in one conversation, in order")
+    p.add_argument("--fresh-cells", action="store_true",
+                   help="with several --question: ARR's follow-ups read only cells no earlier turn read")
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
                         "else the prior; the app's rule)")
     p.add_argument("--strategy", default="topk", choices=STRATEGIES, help="saccade allocation strategy")
     cli.add_budget(p, DEFAULT_BUDGET)
-    p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=",".join(PIPELINES),
-                   help=f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()})")
+    p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=None,
+                   help=f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()}); default: all "
+                        "(all but fastv with several --question)")
     p.add_argument("--ablations", type=cli.ablation_list, default="",
                    help="also run ARR under these ablations, comma-separated, or \"all\" (default none): "
                         + ablations.describe())
@@ -82,6 +96,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="write heatmap, channel and scorer PNGs into this folder")
     args = p.parse_args(argv)
     cli.default_model(args)
+    conversation = len(args.question) > 1
+    if args.pipelines is None:
+        args.pipelines = ",".join(p for p in PIPELINES if not (conversation and p in pipelines.FAST_ENGINE_ONLY))
+    if conversation:
+        for flag, wrong in (("--pipelines", set(cli.names(args.pipelines)) & set(pipelines.FAST_ENGINE_ONLY)),
+                            ("--faithfulness", args.faithfulness), ("--refixate", args.refixate is not None)):
+            if wrong:
+                p.error(f"argument {flag}: not with several --question (a conversation): "
+                        + (f"{', '.join(sorted(wrong))} cannot hold one" if flag == "--pipelines" else "one question only"))
+    elif args.fresh_cells:
+        p.error("argument --fresh-cells: only used with several --question (a conversation)")
     cli.check_budget(p, args, args.max_cells)
     if args.faithfulness and "arr" not in cli.names(args.pipelines):
         p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
@@ -138,42 +163,15 @@ def refixation_line(name: str, result: dict) -> str | None:
             f"{r['confidences'][1]:.4f}; answers {r['answers'][0][:40]!r} -> {r['answers'][1][:40]!r}")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    from arr_coc.model import check_question  # after parsing: --help and bad flags answer without torch
-    from arr_coc.relevance.layer import CheckpointError
+def turn_line(turn: int, results: dict) -> str:
+    """A conversation's turn: each pipeline's TTFT, the tokens it prefilled and the conversation's length after it."""
+    return f"turn {turn}: " + "; ".join(
+        f"{name} TTFT {r['ttft_ms']:.1f} ms, {r['conversation']['prefilled']} tokens prefilled, context "
+        f"{r['conversation']['context']}" for name, r in results.items())
 
-    try:
-        question = check_question(args.question)
-        if args.answer is not None:
-            from arr_coc.eval.faithfulness import check_answer
 
-            check_answer(args.answer)  # its length cap, before the model loads
-        image = load_image(args.image)
-        model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device, fallback=args.fallback)
-        args.model = model.vlm.name  # "pocket" where the default model fell back to it (the note says why)
-        results, arr_answer = {}, None
-        runs = [(p, None) for p in cli.names(args.pipelines)] + [("arr", a) for a in cli.names(args.ablations)]
-        for pipeline, ablation in runs:
-            try:
-                answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
-                                    strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
-                                    ablation=ablation, fastv_layer=args.fastv_layer,
-                                    tensions=cli.budget_settings(args), refixate=args.refixate,
-                                    refixate_budget=args.refixate_budget)
-            except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
-                raise InputError(str(e)) from None
-            results[f"arr-{ablation}" if ablation else pipeline] = answer.to_json()
-            arr_answer = answer if pipeline == "arr" and not ablation else arr_answer
-        if args.faithfulness:
-            from arr_coc.eval.faithfulness import faithfulness_curves
-
-            cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
-            curves = faithfulness_curves(model, arr_answer.observation, arr_answer.arr, args.answer or arr_answer.text,
-                                         args.faithfulness_steps)
-    except (InputError, CheckpointError, OutOfMemory) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def print_turn(results: dict, arr_answer) -> None:
+    """One turn's table and the lines under it."""
     print(table(results))
     for name, result in results.items():
         if "tensions" in result:
@@ -182,19 +180,86 @@ def main(argv=None) -> int:
         print(line)
     if arr_answer is not None and arr_answer.arr.fallback[0]:
         print(f"note: ARR fell back to an even grid ({arr_answer.arr.fallback[0]})")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from arr_coc.model import check_question  # after parsing: --help and bad flags answer without torch
+    from arr_coc.pipelines.conversation import Conversation, moves
+    from arr_coc.relevance.layer import CheckpointError
+
+    try:
+        questions = [check_question(q) for q in args.question]
+        if args.answer is not None:
+            from arr_coc.eval.faithfulness import check_answer
+
+            check_answer(args.answer)  # its length cap, before the model loads
+        image = load_image(args.image)
+        model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device, fallback=args.fallback)
+        args.model = model.vlm.name  # "pocket" where the default model fell back to it (the note says why)
+        runs = [(p, None) for p in cli.names(args.pipelines)] + [("arr", a) for a in cli.names(args.ablations)]
+        chats = {run: Conversation(run[0], image) for run in runs} if len(questions) > 1 else {}
+        turns = []  # per question: (its results by row, ARR's Answer)
+        for question in questions:
+            results, arr_answer = {}, None
+            for pipeline, ablation in runs:
+                try:
+                    answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
+                                        strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
+                                        ablation=ablation, fastv_layer=args.fastv_layer,
+                                        tensions=cli.budget_settings(args), refixate=args.refixate,
+                                        refixate_budget=args.refixate_budget,
+                                        conversation=chats.get((pipeline, ablation)), fresh_cells=args.fresh_cells)
+                except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
+                    raise InputError(str(e)) from None
+                results[f"arr-{ablation}" if ablation else pipeline] = answer.to_json()
+                arr_answer = answer if pipeline == "arr" and not ablation else arr_answer
+            turns.append((results, arr_answer))
+        if args.faithfulness:
+            from arr_coc.eval.faithfulness import faithfulness_curves
+
+            arr_answer = turns[0][1]
+            cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
+            curves = faithfulness_curves(model, arr_answer.observation, arr_answer.arr, args.answer or arr_answer.text,
+                                         args.faithfulness_steps)
+    except (InputError, CheckpointError, OutOfMemory) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for turn, (question, (results, arr_answer)) in enumerate(zip(questions, turns), start=1):
+        if chats:
+            print(f"{'' if turn == 1 else chr(10)}turn {turn}: {question!r}")
+        print_turn(results, arr_answer)
+        if chats:
+            print(turn_line(turn, results))
     if args.faithfulness:
         print(f"faithfulness of {curves.answer!r}: areas " + ", ".join(f"{k} {v:.4f}" for k, v in curves.areas.items())
               + " (mean log-likelihood per answer token; deletion below random: the answer depends on the saccades)")
     if args.json:
-        report = dict(model=args.model, model_name=model.vlm.name, checkpoint=checkpoint, question=question,
-                      image=args.image, notice=model.notice, max_cells=args.max_cells, versions=cli.versions(),
-                      pipelines=results, faithfulness=curves.to_json() if args.faithfulness else None)
+        report = dict(model=args.model, model_name=model.vlm.name, checkpoint=checkpoint, image=args.image,
+                      notice=model.notice, max_cells=args.max_cells, versions=cli.versions())
+        if chats:
+            report.update(questions=questions, fresh_cells=args.fresh_cells,
+                          turns=[dict(question=q, pipelines=r) for q, (r, _) in zip(questions, turns)])
+        else:
+            report.update(question=questions[0], pipelines=turns[0][0],
+                          faithfulness=curves.to_json() if args.faithfulness else None)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
-    if args.save_dir and arr_answer is not None:
+    if args.save_dir:
         from arr_coc import viz
 
-        paths = viz.save_all(arr_answer, args.save_dir, image)
+        paths, before = [], None
+        for turn, (_, arr_answer) in enumerate(turns, start=1):
+            if arr_answer is None:
+                continue
+            folder = Path(args.save_dir) / f"turn-{turn}" if chats else Path(args.save_dir)
+            paths += viz.save_all(arr_answer, folder, image)
+            if before is not None:  # how the saccades moved from the turn before
+                moved = moves(before, arr_answer)
+                viz.moves_overlay(image, arr_answer.arr.grid, moved.new, moved.kept, moved.dropped,
+                                  arr_answer.arr.relevance[0], turn).save(folder / "moves.png")
+                paths.append(folder / "moves.png")
+            before = arr_answer
         if args.faithfulness:
             paths.append(Path(args.save_dir) / "faithfulness.png")
             viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}").save(paths[-1])

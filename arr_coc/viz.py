@@ -11,6 +11,7 @@ Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --sa
 - scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
 - weights_bar       the balancer's three weights, and each scorer map's share of the saccades' relevance
 - difference_map    B - A of two relevance maps, with both saccade sets marked
+- moves_overlay     a conversation's turn against the one before: cells new in it, kept from it, dropped
 - faithfulness_chart  the answer's log-likelihood as saccades are removed (rank order, random) or inserted
 - saccade_overlap, rank_correlation: how much two selections / two maps agree
 
@@ -63,6 +64,7 @@ FAITHFULNESS_STYLES = {"deletion": ("#c44e52", "-"), "random": ("#8c8c8c", "--")
 KEPT_COLOUR = (0, 255, 255)  # a reducer's kept cells: one colour (it does not rank them), the saccades' rank-1 cyan
 MERGED_FILL = (255, 140, 0, 110)  # VisionZip's merged context cells: shaded orange (RGBA) under their box
 A_MARK, B_MARK = (0, 0, 0), (0, 200, 0)  # difference_map: A's saccades black squares, B's green dots
+MOVE_COLOURS = {"new": (57, 255, 20), "kept": (0, 255, 255), "dropped": (255, 64, 64)}  # moves_overlay's boxes
 DPI = 100
 
 
@@ -367,6 +369,18 @@ def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
         draw.ellipse((cx - dot, cy - dot, cx + dot, cy + dot), fill=B_MARK)
     return with_legend(canvas, "red: B more relevant · blue: A more relevant · black squares: A's saccades · "
                                "green dots: B's saccades")
+
+
+def moves_overlay(image: Image.Image, grid: tuple[int, int], new: CellsLike, kept: CellsLike, dropped: CellsLike,
+                  relevance: MapLike | None = None, turn: int = 2) -> Image.Image:
+    """How a conversation's saccades moved at turn `turn`: the cells new in it, those the turn before also read,
+    and those it no longer reads, boxed in MOVE_COLOURS over the image (or this turn's relevance), with a legend."""
+    canvas = heat_canvas(image, relevance)
+    cells = {"new": as_cells(new), "kept": as_cells(kept), "dropped": as_cells(dropped)}
+    for name, colour in MOVE_COLOURS.items():
+        draw_boxes(canvas, cells[name], grid, colour)
+    return with_legend(canvas, f"turn {turn} against turn {turn - 1}: {len(cells['new'])} cells new (green), "
+                               f"{len(cells['kept'])} kept (cyan), {len(cells['dropped'])} dropped (red)")
 
 
 def with_legend(canvas: Image.Image, text: str) -> Image.Image:

@@ -128,6 +128,37 @@ def test_run_prints_and_records_a_second_look(tmp_path, capsys):
     assert e.value.code == 2 and "only used with --refixate" in capsys.readouterr().err
 
 
+def test_several_questions_are_one_conversation_with_a_json_entry_per_turn(tmp_path, capsys):
+    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--question", "And its nose?",
+            "--question", "Where is it?", "--max-new-tokens", "2", "--budget", "30", "--fresh-cells"]
+    assert main([*args, "--json", str(tmp_path / "chat.json"), "--save-dir", str(tmp_path / "png")]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "chat.json").read_text())
+    assert report["questions"] == [QUESTION, "And its nose?", "Where is it?"] and report["fresh_cells"] is True
+    turns = report["turns"]
+    assert [t["question"] for t in turns] == report["questions"] and "pipelines" not in report
+    assert list(turns[0]["pipelines"]) == ["arr", "full", "gestalt", "budget", "divprune", "visionzip"]  # no fastv
+    arr = [t["pipelines"]["arr"] for t in turns]
+    assert [a["conversation"]["turn"] for a in arr] == [1, 2, 3]
+    cells = [{(s["row"], s["col"]) for s in a["saccades"]} for a in arr]
+    assert [len(c) for c in cells] == [30, 30, 30] and not cells[0] & cells[1] and not cells[2] & (cells[0] | cells[1])
+    assert arr[1]["tokens"]["gestalt"] == 0 and turns[1]["pipelines"]["full"]["tokens"]["total_visual"] == 0
+    assert "turn 3: 'Where is it?'" in printed and f"{arr[2]['conversation']['prefilled']} tokens prefilled" in printed
+    assert (tmp_path / "png" / "turn-3" / "moves.png").is_file() and not (tmp_path / "png" / "turn-1" / "moves.png").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fresh-cells"], "--fresh-cells: only used with several --question"),
+    (["--question", "Why?", "--pipelines", "arr,fastv"], "--pipelines: not with several --question (a conversation): fastv"),
+    (["--question", "Why?", "--refixate", "0.5"], "--refixate: not with several --question"),
+    (["--question", "Why?", "--faithfulness"], "--faithfulness: not with several --question"),
+])
+def test_a_conversation_flag_that_cannot_work_is_refused_at_parse_time(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [  # a missing image, or a file that is none, is refused at parse time
     (["--image", "{cut}", "--question", "hi"], "cut.png as an image (OSError: image file is truncated"),
     (["--image", "assets/chelsea.png", "--question", "hi", "--checkpoint", "assets"], "config.json"),

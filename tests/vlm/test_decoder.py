@@ -96,7 +96,7 @@ def test_stream_yields_the_answer_as_it_grows(arr_model, monkeypatch):
     vlm = arr_model.vlm
     words = vlm.tokenizer("The sign says stop here now", add_special_tokens=False)["input_ids"]
 
-    def scripted(inputs, max_new_tokens, streamer=None, min_new_tokens=None, prune=None):  # VLM.generate's signature
+    def scripted(inputs, max_new_tokens, streamer=None, min_new_tokens=None, prune=None, keep=False):  # VLM.generate's signature
         streamer.put(torch.zeros(1, 0, dtype=torch.long))
         for t in words:
             streamer.put(torch.tensor([t]))
