@@ -14,6 +14,11 @@ takes ARR's ablations (arr-no-gestalt, ...: arr_coc.relevance.ablation).
     python -m arr_coc.bench --random-weights --family qwen2_5_vl      # the Qwen2.5-VL-3B architecture
     python -m arr_coc.bench --random-weights --sizes 1792 --pipelines full,divprune,visionzip,fastv,arr --engines fast
     python -m arr_coc.bench --random-weights --check benchmarks/h100_....json   # exit 1 if ARR got > 15% slower
+    python -m arr_coc.bench --random-weights --conversation 4         # + the TTFT of follow-up questions
+
+--conversation N also asks N questions about each image in one conversation (arr and full, fast engine;
+arr_coc.pipelines.conversation) and reports the TTFT of turn 1, the median of turns 2..N, and the TTFT of the
+same follow-up questions asked afresh, one conversation per question, with the tokens each prefilled.
 
 --check compares ARR's TTFT and decode ms/token, size by size and engine by engine, with a saved run (--json) of
 the same kind of card, and exits 1 when either is more than CHECK_TOLERANCE slower: CI has no GPU, so the guard
@@ -61,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated pipelines to time, or ARR under an ablation (arr-no-gestalt, ...)")
     p.add_argument("--engines", type=cli.comma_list(ENGINES), default="fast,hf",
                    help="comma-separated engines: fast (static cache + CUDA graphs) and hf (stock generate)")
+    p.add_argument("--conversation", type=cli.bounded_int(2, 64), default=None, metavar="N",
+                   help="also time N questions in one conversation (arr and full, fast engine) against each asked "
+                        "afresh")
     p.add_argument("--json", type=cli.output_file, default=None, help="write all numbers here (a file path)")
     p.add_argument("--check", type=baseline_file, default=None, metavar="BASELINE.json",
                    help=f"compare ARR's TTFT and decode with this saved run (--json) on the same kind of card; exit 1 "
@@ -181,6 +189,50 @@ def bench_pipeline(model, image: Image.Image, row: str, engine: str, new_tokens:
                 decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
                 peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid),
                 gflops=runs[0].gflops)
+
+
+FOLLOW_UPS = ("Where is the red disc?", "What is in the bottom left?", "Describe the colours.",
+              "What is at the top?")  # the follow-up questions --conversation asks, in turn (cycled)
+
+
+def bench_conversation(model, image: Image.Image, pipeline: str, turns: int, new_tokens: int, repeats: int,
+                       max_cells: int) -> dict:
+    """
+    `turns` questions in one conversation (fast engine), `repeats` times after one warm-up conversation: the
+    median TTFT and prefilled tokens of turn 1 and of turns 2..N, and the median TTFT of those same follow-up
+    questions asked afresh (each its own first turn).
+    """
+    from arr_coc.pipelines.conversation import Conversation
+
+    vlm = model.vlm
+    saved = vlm.engine, vlm.model.generation_config.min_new_tokens
+    questions = ["Describe the image in detail."] + [FOLLOW_UPS[i % len(FOLLOW_UPS)] for i in range(turns - 1)]
+    try:
+        vlm.engine, vlm.model.generation_config.min_new_tokens = "fast", new_tokens
+        chats = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            chat = Conversation(pipeline, image)
+            for question in questions:
+                model.answer(None, question, conversation=chat, max_new_tokens=new_tokens, max_cells=max_cells)
+            chats.append(chat)
+        fresh = [model.answer(image, q, pipeline, max_new_tokens=new_tokens, max_cells=max_cells)
+                 for q in questions[1:] for _ in range(repeats)]
+    finally:
+        vlm.engine, vlm.model.generation_config.min_new_tokens = saved
+    firsts = [chat.answers[0] for chat in chats[1:]]
+    laters = [a for chat in chats[1:] for a in chat.answers[1:]]
+    return dict(pipeline=pipeline, turns=turns, first_ttft_ms=statistics.median(a.ttft_ms for a in firsts),
+                follow_up_ttft_ms=statistics.median(a.ttft_ms for a in laters),
+                fresh_ttft_ms=statistics.median(a.ttft_ms for a in fresh),
+                first_prefilled=firsts[0].prefilled, follow_up_prefilled=statistics.median(a.prefilled for a in laters),
+                context=chats[-1].answers[-1].context)
+
+
+def conversation_line(r: dict) -> str:
+    return (f"  conversation, {r['pipeline']}: turn 1 TTFT {r['first_ttft_ms']:.1f} ms ({r['first_prefilled']} tokens "
+            f"prefilled); turns 2-{r['turns']} {r['follow_up_ttft_ms']:.1f} ms ({r['follow_up_prefilled']:.0f} "
+            f"prefilled), the same questions asked afresh {r['fresh_ttft_ms']:.1f} ms; context after turn "
+            f"{r['turns']}: {r['context']} tokens")
 
 
 def ratios(results: dict) -> dict:
@@ -305,6 +357,11 @@ def main(argv=None) -> dict:
             print(f"\n{versus}")
         for k, v in report["sizes"][size]["ratios"].items():
             print(f"  {k}: TTFT {v['ttft']:.2f}x, total {v['total']:.2f}x")
+        if args.conversation:
+            chats = [bench_conversation(model, test_image(size), pipeline, args.conversation, args.new_tokens,
+                                        args.repeats, args.max_cells) for pipeline in ("arr", "full")]
+            report["sizes"][size]["conversation"] = chats
+            print("\n".join(conversation_line(r) for r in chats))
         if args.json:  # written after every size, so a run cut short keeps what it measured
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(report, indent=2))

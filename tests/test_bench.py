@@ -54,6 +54,21 @@ def test_arr_beside_each_reducer_and_full_in_one_table_with_its_ratios(arr_model
     assert bench.versus_table({k: v for k, v in results.items() if not k.startswith(("divprune", "fastv"))}) is None
 
 
+def test_a_conversation_times_its_follow_ups_against_the_same_questions_asked_afresh(arr_model):
+    vlm = arr_model.vlm
+    before = vlm.engine, vlm.model.generation_config.min_new_tokens
+    r = bench.bench_conversation(arr_model, bench.test_image(448), "arr", 3, 4, 1, 1024)
+    assert (vlm.engine, vlm.model.generation_config.min_new_tokens) == before
+    assert r["first_prefilled"] == 256 + 273 + 29  # the gestalt, 273 saccades and the prompt's text
+    turn = [len(vlm.tokenizer(f"<|im_end|>\n<|im_start|>user\n<|vision_start|><|vision_end|>{q}<|im_end|>\n"
+                              "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]) for q in bench.FOLLOW_UPS[:2]]
+    # each follow-up: the last answer's last token, a new block of 273 saccades and the question's turn
+    assert r["follow_up_prefilled"] == 1 + 273 + sum(turn) / 2  # the median of the two
+    assert r["context"] == r["first_prefilled"] + 2 * 274 + sum(turn) + 3 * 4 - 2  # 4 tokens a turn, 2 read later
+    assert all(r[k] > 0 for k in ("first_ttft_ms", "follow_up_ttft_ms", "fresh_ttft_ms"))
+    assert "turns 2-3" in bench.conversation_line(r)
+
+
 def _slowed(report: dict, size: str, key: str, field: str, factor: float) -> dict:
     slowed = json.loads(json.dumps(report))
     slowed["sizes"][size]["pipelines"][key][field] *= factor
