@@ -130,6 +130,33 @@ def test_graphed_arr_equals_eager(cuda_model):
     torch.testing.assert_close(outputs[True][2], outputs[False][2], atol=5e-2, rtol=5e-2)
 
 
+def test_a_graphed_conversation_equals_the_eager_one_and_replays_its_follow_up_graph(fp32_cuda_model):
+    """Three ARR turns and three `full` turns, graphed and eager: the same answers to the token, the same
+    saccades; a second conversation replays the follow-up prefill graphs the first captured."""
+    from arr_coc.pipelines.conversation import Conversation
+
+    model, decoder = fp32_cuda_model, fp32_cuda_model.vlm.decoder
+    questions = [QUESTION, "And the colour?", "Where is it?"]
+
+    def converse(pipeline):
+        chat = Conversation(pipeline, big_image())
+        answers = [model.answer(None, q, conversation=chat, max_new_tokens=12) for q in questions]
+        return [(a.text, a.new_tokens, [(s.row, s.col) for s in a.saccades]) for a in answers]
+
+    runs = {}
+    try:
+        for graphs in (False, True):
+            decoder.graphs_enabled = graphs
+            runs[graphs] = [converse("arr"), converse("full")]
+    finally:
+        decoder.graphs_enabled = True
+    assert runs[True] == runs[False]
+    captured = len(decoder.graphed_extend.graphs)
+    assert captured >= 1
+    converse("arr")
+    assert len(decoder.graphed_extend.graphs) == captured  # replayed, nothing recaptured
+
+
 def test_back_to_back_lengths_reuse_the_captured_graphs(fp32_cuda_model):
     model = fp32_cuda_model
     decoder = model.vlm.decoder

@@ -16,7 +16,7 @@ bandwidth allows. This module owns the loop instead:
   and layers >= K the shortened one. A pruned prefill runs eagerly (unpadded); its decode steps are graphed.
 - conversations, when a `KVCache` is passed: a follow-up turn's tokens are prefilled after the earlier turns'
   keys and values (restored into the shared cache, each new token attending to them and causally to its own
-  turn), eagerly; decoding goes on as for any prompt. `keep=True` hands back a copy of the cache after the turn,
+  turn), graphed per turn length bucket and cache size as the prefill is; decoding goes on as for any prompt. `keep=True` hands back a copy of the cache after the turn,
   which the conversation holds (the shared buffers serve every request in between).
 
 Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
@@ -126,6 +126,7 @@ class Decoder:
         # all graphs run one at a time on one stream, so they share one memory pool
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graphed_prefill = CUDAGraphed(self._prefill, pool=self.pool)
+        self.graphed_extend = CUDAGraphed(self._extend, pool=self.pool)
         self.graphed_prior = CUDAGraphed(self._prior, pool=self.pool)
         # the caches and graphs above are shared by every caller: two generations at once would write into one
         # cache (and one decode state), so they take turns
@@ -210,21 +211,21 @@ class Decoder:
             x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
         return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
 
-    def _extend(self, embeds, position_ids, start: int, cap: int, deepstack=None):
+    def _extend(self, embeds, position_ids, start, last, cap: int, deepstack=None):
         """
-        A follow-up turn's prefill (eager, unpadded): embeds [1, L, D] at cache slots start..start + L - 1, each
-        token attending to the slots before `start` (the earlier turns, already in the cache) and causally to its
-        own turn -> logits of the last token [1, V].
+        A follow-up turn's prefill: embeds [1, L, D] at cache slots start..start + L - 1 (start [1]), each token
+        attending to the slots before `start` (the earlier turns, already in the cache) and causally to its own
+        turn -> logits of the token at `last` [1] [1, V]. Tensors only, so it can be captured as a graph.
         """
         state, L = self.states[cap], embeds.shape[1]
         cos, sin = self._rope(embeds, position_ids)
-        slots = torch.arange(start, start + L, device=embeds.device)  # [L]
+        slots = start + torch.arange(L, device=embeds.device)  # [L]
         seen = torch.arange(cap, device=embeds.device) <= slots.unsqueeze(1)  # [L, cap]: earlier turns and causal
         mask = torch.zeros(L, cap, dtype=self.dtype, device=embeds.device).masked_fill(~seen, float("-inf"))
         x = embeds.float() if self.safe else embeds
         for i, layer in enumerate(self.lm.layers):
             x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots, mask[None, None]), deepstack, i)
-        return self._logits(x[:, -1])  # [1, V]
+        return self._logits(x[:, last])[:, 0]  # [1, V]
 
     def last_token_attention(self, layer, x, cos, sin, last: int) -> torch.Tensor:
         """
@@ -360,6 +361,8 @@ class Decoder:
                 # the prefill graphs of that size write into its buffers: they go with it (cap is argument 3)
                 for key in [key for key in self.graphed_prefill.graphs if key[3] == old]:
                     del self.graphed_prefill.graphs[key]
+                for key in [key for key in self.graphed_extend.graphs if key[4] == old]:  # cap is argument 4
+                    del self.graphed_extend.graphs[key]
             c, dev = self.config, self.device
             hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
             shape = (1, c.num_key_value_heads, cap, hd)
@@ -436,14 +439,16 @@ class Decoder:
         cap = -(-(L + BUCKET + max_new_tokens) // CACHE_STEP) * CACHE_STEP
         state = self._state(cap, embeds.dtype)
         padded, padded_ids, padded_deepstack = self._pad(embeds, position_ids, deepstack)
-        last = torch.tensor([L - 1], device=self.device)  # (the prefill graphs run without history only)
+        last = torch.tensor([L - H - 1], device=self.device)  # the prompt's last real token, in the prompt
         run = self.graphed_prefill if self.use_graphs else self._prefill
         state.logit_bias.zero_()
         state.logit_bias[torch.tensor(list(suppress), dtype=torch.long, device=self.device)] = float("-inf")
         if history is not None:
             for cache, kept in zip(state.keys + state.values, history.keys + history.values):
                 cache[:, :, :H].copy_(kept)
-            logits = self._extend(embeds, position_ids, H, cap, deepstack)  # [1, V]
+            extend = self.graphed_extend if self.use_graphs else self._extend
+            start = torch.tensor([H], device=self.device)
+            logits = extend(padded, padded_ids, start, last, cap, padded_deepstack)  # [1, V]
         elif pruning is None:
             logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
         else:
