@@ -34,6 +34,14 @@ score, and report.md says how often it fires and the accuracy with and without i
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
     python -m arr_coc.evaluate --model tiny --synthetic 16 --budgets 64,128,273,529,1024 --out runs/eval-sweep
 
+--conversation asks each page of the pocket suite (--kinds of fine_print, box_word, shape_colour) up to --turns of
+its own questions, every row twice: in one conversation (ARR reading each question anew: a new block of saccades
+a turn) and each question alone; report.md gives exact match by turn index, per kind, with 95% intervals
+(arr_coc.eval.conversations). FastV cannot hold a conversation and is left out of the rows then.
+
+    python -m arr_coc.evaluate --model pocket --conversation --synthetic 96 --kinds box_word,fine_print \
+        --baselines full --strategies topk --budget 64 --out runs/eval-conversation
+
 --out holds run.json (the settings, with the prompt every item is asked and where it comes from), results.jsonl
 (one line per item and row, in order, with its budget in a sweep; an item without reference answers has score
 null), report.md, report.json and the plots (arr_coc.eval.report). While running, each process appends its
@@ -151,6 +159,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "insertion curves of the reference answer (3 x (steps + 1) teacher-forced forwards per item)")
     p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
                    help="points per faithfulness curve, minus one")
+    p.add_argument("--conversation", action="store_true",
+                   help="ask each pocket-suite page up to --turns of its questions, in one conversation and each "
+                        "alone, and report accuracy by turn (synthetic pages of fine_print, box_word, shape_colour)")
+    p.add_argument("--turns", type=cli.bounded_int(2, 16), default=4,
+                   help="with --conversation: at most this many questions a page")
     p.add_argument("--device", type=cli.device, default=None,
                    help="cpu, cuda or cuda:N (default: cuda when available; cuda:LOCAL_RANK under torchrun)")
     p.add_argument("--out", type=cli.output_folder, default=None,
@@ -171,8 +184,32 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("argument --refixate: needs an ARR row (--strategies) to look again")
     if args.refixate_budget is not None and args.refixate is None:
         p.error("argument --refixate-budget: only used with --refixate")
+    if args.conversation:
+        check_conversation(p, args)
     args.out = args.out or cli.default_folder(p, "--out", f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     return args
+
+
+def check_conversation(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--conversation: the pocket suite's synthetic pages, rows that can hold a conversation, one budget."""
+    from arr_coc.synth.fineprint import PAGE_KINDS
+
+    others = sorted(set(cli.names(args.kinds)) - set(PAGE_KINDS))
+    if args.dataset or others:
+        p.error(f"argument --conversation: asks the pocket suite's synthetic pages ({', '.join(PAGE_KINDS)}), not "
+                + (f"--dataset {args.dataset}" if args.dataset else f"--kinds {', '.join(others)}"))
+    for flag, given in (("--budgets", args.budgets), ("--refixate", args.refixate is not None),
+                        ("--faithfulness", args.faithfulness), ("--ablations", cli.names(args.ablations))):
+        if given:
+            p.error(f"argument {flag}: not with --conversation")
+    if not [row for row in conversation_rows(args)]:
+        p.error("argument --conversation: no row can hold a conversation (FastV cannot)")
+
+
+def conversation_rows(args: argparse.Namespace) -> list[str]:
+    """--conversation's rows: the baselines that can hold a conversation, then ARR under each strategy."""
+    return ([b for b in cli.names(args.baselines) if b not in pipelines.FAST_ENGINE_ONLY]
+            + [f"arr:{s}" for s in cli.names(args.strategies)])
 
 
 # ----------------------------------------------------------------------------- one item
@@ -294,7 +331,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 budget=None if args.budgets else args.budget, budgets=args.budgets, **adaptive_bounds(args),
                 max_new_tokens=args.max_new_tokens, max_cells=args.max_cells, fastv_layer=args.fastv_layer,
                 refixate=args.refixate, refixate_budget=args.refixate_budget,
-                faithfulness_steps=args.faithfulness_steps if args.faithfulness else None)
+                faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
+                conversation_turns=args.turns if args.conversation else None)
 
 
 def adaptive_bounds(args: argparse.Namespace) -> dict:
@@ -388,7 +426,7 @@ def pending(items: Iterable[Item], done: set[tuple], jobs: list[Job], process: P
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return evaluate_all(args)
+        return evaluate_conversations(args) if args.conversation else evaluate_all(args)
     except KeyboardInterrupt:  # Ctrl-C: every finished item is on disk, line by whole line
         kept = any(Path(args.out).glob("*.jsonl"))
         cli.log("stopped; rerun the same command to resume" + (f" (finished items are kept in {args.out})" if kept else ""))
@@ -466,6 +504,41 @@ def evaluate_all(args: argparse.Namespace) -> int:
                   "and left out of the accuracy")
         print("wrote " + ", ".join(str(p) for p in paths))
     distributed.finish(process)
+    return 0
+
+
+def evaluate_conversations(args: argparse.Namespace) -> int:
+    """--conversation: load, ask every page's questions in one conversation and alone, write the report; the exit code."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from arr_coc.eval import conversations
+    from arr_coc.relevance.layer import CheckpointError
+
+    try:
+        model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device, fallback=args.fallback)
+        args.max_new_tokens = args.max_new_tokens or SCHEMAS["suite"].max_new_tokens
+        rows = conversation_rows(args)
+        if set(cli.names(args.baselines)) & set(pipelines.FAST_ENGINE_ONLY):
+            cli.log(f"note: {', '.join(pipelines.FAST_ENGINE_ONLY)} cannot hold a conversation: left out")
+
+        def ask(image, question, pipeline, strategy, conversation):
+            return cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens, strategy=strategy,
+                              budget=args.budget, max_cells=args.max_cells, tensions=cli.budget_settings(args),
+                              conversation=conversation)
+
+        with torch.no_grad():
+            results = conversations.evaluate_conversations(
+                model, ask, rows, cli.names(args.kinds), args.limit or args.synthetic, args.seed, args.size,
+                args.turns, lambda pages: tqdm(pages, desc="conversations", unit="page"))
+    except (InputError, CheckpointError, OutOfMemory) as e:
+        cli.log(f"error: {e}")
+        return 2
+    settings = dict(run_settings(args, Source("synthetic", "suite", []), "exact", checkpoint), rows=rows,
+                    model_name=model.vlm.name, versions=cli.versions())
+    paths = conversations.write(args.out, results, settings)
+    print(conversations.markdown(results))
+    print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 

@@ -263,6 +263,8 @@ OTHER_VALUES = {
     "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
     "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
+    "conversation": (["--kinds", "box_word"], ["--conversation"]),
+    "turns": (["--kinds", "box_word", "--conversation"], ["--turns", "2"]),
 }
 
 
@@ -590,3 +592,38 @@ def test_the_report_gives_each_rows_wilson_interval_and_the_suite_is_scored_by_e
     assert "| full | 263 | 0.308 | [0.26, 0.37] |" in report.markdown_table(report.summarise(records, ["full"]), "exact")
     assert sets.synthetic_source(1, ("fine_print", "box_word"), seed=0).metric == "exact"
     assert sets.synthetic_source(1, ("fine_print", "text_vs_distractor"), seed=0).metric == "contains"
+
+
+def test_a_conversation_asks_each_pages_questions_in_one_conversation_and_alone(tmp_path, capsys):
+    """Pocket pages, two of their questions each: every row answers each question as a turn of one conversation
+    and alone; turn 1 is the same request either way; the report gives exact match by turn with intervals."""
+    out = tmp_path / "chat"
+    assert evaluate.main(["--model", "pocket", "--conversation", "--synthetic", "2", "--kinds", "box_word,fine_print",
+                          "--size", "448", "--turns", "2", "--baselines", "full,fastv", "--strategies", "topk",
+                          "--budget", "32", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "note: fastv cannot hold a conversation: left out" in captured.err
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(results) == 2 * 2 * 2 * 2  # pages x rows x turns x modes
+    assert {(r["row"], r["mode"], r["turn"]) for r in results} == {
+        (row, mode, turn) for row in ("full", "arr:topk") for mode in ("conversation", "alone") for turn in (1, 2)}
+    first = {(r["item"], r["row"], r["mode"]): r["prediction"] for r in results if r["turn"] == 1}
+    assert all(first[(i, row, "conversation")] == first[(i, row, "alone")] for i, row, _ in first)
+    later = {(r["item"], r["row"], r["mode"]): r["prefilled"] for r in results if r["turn"] == 2}
+    assert all(later[(i, row, "conversation")] < later[(i, row, "alone")] for i, row, _ in later)
+    report_md = (out / "report.md").read_text()
+    assert "| all | arr:topk | conversation | " in report_md and "(n=2)" in report_md and "turn 2" in report_md
+    assert json.loads((out / "report.json").read_text())["settings"]["conversation_turns"] == 2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kinds", "noise"], "--conversation: asks the pocket suite's synthetic pages (fine_print, box_word, "
+                           "shape_colour), not --kinds noise"),
+    (["--kinds", "box_word", "--budgets", "16,32"], "--budgets: not with --conversation"),
+    (["--kinds", "box_word", "--ablations", "raster"], "--ablations: not with --conversation"),
+    (["--kinds", "box_word", "--baselines", "fastv", "--strategies", ""], "no row can hold a conversation"),
+])
+def test_a_conversation_that_cannot_run_is_refused_at_parse_time(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--model", "pocket", "--conversation", *flags])
+    assert message in capsys.readouterr().err
