@@ -1,6 +1,7 @@
 """
 ARR-COC microscope, the Gradio app: baseline vs ARR-COC answers side by side, the relevance microscope,
-and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
+a conversation of follow-up questions, each with its own saccades, and an A/B of two ARR checkpoints, all over one
+frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
 
     python app.py                            # http://127.0.0.1:7860, Qwen/Qwen2-VL-2B-Instruct
     python app.py --model pocket             # offline: the pocket Qwen2-VL trained here on fine-print scenes
@@ -11,7 +12,7 @@ and an A/B of two ARR checkpoints, all over one frozen Qwen-VL (Qwen2-VL, Qwen2.
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
-faithfulness, ab, and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space
+faithfulness, converse, new_conversation, ab, and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space
 (SPACES_ZERO_GPU), the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs
 (arr_coc/zerogpu.py).
 """
@@ -60,7 +61,7 @@ from arr_coc import zerogpu  # noqa: E402
 from arr_coc import viz  # noqa: E402
 from arr_coc.app import handlers, ui  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
-from arr_coc.pipelines import REDUCERS  # noqa: E402
+from arr_coc.pipelines import FAST_ENGINE_ONLY, REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
 from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
 from arr_coc.relevance import ablation as ablations  # noqa: E402
@@ -76,7 +77,7 @@ EXAMPLES_NOTE = ("**Examples.** The first ones are fine-print pages of the kind 
                  "pocket`) was trained on: it answers them as the arrow says. The photos and the other scenes mean "
                  "something only with real Qwen-VL weights; the pocket and tiny models say nothing about them.")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
-GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, ab=120)  # ZeroGPU: most one call holds
+GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120)  # ZeroGPU: most one call holds
 MAX_NEW_TOKENS = 256
 DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
 
@@ -292,6 +293,39 @@ def faithfulness_panel() -> tuple[gr.Image, gr.Textbox, gr.Button, gr.Markdown]:
     return curves, answer, measure, verdict
 
 
+def conversation_tab(model: ARRCOCQwen) -> None:
+    """One image, question after question: ARR reads each anew (its saccades per turn, and how they moved), the
+    baseline continues its own conversation; a table of the turns with what each prefilled."""
+    config = model.layer.config
+    with gr.Row():
+        with gr.Column(scale=1):
+            image, question = image_and_question("chat")
+            with gr.Row():
+                baseline = gr.Dropdown([b for b in BASELINES if b not in FAST_ENGINE_ONLY], value="full",
+                                       label="Baseline", info="fixed for a conversation")
+                budget = gr.Slider(1, 4 * model.pipeline.gestalt_max_tokens, value=config.budget, step=1,
+                                   label="Saccades a turn")
+            tokens, numbered = tokens_slider(), numbered_slider(config)
+            fresh = gr.Checkbox(False, label="Fresh cells", info="a follow-up reads only cells no earlier turn read")
+            with gr.Row():
+                ask = gr.Button("Ask", variant="primary", elem_id="chat-ask")
+                reset = gr.Button("New image", elem_id="chat-new")
+            status = gr.Markdown("Ask a first question about the image.", elem_id="chat-status")
+        with gr.Column(scale=2):
+            turns = output_table("Turns", ui.TURN_HEADERS, "chat-turns")
+            with gr.Row():
+                heatmap = output_image("This turn's relevance and numbered saccades", "chat-heatmap")
+                moved = output_image("How the saccades moved from the turn before: new (green), kept (cyan), dropped "
+                                     "(red)", "chat-moves")
+    chat = gr.State(time_to_live=3600)  # the conversations (CPU between turns): freed an hour after the last turn
+    examples(image, question)
+    gr.on([ask.click, question.submit], bind(model, handlers.converse, gpu_seconds=GPU_SECONDS["converse"]),
+          [chat, image, question, baseline, tokens, budget, fresh, numbered], [chat, status, turns, heatmap, moved],
+          api_name="converse", concurrency_id=GPU)
+    gr.on([reset.click, image.upload], handlers.new_conversation, None, [chat, status, turns, heatmap, moved],
+          api_name="new_conversation", queue=False)
+
+
 def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
     """Two ARR checkpoints on the same input: both heatmaps and answers, their difference and agreement."""
     choices = ui.checkpoint_choices(CHECKPOINTS, model)  # only those made for the loaded model: the others cannot load
@@ -343,6 +377,8 @@ def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str], cache_age: 
             compare_tab(model)
         with gr.Tab("Microscope"):
             microscope_tab(model)
+        with gr.Tab("Conversation"):
+            conversation_tab(model)
         with gr.Tab("Checkpoint A/B"):
             ab_tab(model, layer_name)
     return demo

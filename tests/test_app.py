@@ -192,6 +192,32 @@ def test_microscope_then_reselect_without_the_vlm(client):
     assert {tuple(r[1:3]) for r in spread["data"]} != {tuple(r[1:3]) for r in fewer["data"]}
 
 
+def test_a_three_turn_conversation_then_a_new_image(client):
+    """Three questions about one image through the API: a row a turn, ARR prefilling only its new block and
+    question after turn 1, the conversation growing; fresh cells make every follow-up's saccades all new; New
+    image clears it, and the next question is a turn 1 again."""
+    questions = [QUESTION, "And its nose?", "Where is it?"]
+    for turn, q in enumerate(questions, start=1):
+        status, turns, heatmap, moved = client.predict(handle_file(CAT), q, "full", 2, 40, True, 5,
+                                                       api_name="/converse")
+        assert status.startswith(f"Turn {turn}: ARR prefilled") and Image.open(heatmap).width > 300
+        assert (moved is None) == (turn == 1)
+    assert turns["headers"] == ui.TURN_HEADERS
+    rows = turns["data"]
+    assert [r[0] for r in rows] == [1, 2, 3] and [r[1] for r in rows] == questions
+    prefilled, context = [r[7] for r in rows], [r[9] for r in rows]
+    assert prefilled[1] < prefilled[0] and context[0] < context[1] < context[2]
+    assert rows[1][10] == "40 / 0 / 40" and rows[2][10] == "40 / 0 / 40"  # fresh cells: each turn's all new
+    status, turns, heatmap, moved = client.predict(api_name="/new_conversation")
+    assert turns["data"] == [] and heatmap is None and status.startswith("A new conversation")
+    status, turns, _, moved = client.predict(handle_file(CAT), QUESTION, "full", 2, 40, False, 5, api_name="/converse")
+    assert status.startswith("Turn 1:") and [r[0] for r in turns["data"]] == [1] and moved is None
+    with pytest.raises(AppError, match="this conversation's baseline is full: press New image"):
+        client.predict(handle_file(CAT), QUESTION, "gestalt", 2, 40, False, 5, api_name="/converse")
+    status, turns, _, _ = client.predict(handle_file(STREET), QUESTION, "full", 2, 40, False, 5, api_name="/converse")
+    assert status.startswith("Turn 1:")  # another image in the box: a new conversation
+
+
 def test_the_microscope_draws_a_reducers_kept_cells_over_the_relevance(client):
     _, _, heatmap, *_ = client.predict(handle_file(CAT), QUESTION, "topk", 60, CELLS, 0, api_name="/microscope")
     drawing = client.predict(handle_file(CAT), QUESTION, "visionzip", 60, CELLS, api_name="/kept_cells")

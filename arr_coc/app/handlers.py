@@ -11,10 +11,14 @@ directly, without a server.
     heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
     heatmap, summary, saccades, mosaic = reselect(model, kept, "topk", 50, 20, True, True, 0.25, 2.0, 0.3)
                                                    # adaptive K; e, λ and f overridden by the tension sliders
+    chat, status, turns, heatmap, moved = converse(model, None, image, "What is it?", "full", 64, 273, False, 20)
+    chat, status, turns, heatmap, moved = converse(model, chat, image, "And its colour?", "full", 64, 273, True, 20)
 
-Per-user state (gr.State, kept up to an hour) is a Kept: CPU data only, never a GPU tensor.
+Per-user state (gr.State, kept up to an hour) is a Kept, or the Conversation tab's Chat: CPU data only, never
+a GPU tensor (a Chat's conversations move to the device for a turn and back).
 """
 
+import hashlib
 import queue
 import threading
 import time
@@ -27,11 +31,14 @@ from PIL import Image
 
 from arr_coc import viz
 from arr_coc.app import ui
+from arr_coc.errors import InputError
 from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc import pipelines
 from arr_coc.pipelines import arr
+from arr_coc.pipelines.conversation import Conversation, moves
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
+from arr_coc.vlm.views import to_rgb
 
 NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
@@ -339,3 +346,68 @@ def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, qu
            viz.heatmap_overlay(b.views.image, b.arr.relevance[0], b.saccades),
            viz.difference_map(a.arr.relevance[0], b.arr.relevance[0], a.saccades, b.saccades),
            ui.answer_text(a), ui.answer_text(b), ui.ab_summary(a, b))
+
+
+# ----------------------------------------------------------------------------- Conversation
+
+
+@dataclass
+class Chat:
+    """The Conversation tab's session: one image asked in turn by ARR and by a baseline, a conversation each."""
+    arr: Conversation  # ARR's: a new block of saccades a turn
+    baseline: Conversation  # the baseline's: the image read once, in turn 1
+    rows: list  # the turns so far, as ui.turn_row gives them
+    digest: str  # the image's pixels' SHA-1: another image in the box starts a new conversation
+
+    def to(self, device) -> "Chat":
+        self.arr.to(device)
+        self.baseline.to(device)
+        return self
+
+
+@ui.reports_errors
+def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, question: str, baseline: str,
+             max_new_tokens: int, budget: int, fresh_cells: bool, numbered: int) -> tuple:
+    """
+    The next turn of the session's conversation about an image (the first, without one): ARR reads the question
+    anew, the baseline continues its own; -> (the Chat, a status line, the turns table, ARR's relevance and
+    numbered saccades this turn, how they moved from the turn before: new, kept, dropped). A refused turn
+    leaves the conversation as it was.
+    """
+    image = ui.check_inputs(image, question)
+    digest = hashlib.sha1(to_rgb(image).tobytes()).hexdigest()
+    if chat is None or chat.digest != digest:  # a first question, or another image loaded into the box
+        chat = Chat(Conversation("arr", image), Conversation(baseline, image), [], digest)
+    elif baseline != chat.baseline.pipeline:
+        raise InputError(f"this conversation's baseline is {chat.baseline.pipeline}: press New image to start "
+                         f"one with {baseline}")
+    chat.to(model.vlm.device)
+    turns = [(c, len(c.answers), c.answers[-1].history if c.answers else None) for c in (chat.arr, chat.baseline)]
+    try:
+        kwargs = dict(max_new_tokens=int(max_new_tokens))
+        a = model.answer(None, question, conversation=chat.arr, budget=int(budget), fresh_cells=bool(fresh_cells),
+                         **kwargs)
+        b = model.answer(None, question, conversation=chat.baseline, **kwargs)
+        image, grid = a.views.image, a.views.candidate_grid
+        ranked = a.arr.in_order("relevance")
+        heatmap = viz.heatmap_overlay(image, a.arr.relevance[0], ranked.positions[0], numbered=int(numbered))
+        moved = moves(chat.arr.answers[-2], a) if a.turn > 1 else None
+        drawing = None if moved is None else viz.moves_overlay(image, grid, moved.new, moved.kept, moved.dropped,
+                                                               a.arr.relevance[0], a.turn)
+        chat.rows.append(ui.turn_row(question, b, a, moved))
+    except BaseException:  # one pipeline answered and the other did not: both go back to the turn before
+        for conversation, n, history in turns:
+            del conversation.answers[n:]
+            if n:
+                conversation.answers[-1].history = history
+        raise
+    finally:
+        chat.to("cpu")
+    status = (f"Turn {a.turn}: ARR prefilled {a.prefilled} tokens (its conversation holds {a.context}), "
+              f"{baseline} {b.prefilled} (holds {b.context}). Ask a follow-up, or press New image to start again.")
+    return chat, status, chat.rows, heatmap, drawing
+
+
+def new_conversation() -> tuple:
+    """New image: the session's conversation and the tab's outputs, cleared."""
+    return None, "A new conversation: ask a first question about the image.", [], None, None

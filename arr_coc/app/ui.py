@@ -42,6 +42,8 @@ POCKET_EXAMPLE = "pocket_"  # an example image named so is a fine-print page the
 MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the shared queue, for no gain
 MAX_UPLOAD_MB = 50  # the server refuses a larger upload (HTTP 413); a 64-megapixel JPEG or an ARR checkpoint is less
 STATS_HEADERS = ["metric", "value"]
+TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "baseline TTFT ms", "ARR TTFT ms",
+                "baseline prefilled", "ARR prefilled", "baseline context", "ARR context", "ARR saccades: new / kept / dropped"]
 SACCADE_HEADERS = ["rank", "row", "col", "score", "fed"]  # rank 1 = most relevant; fed: its place in the LLM's input
 FALLBACKS = {
     "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (a busy "
@@ -355,6 +357,14 @@ def tension_request(auto: bool, override: bool, explore: float, diversify: float
         return (AUTO if auto else None), NO_SETTINGS
     return (AUTO if auto else None), TensionSettings(explore=float(explore), diversify=float(diversify),
                                                      particularize=float(particularize) if auto else None)
+
+
+def turn_row(question: str, base: Answer, arr: Answer, moved) -> list:
+    """One turn of the Conversation tab: both answers, their TTFT, the tokens each prefilled, each conversation's
+    length after it, and how ARR's saccades moved from the turn before (moved: a conversation.Moves, or None)."""
+    moves = "-" if moved is None else f"{len(moved.new)} / {len(moved.kept)} / {len(moved.dropped)}"
+    return [arr.turn, question, answer_text(base), answer_text(arr), round(base.ttft_ms, 1), round(arr.ttft_ms, 1),
+            base.prefilled, arr.prefilled, base.context, arr.context, moves]
 
 
 def answer_text(answer: Answer) -> str:

@@ -22,7 +22,9 @@ import torch
 
 from arr_coc import pipelines
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import Answer, Request, follow_up
+from arr_coc.pipelines.answer import Answer, Observation, Request, follow_up
+from arr_coc.vlm.base import History
+from arr_coc.vlm.decoder import KVCache
 
 
 @dataclass
@@ -54,14 +56,13 @@ class Conversation:
     @property
     def read(self) -> torch.Tensor | None:
         """ARR: [GH, GW] bool, the candidate cells any turn so far read (None before the first ARR turn)."""
-        if not self.answers or self.answers[0].arr is None:
+        if not self.answers or self.pipeline != "arr":
             return None
-        grid = self.answers[0].arr.grid
-        cells = torch.zeros(grid, dtype=torch.bool)
+        cells = torch.zeros(self.answers[0].views.candidate_grid, dtype=torch.bool)
         for answer in self.answers:
             for s in answer.saccades:
                 cells[s.row, s.col] = True
-        return cells.to(self.answers[0].arr.indices.device)
+        return cells.to(self.answers[-1].observation.highres.device)
 
     def ask(self, model, question: str, request: Request) -> Answer:
         """The next turn: the pipeline's answer to `question` after the turns so far (turn 1: the image's first)."""
@@ -83,6 +84,36 @@ class Conversation:
         self.answers.append(answer)
         return answer
 
+    def to(self, device) -> "Conversation":
+        """
+        Move what the next turn reads (the last answer's context and ARR's observation) to `device`, and drop the
+        earlier turns' device data (their maps and observations; their text, counts and saccades stay): the app
+        keeps a conversation on the CPU between requests, where ZeroGPU's workers cannot hold GPU memory.
+        """
+        for answer in self.answers:
+            answer.arr, answer.fixations, answer.kept, answer.merged = None, [], None, None
+            if answer is not self.answers[-1]:
+                answer.observation = None
+        if self.answers:
+            last = self.answers[-1]
+            last.observation = None if last.observation is None else observation_to(last.observation, device)
+            last.history = None if last.history is None else history_to(last.history, device)
+        return self
+
     def moves(self) -> list[Moves]:
         """ARR: for each turn after the first, how its saccades moved from the turn before."""
         return [moves(a, b) for a, b in zip(self.answers, self.answers[1:])]
+
+
+def observation_to(o: Observation, device) -> Observation:
+    """An observation with its tensors on `device` (the views are pictures; the gestalt's places stay on the CPU)."""
+    gestalt = replace(o.gestalt, features=o.gestalt.features.to(device),
+                      deepstack=None if o.gestalt.deepstack is None else o.gestalt.deepstack.to(device))
+    return replace(o, gestalt=gestalt, question_embeds=o.question_embeds.to(device), prior=o.prior.to(device),
+                   highres=o.highres.to(device), textures=o.textures.to(device))
+
+
+def history_to(h: History, device) -> History:
+    """A conversation's context with its keys, values and token ids on `device`."""
+    cache = KVCache([t.to(device) for t in h.cache.keys], [t.to(device) for t in h.cache.values], h.cache.position)
+    return replace(h, cache=cache, ids=h.ids.to(device))

@@ -429,3 +429,44 @@ def test_stop_ends_the_generation_at_once_and_frees_the_model(arr_model, monkeyp
     time.sleep(1.0)
     assert len(steps) == stopped < 50  # no decode step after the stop; far from the 255 it would have run
 
+
+
+def tensors_off_the_cpu(value, path="state", seen=None) -> list[str]:
+    """Where a state value (dataclasses, lists, dicts, all the way down) holds a tensor that is not on the CPU."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return [] if value.device.type == "cpu" else [f"{path}: tensor on {value.device}"]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [p for f in dataclasses.fields(value)
+                for p in tensors_off_the_cpu(getattr(value, f.name), f"{path}.{f.name}", seen)]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in tensors_off_the_cpu(v, f"{path}[{k!r}]", seen)]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in tensors_off_the_cpu(v, f"{path}[{i}]", seen)]
+    return []
+
+
+def test_a_conversation_turn_keeps_cpu_data_and_a_failed_one_leaves_it_as_it_was(arr_model, monkeypatch):
+    chat, status, rows, heatmap, moved = handlers.converse(arr_model, None, CAT, QUESTION, "full", 2, 30, False, 5)
+    chat, status, rows, heatmap, moved = handlers.converse(arr_model, chat, CAT, "And its nose?", "full", 2, 30,
+                                                           False, 5)
+    assert [r[0] for r in rows] == [1, 2] and moved is not None and tensors_off_the_cpu(chat) == []
+    before = [(len(c.answers), c.answers[-1].history) for c in (chat.arr, chat.baseline)]
+    answer = arr_model.answer
+
+    def baseline_fails(image, question, pipeline="arr", **kwargs):
+        if kwargs.get("conversation") is chat.baseline:
+            raise RuntimeError("the baseline failed")
+        return answer(image, question, pipeline, **kwargs)
+
+    monkeypatch.setattr(arr_model, "answer", baseline_fails)
+    with pytest.raises(gr.Error, match="the baseline failed"):
+        handlers.converse(arr_model, chat, CAT, "Where is it?", "full", 2, 30, False, 5)
+    assert [(len(c.answers), c.answers[-1].history) for c in (chat.arr, chat.baseline)] == before
+    assert len(chat.rows) == 2 and tensors_off_the_cpu(chat) == []
+    monkeypatch.setattr(arr_model, "answer", answer)
+    chat, status, rows, *_ = handlers.converse(arr_model, chat, CAT, "Where is it?", "full", 2, 30, False, 5)
+    assert [r[0] for r in rows] == [1, 2, 3]  # the conversation goes on from turn 2

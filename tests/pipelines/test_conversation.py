@@ -95,6 +95,22 @@ def test_what_cannot_hold_a_conversation_is_refused_in_one_line(arr_model, monke
         arr_model.vlm.engine = "fast"
 
 
+def test_a_conversation_kept_off_the_device_between_turns_goes_on_as_one_that_stayed(arr_model):
+    """The app keeps a conversation on the CPU between requests (Conversation.to): the earlier turns' maps are
+    dropped, and the next turns are the same as a conversation that never moved."""
+    stayed, moved = Conversation("arr", photo(seed=4)), Conversation("arr", photo(seed=4))
+    for question in QUESTIONS:
+        a = arr_model.answer(None, question, conversation=stayed, max_new_tokens=3, budget=30, fresh_cells=True)
+        b = arr_model.answer(None, question, conversation=moved.to(arr_model.vlm.device), max_new_tokens=3, budget=30,
+                             fresh_cells=True)
+        moved.to("cpu")
+        assert (a.text, a.context, [(s.row, s.col) for s in a.saccades]) == \
+               (b.text, b.context, [(s.row, s.col) for s in b.saccades])
+    assert all(answer.arr is None for answer in moved.answers)
+    assert [answer.observation is None for answer in moved.answers] == [True, True, False]
+    assert moved.answers[-1].history.cache.keys[0].device.type == "cpu" and moved.answers[0].history is None
+
+
 @pytest.fixture(scope="module")
 def pocket():
     from arr_coc.model import ARRCOCQwen
