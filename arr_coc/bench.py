@@ -16,6 +16,10 @@ takes ARR's ablations (arr-no-gestalt, ...: arr_coc.relevance.ablation).
     python -m arr_coc.bench --random-weights --check benchmarks/h100_....json   # exit 1 if ARR got > 15% slower
     python -m arr_coc.bench --random-weights --conversation 4         # + the TTFT of follow-up questions
 
+--budgets B1,B2,... also times, at each size, ARR and every baseline that reads ARR's visual tokens (budget and
+the reducers) at each saccade budget, fast engine: the TTFT of a budget sweep (evaluate --budgets), for plotting
+accuracy against the 2B architecture's time (arr_coc.eval.figures).
+
 --conversation N also asks N questions about each image in one conversation (arr and full, fast engine;
 arr_coc.pipelines.conversation) and reports the TTFT of turn 1, the median of turns 2..N, and the TTFT of the
 same follow-up questions asked afresh, one conversation per question, with the tokens each prefilled.
@@ -66,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated pipelines to time, or ARR under an ablation (arr-no-gestalt, ...)")
     p.add_argument("--engines", type=cli.comma_list(ENGINES), default="fast,hf",
                    help="comma-separated engines: fast (static cache + CUDA graphs) and hf (stock generate)")
+    p.add_argument("--budgets", type=cli.int_list(1, cli.MAX_CELLS), default=None,
+                   help="also time ARR and the baselines that read its visual tokens at these saccade budgets (fast "
+                        "engine), comma-separated")
     p.add_argument("--conversation", type=cli.bounded_int(2, 64), default=None, metavar="N",
                    help="also time N questions in one conversation (arr and full, fast engine) against each asked "
                         "afresh")
@@ -175,13 +182,13 @@ def runs_on(vlm, pipeline: str, engine: str) -> bool:
 
 
 def bench_pipeline(model, image: Image.Image, row: str, engine: str, new_tokens: int, repeats: int,
-                   max_cells: int) -> dict:
-    """One pipeline (or ARR under an ablation: "arr-no-gestalt") with one engine: medians over `repeats` runs
-    after two warm-up runs."""
+                   max_cells: int, budget: int | None = None) -> dict:
+    """One pipeline (or ARR under an ablation: "arr-no-gestalt") with one engine (at a saccade budget: ARR's,
+    or the visual tokens ARR reads at it): medians over `repeats` runs after two warm-up runs."""
     model.vlm.engine = engine
     pipeline, _, ablation = row.partition("-")
     runs = [model.answer(image, "Describe the image in detail.", pipeline, max_new_tokens=new_tokens,
-                         max_cells=max_cells, ablation=ablation or None)
+                         max_cells=max_cells, ablation=ablation or None, budget=budget)
             for _ in range(repeats + 2)][2:]  # two warm-up runs
     timings = {k: statistics.median(r.timings_ms[k] for r in runs) for k in runs[0].timings_ms}
     return dict(pipeline=row, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
@@ -233,6 +240,22 @@ def conversation_line(r: dict) -> str:
             f"prefilled); turns 2-{r['turns']} {r['follow_up_ttft_ms']:.1f} ms ({r['follow_up_prefilled']:.0f} "
             f"prefilled), the same questions asked afresh {r['fresh_ttft_ms']:.1f} ms; context after turn "
             f"{r['turns']}: {r['context']} tokens")
+
+
+SWEPT = ("arr", "budget", *REDUCERS)  # --budgets: the pipelines whose visual tokens follow ARR's budget
+
+
+def bench_budgets(model, image: Image.Image, budgets: list[int], new_tokens: int, repeats: int,
+                  max_cells: int) -> dict:
+    """SWEPT at each budget on the fast engine -> {budget: {pipeline: its bench_pipeline result}}."""
+    vlm = model.vlm
+    saved = vlm.engine, vlm.model.generation_config.min_new_tokens
+    try:
+        vlm.model.generation_config.min_new_tokens = new_tokens
+        return {b: {row: bench_pipeline(model, image, row, "fast", new_tokens, repeats, max_cells, b) for row in SWEPT}
+                for b in budgets}
+    finally:
+        vlm.engine, vlm.model.generation_config.min_new_tokens = saved
 
 
 def ratios(results: dict) -> dict:
@@ -357,6 +380,12 @@ def main(argv=None) -> dict:
             print(f"\n{versus}")
         for k, v in report["sizes"][size]["ratios"].items():
             print(f"  {k}: TTFT {v['ttft']:.2f}x, total {v['total']:.2f}x")
+        if args.budgets:
+            swept = bench_budgets(model, test_image(size), args.budgets, args.new_tokens, args.repeats, args.max_cells)
+            report["sizes"][size]["budgets"] = swept
+            for b, rows in swept.items():
+                print(f"  budget {b}: " + ", ".join(f"{row} {r['tokens']['total_visual']} tokens TTFT "
+                                                     f"{r['ttft_ms']:.1f} ms" for row, r in rows.items()))
         if args.conversation:
             chats = [bench_conversation(model, test_image(size), pipeline, args.conversation, args.new_tokens,
                                         args.repeats, args.max_cells) for pipeline in ("arr", "full")]
