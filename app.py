@@ -12,7 +12,8 @@ frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
-faithfulness, converse, new_conversation, ab, and redraw (renumbers the last Compare heatmap and mosaic without the VLM). On a ZeroGPU Space
+faithfulness, converse, new_conversation, ab, and redraw (renumbers the last Compare heatmap and mosaic without
+the VLM). On a ZeroGPU Space
 (SPACES_ZERO_GPU), the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs
 (arr_coc/zerogpu.py).
 """
@@ -77,7 +78,8 @@ EXAMPLES_NOTE = ("**Examples.** The first ones are fine-print pages of the kind 
                  "pocket`) was trained on: it answers them as the arrow says. The photos and the other scenes mean "
                  "something only with real Qwen-VL weights; the pocket and tiny models say nothing about them.")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
-GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120)  # ZeroGPU: most one call holds
+# ZeroGPU: the most one call of each event holds the GPU, in seconds
+GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120)
 MAX_NEW_TOKENS = 256
 DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
 

@@ -384,8 +384,9 @@ def main(argv=None) -> dict:
             swept = bench_budgets(model, test_image(size), args.budgets, args.new_tokens, args.repeats, args.max_cells)
             report["sizes"][size]["budgets"] = swept
             for b, rows in swept.items():
-                print(f"  budget {b}: " + ", ".join(f"{row} {r['tokens']['total_visual']} tokens TTFT "
-                                                     f"{r['ttft_ms']:.1f} ms" for row, r in rows.items()))
+                timed = [f"{row} {r['tokens']['total_visual']} tokens TTFT {r['ttft_ms']:.1f} ms"
+                         for row, r in rows.items()]
+                print(f"  budget {b}: " + ", ".join(timed))
         if args.conversation:
             chats = [bench_conversation(model, test_image(size), pipeline, args.conversation, args.new_tokens,
                                         args.repeats, args.max_cells) for pipeline in ("arr", "full")]

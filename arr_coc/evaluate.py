@@ -508,7 +508,8 @@ def evaluate_all(args: argparse.Namespace) -> int:
 
 
 def evaluate_conversations(args: argparse.Namespace) -> int:
-    """--conversation: load, ask every page's questions in one conversation and alone, write the report; the exit code."""
+    """--conversation: load, ask every page's questions in one conversation and alone, write the report -> the exit
+    code."""
     import torch
     from tqdm.auto import tqdm
 

@@ -100,11 +100,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.pipelines is None:
         args.pipelines = ",".join(p for p in PIPELINES if not (conversation and p in pipelines.FAST_ENGINE_ONLY))
     if conversation:
-        for flag, wrong in (("--pipelines", set(cli.names(args.pipelines)) & set(pipelines.FAST_ENGINE_ONLY)),
-                            ("--faithfulness", args.faithfulness), ("--refixate", args.refixate is not None)):
+        unheld = sorted(set(cli.names(args.pipelines)) & set(pipelines.FAST_ENGINE_ONLY))
+        for flag, wrong, why in (("--pipelines", unheld, f"{', '.join(unheld)} cannot hold one"),
+                                 ("--faithfulness", args.faithfulness, "one question only"),
+                                 ("--refixate", args.refixate is not None, "one question only")):
             if wrong:
-                p.error(f"argument {flag}: not with several --question (a conversation): "
-                        + (f"{', '.join(sorted(wrong))} cannot hold one" if flag == "--pipelines" else "one question only"))
+                p.error(f"argument {flag}: not with several --question (a conversation): {why}")
     elif args.fresh_cells:
         p.error("argument --fresh-cells: only used with several --question (a conversation)")
     cli.check_budget(p, args, args.max_cells)

@@ -69,7 +69,8 @@ def points(row: str, folders: list[str]) -> dict[str, list[Point]]:
 
 
 def bench_ttft(bench: dict, size: int, row: str, budget: int | None) -> float:
-    """The bench's TTFT (fast engine) of the pipeline behind an evaluate row at a budget (a budget-free row: its own)."""
+    """The bench's TTFT (fast engine) of the pipeline behind an evaluate row at a budget (a budget-free row: its
+    own)."""
     pipeline = row.partition(":")[0].partition("-")[0].partition("+")[0]  # "arr-raster:topk" -> "arr"
     timings = bench["sizes"][str(size)]
     if budget is None or pipeline not in ("arr", "budget", *REDUCERS):

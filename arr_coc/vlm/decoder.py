@@ -16,8 +16,9 @@ bandwidth allows. This module owns the loop instead:
   and layers >= K the shortened one. A pruned prefill runs eagerly (unpadded); its decode steps are graphed.
 - conversations, when a `KVCache` is passed: a follow-up turn's tokens are prefilled after the earlier turns'
   keys and values (restored into the shared cache, each new token attending to them and causally to its own
-  turn), graphed per turn length bucket and cache size as the prefill is; decoding goes on as for any prompt. `keep=True` hands back a copy of the cache after the turn,
-  which the conversation holds (the shared buffers serve every request in between).
+  turn), graphed per turn-length bucket and cache size as the prefill is; decoding goes on as for any prompt.
+  `keep=True` hands back a copy of the cache after the turn, which the conversation holds (the shared buffers
+  serve every request in between).
 
 Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
 its DeepStack visual features come as one dense tensor `deepstack` [k, 1, L, D] (zeros outside image tokens),
