@@ -131,9 +131,10 @@ def output_image(label: str, elem_id: str, height: int | None = DRAWING_HEIGHT) 
                         elem_id=elem_id)
 
 
-def output_table(label: str, headers: list[str], elem_id: str | None = None) -> gr.Dataframe:
+def output_table(label: str, headers: list[str], elem_id: str | None = None,
+                 widths: list[str] | None = None) -> gr.Dataframe:
     # wrap, one width per column: a grid row ("64 x 64 cells (1792 x 1792 px)") is wider than half a stats table
-    widths = [f"{100 / len(headers):g}%"] * len(headers)
+    widths = widths or [f"{100 / len(headers):g}%"] * len(headers)
     return gr.Dataframe(headers=headers, label=label, interactive=False, wrap=True, max_height=1000,
                         column_widths=widths, elem_id=elem_id)
 
@@ -314,7 +315,7 @@ def conversation_tab(model: ARRCOCQwen) -> None:
                 reset = gr.Button("New image", elem_id="chat-new")
             status = gr.Markdown("Ask a first question about the image.", elem_id="chat-status")
         with gr.Column(scale=2):
-            turns = output_table("Turns", ui.TURN_HEADERS, "chat-turns")
+            turns = output_table("Turns", ui.TURN_HEADERS, "chat-turns", ui.TURN_WIDTHS)
             with gr.Row():
                 heatmap = output_image("This turn's relevance and numbered saccades", "chat-heatmap")
                 moved = output_image("How the saccades moved from the turn before: new (green), kept (cyan), dropped "

@@ -1,5 +1,5 @@
 """
-The three tabs in a real browser: headless Chromium, driven by Playwright, against `python app.py --model tiny`,
+The four tabs in a real browser: headless Chromium, driven by Playwright, against `python app.py --model tiny`,
 on a portrait document page (1792x2304, the main use case) in every tab, and an EXIF-rotated portrait photo in
 the A/B tab. Each drawing must be fetched and shown at a real size (portrait pages once collapsed the A/B
 heatmaps to zero height); the Microscope's saccade table shows all its columns; the status line tells the truth
@@ -212,3 +212,27 @@ def test_ab_on_portrait_images(page, portrait, image):
     if image == "page":
         page.evaluate("window.scrollTo(0, 0)")
         screenshot(page, "ab", "ab-difference")
+
+
+def test_a_conversation_on_a_portrait_page(page, portrait):
+    """Two questions about one page in the Conversation tab: a row a turn, this turn's heatmap and, from turn 2, how
+    the saccades moved; New image clears the turns."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Conversation").click()
+    ask(page, "chat", portrait["page"])
+    page.locator("#chat-ask").click()
+    expect(page.locator("#chat-status")).to_contain_text("Turn 1: ARR prefilled", timeout=TIMEOUT_MS)
+    heatmap = drawing(page, "chat-heatmap")
+    assert heatmap.height > heatmap.width and not_blank(heatmap)
+    page.locator("#chat-question textarea").fill("And the total?")
+    page.locator("#chat-ask").click()
+    expect(page.locator("#chat-status")).to_contain_text("Turn 2: ARR prefilled", timeout=TIMEOUT_MS)
+    assert not_blank(drawing(page, "chat-moves"))
+    expect(page.locator("#chat-turns")).to_contain_text("And the total?")
+    expect(page.locator("#chat-turns")).to_contain_text(QUESTION)
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, "conversation", "chat-moves")
+    page.locator("#chat-new").click()
+    expect(page.locator("#chat-status")).to_contain_text("A new conversation")
+    expect(page.locator("#chat-turns")).not_to_contain_text("And the total?")

@@ -42,9 +42,9 @@ POCKET_EXAMPLE = "pocket_"  # an example image named so is a fine-print page the
 MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the shared queue, for no gain
 MAX_UPLOAD_MB = 50  # the server refuses a larger upload (HTTP 413); a 64-megapixel JPEG or an ARR checkpoint is less
 STATS_HEADERS = ["metric", "value"]
-TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "baseline TTFT ms", "ARR TTFT ms",
-                "baseline prefilled", "ARR prefilled", "baseline context", "ARR context",
-                "ARR saccades: new / kept / dropped"]
+TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "TTFT ms: base", "TTFT ms: ARR",
+                "prefilled: base", "prefilled: ARR", "context: base", "context: ARR", "ARR cells: new / kept / dropped"]
+TURN_WIDTHS = ["5%", "15%", "15%", "15%", "6%", "6%", "7%", "7%", "7%", "7%", "10%"]  # the texts get the room
 SACCADE_HEADERS = ["rank", "row", "col", "score", "fed"]  # rank 1 = most relevant; fed: its place in the LLM's input
 FALLBACKS = {
     "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (a busy "
