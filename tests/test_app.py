@@ -590,7 +590,7 @@ def test_the_examples_that_answer_offline_come_first_with_their_answers(app_url)
                          f"{entry['question']} · meaningful only with real Qwen-VL weights")
     config = json.load(urllib.request.urlopen(f"{app_url}/config", timeout=10))
     shown = [c["props"].get("sample_labels") for c in config["components"] if c["type"] == "dataset"]
-    assert shown == [labels] * 3  # in every tab
+    assert shown == [labels] * 4  # in every tab
 
 
 def test_answers_agree_up_to_case_spacing_and_end_punctuation():
