@@ -33,6 +33,7 @@ LAYERS = {  # module imported alone -> the prefixes it must not load
     "arr_coc.pipelines.arr": ABOVE_PIPELINES,
     "arr_coc.pipelines.fastv": ABOVE_PIPELINES,
     "arr_coc.pipelines.visionzip": ABOVE_PIPELINES,
+    "arr_coc.pipelines.conversation": ABOVE_PIPELINES,
     "arr_coc.synth.fineprint": ("arr_coc.vlm", "arr_coc.relevance", "arr_coc.pipelines", "arr_coc.eval",
                                 "arr_coc.pocket", "torch") + COMMANDS,
     "arr_coc.viz": ("arr_coc.pipelines", "arr_coc.eval", "arr_coc.pocket") + COMMANDS,
@@ -40,6 +41,8 @@ LAYERS = {  # module imported alone -> the prefixes it must not load
     "arr_coc.eval.data": COMMANDS,
     "arr_coc.eval.faithfulness": COMMANDS,
     "arr_coc.eval.sets": COMMANDS,
+    "arr_coc.eval.conversations": COMMANDS,
+    "arr_coc.eval.figures": COMMANDS,
     "arr_coc.pocket.train": ("arr_coc.relevance", "arr_coc.pipelines", "arr_coc.viz") + COMMANDS,
 }
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from arr_coc import cli
+from arr_coc import flags
 from arr_coc.eval.metrics import wilson
 from arr_coc.pipelines import REDUCERS
 
@@ -118,15 +118,15 @@ def bench_file(path: str) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--curve", type=curve_spec, action="append", required=True,
                    help="NAME=ROW@FOLDER[,FOLDER...]: one curve, from an evaluate row's results in those folders")
     p.add_argument("--bench", type=bench_file, required=True,
                    help="a bench --json of a run with --budgets: the TTFT of each method at each budget")
-    p.add_argument("--size", type=cli.bounded_int(56, 8192), required=True,
+    p.add_argument("--size", type=flags.bounded_int(56, 8192), required=True,
                    help="the page side of the sweep, and the bench size whose TTFT is used")
     p.add_argument("--title", default="", help="a line over both figures (the model, the pages, the devices)")
-    p.add_argument("--out", type=cli.output_folder, required=True, help="write the two PNGs into this folder")
+    p.add_argument("--out", required=True, help="write the two PNGs into this folder (made if missing)")
     return p.parse_args(argv)
 
 
