@@ -34,6 +34,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -157,21 +158,27 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
                 layer_eager_ms=median_ms(eager, repeats, device), layer_ms=median_ms(as_served, repeats, device))
 
 
-def bench_pipelines(model, image: Image.Image, pipelines: list[str], engines: list[str],
-                    new_tokens: int, repeats: int, max_cells: int) -> dict:
-    """
-    Median latency split, TTFT, tokens and peak memory of each pipeline with each engine, on one image. The
-    engine and min_new_tokens it sets on the shared model are restored afterwards, even on an error.
-    """
-    vlm = model.vlm
+@contextmanager
+def exact_lengths(vlm, new_tokens: int):
+    """Every answer inside generates exactly new_tokens (EOS suppressed until then); the engine and min_new_tokens
+    it finds on the shared model are restored afterwards, even on an error."""
     saved = vlm.engine, vlm.model.generation_config.min_new_tokens
     try:
-        vlm.model.generation_config.min_new_tokens = new_tokens  # exact length: EOS is suppressed until then
+        vlm.model.generation_config.min_new_tokens = new_tokens
+        yield
+    finally:
+        vlm.engine, vlm.model.generation_config.min_new_tokens = saved
+
+
+def bench_pipelines(model, image: Image.Image, pipelines: list[str], engines: list[str],
+                    new_tokens: int, repeats: int, max_cells: int) -> dict:
+    """Median latency split, TTFT, tokens and peak memory of each pipeline with each engine, on one image
+    (exact_lengths)."""
+    vlm = model.vlm
+    with exact_lengths(vlm, new_tokens):
         # stock generate() cannot run a DeepStack family's ARR embeddings (Qwen3-VL): arr/hf is left out there
         return {f"{row}/{engine}": bench_pipeline(model, image, row, engine, new_tokens, repeats, max_cells)
                 for engine in engines for row in pipelines if runs_on(vlm, row.partition("-")[0], engine)}
-    finally:
-        vlm.engine, vlm.model.generation_config.min_new_tokens = saved
 
 
 def runs_on(vlm, pipeline: str, engine: str) -> bool:
@@ -211,11 +218,9 @@ def bench_conversation(model, image: Image.Image, pipeline: str, turns: int, new
     """
     from arr_coc.pipelines.conversation import Conversation
 
-    vlm = model.vlm
-    saved = vlm.engine, vlm.model.generation_config.min_new_tokens
     questions = ["Describe the image in detail."] + [FOLLOW_UPS[i % len(FOLLOW_UPS)] for i in range(turns - 1)]
-    try:
-        vlm.engine, vlm.model.generation_config.min_new_tokens = "fast", new_tokens
+    with exact_lengths(model.vlm, new_tokens):
+        model.vlm.engine = "fast"
         chats = []
         for _ in range(repeats + 1):  # the first is a warm-up
             chat = Conversation(pipeline, image)
@@ -224,8 +229,6 @@ def bench_conversation(model, image: Image.Image, pipeline: str, turns: int, new
             chats.append(chat)
         fresh = [model.answer(image, q, pipeline, max_new_tokens=new_tokens, max_cells=max_cells)
                  for q in questions[1:] for _ in range(repeats)]
-    finally:
-        vlm.engine, vlm.model.generation_config.min_new_tokens = saved
     firsts = [chat.answers[0] for chat in chats[1:]]
     laters = [a for chat in chats[1:] for a in chat.answers[1:]]
     return dict(pipeline=pipeline, turns=turns, first_ttft_ms=statistics.median(a.ttft_ms for a in firsts),
@@ -247,15 +250,10 @@ SWEPT = ("arr", "budget", *REDUCERS)  # --budgets: the pipelines whose visual to
 
 def bench_budgets(model, image: Image.Image, budgets: list[int], new_tokens: int, repeats: int,
                   max_cells: int) -> dict:
-    """SWEPT at each budget on the fast engine -> {budget: {pipeline: its bench_pipeline result}}."""
-    vlm = model.vlm
-    saved = vlm.engine, vlm.model.generation_config.min_new_tokens
-    try:
-        vlm.model.generation_config.min_new_tokens = new_tokens
+    """SWEPT at each budget on the fast engine (exact_lengths) -> {budget: {pipeline: its bench_pipeline result}}."""
+    with exact_lengths(model.vlm, new_tokens):
         return {b: {row: bench_pipeline(model, image, row, "fast", new_tokens, repeats, max_cells, b) for row in SWEPT}
                 for b in budgets}
-    finally:
-        vlm.engine, vlm.model.generation_config.min_new_tokens = saved
 
 
 def ratios(results: dict) -> dict:

@@ -77,6 +77,7 @@ from arr_coc.config import BASELINES, DEFAULT_BUDGET, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS
 from arr_coc.eval.metrics import LENIENT, METRICS
+from arr_coc.eval.rows import REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import AUTO
@@ -86,7 +87,6 @@ if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
 
 ABLATION_STRATEGY = "topk"  # the strategy of the ablation rows: ARR's default row, the one they are compared with
-REFIX = "+refix"  # the mark of a row with ARR's second look: "arr+refix:topk"
 TIMING_FIELDS = ("ttft_ms", "total_ms")  # the only fields of a result that differ between two identical runs
 
 
@@ -216,15 +216,6 @@ def conversation_rows(args: argparse.Namespace) -> list[str]:
 
 
 Job = tuple[str, int | None]  # (row, budget): None for the one --budget, and in a sweep for the rows that read none
-
-
-def split_row(row: str) -> tuple[str, str | None, str | None, bool]:
-    """A row's name -> (pipeline, strategy, ablation, whether ARR looks again): "arr-no-gestalt:topk" ->
-    ("arr", "topk", "no-gestalt", False); "arr+refix:topk" -> ("arr", "topk", None, True)."""
-    pipeline, _, strategy = row.partition(":")
-    pipeline, refix, _ = pipeline.partition(REFIX)
-    pipeline, _, ablation = pipeline.partition("-")
-    return pipeline, strategy or None, ablation or None, bool(refix)
 
 
 def beyond_grid(row: str, budget: int, views, refixate_budget: int | None) -> str | None:

@@ -43,6 +43,7 @@ LAYERS = {  # module imported alone -> the prefixes it must not load
     "arr_coc.eval.sets": COMMANDS,
     "arr_coc.eval.conversations": COMMANDS,
     "arr_coc.eval.figures": COMMANDS,
+    "arr_coc.eval.rows": ("torch",) + COMMANDS,  # the commands parse with it
     "arr_coc.pocket.train": ("arr_coc.relevance", "arr_coc.pipelines", "arr_coc.viz") + COMMANDS,
 }
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from arr_coc.eval.metrics import METRICS, interval_text
+from arr_coc.eval.rows import split_row
 from arr_coc.synth.fineprint import PAGE_KINDS, make_page
 
 MODES = ("conversation", "alone")  # every question asked as a turn of one conversation, and asked alone
@@ -53,11 +54,11 @@ def ask_page(model, ask, page, questions, rows: list[str], item: int, seed: int)
 
     out = []
     for row in rows:
-        pipeline, _, strategy = row.partition(":")
+        pipeline, strategy, _, _ = split_row(row)
         chat = Conversation(pipeline, page.image)
         for turn, q in enumerate(questions, start=1):
             for mode in MODES:
-                a = ask(page.image, q.question, pipeline, strategy or None, chat if mode == "conversation" else None)
+                a = ask(page.image, q.question, pipeline, strategy, chat if mode == "conversation" else None)
                 out.append(TurnResult(item, page.kind, seed, row, mode, turn, q.question, q.answer, a.text,
                                       METRICS["exact"](a.text, [q.answer]), round(a.ttft_ms, 2), a.prefilled))
     return out

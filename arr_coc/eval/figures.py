@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from arr_coc import flags
 from arr_coc.eval.metrics import wilson
+from arr_coc.eval.rows import split_row
 from arr_coc.pipelines import REDUCERS
 
 
@@ -71,7 +72,7 @@ def points(row: str, folders: list[str]) -> dict[str, list[Point]]:
 def bench_ttft(bench: dict, size: int, row: str, budget: int | None) -> float:
     """The bench's TTFT (fast engine) of the pipeline behind an evaluate row at a budget (a budget-free row: its
     own)."""
-    pipeline = row.partition(":")[0].partition("-")[0].partition("+")[0]  # "arr-raster:topk" -> "arr"
+    pipeline = split_row(row)[0]  # "arr-raster:topk" -> "arr"
     timings = bench["sizes"][str(size)]
     if budget is None or pipeline not in ("arr", "budget", *REDUCERS):
         return timings["pipelines"][f"{pipeline}/fast"]["ttft_ms"]

@@ -50,6 +50,14 @@ if TYPE_CHECKING:
     from arr_coc.model import ARRCOCQwen
 
 
+def question_prior(model: ARRCOCQwen, question: str, gestalt: VisualTokens, views,
+                   context: list[VisualTokens] = ()) -> torch.Tensor:
+    """"Gestalt guides gaze": the question's attention to the gestalt tokens at the prior pass's layer (`context`:
+    image blocks read between them, a second fixation's first saccades), on the candidate grid -> [1, GH, GW]."""
+    attention = model.vlm.prior_attention(question, gestalt, model.pipeline.prior_layer_fraction, context)  # [Ng]
+    return upsample_map(attention, views.gestalt_grid, views.candidate_grid)
+
+
 @torch.no_grad()
 def observe(model: ARRCOCQwen, image, question: str, watch: Stopwatch, max_cells: int | None = None) -> Observation:
     """Views, the gestalt's tokens, the question's gaze on them (the prior) and the texture array: all ARR reads."""
@@ -58,8 +66,7 @@ def observe(model: ARRCOCQwen, image, question: str, watch: Stopwatch, max_cells
         views = views_for(vlm, model.pipeline, image, max_cells)
         gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
     with watch.section("selection"):
-        attention = vlm.prior_attention(question, gestalt, model.pipeline.prior_layer_fraction)  # [Ng]
-        prior = upsample_map(attention, views.gestalt_grid, views.candidate_grid)  # [1, GH, GW]
+        prior = question_prior(model, question, gestalt, views)  # [1, GH, GW]
         highres = views.tensor("highres")  # [1, 3, H, W]
         textures = model.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
     return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
@@ -138,9 +145,8 @@ def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, s
     K2 = second_look_budget(request, first)
     with watch.section("selection"):
         context = [] if seen is None else [seen]
-        attention = vlm.prior_attention(observation.question, observation.gestalt, model.pipeline.prior_layer_fraction,
-                                        context)  # [Ng]
-        again = replace(observation, prior=upsample_map(attention, views.gestalt_grid, views.candidate_grid))
+        again = replace(observation, prior=question_prior(model, observation.question, observation.gestalt, views,
+                                                          context))
         maps = score(again, layer.graphed_score, ablation, seen)
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
@@ -252,9 +258,8 @@ def follow_up(model: ARRCOCQwen, last: Answer, question: str, request: Request,
     first = last.observation
     views = first.views
     with watch.section("selection"):  # the gestalt guides this question's gaze; the scorers read this question
-        attention = vlm.prior_attention(question, first.gestalt, model.pipeline.prior_layer_fraction)  # [Ng]
         observation = replace(first, question=question, question_embeds=vlm.question_embeds(question),
-                              prior=upsample_map(attention, views.gestalt_grid, views.candidate_grid))
+                              prior=question_prior(model, question, first.gestalt, views))
         maps = score(observation, layer.graphed_score, ablation)
         exclude = read.unsqueeze(0) if request.fresh_cells and read is not None else None  # [1, GH, GW]
         out = select(layer, maps, views.candidate_grid, len(first.gestalt), request.budget, request.strategy,
