@@ -19,7 +19,7 @@ import torch
 
 from arr_coc.pocket.binding import binding_targets
 from arr_coc.pocket.pointing import pointing_targets
-from arr_coc.pocket.reading import glyph_targets
+from arr_coc.pocket.reading import reading_targets
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.views import PIPELINE, fit_grid
@@ -107,7 +107,7 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
     """
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
     attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
-    glyph_targets) also every visual token's reading targets, concatenated, and with `bindings` (each page's
+    reading_targets) also every visual token's reading targets, concatenated, and with `bindings` (each page's
     binding_targets) its binding targets and where each suite answer must look (pointing_targets: point_queries
     [P, 2], point_targets [P, L]). Pixels travel between processes as
     bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
@@ -197,7 +197,7 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
         turns = rng.sample(pool, k)
         images.append(page.image)
         conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
-        readings.append(glyph_targets(page.glyphs, w, h))
+        readings.append(reading_targets(page.glyphs, w, h))
         bindings.append(binding_targets(page.marks, w, h))
     return images, conversations, readings, gestalt_first, bindings
 

@@ -10,10 +10,16 @@ The head is a linear map from the merger's output (exactly the visual tokens the
 per cell, so the text becomes linearly decodable from each token. It exists in training only: it is never part of
 the exported model, which stays the stock Qwen2VLForConditionalGeneration.
 
-    head = ReadingHead(hidden_size)
-    with MergerOutputHook(model) as tokens:      # captures the merger's output of the next forward
+A second linear map reads the ViT's last block before the merge: each 14 px patch names the PATCH_SLOTS characters
+whose centres fall in it (reading_targets' last columns). The ninth session found the cell head reading 10-12 px
+digits at ~0.5 on the shipped weights, where the suite's fine_print answers failed (every error a misread digit
+at ink heights 9-10 px, none another field's value): the patch targets say where each character is at twice the
+resolution, inside the ViT that must resolve it.
+
+    head = ReadingHead(hidden_size, vision_dim)
+    with MergerOutputHook(model) as visual:      # captures the merger's input and output of the next forward
         loss = model(**inputs).loss
-    loss = loss + head(tokens.value, reading)    # reading: glyph_targets(...) of every page, concatenated
+    loss = loss + head(visual.value, reading, patches=visual.patches)  # reading: reading_targets(...) of every page
 """
 
 from __future__ import annotations
@@ -27,16 +33,18 @@ from arr_coc.vlm.views import CELL
 
 ALPHABET = "".join(sorted(set("".join(KEYS + BOX_WORDS + FILLER)) | set("0123456789:")))  # every drawn character
 SLOTS = 6  # characters named per 28 px cell (font 10 holds ~5 per line; more are dropped, ~never on targets)
+PATCH = CELL // 2  # 14 px: one ViT patch (a cell is 2 x 2 of them)
+PATCH_SLOTS = 4  # characters named per patch (font 10 advances ~5.6 px: <= 3 a line)
 NONE = 0  # the class of an empty slot; ALPHABET[i] is class i + 1
 
 
-def glyph_targets(glyphs: list[Glyph], width: int, height: int, slots: int = SLOTS) -> np.ndarray:
-    """Per merged cell (raster order, as the ViT's merged tokens), the classes of the characters whose centres fall
-    in it, in reading order (line by line, left to right); NONE pads. int64 [cells, slots]."""
-    gw, gh = width // CELL, height // CELL
+def glyph_targets(glyphs: list[Glyph], width: int, height: int, slots: int = SLOTS, cell: int = CELL) -> np.ndarray:
+    """Per cell of `cell` px (raster order, as the ViT's merged tokens), the classes of the characters whose centres
+    fall in it, in reading order (line by line, left to right); NONE pads. int64 [cells, slots]."""
+    gw, gh = width // cell, height // cell
     cells: dict[int, list[tuple[float, float, int]]] = {}
     for g in glyphs:
-        col, row = min(int(g.x // CELL), gw - 1), min(int(g.y // CELL), gh - 1)
+        col, row = min(int(g.x // cell), gw - 1), min(int(g.y // cell), gh - 1)
         if col >= 0 and row >= 0:
             cells.setdefault(row * gw + col, []).append((g.y, g.x, ALPHABET.index(g.char) + 1))
     target = np.full((gh * gw, slots), NONE, dtype=np.int64)  # [cells, slots]
@@ -46,39 +54,73 @@ def glyph_targets(glyphs: list[Glyph], width: int, height: int, slots: int = SLO
     return target
 
 
-class ReadingHead(nn.Module):
-    """Linear: a visual token -> SLOTS character classes. Its loss is mean cross-entropy over every slot."""
+def patch_targets(glyphs: list[Glyph], width: int, height: int, slots: int = PATCH_SLOTS) -> np.ndarray:
+    """Per merged cell (raster order), its 2 x 2 patches' characters, in the ViT's merge-window order (top left, top
+    right, bottom left, bottom right), `slots` each. int64 [cells, 4 * slots]."""
+    gh, gw = height // CELL, width // CELL
+    fine = glyph_targets(glyphs, gw * CELL, gh * CELL, slots, PATCH)  # [2gh * 2gw, slots], raster order of patches
+    return fine.reshape(gh, 2, gw, 2, slots).transpose(0, 2, 1, 3, 4).reshape(gh * gw, 4 * slots)
 
-    def __init__(self, hidden_size: int, slots: int = SLOTS):
+
+def reading_targets(glyphs: list[Glyph], width: int, height: int) -> np.ndarray:
+    """A page's reading targets: each cell's SLOTS characters, then its patches'. int64 [cells, SLOTS + 4 * PATCH_SLOTS]."""
+    return np.concatenate([glyph_targets(glyphs, width, height), patch_targets(glyphs, width, height)], 1)
+
+
+class ReadingHead(nn.Module):
+    """Linear: a visual token -> SLOTS character classes; and a ViT patch (before the merge) -> PATCH_SLOTS. Its
+    loss is cross-entropy over every slot, the cells' and, given the patches, theirs."""
+
+    def __init__(self, hidden_size: int, vision_dim: int | None = None, slots: int = SLOTS,
+                 patch_slots: int = PATCH_SLOTS):
         super().__init__()
-        self.slots = slots
+        self.slots, self.patch_slots = slots, patch_slots
         self.proj = nn.Linear(hidden_size, slots * (len(ALPHABET) + 1))
+        self.patch_proj = nn.Linear(vision_dim or hidden_size, patch_slots * (len(ALPHABET) + 1))
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.proj(tokens).float().view(tokens.shape[0], self.slots, -1)  # [N, slots, classes]
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """Cross-entropy over every slot, mean or sum; a target of -100 (a gestalt view's tokens) is ignored."""
+    def patch_logits(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches [4N, E] in merge-window order -> [N, 4 * patch_slots, classes], a cell's patches in a row."""
+        return self.patch_proj(patches).float().view(patches.shape[0] // 4, 4 * self.patch_slots, -1)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor, reduction: str = "mean",
+                patches: torch.Tensor | None = None) -> torch.Tensor:
+        """Cross-entropy over every slot, mean or sum; a target of -100 (a gestalt view's tokens) is ignored.
+        targets [N, SLOTS] or, with `patches` [4N, E], reading_targets' [N, SLOTS + 4 * PATCH_SLOTS]."""
         logits = self.logits(tokens)  # [N, slots, classes]
+        if patches is not None and targets.shape[1] > self.slots:  # reading_targets: the patches' columns too
+            logits = torch.cat([logits, self.patch_logits(patches)], 1)  # [N, slots + 4 * patch_slots, classes]
+        else:
+            targets = targets[:, :self.slots]
         return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
 
     @torch.no_grad()
-    def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-        """Share of drawn characters (non-empty slots) named right; targets below NONE (ignored) do not count."""
+    def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor, patches: torch.Tensor | None = None) -> float:
+        """Share of drawn characters (non-empty slots) named right, by the cell head or (given `patches`) the
+        patch head; targets below NONE (ignored) do not count."""
+        if patches is None:
+            logits, targets = self.logits(tokens), targets[:, :self.slots]
+        else:
+            logits, targets = self.patch_logits(patches), targets[:, self.slots:]
         ink = targets > NONE
-        return float(((self.logits(tokens).argmax(-1) == targets) & ink).sum() / ink.sum().clamp(min=1))
+        return float(((logits.argmax(-1) == targets) & ink).sum() / ink.sum().clamp(min=1))
 
 
 class MergerOutputHook:
-    """Context manager: holds the merger's output ([N, hidden], every page's merged tokens in order) of the model's
-    next forward, through a hook on its ViT."""
+    """Context manager: holds the merger's output ([N, hidden], every page's merged tokens in order) and input
+    ([4N, E], the last ViT block's patches in merge-window order) of the model's next forward, through a hook on
+    its ViT."""
 
     def __init__(self, model):
         self.visual = model.model.visual
         self.value: torch.Tensor | None = None
+        self.patches: torch.Tensor | None = None
 
     def _keep(self, module, args, output):
         self.value = output.pooler_output  # [N, hidden]: the visual tokens the LLM reads
+        self.patches = output.last_hidden_state  # [4N, E]: what the merger merges
 
     def __enter__(self):
         self.handle = self.visual.register_forward_hook(self._keep)

@@ -116,7 +116,7 @@ class Trainee(nn.Module):
         queries = inputs.get("point_queries", torch.zeros(0, 2, dtype=torch.long))
         with MergerOutputHook(self.model) as visual, Pointing(self.model, queries) as pointing:
             answer = self.model(**forward_inputs, num_items_in_batch=counts[0]).loss
-        reading_loss = self.reading(visual.value, reading, reduction="sum") / counts[1]
+        reading_loss = self.reading(visual.value, reading, reduction="sum", patches=visual.patches) / counts[1]
         embeddings = self.model.get_input_embeddings().weight.detach()  # [V, H] fixed: the visual tokens move
         binding_loss = (self.binding(visual.value, binding, reduction="sum") / counts[2]
                         + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3]
@@ -230,11 +230,15 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, i
         state = dict(step=0, stage=0, gpu_seconds=0.0, samples=0, curve=[], runs=[])
     model.config._attn_implementation = "sdpa"
     torch.manual_seed(1)  # the heads start alike on every process
-    head, binding = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
+    vision = model.config.vision_config
+    head, binding = ReadingHead(vision.hidden_size, vision.embed_dim), BindingHead(vision.hidden_size)
     for module, name in ((head, HEAD_FILE), (binding, BINDING_FILE)):
         saved = load_file(heads / name) if heads is not None and (heads / name).is_file() else {}
-        if saved and all(saved.get(k, torch.empty(0)).shape == v.shape for k, v in module.state_dict().items()):
-            module.load_state_dict(saved)
+        own = module.state_dict()
+        if saved and all(k in own and own[k].shape == v.shape for k, v in saved.items()):
+            fresh = module.load_state_dict(saved, strict=False).missing_keys  # a head that grew keeps what it had
+            if fresh:
+                print(f"pocket: {name} had no {', '.join(fresh)}: starting those afresh", flush=True)
         elif saved:  # a head of another shape (its targets changed): this one starts fresh
             print(f"pocket: {name} was saved for other targets; starting it afresh", flush=True)
     state.setdefault("stage", 0)
@@ -443,6 +447,8 @@ def main(argv=None):
                         help="stop at this total step count (0 with --export: export the run in --out)")
     parser.add_argument("--lr", type=bounded_float(0, 1, above=True), default=TrainConfig.lr,
                         help="peak learning rate")
+    parser.add_argument("--warmup", type=bounded_int(1, 10**6), default=TrainConfig.warmup,
+                        help="linear warm-up steps from this run's start (few when resuming the optimizer's state)")
     parser.add_argument("--cooldown", type=bounded_float(0), default=TrainConfig.cooldown,
                         help="decay the lr to 5%% over the run's last this many minutes (before an export)")
     parser.add_argument("--image-tokens", type=bounded_int(64, 2**20), default=TrainConfig.image_tokens,
@@ -474,7 +480,7 @@ def main(argv=None):
         build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
         return
     cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      cooldown=args.cooldown, image_tokens=args.image_tokens, max_pages=args.max_pages,
+                      warmup=args.warmup, cooldown=args.cooldown, image_tokens=args.image_tokens, max_pages=args.max_pages,
                       workers=args.workers, eval_every=args.eval_every, eval_pages=args.eval_pages, device=args.device,
                       stage=args.stage, init=args.init,
                       eval_sizes=tuple(args.eval_sizes))

@@ -333,12 +333,12 @@ def _greedy(model, tokenizer, image, question) -> str:
 def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
     from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
     from arr_coc.pocket.train import TrainConfig, Trainee, _train_step, make_optimizer
-    from arr_coc.pocket.reading import ReadingHead, glyph_targets
+    from arr_coc.pocket.reading import ReadingHead, reading_targets
 
     model, tokenizer, _ = stock
     page = make_page("fine_print", 1, 224)
     batch = collate(tokenizer, [page.image], [[(page.questions[0].question, page.questions[0].answer)]],
-                    [glyph_targets(page.glyphs, 224, 224)], False, [binding_targets(page.marks, 224, 224)])
+                    [reading_targets(page.glyphs, 224, 224)], False, [binding_targets(page.marks, 224, 224)])
     inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
     inputs["pixel_values"][0, 0] = float("nan")  # as a bf16 overflow would
     before = {k: v.clone() for k, v in model.state_dict().items()}

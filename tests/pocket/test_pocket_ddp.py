@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 from arr_coc import distributed
 from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
 from arr_coc.pocket.pointing import POINT_LAYER, use_pointing_attention
-from arr_coc.pocket.reading import ReadingHead, glyph_targets
+from arr_coc.pocket.reading import ReadingHead, reading_targets
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import collate, model_inputs
 from arr_coc.pocket.model import PocketConfig, image_processor, model_config, use_same_size_pages_attention
@@ -46,7 +46,7 @@ turns = [1, 3, 1, 2]  # the halves (pages 0, 2 and 1, 3) hold 2 and 5 answers: u
 chats = [[(q.question, q.answer) for q in (p.questions * 3)[:n]] for p, n in zip(pages, turns)]
 mine = process.shard(range(4))
 batch = collate(tokenizer, [pages[i].image for i in mine], [chats[i] for i in mine],
-                [glyph_targets(pages[i].glyphs, 112, 112) for i in mine], False,
+                [reading_targets(pages[i].glyphs, 112, 112) for i in mine], False,
                 [binding_targets(pages[i].marks, 112, 112) for i in mine])
 inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
 backward(trainee, inputs, batch["reading"], batch["binding"], process)

@@ -11,7 +11,8 @@ from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import IGNORE, collate, model_inputs
 from arr_coc.pocket.model import image_processor
 from arr_coc.pocket.train import HEAD_FILE, TrainConfig, _train_step, load_or_init, make_optimizer, train
-from arr_coc.pocket.reading import ALPHABET, NONE, SLOTS, MergerOutputHook, ReadingHead, glyph_targets
+from arr_coc.pocket.reading import (ALPHABET, NONE, PATCH_SLOTS, SLOTS, MergerOutputHook, ReadingHead, glyph_targets,
+                                   patch_targets, reading_targets)
 
 
 def _decode(targets) -> list[str]:
@@ -34,11 +35,28 @@ def test_a_cell_holds_at_most_slots_characters():
     assert targets.shape == (1, SLOTS) and _decode(targets) == ["ABCDEFGHI"[:SLOTS]]
 
 
+def test_each_patch_names_its_characters_in_the_vits_merge_window_order():
+    """A 56 x 28 page is two cells of 2 x 2 patches (14 px): each patch's characters sit in its cell's row, top left,
+    top right, bottom left, bottom right, as the ViT orders the patches it merges."""
+    glyphs = [Glyph(3, 3, "A"), Glyph(9, 5, "B"),  # cell 0, top left: one line, left to right
+              Glyph(20, 5, "C"),  # cell 0, top right
+              Glyph(5, 20, "D"),  # cell 0, bottom left
+              Glyph(40, 22, "E"), Glyph(55.5, 27.5, "F")]  # cell 1: bottom left, bottom right
+    targets = patch_targets(glyphs, width=56, height=28)
+    assert targets.shape == (2, 4 * PATCH_SLOTS)
+    patches = [_decode(row.reshape(4, PATCH_SLOTS)) for row in targets]
+    assert patches == [["AB", "C", "D", ""], ["", "", "E", "F"]]
+    both = reading_targets(glyphs, 56, 28)
+    assert _decode(both[:, :SLOTS]) == ["ABCD", "EF"] and (both[:, SLOTS:] == targets).all()
+
+
 def test_a_pages_targets_spell_its_field():
     """A clean page with one field: its cells, in raster order, spell the field as drawn (spaces aside)."""
     page = make_page("fine_print", 3, 448, style=PageStyle(fields=(1, 1), clutter=0.0))
     (question,) = page.questions
     assert "".join(_decode(glyph_targets(page.glyphs, 448, 448))) == question.text.replace(" ", "")
+    patches = patch_targets(page.glyphs, 448, 448).reshape(16, 16, 2, 2, PATCH_SLOTS).transpose(0, 2, 1, 3, 4)
+    assert "".join(_decode(patches.reshape(32 * 32, PATCH_SLOTS))) == question.text.replace(" ", "")  # patch raster
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +72,7 @@ def _batch(stock, kinds=("fine_print", "box_word"), gestalt_first=False):
     pages = [make_page(kind, 5, 224, 168) for kind in kinds]
     batch = collate(tokenizer, [p.image for p in pages], [[(p.questions[0].question, p.questions[0].answer)]
                                                           for p in pages],
-                    [glyph_targets(p.glyphs, 224, 168) for p in pages], gestalt_first)
+                    [reading_targets(p.glyphs, 224, 168) for p in pages], gestalt_first)
     return model_inputs(batch, image_processor(), model.config.image_token_id, "cpu"), batch["reading"]
 
 
@@ -66,6 +84,10 @@ def test_the_hook_holds_the_visual_tokens_the_llm_reads(stock):
         reference = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
     torch.testing.assert_close(visual.value, torch.cat(reference))
     assert visual.value.shape[0] == reading.shape[0] == 2 * 8 * 6  # one target row per merged token
+    with torch.no_grad():  # the patches the merger merges: the last block's, 4 a token
+        merged = model.model.visual.merger(visual.patches)
+    torch.testing.assert_close(merged, visual.value)
+    assert visual.patches.shape == (4 * 2 * 8 * 6, model.config.vision_config.embed_dim)
     assert not model.model.visual._forward_hooks  # removed on exit
 
 
@@ -99,12 +121,13 @@ def test_a_training_step_trains_the_heads_on_their_losses(stock):
     pages = [make_page(kind, 5, 224, 168) for kind in ("fine_print", "box_word")]
     binding = torch.from_numpy(__import__("numpy").concatenate([binding_targets(p.marks, 224, 168) for p in pages]))
     head, bound = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
-    before = head.proj.weight.detach().clone(), bound.proj.weight.detach().clone()
+    before = head.proj.weight.detach().clone(), bound.proj.weight.detach().clone(), head.patch_proj.weight.detach().clone()
     optimizer = make_optimizer(model, TrainConfig(device="cpu"), head, bound)
     answer, reading_loss, binding_loss = _train_step(Trainee(model, head, bound, aligned_ids(stock[1])), optimizer, inputs, 1e-3, reading,
                                                      binding)
     assert answer > 0 and reading_loss > 0 and binding_loss > 0
     assert not torch.equal(before[0], head.proj.weight) and not torch.equal(before[1], bound.proj.weight)
+    assert not torch.equal(before[2], head.patch_proj.weight)  # the patches' reading trains too
 
 
 def test_the_heads_are_saved_and_resumed(tmp_path):
@@ -121,3 +144,15 @@ def test_the_heads_are_saved_and_resumed(tmp_path):
         assert all(torch.equal(saved[k], v) for k, v in resumed.state_dict().items())
         fresh = load_or_init(tmp_path, False, torch.device("cpu"))[index]
         assert not torch.equal(saved["proj.weight"], fresh.proj.weight)
+
+
+def test_a_reading_head_saved_before_the_patches_keeps_its_cells_and_starts_the_patches_afresh(tmp_path):
+    """The shipped folder's head names cells only: resuming from it loads those weights, and the patch head it lacks
+    starts from its seeded initialisation, with a line saying so."""
+    from safetensors.torch import load_file
+
+    saved = load_file(POCKET_FOLDER / HEAD_FILE)
+    assert set(saved) == {"proj.weight", "proj.bias"}
+    head = load_or_init(tmp_path, True, torch.device("cpu"), init=POCKET_FOLDER)[1]
+    assert torch.equal(head.proj.weight, saved["proj.weight"]) and torch.equal(head.proj.bias, saved["proj.bias"])
+    assert head.patch_proj.weight.shape == (PATCH_SLOTS * (len(ALPHABET) + 1), 256)
