@@ -18,6 +18,18 @@ def image():
     return Image.fromarray(np.random.default_rng(0).integers(0, 255, (448, 448, 3), dtype=np.uint8))
 
 
+def test_pinned_uploads_back_to_back_each_keep_their_own_bytes():
+    """The upload goes through page-locked memory and returns before the copy ends: images uploaded one after
+    another each arrive as their bytes (the host allocator reuses a buffer only after its copy is done)."""
+    from arr_coc.vlm.views import upload
+
+    rng = np.random.default_rng(1)
+    images = [Image.fromarray(rng.integers(0, 255, (900, 700, 3), dtype=np.uint8)) for _ in range(4)]
+    on_gpu = [upload(im, "cuda") for im in images]
+    for im, pixels in zip(images, on_gpu):
+        assert torch.equal(pixels.cpu(), torch.from_numpy(np.array(im)).permute(2, 0, 1).unsqueeze(0))
+
+
 @pytest.fixture(scope="module", params=[torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def cuda_model(request):
     return ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=request.param)

@@ -48,3 +48,19 @@ def test_resize_keeps_a_view_of_its_own_size_and_scales_uint8_to_one():
     out = resize(pixels, (1, 1))  # one 28 px cell: the same size, no resampling
     assert out.shape == (1, 3, 28, 28) and out.dtype == torch.float32
     assert out[0, 0, 0, :2].tolist() == [0.0, 1.0]
+
+
+def test_the_upload_is_the_images_bytes_channels_first():
+    """A 3 x 2 RGB image with two known pixels -> [1, 3, 2, 3] uint8, pixel (x, y) at [0, :, y, x]; an RGB image is
+    not copied by to_rgb, and a grayscale one is made RGB."""
+    from arr_coc.vlm.views import to_rgb, upload
+
+    image = Image.new("RGB", (3, 2))
+    image.putpixel((1, 0), (10, 20, 30))
+    image.putpixel((2, 1), (200, 100, 50))
+    pixels = upload(image, "cpu")
+    assert pixels.shape == (1, 3, 2, 3) and pixels.dtype == torch.uint8
+    assert pixels[0, :, 0, 1].tolist() == [10, 20, 30] and pixels[0, :, 1, 2].tolist() == [200, 100, 50]
+    assert int(pixels.sum()) == 10 + 20 + 30 + 200 + 100 + 50
+    assert to_rgb(image) is image
+    assert to_rgb(Image.new("L", (3, 2), 7)).getpixel((0, 0)) == (7, 7, 7)
