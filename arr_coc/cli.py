@@ -1,6 +1,7 @@
 """
 What the `python -m arr_coc.X` commands share: their argument parser, flag validators, the model-loading
-lines, the package versions, and the console-script entry points that `pip install .` puts on the PATH.
+lines, the one Request of their flags (request) and the one place they ask for an answer (answer), the package
+versions, and the console-script entry points that `pip install .` puts on the PATH.
 
 Validators are argparse `type=` callables, so a bad flag is refused at parse time, before torch or a model
 loads: one line on stderr names the flag and the reason and points to --help, and the exit code is 2.
@@ -15,6 +16,7 @@ default model, left out and not in the cache, then becomes the pocket model (--m
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget", type=bounded_int(1, 16384), default=273, help="number of saccades")
     model, checkpoint = load_model("tiny", checkpoint=None, device=None)   # prints "loading ..." / "loaded in ..."
+    answer = answer(model, image, question, "arr", request(args, ablation="raster"))  # the flags, a row's ablation
 
 This module imports nothing heavy at the top: every command imports it before parsing.
 """
@@ -337,17 +339,30 @@ def hub_model(name: str) -> bool:
     return name not in TINY_MODELS and name != POCKET and not Path(name).exists() and bool(HUB_ID.fullmatch(name))
 
 
-def answer(model, image, question: str, pipeline: str, *, max_new_tokens: int, strategy: str | None,
-           budget: int | str | None, max_cells: int, ablation: str | None = None, fastv_layer: int | None = None,
-           tensions: TensionSettings | None = None, refixate: float | None = None,
-           refixate_budget: int | None = None, conversation=None, fresh_cells: bool = False):
-    """The one place the commands ask the model for an answer (so a new keyword is passed once); refixate and
-    refixate_budget reach the arr pipeline only (the others have no second look). conversation: ask the question
-    as its next turn (arr_coc.pipelines.conversation), fresh_cells: ARR's follow-ups skip cells read before."""
-    second_look = dict(refixate=refixate, refixate_budget=refixate_budget) if pipeline == "arr" else {}
-    return model.answer(image, question, pipeline, max_new_tokens=max_new_tokens, strategy=strategy, budget=budget,
-                        max_cells=max_cells, ablation=ablation, fastv_layer=fastv_layer, tensions=tensions,
-                        conversation=conversation, fresh_cells=fresh_cells, **second_look)
+def request(args: argparse.Namespace, **row):
+    """
+    The one Request (arr_coc.pipelines.answer) of a command's flags: every flag whose name is a Request field's
+    (--max-new-tokens, --strategy, --budget, --max-cells, --fastv-layer, --refixate, --refixate-budget,
+    --fresh-cells: those the command has), the adaptive budget's bounds (budget_settings) as its tensions, and a
+    row's own settings (`row`, by their Request names: its strategy, budget, ablation, ...) over them.
+    """
+    from dataclasses import fields, replace
+
+    from arr_coc.pipelines.answer import Request  # torch: only once the flags are parsed
+
+    flags = {f.name: getattr(args, f.name) for f in fields(Request) if hasattr(args, f.name)}
+    return replace(Request(**flags, tensions=budget_settings(args)), **row)
+
+
+def answer(model, image, question: str, pipeline: str, request, conversation=None):
+    """The one place the commands ask the model for an answer, with the one Request of their flags (request(args));
+    its second look (refixate, refixate_budget) reaches the arr pipeline only (the others have none). conversation:
+    ask the question as its next turn (arr_coc.pipelines.conversation)."""
+    from dataclasses import replace
+
+    if pipeline != "arr":
+        request = replace(request, refixate=None, refixate_budget=None)
+    return model.answer(image, question, pipeline, request, conversation=conversation)
 
 
 def versions() -> dict:

@@ -252,10 +252,9 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
             skipped.append(((row, budget), why))
             continue
         pipeline, strategy, ablation, refix = split_row(row)  # "arr-no-gestalt:topk": arr under the no-gestalt ablation
-        a = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens, strategy=strategy,
-                       budget=args.budget if budget is None else budget, max_cells=args.max_cells,
-                       ablation=ablation, fastv_layer=args.fastv_layer, tensions=cli.budget_settings(args),
-                       refixate=args.refixate if refix else None, refixate_budget=args.refixate_budget)
+        request = cli.request(args, strategy=strategy, budget=args.budget if budget is None else budget,
+                              ablation=ablation, refixate=args.refixate if refix else None)
+        a = cli.answer(model, image, question, pipeline, request)
         score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
         swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text,
@@ -274,7 +273,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
             recall, precision = box_recall_precision(a.views.box_coverage(item.box), read)
             result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
         if a.arr is not None and not ablation and not refix and args.faithfulness and item.answers:  # of the 1st reference
-            curves = faithfulness_curves(model, a.observation, a.arr, item.answers[0], args.faithfulness_steps, args.seed)
+            curves = faithfulness_curves(model.parts, a.observation, a.arr, item.answers[0], args.faithfulness_steps,
+                                         args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
     return results, skipped
@@ -515,8 +515,7 @@ def evaluate_conversations(args: argparse.Namespace) -> int:
             cli.log(f"note: {', '.join(pipelines.FAST_ENGINE_ONLY)} cannot hold a conversation: left out")
 
         def ask(image, question, pipeline, strategy, conversation):
-            return cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens, strategy=strategy,
-                              budget=args.budget, max_cells=args.max_cells, tensions=cli.budget_settings(args),
+            return cli.answer(model, image, question, pipeline, cli.request(args, strategy=strategy, refixate=None),
                               conversation=conversation)
 
         with torch.no_grad():

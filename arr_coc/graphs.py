@@ -7,12 +7,16 @@ Off CUDA, when gradients are needed (training), or on ZeroGPU, the function simp
 
     texture = CUDAGraphed(generate_texture_array)
     tex = texture(images, (32, 32))   # first call per shape captures, later calls replay
+
+A function's output may be a tensor, None, or tuples, lists, dicts and dataclasses of them (the layer's forward
+returns a ScoreMaps): a replay hands back clones of the graph's static outputs in the same structure (map_leaves).
 """
 
 from collections import OrderedDict
+from dataclasses import fields, is_dataclass, replace
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from arr_coc.zerogpu import on_zerogpu
 
@@ -22,9 +26,33 @@ def cuda_graphs_allowed() -> bool:
     return not on_zerogpu()
 
 
+def runs_eagerly(args) -> bool:
+    """Whether a call with these arguments runs the function itself: off CUDA, with gradients on (training), or
+    where graphs are not allowed (ZeroGPU)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return not tensors or not tensors[0].is_cuda or torch.is_grad_enabled() or not cuda_graphs_allowed()
+
+
 def _signature(args) -> tuple:
     """Shapes and dtypes of tensor arguments, values of everything else: one graph per signature."""
     return tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def map_leaves(fn, out):
+    """out with fn applied to each leaf, in the same structure: through tuples, lists and dicts (torch's pytree) and
+    dataclass instances (field by field, rebuilt with dataclasses.replace), at any depth."""
+    def leaf(value):
+        if is_dataclass(value) and not isinstance(value, type):
+            return replace(value, **{f.name: map_leaves(fn, getattr(value, f.name)) for f in fields(value) if f.init})
+        return fn(value)
+    return tree_map(leaf, out)
+
+
+def leaves(out) -> list:
+    """Every leaf of out, as map_leaves walks it."""
+    found = []
+    map_leaves(lambda value: found.append(value) or value, out)
+    return found
 
 
 def capture(fn, args, pool=None):
@@ -43,7 +71,7 @@ def capture(fn, args, pool=None):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # other app threads may use the GPU
         static_out = fn(*static_args)
-    assert all(isinstance(t, torch.Tensor) or t is None for t in tree_flatten(static_out)[0])
+    assert all(isinstance(t, torch.Tensor) or t is None for t in leaves(static_out))
     return graph, static_args, static_out
 
 
@@ -55,8 +83,7 @@ class CUDAGraphed:
         self.pool = pool  # a memory pool shared with other graphs that never run at the same time (None: private)
 
     def __call__(self, *args):
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not tensors or not tensors[0].is_cuda or torch.is_grad_enabled() or not cuda_graphs_allowed():
+        if runs_eagerly(args):
             return self.fn(*args)
         key = _signature(args)
         if key not in self.graphs:
@@ -69,7 +96,7 @@ class CUDAGraphed:
             if isinstance(a, torch.Tensor):
                 static.copy_(a)
         graph.replay()
-        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, static_out)
+        return map_leaves(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, static_out)
 
     def _capture(self, args):
         return capture(self.fn, args, self.pool)

@@ -1,8 +1,9 @@
 """
 ARRCOCQwen: the façade over one frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL), its ARR layer and the
 pipeline settings. It loads them, and dispatches each request to a pipeline of the registry
-(arr_coc.pipelines: arr, full, gestalt, budget, divprune, visionzip, one file each), which walks the image down once:
-views -> VLM -> relevance -> VLM -> answer.
+(arr_coc.pipelines: arr, full, gestalt, budget, divprune, visionzip, fastv, one file each), which walks the image
+down once: views -> VLM -> relevance -> VLM -> answer. A pipeline is handed the model's Parts (the VLM, the layer,
+the texture array, the settings: ARRCOCQwen.parts), never the façade itself.
 
     model = ARRCOCQwen.from_pretrained("tiny")               # or "Qwen/Qwen2-VL-2B-Instruct", a folder
     answer = model.answer(image, "What does the sign say?", pipeline="arr")
@@ -18,6 +19,7 @@ import gc
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -27,15 +29,16 @@ from transformers import TextIteratorStreamer
 
 from arr_coc import pipelines
 from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
-from arr_coc.errors import InputError, OutOfMemory
+from arr_coc.errors import OutOfMemory
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
-from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Request, Saccade, Scene,  # noqa: F401
-                                      check_question, check_request, check_stop, views_for)
+from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Parts, Request, Saccade,  # noqa: F401
+                                      Scene, ablation_named, check_pipeline, check_question, check_request,
+                                      check_stop, views_for, with_settings)
 from arr_coc.pipelines.conversation import Conversation
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import ARRCOCConfig
-from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.texture import generate_texture_array
 from arr_coc.timing import Stopwatch
@@ -102,6 +105,11 @@ class ARRCOCQwen:
                     self.answer(image, WARMUP_QUESTION, pipeline, max_new_tokens=2)
         return time.perf_counter() - start
 
+    @property
+    def parts(self) -> Parts:
+        """What the pipelines read of this model, as it is now (the layer may have been swapped since)."""
+        return Parts(self.vlm, self.layer, self.texture, self.pipeline)
+
     # --- ARR layers (checkpoint A/B swaps these without touching the VLM) ---
 
     def prior_layer(self) -> ARRCOCLayer:
@@ -124,21 +132,26 @@ class ARRCOCQwen:
     @torch.no_grad()
     def observe(self, image, question: str, watch: Stopwatch | None = None, max_cells: int | None = None) -> Observation:
         """Gestalt encode, the gestalt-guided attention prior and the texture array: all that ARR reads."""
-        return arr.observe(self, image, check_question(question), watch or Stopwatch(self.vlm.device), max_cells)
+        return arr.observe(self.parts, image, check_question(question), watch or Stopwatch(self.vlm.device), max_cells)
 
     @torch.no_grad()
-    def prepare(self, image, question: str, layer: ARRCOCLayer | None = None, watch: Stopwatch | None = None,
-                max_cells: int | None = None, ablation: str | None = None) -> Scene:
-        """Observe, then score with an ARR layer (under an ablation's prior and weights): everything up to selection."""
+    def prepare(self, image, question: str, request: Request | None = None, *, watch: Stopwatch | None = None,
+                **settings) -> Scene:
+        """
+        Observe, then score with an ARR layer (under an ablation's prior and weights): everything up to selection.
+        The request's (its settings by name over it, as in answer) layer (default: this model's), max_cells and
+        ablation (an Ablation or its name) are read; selection is select's.
+        """
         watch = watch or Stopwatch(self.vlm.device)
-        chosen = self.ablation(ablation)
+        request = with_settings(request, settings)
+        chosen = ablation_named(request.ablation)
         with self.lock:
-            observation = self.observe(image, question, watch, max_cells)
+            observation = self.observe(image, question, watch, request.max_cells)
             with watch.section("selection"):
-                maps = arr.score(observation, (layer or self.layer).graphed_score, chosen)
+                maps = arr.score(observation, (request.layer or self.layer).graphed_score, chosen)
         return Scene(observation, maps, chosen)
 
-    def score(self, observation: Observation, scorer: Callable[..., dict] | None = None) -> dict:
+    def score(self, observation: Observation, scorer: Callable[..., ScoreMaps] | None = None) -> ScoreMaps:
         """
         Run an ARR layer's scorers and balancer over an observation. `scorer` is called like the layer: by
         default this model's layer.graphed_score (under no_grad on CUDA, a CUDA graph replay per input shape;
@@ -153,54 +166,32 @@ class ARRCOCQwen:
         return arr.select(layer or self.layer, scene.maps, scene.views.candidate_grid, len(scene.observation.gestalt),
                           budget, strategy, scene.ablation or ablations.NO_ABLATION, tensions)
 
-    @staticmethod
-    def ablation(name: str | None) -> ablations.Ablation:
-        """An ablation by name (None or "none": nothing removed); InputError naming the choices for another."""
-        try:
-            return ablations.get(name)
-        except KeyError as e:
-            raise InputError(e.args[0]) from None
-
     # --- answering ---
 
-    def answer(self, image, question: str, pipeline: str = "arr", max_new_tokens: int = 64,
-               strategy: str | None = None, budget: int | str | None = None, layer: ARRCOCLayer | None = None,
-               streamer=None, max_cells: int | None = None, ablation: str | None = None,
-               fastv_layer: int | None = None, tensions: TensionSettings | None = None,
-               refixate: float | None = None, refixate_budget: int | None = None,
-               stop: threading.Event | None = None, conversation: Conversation | None = None,
-               fresh_cells: bool = False) -> Answer:
+    def answer(self, image, question: str, pipeline: str = "arr", request: Request | None = None, *,
+               conversation: Conversation | None = None, **settings) -> Answer:
         """
-        Answer one question with one pipeline; CUDA OOM becomes OutOfMemory after the memory is freed. Requests
-        take turns on the VLM (self.lock); setting `stop` ends this one at its next generated token (Stopped).
-        ablation names what of ARR to switch off (arr_coc.relevance.ablation.ABLATIONS; arr only); fastv_layer is
-        FastV's K (fastv only). budget "auto" is ARR's adaptive budget, and tensions fix its tensions by hand
-        (arr_coc.relevance.tensions); the reducers then keep as many tokens as ARR reads of that image. refixate is
-        tau: ARR looks again, refixate_budget more saccades, when its answer's confidence is below it (arr only;
-        None: never). conversation: ask the question as its next turn (arr_coc.pipelines.conversation): its image
-        and pipeline are the ones it was made with (`image` and `pipeline` are then not read); fresh_cells: ARR's
-        follow-ups read only cells no earlier turn read.
+        Answer one question with one pipeline, as `request` (arr_coc.pipelines.answer.Request; None: the defaults)
+        with `settings` over it: any of its fields by name (max_new_tokens=32, budget="auto", ablation="no-gestalt",
+        refixate=0.5, ...; InputError naming one it does not have), so a Request's fields are listed once, there.
+        CUDA OOM becomes OutOfMemory after the memory is freed. Requests take turns on the VLM (self.lock); setting
+        the request's `stop` ends it at its next generated token (Stopped). An ablation (arr_coc.relevance.ablation,
+        an Ablation or its name) and a second look (refixate) are ARR's: other pipelines refuse them. conversation:
+        ask the question as its next turn (arr_coc.pipelines.conversation): its image and pipeline are the ones it
+        was made with (`image` and `pipeline` are then not read).
         """
+        request = with_settings(request, settings)
         if conversation is not None:
             pipeline = conversation.pipeline
-        if pipeline not in pipelines.REGISTRY:
-            raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
-        if ablation not in (None, ablations.NO_ABLATION.name) and pipeline != "arr":
-            raise InputError(f"an ablation ({ablation}) switches off part of ARR: it needs the arr pipeline, not {pipeline}")
-        if refixate is not None and pipeline != "arr":
-            raise InputError(f"refixation is ARR's second look: it needs the arr pipeline, not {pipeline}")
+        check_pipeline(pipeline, request)
         question = check_question(question)
-        chosen = self.ablation(ablation)
-        request = check_request(Request(max_new_tokens, strategy, budget, layer, streamer, max_cells,
-                                        ablation=None if chosen is ablations.NO_ABLATION else chosen,
-                                        fastv_layer=fastv_layer, tensions=tensions, refixate=refixate,
-                                        refixate_budget=refixate_budget, stop=stop, fresh_cells=fresh_cells))
+        request = check_request(request)
         try:
             with self.lock:
-                check_stop(stop)  # stopped while it waited for the VLM: nothing to run
+                check_stop(request.stop)  # stopped while it waited for the VLM: nothing to run
                 if conversation is not None:
-                    return conversation.ask(self, question, request)
-                return pipelines.load(pipeline).answer(self, image, question, request)
+                    return conversation.ask(self.parts, question, request)
+                return pipelines.load(pipeline).answer(self.parts, image, question, request)
         except torch.cuda.OutOfMemoryError:
             gc.collect()
             if torch.cuda.is_available():
@@ -208,18 +199,22 @@ class ARRCOCQwen:
             raise OutOfMemory(f"CUDA ran out of memory in the {pipeline} pipeline. The memory was freed: "
                               "try fewer new tokens, a smaller budget or max cells, or the gestalt baseline.") from None
 
-    def stream(self, image, question: str, pipeline: str = "arr", stop: threading.Event | None = None, **kwargs):
+    def stream(self, image, question: str, pipeline: str = "arr", request: Request | None = None, *,
+               conversation: Conversation | None = None, **settings):
         """
-        Yield the answer text as it grows, then the finished Answer (generation runs in a thread). Closing this
-        generator early (the app's Stop) sets `stop`, so the generation ends at its next token instead of running on.
+        Yield the answer text as it grows, then the finished Answer (generation runs in a thread); the request and its
+        settings as answer takes them. Closing this generator early (the app's Stop) sets the request's `stop` (one
+        is made if it has none), so the generation ends at its next token instead of running on.
         """
         streamer = TextIteratorStreamer(self.vlm.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
         result: queue.Queue = queue.Queue()
-        stop = stop or threading.Event()
+        request = with_settings(request, settings)
+        stop = request.stop or threading.Event()
+        request = replace(request, streamer=streamer, stop=stop)
 
         def run():
             try:
-                result.put(self.answer(image, question, pipeline, streamer=streamer, stop=stop, **kwargs))
+                result.put(self.answer(image, question, pipeline, request, conversation=conversation))
             except BaseException as e:  # re-raised in the caller's thread
                 result.put(e)
                 streamer.end()

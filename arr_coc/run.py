@@ -205,12 +205,8 @@ def main(argv=None) -> int:
             results, arr_answer = {}, None
             for pipeline, ablation in runs:
                 try:
-                    answer = cli.answer(model, image, question, pipeline, max_new_tokens=args.max_new_tokens,
-                                        strategy=args.strategy, budget=args.budget, max_cells=args.max_cells,
-                                        ablation=ablation, fastv_layer=args.fastv_layer,
-                                        tensions=cli.budget_settings(args), refixate=args.refixate,
-                                        refixate_budget=args.refixate_budget,
-                                        conversation=chats.get((pipeline, ablation)), fresh_cells=args.fresh_cells)
+                    answer = cli.answer(model, image, question, pipeline, cli.request(args, ablation=ablation),
+                                        conversation=chats.get((pipeline, ablation)))
                 except ValueError as e:  # a value the image cannot take, e.g. a budget over its candidate cells
                     raise InputError(str(e)) from None
                 results[f"arr-{ablation}" if ablation else pipeline] = answer.to_json()
@@ -221,8 +217,8 @@ def main(argv=None) -> int:
 
             arr_answer = turns[0][1]
             cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
-            curves = faithfulness_curves(model, arr_answer.observation, arr_answer.arr, args.answer or arr_answer.text,
-                                         args.faithfulness_steps)
+            curves = faithfulness_curves(model.parts, arr_answer.observation, arr_answer.arr,
+                                         args.answer or arr_answer.text, args.faithfulness_steps)
     except (InputError, CheckpointError, OutOfMemory) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

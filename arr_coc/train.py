@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # torch and the model load inside the functions, after the fl
 
     from arr_coc.distributed import Process
     from arr_coc.model import ARRCOCQwen, Observation
+    from arr_coc.relevance.layer import ScoreMaps
 
     Observed = tuple[Sample, Observation, torch.Tensor]  # a sample, the frozen VLM's view of it, its box's coverage
 
@@ -238,7 +239,8 @@ def observe_shares(model: ARRCOCQwen, train_samples: list[Sample], eval_samples:
     return train_data, observe_all(model, process.shard(eval_samples), process.is_main)
 
 
-def batch_loss(model: ARRCOCQwen, scorer: Callable[..., dict], batch: list[Observed], cfg: TrainConfig) -> torch.Tensor:
+def batch_loss(model: ARRCOCQwen, scorer: Callable[..., ScoreMaps], batch: list[Observed],
+               cfg: TrainConfig) -> torch.Tensor:
     """
     The mean loss over a batch (this process's slice of the global batch). `scorer` is the layer, or its
     DDP wrapper: scoring through the wrapper's forward is what makes backward all-reduce the gradients.
@@ -249,7 +251,7 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., dict], batch: list[Obser
     for sample, observation, coverage in batch:
         maps = model.score(observation, scorer)
         if cfg.box_weight > 0:
-            loss = loss + cfg.box_weight * relevance_loss(maps["relevance"][0], coverage, cfg.temperature) / len(batch)
+            loss = loss + cfg.box_weight * relevance_loss(maps.relevance[0], coverage, cfg.temperature) / len(batch)
         if cfg.lm_weight > 0 or cfg.token_cost > 0:
             out = select(model, maps, observation, cfg)
         if cfg.lm_weight > 0:
@@ -259,7 +261,7 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., dict], batch: list[Obser
     return loss
 
 
-def select(model: ARRCOCQwen, maps: dict, observation: Observation, cfg: TrainConfig):
+def select(model: ARRCOCQwen, maps: ScoreMaps, observation: Observation, cfg: TrainConfig):
     """The saccades training reads: at --budget (fixed, or adaptive within --min-budget and --max-budget)."""
     from arr_coc.relevance.config import TensionSettings
 
@@ -288,7 +290,7 @@ def evaluate(model: ARRCOCQwen, data: list[Observed], kinds: list[str], cfg: Tra
         for sample, observation, coverage in data:
             maps = model.score(observation)
             out = select(model, maps, observation, cfg)
-            loss = float(relevance_loss(maps["relevance"][0], coverage, cfg.temperature))
+            loss = float(relevance_loss(maps.relevance[0], coverage, cfg.temperature))
             precision = box_recall_precision(coverage, out.indices[0])[1]
             sums[kinds.index(sample.kind)] += torch.tensor([1.0, loss, precision, out.budgets[0]], dtype=torch.float64)
     count, loss, precision, budget = process.sum(sums).unbind(1)  # [kinds] each

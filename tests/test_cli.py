@@ -190,6 +190,34 @@ def test_good_flags_parse():
     assert bench.parse_args([*TINY_BENCH, "--pipelines", "arr"]).pipelines == "arr"  # bench splits the string itself
 
 
+def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look():
+    """cli.request: every flag named as a Request field, the adaptive budget's bounds as its tensions, a row's own
+    settings over them; cli.answer passes it whole, its second look to the arr pipeline only."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from arr_coc.pipelines.answer import Request
+    from arr_coc.relevance.config import TensionSettings
+
+    args = run.parse_args([*RUN, "--max-new-tokens", "8", "--strategy", "grid", "--budget", "40", "--max-cells",
+                           "2048", "--fastv-layer", "3", "--refixate", "0.5", "--refixate-budget", "20",
+                           "--min-budget", "30", "--max-budget", "300"])
+    request = cli.request(args, ablation="raster")
+    assert request == Request(max_new_tokens=8, strategy="grid", budget=40, max_cells=2048, fastv_layer=3,
+                              refixate=0.5, refixate_budget=20, ablation="raster",
+                              tensions=TensionSettings(min_budget=30, max_budget=300))
+    chat = run.parse_args(["--image", "assets/chelsea.png", "--question", "hi", "--question", "and?", "--fresh-cells"])
+    assert cli.request(chat).fresh_cells and not cli.request(args).fresh_cells
+    swept = cli.request(evaluate.parse_args(["--max-new-tokens", "4"]), strategy="topk", budget=60)  # no --strategy
+    assert (swept.max_new_tokens, swept.strategy, swept.budget, swept.fresh_cells) == (4, "topk", 60, False)
+    asked = []
+    model = SimpleNamespace(answer=lambda image, question, pipeline, request, conversation=None:
+                            asked.append((pipeline, request, conversation)))
+    for pipeline in ("arr", "full"):
+        cli.answer(model, None, "hi", pipeline, request, conversation="chat")
+    assert asked == [("arr", request, "chat"), ("full", replace(request, refixate=None, refixate_budget=None), "chat")]
+
+
 @pytest.mark.parametrize("module, bad", [
     ("run", [["--image", "nowhere.png", "--question", "hi"], ["--image", "assets", "--question", "hi"],
              [*RUN, "--device", "tpu"], [*RUN, "--json", "assets"], ["--image", "pyproject.toml", "--question", "hi"],

@@ -80,7 +80,7 @@ def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
             replayed = cuda_model.score(o)
         with torch.enable_grad():  # gradients on: the eager path
             eager = layer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), o.prior)
-        torch.testing.assert_close(replayed["relevance"], eager["relevance"].detach(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(replayed.relevance, eager.relevance.detach(), atol=1e-4, rtol=1e-4)
     assert len(layer.graphed_score.graphs) == 1 and len(cuda_model.texture.graphs) == 1
 
 

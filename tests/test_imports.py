@@ -8,8 +8,13 @@ The layers hold: each package, imported alone in a fresh interpreter, loads noth
     4. synth/ (the page generator) and viz (drawing)
     5. eval/ and pocket/ (the pocket model's training)
     6. the facade (model), the app and the commands (cli, run, train, evaluate, bench, config)
+
+The pipelines take the model's Parts, never the facade: no module of arr_coc/pipelines/ names arr_coc.model in any
+import, not even one for type hints only (under TYPE_CHECKING) or inside a function, which a fresh interpreter
+never runs.
 """
 
+import ast
 import json
 import subprocess
 import sys
@@ -60,3 +65,32 @@ def loaded(module: str) -> list[str]:
 def test_a_module_loads_nothing_from_the_layers_above_it(module):
     above = [m for m in loaded(module) if m.startswith(LAYERS[module]) and not m.startswith(module)]
     assert above == [], f"{module} loads {above}"
+
+
+FACADE = "arr_coc.model"
+
+
+def imported_names(path: Path, package: str) -> list[str]:
+    """Every module a source file names in an import, wherever the import stands (at the top, in a function, under
+    TYPE_CHECKING): `from arr_coc.model import X`, `import arr_coc.model`, `from arr_coc import model` (relative ones
+    resolved within `package`), and importlib's string `"arr_coc.model"`."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x (level 1: the package itself), from .. import x, ...
+                parent = package.rsplit(".", node.level - 1)[0]
+                base = f"{parent}.{base}" if base else parent
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Constant) and node.value == FACADE:
+            names.append(node.value)
+    return names
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "arr_coc" / "pipelines").glob("*.py")), ids=lambda path: path.name)
+def test_no_pipeline_imports_the_facade(path):
+    facade = [name for name in imported_names(path, "arr_coc.pipelines")
+              if name == FACADE or name.startswith(FACADE + ".")]
+    assert facade == [], f"arr_coc/pipelines/{path.name} imports the facade: {facade}"

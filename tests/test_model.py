@@ -9,8 +9,9 @@ import torch
 from PIL import Image
 
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.model import ARRCOCQwen
+from arr_coc.model import ARRCOCQwen, Request
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
 from conftest import QUESTION, scene_image
@@ -95,7 +96,7 @@ def test_fp16_arr_path_gives_finite_logits():
     model = ARRCOCQwen.from_pretrained("tiny", dtype=torch.float16)
     assert model.vlm.model.model.language_model.dtype == torch.float16 and model.vlm.visual.dtype == torch.float32
     scene = model.prepare(scene_image(), QUESTION)
-    assert torch.isfinite(scene.maps["relevance"]).all()
+    assert torch.isfinite(scene.maps.relevance).all()
     vlm = model.vlm
     out = model.select(scene)
     with torch.no_grad():
@@ -177,6 +178,26 @@ def test_bad_input_is_a_clear_value_error(arr_model, image, question, message):
         arr_model.answer(scene_image(), QUESTION, "everything")
 
 
+def test_a_request_is_passed_whole_or_its_settings_by_name_over_it(arr_model):
+    """answer and stream take one Request (arr_coc.pipelines.answer), any of its fields by name over it: the same
+    answer either way, the ablation by name or as itself; a setting a Request lacks is named, and a number where
+    answer once took max_new_tokens is refused."""
+    whole = arr_model.answer(scene_image(), QUESTION, "arr", Request(max_new_tokens=2, budget=40, ablation="raster"))
+    named = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, budget=40, ablation=ABLATIONS["raster"])
+    over = arr_model.answer(scene_image(), QUESTION, "arr", Request(max_new_tokens=9, budget=7, ablation="no-prior"),
+                            max_new_tokens=2, budget=40, ablation="raster")
+    streamed = list(arr_model.stream(scene_image(), QUESTION, "arr", Request(budget=40), max_new_tokens=2,
+                                     ablation="raster"))[-1]
+    assert whole.ablation == "raster" and whole.tokens["saccade"] == 40
+    for a in (named, over, streamed):
+        assert (a.text, a.tokens, a.ablation) == (whole.text, whole.tokens, whole.ablation)
+        assert [(s.row, s.col) for s in a.saccades] == [(s.row, s.col) for s in whole.saccades]
+    with pytest.raises(InputError, match="unknown request setting 'max_tokens'"):
+        arr_model.answer(scene_image(), QUESTION, "arr", max_tokens=2)
+    with pytest.raises(TypeError, match="pass settings by name"):
+        arr_model.answer(scene_image(), QUESTION, "arr", 2)
+
+
 def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
     real = arr_model.vlm.generate
 
@@ -219,7 +240,8 @@ def test_a_new_pipeline_is_one_module_and_one_registry_line(arr_model, monkeypat
     from arr_coc.pipelines.stock import answer_view
 
     module = types.ModuleType("echo_pipeline")
-    module.answer = lambda model, image, question, request: answer_view(model, "echo", "gestalt", image, question, request)
+    module.answer = lambda parts, image, question, request: answer_view(parts, "echo", "gestalt", image, question,
+                                                                        request)
     monkeypatch.setitem(sys.modules, "echo_pipeline", module)
     monkeypatch.setitem(pipelines.REGISTRY, "echo", ("echo_pipeline", True, "stock: the gestalt view, once more"))
     echo = arr_model.answer(scene_image(), QUESTION, "echo", max_new_tokens=2)

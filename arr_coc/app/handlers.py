@@ -16,6 +16,10 @@ directly, without a server.
 
 Per-user state (gr.State, kept up to an hour) is a Kept, or the Conversation tab's Chat: CPU data only, never
 a GPU tensor (a Chat's conversations move to the device for a turn and back).
+
+A handler that runs several pipelines on one image (Compare, Checkpoint A/B, Faithfulness, a conversation's first
+turn) makes its views once (ARRCOCQwen.views) and hands them to each in its Request (Request.views), with their
+own RGB image as the image: the upload and the resized views serve every pipeline.
 """
 
 import hashlib
@@ -36,8 +40,11 @@ from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc import pipelines
 from arr_coc.pipelines import arr
+from arr_coc.pipelines.answer import Request
 from arr_coc.pipelines.conversation import Conversation, moves
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
+from arr_coc.relevance.config import AUTO, NO_SETTINGS
+from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.vlm.views import to_rgb
 
 NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
@@ -57,14 +64,10 @@ class Kept:
     grid: tuple[int, int]  # (GH, GW) candidate grid
     relevance: torch.Tensor  # [GH, GW] balanced relevance map
     positions: torch.Tensor  # [K, 2] (row, col) of the selected saccades, most relevant first
-    maps: dict | None = None  # the layer's scored maps (textures, scorers, weights): re-selection; Microscope only
+    maps: ScoreMaps | None = None  # the layer's scored maps (textures, scorers, weights): re-selection; Microscope only
     ablation: Ablation = NO_ABLATION  # the ablation the maps were scored under: re-selection applies it too
     gestalt_tokens: int = 0  # the gestalt's token count (the no-gestalt ablation selects budget + these)
     second: torch.Tensor | None = None  # [K2, 2] a second look's saccades (Compare, when it fired), drawn in green
-
-
-def on_cpu(maps: dict) -> dict:
-    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in maps.items()}
 
 
 def drawn_size(image: Image.Image) -> Image.Image:
@@ -88,9 +91,9 @@ def kept_answer(answer: Answer) -> Kept:
 
 def kept_scene(scene: Scene) -> Kept:
     """A scored scene as the Microscope keeps it: its maps (on the CPU) re-select without the VLM."""
-    views, maps = scene.views, on_cpu(scene.maps)
+    views, maps = scene.views, scene.maps.to("cpu")
     no_saccades = torch.zeros(0, 2, dtype=torch.long)  # [0, 2]: selection_outputs selects them
-    return Kept(drawn_size(views.image), views.highres, views.candidate_grid, maps["relevance"][0], no_saccades,
+    return Kept(drawn_size(views.image), views.highres, views.candidate_grid, maps.relevance[0], no_saccades,
                 maps, scene.ablation or NO_ABLATION, len(scene.observation.gestalt))
 
 
@@ -138,16 +141,18 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
     then their stats and ARR's drawings. Setting `stop` ends the generation under way at its next token."""
     image = ui.check_inputs(image, question)
     start = time.perf_counter()
-    settings = dict(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells), stop=stop)  # one cap for both
     running = f"{RUNNING} the **{baseline}** baseline…"
     yield compare_outputs(running)
-    for base in model.stream(image, question, baseline, **settings):  # the text as it grows, then the Answer
+    views = model.views(image, int(max_cells))  # one cap, one set of views, for both
+    request = Request(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells), stop=stop, views=views)
+    image = views.image
+    for base in model.stream(image, question, baseline, request=request):  # the text as it grows, then the Answer
         if isinstance(base, str):
             yield compare_outputs(running, base)
     running, cells = f"{RUNNING} **ARR-COC**…", baseline_cells(base)
     yield compare_outputs(running, ui.answer_text(base), base, base_cells=cells)
     tau = float(refixate) if refixate and float(refixate) > 0 else None  # the slider's 0 is off
-    for ours in model.stream(image, question, "arr", strategy=strategy, refixate=tau, **settings):  # text, then Answer
+    for ours in model.stream(image, question, "arr", request=replace(request, strategy=strategy, refixate=tau)):
         if isinstance(ours, str):
             yield compare_outputs(running, ui.answer_text(base), base, ours, base_cells=cells)
     yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
@@ -230,21 +235,29 @@ def stopped(status: str | None) -> str | None:
 # ----------------------------------------------------------------------------- Microscope
 
 
-def selection_outputs(model: ARRCOCQwen, kept: Kept, strategy: str, budget: int, numbered: int,
-                      tensions: tuple = (False, False, 0.0, 0.0, 0.5)) -> tuple:
-    """Select on the CPU (no VLM work), under the kept ablation and the tension controls (adaptive budget,
-    override, e, λ, f: ui.tension_request), and draw: the heatmap, the summary line, the saccade list and the
-    mosaic."""
+def microscope_request(budget: int, controls: tuple = (False, False, 0.0, 0.0, 0.5), **settings) -> Request:
+    """The Microscope's one Request: the budget slider's count, or "auto" where the tension controls (adaptive
+    budget, override, e, λ, f: ui.tension_request) ask for the adaptive budget, the tensions they fix (none unless
+    overridden), and its other settings by their Request names."""
+    auto, tensions = ui.tension_request(*controls)
+    return Request(budget=auto or int(budget), tensions=tensions, **settings)
+
+
+def selection_outputs(model: ARRCOCQwen, kept: Kept, request: Request, numbered: int) -> tuple:
+    """Select on the CPU (no VLM work) as the request says (its strategy, budget and tensions: microscope_request),
+    under the kept ablation, and draw: the heatmap, the summary line, the saccade list and the mosaic."""
     start = time.perf_counter()
     gh, gw = kept.grid
     extra = kept.ablation.saccade_budget(0, kept.gestalt_tokens)  # the no-gestalt ablation's extra saccades
-    auto, settings = ui.tension_request(*tensions)
-    budget = auto or min(int(budget), gh * gw - (extra if isinstance(extra, int) else 0))  # slider: the largest grid
-    out = arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, strategy, kept.ablation, settings)
+    budget = request.budget if request.budget == AUTO else min(  # the slider allows the largest grid
+        int(request.budget), gh * gw - (extra if isinstance(extra, int) else 0))
+    out = arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, request.strategy, kept.ablation,
+                     request.tensions)
     ranked = out.in_order("relevance")  # numbered most relevant first, whatever order they are fed in
     heatmap, mosaic = redraw(replace(kept, positions=ranked.positions[0]), numbered)
     summary = ui.selection_summary(out, (time.perf_counter() - start) * 1000, kept.ablation.description
-                                   if kept.ablation is not NO_ABLATION else None, overridden=bool(tensions[1]))
+                                   if kept.ablation is not NO_ABLATION else None,
+                                   overridden=request.tensions != NO_SETTINGS)
     return heatmap, summary, ui.saccade_rows(out), mosaic
 
 
@@ -256,12 +269,13 @@ def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, stra
     """Run ARR (under an ablation: arr_coc.relevance.ablation) up to selection once, keep its maps (CPU) for
     re-selection, and draw every map; the tension controls as in selection_outputs."""
     image = ui.check_inputs(image, question)
-    scene = model.prepare(image, question, max_cells=int(max_cells), ablation=ablation)
+    request = microscope_request(budget, (auto, override, explore, diversify, particularize), strategy=strategy,
+                                 max_cells=int(max_cells), ablation=ablation)
+    scene = model.prepare(image, question, request)
     out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
     kept = kept_scene(scene)
     return (kept, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),
-            *selection_outputs(model, kept, strategy, budget, numbered, (auto, override, explore, diversify,
-                                                                          particularize)))
+            *selection_outputs(model, kept, request, numbered))
 
 
 @ui.reports_errors
@@ -271,8 +285,8 @@ def reselect(model: ARRCOCQwen, kept: Kept | None, strategy: str, budget: int, n
     no VLM."""
     if kept is None or kept.maps is None:
         raise ui.user_error("Analyse an image first: re-selection reuses its maps.")
-    return selection_outputs(model, kept, strategy, budget, numbered, (auto, override, explore, diversify,
-                                                                        particularize))
+    request = microscope_request(budget, (auto, override, explore, diversify, particularize), strategy=strategy)
+    return selection_outputs(model, kept, request, numbered)
 
 
 @ui.reports_errors
@@ -293,9 +307,9 @@ def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, 
     if kept is None:
         raise ui.user_error("Analyse an image first: the reducer's cells are drawn over its relevance map.")
     image = ui.check_inputs(image, question)
-    adaptive, settings = ui.tension_request(auto, override, explore, diversify, particularize)
-    answer = model.answer(image, question, reducer, 1, budget=adaptive or int(budget), max_cells=int(max_cells),
-                          tensions=settings)
+    request = microscope_request(budget, (auto, override, explore, diversify, particularize), max_new_tokens=1,
+                                 max_cells=int(max_cells))
+    answer = model.answer(image, question, reducer, request=request)
     return viz.kept_overlay(kept.image, answer.views.native_grid, answer.kept, answer.merged, kept.relevance,
                             name=reducer)
 
@@ -306,13 +320,15 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
     """Deletion, random and insertion curves of an answer (empty: ARR's own) over ARR's selection."""
     image = ui.check_inputs(image, question)
     typed = check_answer(answer or "")  # a too long answer fails before any VLM work; empty: ARR's own
-    gh, gw = model.views(image, int(max_cells)).candidate_grid  # the budget slider allows the largest grid
+    views = model.views(image, int(max_cells))  # made once: the budget's bound and ARR's views
+    gh, gw = views.candidate_grid  # the budget slider allows the largest grid
     progress(0.05, desc="ARR's answer and selection")
     with model.lock:  # the curves' forward passes use the VLM too: no other request in between
-        arr = model.answer(image, question, "arr", FAITHFULNESS_ANSWER_TOKENS, strategy, min(int(budget), gh * gw),
-                           max_cells=int(max_cells))
+        request = Request(max_new_tokens=FAITHFULNESS_ANSWER_TOKENS, strategy=strategy,
+                          budget=min(int(budget), gh * gw), max_cells=int(max_cells), views=views)
+        arr = model.answer(views.image, question, "arr", request=request)
         progress(0.3, desc="about 30 teacher-forced forward passes")
-        curves = faithfulness_curves(model, arr.observation, arr.arr, typed or arr.text)
+        curves = faithfulness_curves(model.parts, arr.observation, arr.arr, typed or arr.text)
     chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
     return chart, ui.faithfulness_summary(curves)
 
@@ -337,11 +353,14 @@ def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, qu
     image = ui.check_inputs(image, question)
     layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
-    settings = dict(strategy=strategy, max_cells=int(max_cells), stop=stop)  # identical views: only the layers differ
     yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **A**…"
-    a = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_a, **settings)
+    views = model.views(image, int(max_cells))  # identical views, made once: only the layers differ
+    request = Request(max_new_tokens=int(max_new_tokens), strategy=strategy, max_cells=int(max_cells), stop=stop,
+                      views=views)
+    image = views.image
+    a = model.answer(image, question, "arr", request=replace(request, layer=layer_a))
     yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **B**…"
-    b = model.answer(image, question, "arr", int(max_new_tokens), layer=layer_b, **settings)
+    b = model.answer(image, question, "arr", request=replace(request, layer=layer_b))
     yield (viz.heatmap_overlay(a.views.image, a.arr.relevance[0], a.saccades),
            viz.heatmap_overlay(b.views.image, b.arr.relevance[0], b.saccades),
            viz.difference_map(a.arr.relevance[0], b.arr.relevance[0], a.saccades, b.saccades),
@@ -374,8 +393,8 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     numbered saccades this turn, how they moved from the turn before: new, kept, dropped). A refused turn
     leaves the conversation as it was.
     """
-    image = ui.check_inputs(image, question)
-    digest = hashlib.sha1(to_rgb(image).tobytes()).hexdigest()
+    image = to_rgb(ui.check_inputs(image, question))  # RGB: the views made of it for turn 1 are its own (views_for)
+    digest = hashlib.sha1(image.tobytes()).hexdigest()
     if chat is None or chat.digest != digest:  # a first question, or another image loaded into the box
         chat = Chat(Conversation("arr", image), Conversation(baseline, image), [], digest)
     elif baseline != chat.baseline.pipeline:
@@ -384,10 +403,11 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     chat.to(model.vlm.device)
     turns = [(c, len(c.answers), c.answers[-1].history if c.answers else None) for c in (chat.arr, chat.baseline)]
     try:
-        kwargs = dict(max_new_tokens=int(max_new_tokens))
-        a = model.answer(None, question, conversation=chat.arr, budget=int(budget), fresh_cells=bool(fresh_cells),
-                         **kwargs)
-        b = model.answer(None, question, conversation=chat.baseline, **kwargs)
+        views = None if chat.arr.answers else model.views(chat.arr.image)  # turn 1 reads the image: once for both
+        request = Request(max_new_tokens=int(max_new_tokens), views=views)
+        a = model.answer(None, question, request=replace(request, budget=int(budget), fresh_cells=bool(fresh_cells)),
+                         conversation=chat.arr)
+        b = model.answer(None, question, request=request, conversation=chat.baseline)
         image, grid = a.views.image, a.views.candidate_grid
         ranked = a.arr.in_order("relevance")
         heatmap = viz.heatmap_overlay(image, a.arr.relevance[0], ranked.positions[0], numbered=int(numbered))

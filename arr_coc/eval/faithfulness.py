@@ -10,7 +10,7 @@ A selection the answer depends on makes deletion fall faster than random, and in
 areas under the curves (x = the fraction removed or inserted, 0..1) summarise each.
 
     arr = model.answer(image, "What is the invoice total?", "arr")
-    curves = faithfulness_curves(model, arr.observation, arr.arr, "4821", steps=10)   # or arr.text, ARR's own answer
+    curves = faithfulness_curves(model.parts, arr.observation, arr.arr, "4821", steps=10)   # or arr.text: ARR's answer
     curves.deletion, curves.random, curves.insertion    # [steps + 1] log-likelihoods
     curves.areas                                        # {"deletion": ..., "random": ..., "insertion": ...}
     python -m arr_coc.run --model tiny --image assets/chelsea.png --question "What is it?" --faithfulness
@@ -20,7 +20,7 @@ The saccades are encoded once, all together, so removing some changes the LLM's 
 The 3 x (steps + 1) points share their two ends, and run in right-padded batches.
 """
 
-from __future__ import annotations  # type hints name the model without importing it at module load
+from __future__ import annotations  # type hints name the layer's output without importing it at module load
 
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -32,7 +32,7 @@ from arr_coc.errors import InputError
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 if TYPE_CHECKING:
-    from arr_coc.model import ARRCOCQwen, Observation
+    from arr_coc.pipelines.answer import Observation, Parts
     from arr_coc.relevance.layer import ARRCOCOutput
 
 CURVES = ("deletion", "random", "insertion")
@@ -78,14 +78,15 @@ def removal_counts(k: int, steps: int) -> list[int]:
 
 
 @torch.no_grad()
-def faithfulness_curves(model: ARRCOCQwen, observation: Observation, selection: ARRCOCOutput, answer: str,
+def faithfulness_curves(parts: Parts, observation: Observation, selection: ARRCOCOutput, answer: str,
                         steps: int = 10, seed: int = 0, batch_size: int = 8) -> FaithfulnessCurves:
     """
     The three curves of one answer over one ARR selection of one observation: an ARR Answer's
-    (answer.observation, answer.arr), with its own text or a reference answer.
+    (answer.observation, answer.arr), with its own text or a reference answer; `parts`: the model's
+    (ARRCOCQwen.parts).
     """
     answer = check_answer(answer)
-    vlm = model.vlm
+    vlm = parts.vlm
     positions = selection.positions[0]  # [K, 2]
     saccades = encode_saccades(vlm, observation, positions)  # [K, D]
 

@@ -1,15 +1,16 @@
 """
 The pipelines: one file each, behind one function
 
-    answer(model, image, question, request) -> Answer          # arr_coc.pipelines.answer
+    answer(parts, image, question, request) -> Answer          # arr_coc.pipelines.answer
 
-where `model` is the ARRCOCQwen that holds the shared VLM, ARR layer and settings. The registry below names
+where `parts` (answer.Parts) holds the shared VLM, ARR layer, texture array and settings: the façade above
+(arr_coc.model.ARRCOCQwen) builds it and hands it down, and no pipeline imports the façade. The registry below names
 them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer: a new pipeline is one file and one
 line here. This module imports nothing heavy, so the commands check their flags before torch loads.
 
     from arr_coc import pipelines
     pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", "visionzip", "fastv")
-    pipelines.load("full").answer(model, image, "What is here?", Request())
+    pipelines.load("full").answer(parts, image, "What is here?", Request())
 """
 
 import importlib
@@ -42,7 +43,8 @@ def describe(names: tuple[str, ...] = PIPELINES) -> str:
 
 
 def load(name: str) -> ModuleType:
-    """The module of a registered pipeline (imported on first use); it defines answer(model, image, question, request)."""
+    """The module of a registered pipeline (imported on first use): it defines
+    answer(parts, image, question, request)."""
     if name not in REGISTRY:
         raise KeyError(f"unknown pipeline {name!r}: one of {', '.join(PIPELINES)}")
     return importlib.import_module(REGISTRY[name][0])

@@ -1,27 +1,38 @@
 """
-What every pipeline takes and returns: the Request (how to answer), the Answer (text, token counts, latency
-split, memory, compute), ARR's Observation and Scene, and the steps the pipelines share (question check,
-timed generation, the Answer's assembly).
+What every pipeline takes and returns: the Parts (what of the model it reads: the VLM, the ARR layer, the texture
+array, the settings), the Request (how to answer), the Answer (text, token counts, latency split, memory,
+compute), ARR's Observation and Scene, and the steps the pipelines share (question check, timed generation, the
+Answer's assembly).
 
-    answer = pipelines.load("arr").answer(model, image, question, Request(max_new_tokens=32))
+    parts = Parts(vlm, layer, CUDAGraphed(generate_texture_array), PipelineConfig())   # or ARRCOCQwen(...).parts
+    answer = pipelines.load("arr").answer(parts, image, question, Request(max_new_tokens=32))
     answer.text, answer.tokens, answer.timings_ms, answer.saccades, answer.confidence, answer.to_json()
-    answer = pipelines.load("arr").answer(model, image, question, Request(refixate=0.5))   # a second look below 0.5
+    answer = pipelines.load("arr").answer(parts, image, question, Request(refixate=0.5))   # a second look below 0.5
     answer.refixated, [f.text for f in answer.fixations]
-    first = pipelines.load("full").answer(model, image, question, Request(converse=True))   # a conversation's turn 1
-    second = follow_up(model, "full", first, "And the date?", Request())   # turn 2 (arr has its own: arr.follow_up)
+    first = pipelines.load("full").answer(parts, image, question, Request(converse=True))   # a conversation's turn 1
+    second = follow_up(parts, "full", first, "And the date?", Request())   # turn 2 (arr has its own: arr.follow_up)
+
+A Request is the one list of a request's settings: the façade takes one whole, or its fields by name over one
+(with_settings), and checks it here (check_pipeline, check_request: an ablation named by a string becomes its
+Ablation there).
+
+    request = check_request(with_settings(Request(max_new_tokens=32), dict(budget="auto", ablation="no-gestalt")))
 """
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Callable
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from arr_coc import pipelines
 from arr_coc.settings import MAX_CONVERSATION_TOKENS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, PipelineConfig
 from arr_coc.errors import InputError, Stopped
-from arr_coc.relevance.ablation import Ablation
-from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.relevance import ablation as ablations
+from arr_coc.relevance.ablation import NO_ABLATION, Ablation
+from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.config import AUTO, TensionSettings
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory
 from arr_coc.vlm.base import VLM, Generation, History, Prompt, StockInputs, VisualTokens
@@ -34,6 +45,17 @@ REFIXATE_SHARE = 0.5
 
 
 @dataclass
+class Parts:
+    """What of the model a pipeline reads: ARRCOCQwen (arr_coc.model) builds it and hands it down (ARRCOCQwen.parts);
+    the pipelines know nothing of the façade above them."""
+    vlm: VLM  # the frozen Qwen-VL: one copy of the weights for every pipeline
+    layer: ARRCOCLayer  # the ARR layer a request scores with unless it names its own (Request.layer)
+    texture: Callable[..., torch.Tensor]  # the texture array (generate_texture_array, CUDA-graphed): [1, 3, H, W],
+    # (GH, GW) -> [1, 13, GH, GW]
+    pipeline: PipelineConfig  # views, caps, the prior's layer, FastV's K: never from a checkpoint
+
+
+@dataclass
 class Request:
     """How to answer one question (every field optional; None: the model's own setting)."""
     max_new_tokens: int = 64  # at most this many generated tokens
@@ -42,7 +64,8 @@ class Request:
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
     streamer: object = None  # a transformers streamer that receives the new tokens
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's)
-    ablation: Ablation | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None: nothing)
+    ablation: Ablation | str | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None:
+    # nothing), or its name: check_request makes a name its Ablation
     fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
     tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
@@ -50,6 +73,8 @@ class Request:
     stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
     converse: bool = False  # keep the conversation after the answer (Answer.history) for a follow-up question
     fresh_cells: bool = False  # arr's follow-ups: select only cells no earlier turn of the conversation read
+    views: Views | None = None  # views already made of the image (a request that runs several pipelines on one image
+    # makes them once: ARRCOCQwen.views); views_for reads them where they are the ones it would make, else makes its own
 
 
 @dataclass
@@ -78,7 +103,7 @@ class Observation:
 class Scene:
     """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
     observation: Observation
-    maps: dict  # ARRCOCLayer output (its scoring forward): textures, scorer maps, weights, relevance
+    maps: ScoreMaps  # the ARR layer's scoring forward: textures, scorer maps, weights, relevance
     ablation: Ablation | None = None  # the ablation the maps were scored under; selection applies it too
 
     @property
@@ -201,14 +226,54 @@ def check_question(question) -> str:
     return question.strip()
 
 
+def with_settings(request: Request | None, settings: dict) -> Request:
+    """`request` (None: Request()) with `settings` (Request field names -> values) over it; InputError naming a
+    setting a Request does not have (and TypeError for a request that is no Request, e.g. a number passed where
+    ARRCOCQwen.answer once took max_new_tokens)."""
+    if request is not None and not isinstance(request, Request):
+        raise TypeError(f"request must be a Request, got {type(request).__name__}: pass settings by name")
+    names = [f.name for f in fields(Request)]
+    unknown = [name for name in settings if name not in names]
+    if unknown:
+        raise InputError(f"unknown request setting{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: a "
+                         f"Request has {', '.join(names)}")
+    return replace(request or Request(), **settings)
+
+
+def check_pipeline(pipeline: str, request: Request) -> None:
+    """A pipeline of the registry, and one that can do what the request asks: an ablation or a second look is ARR's."""
+    if pipeline not in pipelines.REGISTRY:
+        raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
+    ablation = request.ablation.name if isinstance(request.ablation, Ablation) else request.ablation
+    if ablation not in (None, NO_ABLATION.name) and pipeline != "arr":
+        raise InputError(f"an ablation ({ablation}) switches off part of ARR: it needs the arr pipeline, "
+                         f"not {pipeline}")
+    if request.refixate is not None and pipeline != "arr":
+        raise InputError(f"refixation is ARR's second look: it needs the arr pipeline, not {pipeline}")
+
+
+def ablation_named(ablation: Ablation | str | None) -> Ablation:
+    """An ablation as it is, or by name (None or "none": NO_ABLATION, nothing removed); InputError naming the
+    choices for an unknown name."""
+    if isinstance(ablation, Ablation):
+        return ablation
+    try:
+        return ablations.get(ablation)
+    except KeyError as e:
+        raise InputError(e.args[0]) from None
+
+
 def check_request(request: Request) -> Request:
+    """The request, its ablation an Ablation (None for none: NO_ABLATION's name, or the object), its bounds checked."""
+    ablation = ablation_named(request.ablation)
+    ablation = None if ablation is NO_ABLATION else ablation
     if not 1 <= int(request.max_new_tokens) <= MAX_NEW_TOKENS:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
     if request.refixate is not None and not (math.isfinite(request.refixate) and 0 <= request.refixate <= 1):
         raise InputError(f"refixate (tau) is a confidence between 0 and 1, got {request.refixate}")
     if request.refixate_budget is not None and int(request.refixate_budget) < 1:
         raise InputError(f"refixate_budget (the second look's saccades) must be at least 1, got {request.refixate_budget}")
-    return request
+    return request if ablation is request.ablation else replace(request, ablation=ablation)
 
 
 def answer_confidence(vlm: VLM, generation: Generation) -> float | None:
@@ -225,32 +290,45 @@ def answer_confidence(vlm: VLM, generation: Generation) -> float | None:
     return float(generation.probs[text.to(generation.probs.device)].min()) if text.any() else 0.0
 
 
-def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None = None) -> Views:
-    """Every pipeline's views of an image, at the VLM's cell and min_pixels, from the settings (max_cells overrides the cap)."""
+# the views views_for made -> what it made them at: make_views' settings but the image (gestalt and budget tokens, the
+# cap, the device, the VLM's cell and min_pixels); views a request brings (Request.views) are read only at these
+def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None = None,
+              views: Views | None = None) -> Views:
+    """
+    Every pipeline's views of an image, at the VLM's cell and min_pixels, from the settings (max_cells overrides the
+    cap). `views`: views already made (Request.views), returned as they are where views_for made them of this very
+    image (`image` is their own RGB image, views.image) at these settings, so their grids are the ones it would make;
+    otherwise (another image, cap or VLM; views made elsewhere) new ones are made.
+    """
     s = settings if max_cells is None else replace(settings, max_cells=int(max_cells))  # checks the bounds
-    return make_views(image, s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
+    made_at = (s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
+    if views is not None and views.image is image and views.made_at == made_at:
+        return views
+    views = make_views(image, *made_at)
+    views.made_at = made_at
+    return views
 
 
-def arr_visual_tokens(model, views: Views, request: Request, question: str | None = None) -> int:
+def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
     """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades (the
     reducers keep as many, so every row reads the same number of visual tokens). Under the adaptive budget
     ("auto") the saccades are ARR's K for this image and question: ARR observes and scores them to know it."""
-    budget = request.budget if request.budget is not None else (request.layer or model.layer).config.budget
+    budget = request.budget if request.budget is not None else (request.layer or parts.layer).config.budget
     if budget == AUTO:
-        budget = adaptive_budget(model, views, request, question)
+        budget = adaptive_budget(parts, views, request, question)
     gh, gw = views.gestalt_grid
     return gh * gw + int(budget)
 
 
 @torch.no_grad()
-def adaptive_budget(model, views: Views, request: Request, question: str | None) -> int:
+def adaptive_budget(parts: Parts, views: Views, request: Request, question: str | None) -> int:
     """ARR's adaptive K for an image and a question (the arr pipeline's observe, score and select)."""
     from arr_coc.pipelines import arr  # arr imports this module
 
     if question is None:
         raise ValueError("the adaptive budget depends on the question: arr_visual_tokens needs it")
-    layer = request.layer or model.layer
-    observation = arr.observe(model, views.image, question, Stopwatch(model.vlm.device), request.max_cells)
+    layer = request.layer or parts.layer
+    observation = arr.observe(parts, views.image, question, Stopwatch(parts.vlm.device), request.max_cells, views)
     maps = arr.score(observation, layer.graphed_score)
     return arr.select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, request.strategy,
                       settings=request.tensions).budgets[0]
@@ -331,13 +409,13 @@ def continue_prompt(vlm: VLM, last: Answer, question: str, images: list[VisualTo
 
 
 @torch.no_grad()
-def follow_up(model, pipeline: str, last: Answer, question: str, request: Request) -> Answer:
+def follow_up(parts: Parts, pipeline: str, last: Answer, question: str, request: Request) -> Answer:
     """
     A later turn of a conversation whose image was read once, in its first turn (the stock baselines and the
     reducers): the question after the last answer, as the stock chat template continues a conversation, only
     the new turn prefilled after the earlier turns' cache. ARR reads anew each turn (arr.follow_up).
     """
-    vlm = model.vlm
+    vlm = parts.vlm
     watch, start = start_watch(vlm.device)
     prompt = continue_prompt(vlm, last, question, [], request)
     generation, new_tokens = generate(vlm, prompt, watch, request)

@@ -17,63 +17,62 @@ In a conversation (arr_coc.pipelines.conversation) each follow-up question is re
           on the new question -> its cells (with Request.fresh_cells, none an earlier turn read), encoded at their
           true places -> VLM (the conversation so far from its cache, then a new image block and the question)
 
-observe / score / select are also ARRCOCQwen's own steps (the app re-selects a scored scene; training scores
-observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
+observe / score / select are also the façade's own steps (ARRCOCQwen: the app re-selects a scored scene;
+training scores observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
 faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
 the prior and the weights in score, the saccade count and order in select, the gestalt block in arr_prompt.
 
-    answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(budget=273))
-    answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(ablation=ABLATIONS["raster"]))
-    answer = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(refixate=0.5))
-    first = pipelines.load("arr").answer(model, image, "What does the sign say?", Request(converse=True))
-    second = pipelines.load("arr").follow_up(model, first, "And the date?", Request(), read=None)
+    answer = pipelines.load("arr").answer(parts, image, "What does the sign say?", Request(budget=273))   # Parts
+    raster = Request(ablation=ABLATIONS["raster"])   # a name is made its Ablation by answer.check_request
+    answer = pipelines.load("arr").answer(parts, image, "What does the sign say?", raster)
+    answer = pipelines.load("arr").answer(parts, image, "What does the sign say?", Request(refixate=0.5))
+    first = pipelines.load("arr").answer(parts, image, "What does the sign say?", Request(converse=True))
+    second = pipelines.load("arr").follow_up(parts, first, "And the date?", Request(), read=None)
 """
 
-from __future__ import annotations
-
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Request, Saccade, answer_confidence,
+from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Parts, Request, Saccade, answer_confidence,
                                       continue_prompt, finish, generate, latency_split, second_look_saccades,
                                       start_watch, token_counts, views_for)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
-from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Generation, Prompt, VisualTokens
-
-if TYPE_CHECKING:
-    from arr_coc.model import ARRCOCQwen
+from arr_coc.vlm.views import Views
 
 
-def question_prior(model: ARRCOCQwen, question: str, gestalt: VisualTokens, views,
+def question_prior(parts: Parts, question: str, gestalt: VisualTokens, views,
                    context: list[VisualTokens] = ()) -> torch.Tensor:
     """"Gestalt guides gaze": the question's attention to the gestalt tokens at the prior pass's layer (`context`:
     image blocks read between them, a second fixation's first saccades), on the candidate grid -> [1, GH, GW]."""
-    attention = model.vlm.prior_attention(question, gestalt, model.pipeline.prior_layer_fraction, context)  # [Ng]
+    attention = parts.vlm.prior_attention(question, gestalt, parts.pipeline.prior_layer_fraction, context)  # [Ng]
     return upsample_map(attention, views.gestalt_grid, views.candidate_grid)
 
 
 @torch.no_grad()
-def observe(model: ARRCOCQwen, image, question: str, watch: Stopwatch, max_cells: int | None = None) -> Observation:
-    """Views, the gestalt's tokens, the question's gaze on them (the prior) and the texture array: all ARR reads."""
-    vlm = model.vlm
+def observe(parts: Parts, image, question: str, watch: Stopwatch, max_cells: int | None = None,
+            views: Views | None = None) -> Observation:
+    """Views (`views`, already made: as views_for takes them), the gestalt's tokens, the question's gaze on them (the
+    prior) and the texture array: all ARR reads."""
+    vlm = parts.vlm
     with watch.section("vision"):
-        views = views_for(vlm, model.pipeline, image, max_cells)
+        views = views_for(vlm, parts.pipeline, image, max_cells, views)
         gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
     with watch.section("selection"):
-        prior = question_prior(model, question, gestalt, views)  # [1, GH, GW]
+        prior = question_prior(parts, question, gestalt, views)  # [1, GH, GW]
         highres = views.tensor("highres")  # [1, 3, H, W]
-        textures = model.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
+        textures = parts.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
     return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
 
 
-def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablation = NO_ABLATION,
-          seen: VisualTokens | None = None) -> dict:
+def score(observation: Observation, scorer: Callable[..., ScoreMaps], ablation: Ablation = NO_ABLATION,
+          seen: VisualTokens | None = None) -> ScoreMaps:
     """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward),
     under an ablation's prior and weights. `seen`: saccades already read, which join the gestalt as the
     scorers' visual context (a second fixation)."""
@@ -83,8 +82,9 @@ def score(observation: Observation, scorer: Callable[..., dict], ablation: Ablat
     return ablation.mix(maps)
 
 
-def select(layer: ARRCOCLayer, maps: dict, grid: tuple[int, int], gestalt_tokens: int, budget: int | str | None = None,
-           strategy: str | None = None, ablation: Ablation = NO_ABLATION, settings: TensionSettings | None = None,
+def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_tokens: int,
+           budget: int | str | None = None, strategy: str | None = None, ablation: Ablation = NO_ABLATION,
+           settings: TensionSettings | None = None,
            exclude: torch.Tensor | None = None) -> ARRCOCOutput:
     """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, "auto" for the adaptive one,
     or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
@@ -132,7 +132,7 @@ def second_look_budget(request: Request, first: ARRCOCOutput) -> int:
     return min(K2, first.grid[0] * first.grid[1] - K) if first.auto_budget else K2
 
 
-def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
+def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
              request: Request, watch: Stopwatch) -> tuple[ARRCOCOutput, VisualTokens]:
     """
     The second fixation's relevance and saccades: the prior pass again, now with the first round's saccades
@@ -140,12 +140,12 @@ def refixate(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, s
     not yet read are selected (under the request's tensions, a fixed K2 even after an adaptive first look; in the
     ablation's order) and encoded -> (its selection, its tokens [K2, D]).
     """
-    vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
+    vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     views = observation.views
     K2 = second_look_budget(request, first)
     with watch.section("selection"):
         context = [] if seen is None else [seen]
-        again = replace(observation, prior=question_prior(model, observation.question, observation.gestalt, views,
+        again = replace(observation, prior=question_prior(parts, observation.question, observation.gestalt, views,
                                                           context))
         maps = score(again, layer.graphed_score, ablation, seen)
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
@@ -170,13 +170,13 @@ def block_tokens(n: int) -> int:
     return n + 2 if n else 0
 
 
-def round_gflops(vlm: VLM, model: ARRCOCQwen, vision_cells: list[int], prompt: Prompt, read_gestalt: int,
+def round_gflops(vlm: VLM, parts: Parts, vision_cells: list[int], prompt: Prompt, read_gestalt: int,
                  n_gestalt: int, seen: int, saccades: int) -> dict:
     """One round's compute: its vision passes, its prior pass over [gestalt + the `seen` saccades of rounds before
     + question], and its prefill of `prompt` (read_gestalt gestalt tokens, seen + this round's saccades)."""
     text = prompt.length - block_tokens(read_gestalt) - block_tokens(seen + saccades)  # the question and the template
     return vlm.gflops(vision_cells, prompt.length, text + block_tokens(n_gestalt) + block_tokens(seen),
-                      model.pipeline.prior_layer_fraction)
+                      parts.pipeline.prior_layer_fraction)
 
 
 def round_ms(watch: Stopwatch, before: dict, start: float) -> dict:
@@ -185,34 +185,34 @@ def round_ms(watch: Stopwatch, before: dict, start: float) -> dict:
                           "total": (watch.now() - start) * 1000})
 
 
-def second_look(model: ARRCOCQwen, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
+def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
                 request: Request, watch: Stopwatch) -> tuple[Fixation, VisualTokens, Prompt, Generation, int, dict]:
     """
     The second fixation, from relevance down (refixate), then the answer read anew over the gestalt and both
     rounds' saccades -> (its Fixation, every saccade [K + K2, D], the prompt, its generation, new tokens, its
     compute), the user's streamer receiving the answer.
     """
-    vlm, ablation = model.vlm, request.ablation or NO_ABLATION
+    vlm, ablation = parts.vlm, request.ablation or NO_ABLATION
     before, start = dict(watch.ms), watch.now()
-    second, more = refixate(model, observation, first, saccades, request, watch)
+    second, more = refixate(parts, observation, first, saccades, request, watch)
     everything = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
     prompt = arr_prompt(vlm, observation, everything, gestalt=ablation.gestalt)
     generation, new_tokens = generate(vlm, prompt, watch, request)
     n_gestalt, K, K2 = len(observation.gestalt), first.indices.shape[1], second.indices.shape[1]
-    gflops = round_gflops(vlm, model, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2)
+    gflops = round_gflops(vlm, parts, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2)
     look = Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation), round_ms(watch, before, start),
                     second)
     return look, everything, prompt, generation, new_tokens, gflops
 
 
 @torch.no_grad()
-def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
+def answer(parts: Parts, image, question: str, request: Request) -> Answer:
     """One ARR answer, the image walking down once (the module docstring's diagram); under request.refixate,
     a second fixation when the first answer's confidence is below tau (the user's streamer then gets only the
     final answer)."""
-    vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
+    vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
-    observation = observe(model, image, question, watch, request.max_cells)  # views -> VLM: gestalt, prior; textures
+    observation = observe(parts, image, question, watch, request.max_cells, request.views)  # views -> VLM; textures
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)
         out = select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), request.budget,
@@ -224,7 +224,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
     generation, new_tokens = generate(vlm, prompt, watch, replace(request, streamer=None) if refixing else request)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     read_gestalt = n_gestalt if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
-    gflops = round_gflops(vlm, model, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
+    gflops = round_gflops(vlm, parts, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
     fixations, rows = [], saccade_list(observation, out)
     if refixing:
         fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
@@ -232,7 +232,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
         if fixations[0].confidence >= request.refixate or not second_look_budget(request, out):
             replay(request.streamer, generation)
         else:  # look again: K2 cells not yet read, then the answer over gestalt + both rounds' saccades
-            look, saccades, prompt, generation, new_tokens, more = second_look(model, observation, out, saccades,
+            look, saccades, prompt, generation, new_tokens, more = second_look(parts, observation, out, saccades,
                                                                                 request, watch)
             fixations.append(look)
             gflops = {k: gflops[k] + more[k] for k in gflops}
@@ -245,7 +245,7 @@ def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
 
 
 @torch.no_grad()
-def follow_up(model: ARRCOCQwen, last: Answer, question: str, request: Request,
+def follow_up(parts: Parts, last: Answer, question: str, request: Request,
               read: torch.Tensor | None = None) -> Answer:
     """
     A conversation's next question, read anew (the module docstring's second diagram): the first turn's views,
@@ -253,13 +253,13 @@ def follow_up(model: ARRCOCQwen, last: Answer, question: str, request: Request,
     `read` [GH, GW], the cells earlier turns read, with Request.fresh_cells) encoded at their true places as a
     new image block, and the question, after the conversation so far (only this turn is prefilled).
     """
-    vlm, layer, ablation = model.vlm, request.layer or model.layer, request.ablation or NO_ABLATION
+    vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
     first = last.observation
     views = first.views
     with watch.section("selection"):  # the gestalt guides this question's gaze; the scorers read this question
         observation = replace(first, question=question, question_embeds=vlm.question_embeds(question),
-                              prior=question_prior(model, question, first.gestalt, views))
+                              prior=question_prior(parts, question, first.gestalt, views))
         maps = score(observation, layer.graphed_score, ablation)
         exclude = read.unsqueeze(0) if request.fresh_cells and read is not None else None  # [1, GH, GW]
         out = select(layer, maps, views.candidate_grid, len(first.gestalt), request.budget, request.strategy,
@@ -269,7 +269,7 @@ def follow_up(model: ARRCOCQwen, last: Answer, question: str, request: Request,
     prompt = continue_prompt(vlm, last, question, [] if saccades is None else [saccades], request)
     generation, new_tokens = generate(vlm, prompt, watch, request)
     K = out.indices.shape[1]
-    gflops = round_gflops(vlm, model, [K] if K else [], prompt, 0, len(first.gestalt), 0, K)
+    gflops = round_gflops(vlm, parts, [K] if K else [], prompt, 0, len(first.gestalt), 0, K)
     return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, 0, K), watch, start, views, gflops,
                   arr=out, saccades=saccade_list(observation, out), observation=observation,
                   ablation=None if ablation is NO_ABLATION else ablation.name)

@@ -11,8 +11,8 @@ own tokens (arr_coc.vlm.decoder).
   template builds a conversation (answer.follow_up). FastV cannot hold one: its layers' caches differ in length.
 
     chat = Conversation("arr", image)
-    first = chat.ask(model, "What is the value of KEY?", Request())
-    second = chat.ask(model, "What colour is the box around HAMMER?", Request(fresh_cells=True))
+    first = chat.ask(parts, "What is the value of KEY?", Request())          # parts: arr_coc.pipelines.answer.Parts
+    second = chat.ask(parts, "What colour is the box around HAMMER?", Request(fresh_cells=True))
     second.turn, second.prefilled, second.context, chat.moves()[-1].new
 """
 
@@ -22,7 +22,7 @@ import torch
 
 from arr_coc import pipelines
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import Answer, Observation, Request, follow_up
+from arr_coc.pipelines.answer import Answer, Observation, Parts, Request, follow_up
 from arr_coc.vlm.base import History
 from arr_coc.vlm.decoder import KVCache
 
@@ -64,20 +64,20 @@ class Conversation:
                 cells[s.row, s.col] = True
         return cells.to(self.answers[-1].observation.highres.device)
 
-    def ask(self, model, question: str, request: Request) -> Answer:
+    def ask(self, parts: Parts, question: str, request: Request) -> Answer:
         """The next turn: the pipeline's answer to `question` after the turns so far (turn 1: the image's first)."""
-        if model.vlm.engine != "fast":
+        if parts.vlm.engine != "fast":
             raise InputError("conversations run on the fast engine (it keeps the earlier turns' keys and values); "
                              "the hf engine answers one question at a time")
         module = pipelines.load(self.pipeline)
         if not self.answers:
-            answer = module.answer(model, self.image, question, replace(request, converse=True))
+            answer = module.answer(parts, self.image, question, replace(request, converse=True))
         elif request.refixate is not None:
             raise InputError("refixation (a second look) runs on a conversation's first turn only")
         elif hasattr(module, "follow_up"):  # ARR: reads each question anew
-            answer = module.follow_up(model, self.answers[-1], question, request, self.read)
+            answer = module.follow_up(parts, self.answers[-1], question, request, self.read)
         else:
-            answer = follow_up(model, self.pipeline, self.answers[-1], question, request)
+            answer = follow_up(parts, self.pipeline, self.answers[-1], question, request)
         answer.turn = len(self.answers) + 1
         if self.answers:  # only the last turn's context is continued: the earlier caches go
             self.answers[-1].history = None

@@ -5,13 +5,13 @@ cell whose nearest neighbour is farthest; each next pick is the cell whose dista
 is largest, until N. The kept tokens stay in raster order at their original M-RoPE positions (Qwen3-VL: with
 their own DeepStack features; the pruned ones' are dropped). N is what ARR's LLM reads at the same budget.
 
-    answer = pipelines.load("divprune").answer(model, image, "What is here?", Request(budget=273))
+    answer = pipelines.load("divprune").answer(parts, image, "What is here?", Request(budget=273))
 """
 
 import torch
 import torch.nn.functional as F
 
-from arr_coc.pipelines.answer import Answer, Request
+from arr_coc.pipelines.answer import Answer, Parts, Request
 from arr_coc.pipelines.stock import answer_reduced
 from arr_coc.vlm.base import VisualTokens
 
@@ -51,5 +51,5 @@ def encode_native(vlm, view) -> tuple[VisualTokens, None]:
     return vlm.encode_view(view), None  # [K, D]; nothing else to read
 
 
-def answer(model, image, question: str, request: Request) -> Answer:
-    return answer_reduced(model, "divprune", image, question, request, encode_native, keep_diverse)
+def answer(parts: Parts, image, question: str, request: Request) -> Answer:
+    return answer_reduced(parts, "divprune", image, question, request, encode_native, keep_diverse)

@@ -11,29 +11,22 @@ the view's own tokens. Layers below K keep their full KV cache while decoding; l
 shortened one (arr_coc/vlm/decoder.py). Qwen3-VL's DeepStack features of the dropped tokens go with them.
 It runs on the fast engine only: its layers read two sequence lengths, which stock generate() cannot do.
 
-    answer = pipelines.load("fastv").answer(model, image, "What is here?", Request(budget=273, fastv_layer=2))
+    answer = pipelines.load("fastv").answer(parts, image, "What is here?", Request(budget=273, fastv_layer=2))
     answer.kept                                          # [N, 2] the (row, col) of the kept tokens, native grid
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import (Answer, Request, arr_visual_tokens, finish, generate, start_watch, token_counts,
-                                      views_for)
-
-if TYPE_CHECKING:
-    from arr_coc.model import ARRCOCQwen
+from arr_coc.pipelines.answer import (Answer, Parts, Request, arr_visual_tokens, finish, generate, start_watch,
+                                      token_counts, views_for)
 
 VIEW = "native"  # the view FastV prunes: the one `full` reads whole
 
 
-def check_layer(model: ARRCOCQwen, layer: int) -> int:
+def check_layer(parts: Parts, layer: int) -> int:
     """K must leave at least one layer below it (the statistic's) and one above it (the pruned ones)."""
-    layers = len(model.vlm.language_model.layers)
+    layers = len(parts.vlm.language_model.layers)
     if not 1 <= int(layer) < layers:
         raise InputError(f"FastV's layer K must be between 1 and {layers - 1} for this model ({layers} LLM layers), "
                          f"got {layer}")
@@ -41,18 +34,18 @@ def check_layer(model: ARRCOCQwen, layer: int) -> int:
 
 
 @torch.no_grad()
-def answer(model: ARRCOCQwen, image, question: str, request: Request) -> Answer:
+def answer(parts: Parts, image, question: str, request: Request) -> Answer:
     """One FastV answer: the module docstring's diagram."""
-    vlm = model.vlm
+    vlm = parts.vlm
     if vlm.engine != "fast":
         raise InputError("the fastv baseline runs on the fast engine only (its layers read two sequence lengths)")
-    K = check_layer(model, model.pipeline.fastv_layer if request.fastv_layer is None else request.fastv_layer)
+    K = check_layer(parts, parts.pipeline.fastv_layer if request.fastv_layer is None else request.fastv_layer)
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
-        views = views_for(vlm, model.pipeline, image, request.max_cells)
+        views = views_for(vlm, parts.pipeline, image, request.max_cells, request.views)
         tokens = vlm.encode_view(views.tensor(VIEW))  # [M, D] raster order
     M = len(tokens)
-    N = min(M, arr_visual_tokens(model, views, request, question))
+    N = min(M, arr_visual_tokens(parts, views, request, question))
     prompt = vlm.prompt(question, [tokens])
     generation, new_tokens = generate(vlm, prompt, watch, request, prune=(K, N))  # the selection runs in the prefill
     kept = tokens.positions[generation.kept.cpu()]  # [N, 2] (row, col) on the native grid, raster order

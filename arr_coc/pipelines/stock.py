@@ -11,31 +11,26 @@ reads at the same budget (answer.arr_visual_tokens). The Answer names the places
 for VisionZip, those that hold merged context (Answer.merged): the app draws them beside ARR's saccades.
 """
 
-from __future__ import annotations
-
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Request, arr_visual_tokens, finish, generate, start_watch, token_counts,
-                                      views_for)
+from arr_coc.pipelines.answer import (Answer, Parts, Request, arr_visual_tokens, finish, generate, start_watch,
+                                      token_counts, views_for)
 from arr_coc.timing import timed_module
 from arr_coc.vlm.views import fit_grid
 
-if TYPE_CHECKING:
-    from arr_coc.model import ARRCOCQwen
-
 
 @torch.no_grad()
-def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, question: str, request: Request) -> Answer:
+def answer_view(parts: Parts, pipeline: str, view_name: str, image, question: str, request: Request) -> Answer:
     """Answer from the view `view_name` of arr_coc.vlm.views.Views ("native", "gestalt", "budget")."""
-    vlm = model.vlm
+    vlm = parts.vlm
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
-        views = views_for(vlm, model.pipeline, image, request.max_cells)
+        views = views_for(vlm, parts.pipeline, image, request.max_cells, request.views)
         if view_name == "budget":  # about as many tokens as ARR reads at this budget (529 at the default 273)
-            n_arr = arr_visual_tokens(model, views, request, question)
+            n_arr = arr_visual_tokens(parts, views, request, question)
             views = replace(views, budget_grid=fit_grid(views.image.width, views.image.height, n_arr))
         view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
     n = grid[0] * grid[1]
@@ -55,7 +50,7 @@ def answer_view(model: ARRCOCQwen, pipeline: str, view_name: str, image, questio
 
 
 @torch.no_grad()
-def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, request: Request,
+def answer_reduced(parts: Parts, pipeline: str, image, question: str, request: Request,
                    encode: Callable, reduce: Callable) -> Answer:
     """
     A token reducer's answer: the whole native view through the vision tower (encode(vlm, view) -> VisualTokens
@@ -63,13 +58,13 @@ def answer_reduced(model: ARRCOCQwen, pipeline: str, image, question: str, reque
     merged ones or None), n = arr_visual_tokens (all of them when the view has fewer), one image block, the fast
     engine's prompt.
     """
-    vlm = model.vlm
+    vlm = parts.vlm
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
-        views = views_for(vlm, model.pipeline, image, request.max_cells)
+        views = views_for(vlm, parts.pipeline, image, request.max_cells, request.views)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
     with watch.section("selection"):
-        n = min(arr_visual_tokens(model, views, request, question), len(every))  # as many tokens as ARR reads
+        n = min(arr_visual_tokens(parts, views, request, question), len(every))  # as many tokens as ARR reads
         kept, merged = reduce(every, read, n)  # [n, D]
     prompt = vlm.prompt(question, [kept])
     generation, new_tokens = generate(vlm, prompt, watch, request)

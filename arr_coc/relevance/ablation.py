@@ -20,13 +20,15 @@ concentration, --budget auto) (Ablation.tensions and Ablation.auto_budget, at se
 
 from __future__ import annotations  # torch-free at import: the commands check --ablations before torch loads
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
 if TYPE_CHECKING:
     import torch
+
+    from arr_coc.relevance.layer import ScoreMaps
 
 SCORERS = ("information", "perspectival", "participatory")  # the balancer's maps, in its weights' order
 PRIOR_WEIGHTS = tuple(ARRCOCConfig().prior_weights)  # (0.2, 0.2, 0.6): the untrained balancer's weights
@@ -49,7 +51,7 @@ class Ablation:
         """The participatory prior [B, gh, gw] the scorer gets: the VLM's, or none."""
         return prior if self.participatory_prior else None
 
-    def mix(self, maps: dict) -> dict:
+    def mix(self, maps: ScoreMaps) -> ScoreMaps:
         """The layer's scored maps with the relevance mixed from fixed weights (the scorer maps untouched)."""
         if self.weights is None:
             return maps
@@ -57,9 +59,9 @@ class Ablation:
 
         from arr_coc.relevance.balancing import mix
 
-        stacked = torch.stack([maps[name] for name in SCORERS], dim=1)  # [B, 3, gh, gw]
+        stacked = torch.stack([getattr(maps, name) for name in SCORERS], dim=1)  # [B, 3, gh, gw]
         weights = torch.tensor(self.weights, dtype=stacked.dtype, device=stacked.device).expand(len(stacked), 3)
-        return dict(maps, relevance=mix(stacked, weights), weights=weights)  # [B, gh, gw], [B, 3]
+        return replace(maps, relevance=mix(stacked, weights), weights=weights)  # [B, gh, gw], [B, 3]
 
     def saccade_budget(self, budget: int | str, gestalt_tokens: int) -> int | str:
         """How many saccades to select: the budget (adaptive: "auto"), plus the gestalt's tokens when the gestalt is

@@ -7,7 +7,8 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
 
     layer = ARRCOCLayer(ARRCOCConfig(hidden_size=1536))
     textures = generate_texture_array(images, (32, 32))   # [B, 13, 32, 32], not learned
-    maps = layer(textures, query_embeds)                  # the differentiable part: scorer maps and relevance
+    maps = layer(textures, query_embeds)                  # -> ScoreMaps: the differentiable part (maps, relevance)
+    maps.relevance, maps.weights                          # [B, 32, 32], [B, 3]
     out = layer.select(maps, (32, 32))                    # -> ARRCOCOutput
     out = layer.select(maps, (32, 32), "auto", settings=TensionSettings(explore=0.25))   # adaptive K, e fixed
     layer.save_pretrained("checkpoints/mine")
@@ -45,6 +46,29 @@ CARD_MODEL = re.compile(r"trained for `([^`\n]{1,200})` \(")  # its line: "layer
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be loaded; the message says what is wrong and what was expected."""
+
+
+@dataclass
+class ScoreMaps:
+    """What the layer's forward scores (everything but the selection): select reads it, the app keeps it on the CPU
+    to re-select without the VLM, and an ablation re-mixes it (Ablation.mix). Its fields are ARRCOCOutput's too."""
+    textures: torch.Tensor  # [B, 13, gh, gw] the texture array, on the layer's device and dtype
+    information: torch.Tensor  # [B, gh, gw] propositional scorer map
+    perspectival: torch.Tensor  # [B, gh, gw] perspectival scorer map
+    participatory: torch.Tensor  # [B, gh, gw] participatory scorer map
+    participatory_prior: torch.Tensor | None  # [B, gh, gw] the gestalt attention prior the participatory scorer read
+    relevance: torch.Tensor  # [B, gh, gw] balanced relevance map
+    weights: torch.Tensor  # [B, 3] balancer weights (information, perspectival, participatory)
+    tension_residuals: torch.Tensor  # [B, 3] the balancer's tension_head (explore, diversify, particularize)
+
+    def to(self, device) -> "ScoreMaps":
+        """The maps detached, on `device` (the app keeps them on the CPU between requests)."""
+        return replace(self, **{name: None if value is None else value.detach().to(device)
+                                for name, value in self.named()})
+
+    def named(self) -> list[tuple[str, torch.Tensor | None]]:
+        """(field name, value) of every map, in field order: what ARRCOCOutput takes of them."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
 
 @dataclass
@@ -141,7 +165,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         query_mask: torch.Tensor | None = None,  # [B, L]
         gestalt_embeds: torch.Tensor | None = None,  # [B, Ng, D]
         participatory_prior: torch.Tensor | None = None,  # [B, gh, gw]
-    ) -> dict:
+    ) -> ScoreMaps:
         """
         Everything but the selection: the three maps, the weights and the relevance map. It is the module's
         forward because it is the differentiable part that uses every parameter: what DDP wraps in training.
@@ -153,9 +177,9 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         participatory = self.participatory(textures, query_embeds, query_mask, participatory_prior)  # [B, gh, gw]
         maps = torch.stack([information, perspectival, participatory], dim=1)  # [B, 3, gh, gw]
         relevance, weights, tension_residuals = self.balancer(maps, query_embeds, query_mask, gestalt_embeds)
-        return dict(textures=textures, information=information, perspectival=perspectival,
-                    participatory=participatory, participatory_prior=participatory_prior,
-                    relevance=relevance, weights=weights, tension_residuals=tension_residuals)
+        return ScoreMaps(textures=textures, information=information, perspectival=perspectival,
+                         participatory=participatory, participatory_prior=participatory_prior,
+                         relevance=relevance, weights=weights, tension_residuals=tension_residuals)
 
     def budget_bounds(self, grid: tuple[int, int], settings: TensionSettings = NO_SETTINGS) -> tuple[int, int]:
         """The adaptive budget's (min, max) on a (gh, gw) grid: the settings', else the config's, within its cells."""
@@ -163,7 +187,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         hi = min(settings.max_budget or c.max_budget, cells)
         return min(settings.min_budget or c.min_budget, hi), hi
 
-    def select(self, maps: dict, grid: tuple[int, int], budget: int | str | None = None,
+    def select(self, maps: ScoreMaps, grid: tuple[int, int], budget: int | str | None = None,
                strategy: str | None = None, settings: TensionSettings | None = None,
                exclude: torch.Tensor | None = None) -> ARRCOCOutput:
         """
@@ -173,18 +197,18 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         """
         c, settings = self.config, settings or NO_SETTINGS
         auto = budget == AUTO
-        tensions = tension_values(maps["tension_residuals"], maps["relevance"], c.budget_temperature, settings)
+        tensions = tension_values(maps.tension_residuals, maps.relevance, c.budget_temperature, settings)
         bounds = self.budget_bounds(grid, settings)
-        textures = maps["textures"]  # the scorers' priors, not their trained maps: every checkpoint agrees on busyness
+        textures = maps.textures  # the scorers' priors, not their trained maps: every checkpoint agrees on busyness
         structure = image_structure(self.information.prior(textures), self.perspectival.prior(textures),
                                     c.void_top_fraction)  # [B]
         allocator = self.allocator(None if auto else budget, strategy)
-        allocation = allocator(maps["relevance"], empty_images=is_flat(maps["textures"]).tolist(),
+        allocation = allocator(maps.relevance, empty_images=is_flat(textures).tolist(),
                                busy_images=(structure < c.void_structure).tolist(),
                                budgets=budgets(tensions.particularize, bounds) if auto else None,
                                explore=tensions.explore.tolist(), diversify=tensions.diversify.tolist(),
                                exclude=exclude)
-        selected = maps["relevance"].flatten(1).gather(1, allocation.indices)  # [B, K] with grad
+        selected = maps.relevance.flatten(1).gather(1, allocation.indices)  # [B, K] with grad
         soft_k = soft_budget(tensions.particularize, bounds) if auto else None  # [B]
         K = allocation.indices.shape[1]
         return ARRCOCOutput(indices=allocation.indices, positions=allocation.positions, scores=allocation.scores,
@@ -193,7 +217,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                             particularize=tensions.particularize, budgets=[K] * len(allocation.indices),
                             auto_budget=auto, structure=structure, kinds=allocation.kinds,
                             gates=gates(tensions, allocation.kinds, allocation.positions, soft_k, c.spacing_radius),
-                            **maps).in_order(c.saccade_order)
+                            **dict(maps.named())).in_order(c.saccade_order)
 
     # --- checkpoints: safetensors + JSON only ---
 

@@ -25,7 +25,7 @@ whose gradient is what a tension brings minus what it gives away (so a tension a
   hence the head's residual and, through the entropy prior, the relevance map's own sharpness.
 
     settings = TensionSettings(explore=0.25)              # fixed by hand; None: the balancer's own
-    t = tension_values(maps["tension_residuals"], maps["relevance"], 0.5, settings)   # [B] each, differentiable
+    t = tension_values(maps.tension_residuals, maps.relevance, 0.5, settings)   # [B] each, differentiable
     soft_k = soft_budget(t.particularize, (64, 512))       # [B]
 """
 

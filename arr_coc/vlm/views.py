@@ -97,6 +97,7 @@ class Views:
     candidate_grid: tuple[int, int]  # (GH, GW) candidate cells of the high-res view: native, >= 2x the gestalt per side
     budget_grid: tuple[int, int]  # (bh, bw) tokens of the same-budget baseline view (PipelineConfig.budget_tokens)
     cell: int = CELL  # px per cell side: one merged token (28 for Qwen2-VL's 14 px patches merged 2x2, 32 for Qwen3-VL)
+    made_at: tuple = ()  # the settings a caller made them at (pipelines.answer.views_for: reused only at the same ones)
     _cache: dict = field(default_factory=dict, repr=False)
 
     def grid(self, name: str) -> tuple[int, int]:

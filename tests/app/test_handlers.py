@@ -24,6 +24,7 @@ from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, ARRCOCQwen, Observation, Scene
 from arr_coc.pipelines import REDUCERS
 from arr_coc.relevance.config import TensionSettings
+from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.vlm.views import Views
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +59,39 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
     heatmap, mosaic = handlers.redraw(kept, 0)  # renumbered from the kept state alone
     assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
     assert updates[-1][9] is None  # a stock view keeps every cell: no kept-cell drawing
+
+
+def making_views(monkeypatch) -> list:
+    """Every make_views call the pipelines and ARRCOCQwen.views make from now on (through views_for), recorded."""
+    from arr_coc.pipelines import answer as answer_module
+
+    made, make = [], answer_module.make_views
+    monkeypatch.setattr(answer_module, "make_views", lambda *args: made.append(args) or make(*args))
+    return made
+
+
+@pytest.mark.parametrize("baseline, mode", [("budget", "RGB"), ("divprune", "RGBA")])
+def test_compare_makes_the_views_once_for_both_pipelines(arr_model, monkeypatch, baseline, mode):
+    """One Compare request reads one image with two pipelines: its views (the upload, every resized view) are made
+    once, an RGBA upload's too, and each answer is the one a plain request of its own gives."""
+    from arr_coc.app import ui
+
+    image = CAT.convert(mode)
+    made = making_views(monkeypatch)
+    final = list(handlers.compare(arr_model, image, QUESTION, baseline, 2, "topk", CELLS, 5))[-1]
+    assert len(made) == 1
+    base = arr_model.answer(image, QUESTION, baseline, max_new_tokens=2, max_cells=CELLS)
+    ours = arr_model.answer(image, QUESTION, "arr", max_new_tokens=2, max_cells=CELLS, strategy="topk")
+    assert (final[1], final[3]) == (ui.answer_text(base), ui.answer_text(ours))
+    assert torch.equal(final[-1].positions, ours.arr.in_order("relevance").positions[0].cpu())
+
+
+def test_a_conversations_first_turn_makes_the_views_once_for_both_pipelines(arr_model, monkeypatch):
+    made = making_views(monkeypatch)
+    chat, *_ = handlers.converse(arr_model, None, CAT.convert("RGBA"), QUESTION, "full", 2, 30, False, 5)
+    assert len(made) == 1
+    handlers.converse(arr_model, chat, CAT.convert("RGBA"), "And its nose?", "full", 2, 30, False, 5)
+    assert len(made) == 1  # a follow-up reads turn 1's views
 
 
 def test_compare_draws_the_cells_a_reducer_kept_under_its_answer(arr_model):
@@ -214,7 +248,7 @@ def test_an_examples_file_path_is_read_as_the_upload_it_stands_for(arr_model, tm
 def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
     kept, channels, scorers, heatmap, summary, saccades, mosaic = handlers.microscope(
         arr_model, CAT, QUESTION, "topk", 273, CELLS, 5)
-    assert holds_only_cpu_data(kept) == [] and set(kept.maps) >= {"relevance", "textures", "weights"}
+    assert holds_only_cpu_data(kept) == [] and isinstance(kept.maps, ScoreMaps)
     assert summary.startswith("**273 saccades**") and len(saccades) == 273
     heatmap, summary, fewer, mosaic = handlers.reselect(arr_model, kept, "topk", 50, 5)
     assert summary.startswith("**50 saccades**") and fewer == saccades[:50]
@@ -266,7 +300,7 @@ def test_the_microscope_analyses_under_an_ablation_and_reselects_under_it(arr_mo
         fed = [(row[1], row[2]) for row in sorted(fewer, key=lambda row: row[4])]
         assert fed == sorted(fed) and [row[3] for row in fewer] == sorted((row[3] for row in fewer), reverse=True)
     if ablation == "fixed-weights":
-        assert torch.equal(kept.maps["weights"], torch.tensor([[0.2, 0.2, 0.6]]))
+        assert torch.equal(kept.maps.weights, torch.tensor([[0.2, 0.2, 0.6]]))
     with pytest.raises(gr.Error, match="unknown ablation 'nope'"):
         handlers.microscope(arr_model, CAT, QUESTION, "topk", 273, CELLS, 5, "nope")
 
@@ -367,7 +401,7 @@ def test_the_microscope_lists_and_numbers_a_raster_fed_selection_by_relevance(ra
 def test_the_weights_chart_shows_each_scorers_share_of_the_saccades(arr_model):
     """Item 2: beside the balancer weights, each scorer map's share of the selected saccades' relevance (they
     sum to 1): what tells the scorers apart when the weights are all 1.00, as on the pocket checkpoint."""
-    answer = arr_model.answer(CAT, QUESTION, "arr", 1)
+    answer = arr_model.answer(CAT, QUESTION, "arr", max_new_tokens=1)
     out = dataclasses.replace(answer.arr, weights=torch.ones(1, 3))  # a balancer that says nothing
     shares = out.shares()[0]
     standard = torch.stack([out.information, out.perspectival, out.participatory], 1)[0].flatten(1)  # [3, N]
@@ -396,13 +430,13 @@ def test_two_overlapping_requests_on_the_pocket_model_answer_as_each_alone(pocke
     model: each answer equals its lone answer (overlapping, they once shared a decode cache: "7878" became "7")."""
     requests = [(Image.open(ROOT / "assets" / "pocket_fine_print.png"), "What is the value of WIDTH?"),
                 (Image.open(ROOT / "assets" / "pocket_box_word.png"), "What word is in the blue box?")]
-    lone = [pocket.answer(image, question, "arr", 16).text for image, question in requests]
+    lone = [pocket.answer(image, question, "arr", max_new_tokens=16).text for image, question in requests]
     for _ in range(6):  # an overlap corrupts one run in a few, not every one
         together, start = [None, None], threading.Barrier(2)
 
         def ask(i):
             start.wait()
-            together[i] = pocket.answer(*requests[i], "arr", 16).text
+            together[i] = pocket.answer(*requests[i], "arr", max_new_tokens=16).text
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
         for thread in threads:

@@ -42,7 +42,7 @@ def stock_answer_logprob(vlm, view, question: str, answer: str) -> float:
 def arr_curves(model, image, budget: int, **kwargs):
     """An ARR answer to QUESTION with `budget` saccades, and the curves of ANSWER over its selection."""
     arr = model.answer(image, QUESTION, "arr", max_new_tokens=1, budget=budget)
-    return arr, faithfulness_curves(model, arr.observation, arr.arr, ANSWER, **kwargs)
+    return arr, faithfulness_curves(model.parts, arr.observation, arr.arr, ANSWER, **kwargs)
 
 
 def test_removal_counts_run_from_none_to_all():

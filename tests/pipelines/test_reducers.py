@@ -39,7 +39,7 @@ def reduced(model, image, name: str, request: Request):
     views = views_for(model.vlm, model.pipeline, image)
     with torch.no_grad():
         every, read = encode(model.vlm, views.tensor("native"))
-        n = arr_visual_tokens(model, views, request)
+        n = arr_visual_tokens(model.parts, views, request)
         kept, _ = reduce(every, read, n)
         return every, kept, n
 

@@ -11,6 +11,7 @@ from arr_coc.errors import InputError
 from arr_coc.pipelines.arr import score, select
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION, PRIOR_WEIGHTS, SCORERS
 from arr_coc.relevance.balancing import standardise
+from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.timing import Stopwatch
 from conftest import QUESTION, scene_image
 
@@ -37,17 +38,17 @@ def ablate(scene, name):
     return maps, select_cells(layer, observation, maps, ABLATIONS[name])
 
 
-def assert_same(a: dict, b: dict, keys):
-    for key in keys:
-        assert torch.equal(a[key], b[key]), key
+def assert_same(a: ScoreMaps, b: ScoreMaps, names):
+    for name in names:
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
 def test_the_checkpoint_is_trained(scene, arr_model):
     """The guard that makes the weight tests mean something: its weights and maps are not the prior's."""
     _, observation, maps, _ = scene
     prior = score(observation, arr_model.prior_layer())
-    assert not torch.allclose(maps["weights"], torch.tensor([PRIOR_WEIGHTS]), atol=1e-3)
-    assert not torch.allclose(maps["information"], prior["information"])
+    assert not torch.allclose(maps.weights, torch.tensor([PRIOR_WEIGHTS]), atol=1e-3)
+    assert not torch.allclose(maps.information, prior.information)
 
 
 @pytest.mark.parametrize("name, alone", [("information", 0), ("perspectival", 1), ("participatory", 2)])
@@ -55,8 +56,8 @@ def test_a_scorer_alone_is_its_standardised_map_and_the_maps_are_untouched(scene
     _, _, base, base_out = scene
     maps, out = ablate(scene, name)
     assert_same(maps, base, ("textures", "participatory_prior", *SCORERS))
-    assert maps["weights"].tolist() == [[float(i == alone) for i in range(3)]]
-    assert torch.allclose(maps["relevance"], standardise(base[SCORERS[alone]]), atol=1e-6)
+    assert maps.weights.tolist() == [[float(i == alone) for i in range(3)]]
+    assert torch.allclose(maps.relevance, standardise(getattr(base, SCORERS[alone])), atol=1e-6)
     assert out.indices.shape == (1, BUDGET) and not torch.equal(out.indices, base_out.indices)
 
 
@@ -64,23 +65,23 @@ def test_fixed_weights_are_the_priors_over_the_trained_scorers(scene):
     _, _, base, _ = scene
     maps, out = ablate(scene, "fixed-weights")
     assert_same(maps, base, ("textures", "participatory_prior", *SCORERS))  # the trained checkpoint's maps
-    assert torch.equal(maps["weights"], torch.tensor([[0.2, 0.2, 0.6]]))
-    stacked = standardise(torch.stack([base[n] for n in SCORERS], 1))  # [1, 3, gh, gw]
-    assert torch.allclose(maps["relevance"], 0.2 * stacked[:, 0] + 0.2 * stacked[:, 1] + 0.6 * stacked[:, 2], atol=1e-6)
+    assert torch.equal(maps.weights, torch.tensor([[0.2, 0.2, 0.6]]))
+    stacked = standardise(torch.stack([getattr(base, n) for n in SCORERS], 1))  # [1, 3, gh, gw]
+    assert torch.allclose(maps.relevance, 0.2 * stacked[:, 0] + 0.2 * stacked[:, 1] + 0.6 * stacked[:, 2], atol=1e-6)
 
 
 def test_no_prior_changes_the_participatory_map_only(scene):
     layer, observation, base, _ = scene
     maps, _ = ablate(scene, "no-prior")
     assert_same(maps, base, ("textures", "information", "perspectival"))
-    assert maps["participatory_prior"] is None
-    without = layer.participatory(base["textures"], observation.question_embeds, None, None)  # [1, gh, gw]
-    assert torch.equal(maps["participatory"], without) and not torch.allclose(without, base["participatory"])
+    assert maps.participatory_prior is None
+    without = layer.participatory(base.textures, observation.question_embeds, None, None)  # [1, gh, gw]
+    assert torch.equal(maps.participatory, without) and not torch.allclose(without, base.participatory)
     # the balancer is not ablated: its weights are its own, over the maps it is given
-    stacked = torch.stack([maps[n] for n in SCORERS], 1)
+    stacked = torch.stack([getattr(maps, n) for n in SCORERS], 1)
     relevance, weights, _ = layer.balancer(stacked, observation.question_embeds, None,
                                         observation.gestalt.features.unsqueeze(0))
-    assert torch.equal(maps["weights"], weights) and torch.equal(maps["relevance"], relevance)
+    assert torch.equal(maps.weights, weights) and torch.equal(maps.relevance, relevance)
 
 
 def test_raster_order_feeds_the_same_cells_sorted_by_raster_index(scene):
@@ -91,7 +92,7 @@ def test_raster_order_feeds_the_same_cells_sorted_by_raster_index(scene):
     assert not torch.equal(out.indices, base_out.indices)  # relevance order is not raster order here
     gw = out.grid[1]
     assert torch.equal(out.positions[0], torch.stack([out.indices[0] // gw, out.indices[0] % gw], -1))
-    assert torch.equal(out.scores[0], base["relevance"].flatten(1)[0, out.indices[0]])
+    assert torch.equal(out.scores[0], base.relevance.flatten(1)[0, out.indices[0]])
     assert torch.equal(out.selected_scores, out.scores)
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from arr_coc import graphs
 from arr_coc.relevance.config import ARRCOCConfig
-from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
+from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError, ScoreMaps
 from arr_coc.relevance.texture import generate_texture_array
 
 D = 64
@@ -36,6 +37,38 @@ def test_output_holds_everything_the_microscope_shows():
         assert m.shape == (2, 32, 32)
     torch.testing.assert_close(out.weights, torch.tensor([[0.2, 0.2, 0.6]] * 2))
     assert out.fallback == [None, None] and out.grid == (32, 32)
+
+
+def test_a_graph_replay_hands_back_score_maps_of_its_own(monkeypatch):
+    """graphed_score's replays return a ScoreMaps whose tensors are clones of the graph's static outputs, never the
+    buffers the next replay overwrites. Off CUDA, with a stand-in graph: the first call captures (the forward into
+    static buffers), each replay writes the forward of the new inputs into those same buffers."""
+    def capture(self, args):
+        static_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        static_out = self.fn(*static_args)
+
+        class Graph:
+            def replay(self_):
+                fresh = self.fn(*static_args)
+                for name, value in static_out.named():
+                    if value is not None:
+                        value.copy_(getattr(fresh, name))
+        return Graph(), static_args, static_out
+
+    monkeypatch.setattr(graphs, "runs_eagerly", lambda args: False)
+    monkeypatch.setattr(graphs.CUDAGraphed, "_capture", capture)
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    torch.manual_seed(0)
+    inputs = [(generate_texture_array(structured_images(1) * scale, (32, 32)), torch.randn(1, 5, D), None,
+               torch.randn(1, 16, D), torch.rand(1, 32, 32)) for scale in (1.0, 0.5)]
+    with torch.no_grad():
+        eager = [layer(*x) for x in inputs]
+        first, second = (layer.graphed_score(*x) for x in inputs)
+    assert isinstance(first, ScoreMaps) and len(layer.graphed_score.graphs) == 1  # one signature, one graph
+    for replayed, expected in ((first, eager[0]), (second, eager[1])):  # the first not overwritten by the second
+        for name, value in expected.named():
+            assert torch.equal(getattr(replayed, name), value), name
+    assert not torch.equal(first.relevance, second.relevance)
 
 
 def test_budget_and_strategy_can_be_overridden_per_call():
