@@ -63,7 +63,8 @@ def patch_targets(glyphs: list[Glyph], width: int, height: int, slots: int = PAT
 
 
 def reading_targets(glyphs: list[Glyph], width: int, height: int) -> np.ndarray:
-    """A page's reading targets: each cell's SLOTS characters, then its patches'. int64 [cells, SLOTS + 4 * PATCH_SLOTS]."""
+    """A page's reading targets: each cell's SLOTS characters, then its patches'.
+    int64 [cells, SLOTS + 4 * PATCH_SLOTS]."""
     return np.concatenate([glyph_targets(glyphs, width, height), patch_targets(glyphs, width, height)], 1)
 
 
@@ -97,15 +98,12 @@ class ReadingHead(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
 
     @torch.no_grad()
-    def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor, patches: torch.Tensor | None = None) -> float:
-        """Share of drawn characters (non-empty slots) named right, by the cell head or (given `patches`) the
-        patch head; targets below NONE (ignored) do not count."""
-        if patches is None:
-            logits, targets = self.logits(tokens), targets[:, :self.slots]
-        else:
-            logits, targets = self.patch_logits(patches), targets[:, self.slots:]
+    def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+        """Share of drawn characters (non-empty cell slots) the cell head names right; targets below NONE (ignored)
+        do not count, nor reading_targets' patch columns."""
+        targets = targets[:, :self.slots]
         ink = targets > NONE
-        return float(((logits.argmax(-1) == targets) & ink).sum() / ink.sum().clamp(min=1))
+        return float(((self.logits(tokens).argmax(-1) == targets) & ink).sum() / ink.sum().clamp(min=1))
 
 
 class MergerOutputHook:

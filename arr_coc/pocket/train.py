@@ -480,9 +480,9 @@ def main(argv=None):
         build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
         return
     cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      warmup=args.warmup, cooldown=args.cooldown, image_tokens=args.image_tokens, max_pages=args.max_pages,
-                      workers=args.workers, eval_every=args.eval_every, eval_pages=args.eval_pages, device=args.device,
-                      stage=args.stage, init=args.init,
+                      warmup=args.warmup, cooldown=args.cooldown, image_tokens=args.image_tokens,
+                      max_pages=args.max_pages, workers=args.workers, eval_every=args.eval_every,
+                      eval_pages=args.eval_pages, device=args.device, stage=args.stage, init=args.init,
                       eval_sizes=tuple(args.eval_sizes))
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():

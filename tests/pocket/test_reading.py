@@ -11,8 +11,8 @@ from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import IGNORE, collate, model_inputs
 from arr_coc.pocket.model import image_processor
 from arr_coc.pocket.train import HEAD_FILE, TrainConfig, _train_step, load_or_init, make_optimizer, train
-from arr_coc.pocket.reading import (ALPHABET, NONE, PATCH_SLOTS, SLOTS, MergerOutputHook, ReadingHead, glyph_targets,
-                                   patch_targets, reading_targets)
+from arr_coc.pocket.reading import (ALPHABET, NONE, PATCH_SLOTS, SLOTS, MergerOutputHook, ReadingHead,
+                                    glyph_targets, patch_targets, reading_targets)
 
 
 def _decode(targets) -> list[str]:
@@ -121,7 +121,8 @@ def test_a_training_step_trains_the_heads_on_their_losses(stock):
     pages = [make_page(kind, 5, 224, 168) for kind in ("fine_print", "box_word")]
     binding = torch.from_numpy(__import__("numpy").concatenate([binding_targets(p.marks, 224, 168) for p in pages]))
     head, bound = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
-    before = head.proj.weight.detach().clone(), bound.proj.weight.detach().clone(), head.patch_proj.weight.detach().clone()
+    before = (head.proj.weight.detach().clone(), bound.proj.weight.detach().clone(),
+              head.patch_proj.weight.detach().clone())
     optimizer = make_optimizer(model, TrainConfig(device="cpu"), head, bound)
     answer, reading_loss, binding_loss = _train_step(Trainee(model, head, bound, aligned_ids(stock[1])), optimizer, inputs, 1e-3, reading,
                                                      binding)
