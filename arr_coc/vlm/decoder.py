@@ -7,7 +7,11 @@ bandwidth allows. This module owns the loop instead:
 
 - prefill: one forward over the whole prompt (embeddings + 3-row M-RoPE ids), writing a pre-allocated cache;
 - decode: one captured CUDA graph per cache size, replayed per token; the graph advances its own state
-  (token, cache slot, rope position, attention mask), so a step is one launch plus one read of the token;
+  (token, cache slot, rope position, attention mask), so a step is one launch plus one read of the token.
+  Before capture the step is compiled (torch.compile, Inductor: norms, rotary, SwiGLU, residual adds and
+  cache writes fused into a few Triton kernels, eager's roundings kept by `emulate_precision_casts`), once for
+  every cache size (the cache length is a dynamic dimension); the compile is paid when the first decode graph
+  is captured, i.e. at warm-up. Where Inductor cannot run, the step is captured uncompiled, with a warning;
 - the prior: the LLM up to one middle layer, reading the question's attention to the gestalt tokens there;
 - FastV (Chen et al. 2024), when a `Pruning` is passed: layers < K prefill the whole prompt; at layer K - 1 the
   last prompt token's attention to every image token ranks them; layers >= K prefill only the top N (in their
@@ -39,6 +43,8 @@ attention call is written here, and tests pin prefill logits, decode tokens and 
 """
 
 import threading
+import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -124,6 +130,9 @@ class Decoder:
         self.safe = False  # safe mode: an fp32 residual stream, eagerly (a redo after fp16 overflow)
         self.states: OrderedDict[int, DecodeState] = OrderedDict()  # cache size -> its buffers, least recent first
         self.decode_graphs: dict[int, tuple] = {}  # cache size -> its captured decode step
+        self.compile_step = True  # compile the decode step before capturing it (off: its ~40 kernels a layer as they are)
+        self.compiled_step = None  # torch.compile(self._step), made at the first capture
+        self.compile_seconds = 0.0  # time spent capturing compiled decode steps (the compile is paid by the first)
         # all graphs run one at a time on one stream, so they share one memory pool
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.graphed_prefill = CUDAGraphed(self._prefill, pool=self.pool)
@@ -382,13 +391,45 @@ class Decoder:
         if not self.use_graphs:
             return self._step(state)
         if cap not in self.decode_graphs:
-            saved = [t.clone() for t in (state.token, state.slot, state.rope, state.mask)]
-            self.decode_graphs[cap] = capture(self._step, (state,), self.pool)
-            for t, s in zip((state.token, state.slot, state.rope, state.mask), saved):  # warm-up steps moved them
-                t.copy_(s)
+            self.decode_graphs[cap] = self._capture_step(state)
         graph, _, out = self.decode_graphs[cap]
         graph.replay()
         return out
+
+    def _capture_step(self, state: DecodeState) -> tuple:
+        """Capture the decode step of one cache size as a graph (compiled first, if compile_step) -> capture()'s
+        (graph, args, out). The warm-up steps capture() runs move the state: it is put back after."""
+        moved = (state.token, state.slot, state.rope, state.mask)
+        saved = [t.clone() for t in moved]
+
+        def restore():
+            for t, s in zip(moved, saved):
+                t.copy_(s)
+
+        try:
+            if self.compile_step:
+                start = time.perf_counter()
+                try:
+                    return capture(self._compiled(state), (state,), self.pool)
+                except Exception as e:  # no Triton or C compiler, an op Inductor cannot lower: run it uncompiled
+                    warnings.warn(f"decode step not compiled ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                                  "capturing it as it is")
+                    self.compile_step = False
+                    restore()
+                finally:
+                    self.compile_seconds += time.perf_counter() - start
+            return capture(self._step, (state,), self.pool)
+        finally:
+            restore()
+
+    def _compiled(self, state: DecodeState):
+        """The decode step compiled by Inductor, the cache length marked dynamic so one compile serves every size."""
+        for t in state.keys + state.values:
+            torch._dynamo.maybe_mark_dynamic(t, 2)  # [1, Hkv, cap, hd]
+        torch._dynamo.maybe_mark_dynamic(state.mask, 4)  # [layers, 1, 1, 1, cap]
+        if self.compiled_step is None:
+            self.compiled_step = torch.compile(self._step, fullgraph=True, options={"emulate_precision_casts": True})
+        return self.compiled_step
 
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: list[int],
