@@ -100,6 +100,33 @@ def test_graphed_decode_equals_stock_generate(fp32_cuda_model, pipeline):
     answers = answers_by_engine(fp32_cuda_model, big_image(), QUESTION, pipeline, max_new_tokens=16)
     assert answers["fast"].text == answers["hf"].text and answers["fast"].new_tokens == answers["hf"].new_tokens
     assert vlm.decoder.decode_graphs  # the fast answer replayed a captured decode step
+    assert vlm.decoder.compile_step and vlm.decoder.compiled_step is not None  # ... compiled, not the fallback
+
+
+def test_the_compiled_decode_graph_steps_as_the_uncompiled_one(cuda_model):
+    """Half precision: teacher-forced steps of the captured compiled step and of the captured uncompiled one give
+    the same logits, within half precision's tolerance (Inductor keeps eager's roundings, not its reduction order)."""
+    vlm, decoder = cuda_model.vlm, cuda_model.vlm.decoder
+    prompt = vlm.prompt(QUESTION, [])
+    forced = vlm.tokenizer("The sign says: STOP here, then turn left at the mill.",
+                           add_special_tokens=False)["input_ids"]
+    logits = {}
+    try:
+        for compiled in (False, True):
+            decoder.compile_step = compiled
+            decoder.decode_graphs.clear()
+            with torch.no_grad():
+                cap, _ = decoder.start(prompt.embeds, prompt.position_ids, len(forced) + 1)
+                steps = []
+                for token in forced:
+                    decoder.states[cap].token.fill_(token)
+                    steps.append(decoder._decode_step(cap)[1][0].float().clone())  # [V]
+            logits[compiled] = torch.stack(steps)  # [n, V]
+    finally:
+        decoder.compile_step = True
+        decoder.decode_graphs.clear()
+    assert decoder.compiled_step is not None and len(forced) >= 12
+    torch.testing.assert_close(logits[True], logits[False], atol=5e-2, rtol=5e-2)
 
 
 def test_graphed_fastv_decode_equals_eager(fp32_cuda_model):

@@ -130,7 +130,7 @@ class Decoder:
         self.safe = False  # safe mode: an fp32 residual stream, eagerly (a redo after fp16 overflow)
         self.states: OrderedDict[int, DecodeState] = OrderedDict()  # cache size -> its buffers, least recent first
         self.decode_graphs: dict[int, tuple] = {}  # cache size -> its captured decode step
-        self.compile_step = True  # compile the decode step before capturing it (off: its ~40 kernels a layer as they are)
+        self.compile_step = True  # compile the decode step before capturing it (off: ~40 kernels a layer)
         self.compiled_step = None  # torch.compile(self._step), made at the first capture
         self.compile_seconds = 0.0  # time spent capturing compiled decode steps (the compile is paid by the first)
         # all graphs run one at a time on one stream, so they share one memory pool

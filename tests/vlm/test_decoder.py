@@ -185,3 +185,32 @@ def test_configs_the_decoder_does_not_implement_are_refused_by_name(arr_model, s
     finally:
         config.use_sliding_window, config.layer_types = saved
     Decoder(arr_model.vlm.model)  # the stock tiny config: every layer full attention
+
+
+def test_a_step_inductor_cannot_compile_is_captured_uncompiled_with_a_warning(arr_model, monkeypatch):
+    """The capture path (CUDA only) on the CPU: capture() stood in by one call of the step. A compile that fails
+    leaves a warning, the uncompiled step, compile_step off and the decode state where it was."""
+    import arr_coc.vlm.decoder as decoder_module
+
+    decoder = Decoder(arr_model.vlm.model)
+    prompt = one_view_prompt(arr_model.vlm, view_of(arr_model.vlm))
+    with torch.no_grad():
+        cap, _ = decoder.start(prompt.embeds, prompt.position_ids, 8)
+        state = decoder.states[cap]
+        before = [t.clone() for t in (state.token, state.slot, state.rope, state.mask)]
+        expected = decoder._step(state)[1].clone()  # the uncompiled step's logits from this state
+        for t, b in zip((state.token, state.slot, state.rope, state.mask), before):
+            t.copy_(b)
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("InductorError: no working C++ compiler\nsecond line")
+
+        monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: failing)
+        monkeypatch.setattr(decoder_module, "capture", lambda fn, args, pool: (None, args, fn(*args)))
+        with pytest.warns(UserWarning, match=r"^decode step not compiled \(RuntimeError: InductorError: no working "
+                                             r"C\+\+ compiler\); capturing it as it is$"):
+            _, _, (token, logits) = decoder._capture_step(state)
+    assert decoder.compile_step is False
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    for t, b in zip((state.token, state.slot, state.rope, state.mask), before):  # the warm-up step was undone
+        assert torch.equal(t, b)

@@ -6,6 +6,7 @@ views, the pipelines end to end and the CLI. What only one family does is in its
 """
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from arr_coc.vlm.positions import raster_block
 from arr_coc.vlm.views import make_views
 
 QUESTION = "What is written on the sign?"
+NEEDS_COMPILER = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                                    reason="Inductor on the CPU needs a C++ compiler")
 FORCED = "The sign says: STOP here, then turn left at the old mill."  # a teacher-forced answer of many tokens
 STOCK = {  # family -> (adapter class, transformers class, cell px, the rendered prompt of one 3-token image and "Why?")
     "qwen2_vl": ("QwenVL", "Qwen2VLForConditionalGeneration", 28, "<|im_start|>system\nYou are a helpful assistant."
@@ -121,11 +124,13 @@ def test_a_two_image_prompt_equals_the_stock_forward_from_pixels(family):
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=1e-5)
 
 
-def test_every_decode_step_equals_a_stock_forward_without_cache(family):
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=NEEDS_COMPILER)], ids=["step", "compiled"])
+def test_every_decode_step_equals_a_stock_forward_without_cache(family, compiled):
     """
     A long answer teacher-forced through the static-cache decode steps: each step's logits equal transformers'
     forward from pixels over the prompt and the tokens so far, so a wrong rope position or cache mask fails
-    even when greedy decoding would only ever pick one token.
+    even when greedy decoding would only ever pick one token. `compiled`: the step Inductor compiles (fullgraph),
+    which CUDA captures in its decode graph; compiled here on the CPU, as the same arithmetic.
     """
     vlm = family.vlm
     view = views_of(vlm, photo(seed=5)).tensor("gestalt")
@@ -140,9 +145,11 @@ def test_every_decode_step_equals_a_stock_forward_without_cache(family):
         decoder = vlm.decoder
         cap, logits = decoder.start(prompt.embeds, prompt.position_ids, len(forced) + 1, prompt.deepstack)
         ours = [logits[0]]
+        state = decoder.states[cap]
+        step = decoder._compiled(state) if compiled else (lambda _: decoder._decode_step(cap))
         for token in forced:
-            decoder.states[cap].token.fill_(token)  # teacher forcing: the step reads the token it is given
-            ours.append(decoder._decode_step(cap)[1][0].clone())
+            state.token.fill_(token)  # teacher forcing: the step reads the token it is given
+            ours.append(step(state)[1][0].clone())
     assert len(forced) >= 12
     torch.testing.assert_close(torch.stack(ours), stock, atol=1e-4, rtol=1e-4)
 
