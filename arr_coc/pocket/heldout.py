@@ -4,6 +4,7 @@ gestalt views, scored by teacher-forced exact match (every answer token the argm
 produces the answer); under torchrun each process scores its shard.
 
     accuracy = evaluate_heldout(model, tokenizer, image_processor(), device, pages=96, sizes=(896, 1792))
+    accuracy = evaluate_heldout(model, tokenizer, image_processor(), device, 96, (896,), style=LAYOUTS)  # unseen layouts
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from arr_coc import distributed
 from arr_coc.pocket.data import CURRICULUM, GESTALT_TOKENS, IGNORE, collate, model_inputs
-from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, make_page
+from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
 from arr_coc.vlm.views import fit_grid
 
 EVAL_SEED = 10**9  # held-out pages use seeds from here on; training seeds stay far below
@@ -34,9 +35,10 @@ def gestalt_view(image, max_tokens: int = GESTALT_TOKENS):
 
 
 @lru_cache(maxsize=None)  # the same pages at every evaluation of a run: drawn once
-def heldout(kind: str, size: int, n: int, stage: int | None = None) -> tuple[tuple, ...]:
-    """n held-out (image, question, answer) of one kind at size x size: spec style, or a stage's; new seeds."""
-    style = SPEC if stage is None else CURRICULUM[stage].style
+def heldout(kind: str, size: int, n: int, stage: int | None = None, style: PageStyle | None = None) -> tuple[tuple, ...]:
+    """n held-out (image, question, answer) of one kind at size x size, new seeds: in `style` if given (e.g.
+    LAYOUTS, the layouts training never draws), else the stage's, else the suite as specified."""
+    style = style or (SPEC if stage is None else CURRICULUM[stage].style)
     out = []
     for i in range(n):
         page = make_page(kind, EVAL_SEED + size * 1000 + i, size, style=style)
@@ -74,8 +76,9 @@ def correct_count(model, tokenizer, processor, items, device, batch: int = 8) ->
 
 
 def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896, 1792),
-                     process: distributed.Process | None = None) -> dict:
-    """{size: {view: {kind: accuracy}}} on held-out pages, native and gestalt views (`pages` a kind)."""
+                     process: distributed.Process | None = None, style: PageStyle | None = None) -> dict:
+    """{size: {view: {kind: accuracy}}} on held-out pages, native and gestalt views (`pages` a kind), in `style`
+    (default: the suite as specified)."""
     model.eval()
     result = {}
     for size in sizes:
@@ -83,7 +86,7 @@ def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896
         for view in ("full", "gestalt"):
             result[str(size)][view] = {}
             for kind in PAGE_KINDS:
-                items = heldout(kind, size, pages)
+                items = heldout(kind, size, pages, style=style)
                 if view == "gestalt":
                     items = [(gestalt_view(im), q, a) for im, q, a in items]
                 result[str(size)][view][kind] = exact_match(model, tokenizer, processor, items, device,

@@ -56,7 +56,7 @@ from arr_coc.pocket.heldout import evaluate_heldout, exact_match, heldout
 from arr_coc.pocket.model import build_tokenizer, image_processor, model_config, use_same_size_pages_attention
 from arr_coc.pocket.pointing import Pointing, use_pointing_attention
 from arr_coc.pocket.reading import MergerOutputHook, ReadingHead
-from arr_coc.synth.fineprint import PAGE_KINDS
+from arr_coc.synth.fineprint import LAYOUTS, PAGE_KINDS
 
 
 @dataclass
@@ -76,6 +76,7 @@ class TrainConfig:
     eval_every: int = 300  # check the stage (held-out pages of its own) every this many steps
     eval_pages: int = 32  # held-out pages per kind and size (stage checks and the suite at the end of a run)
     eval_sizes: tuple[int, ...] = (896, 1792)  # held-out square page sides
+    eval_layouts: bool = False  # the end-of-run check also scores the layouts training never draws (LAYOUTS)
     device: str = "cuda"  # where to train (under torchrun on CUDA, each process its own GPU)
     stage: int | None = None  # start at this curriculum stage (None: where the resumed state stands)
     init: str = str(POCKET_FOLDER)  # with resume and no run in `out` yet: continue from this exported folder
@@ -394,15 +395,20 @@ def _train_step(trainee, optimizer, inputs: dict, lr: float, reading: torch.Tens
 
 
 def _evaluate(model, tokenizer, processor, device, cfg, state, process: distributed.Process | None = None):
-    """The suite as specified (held-out, every kind, native and gestalt views): the model card's curve."""
-    accuracy = evaluate_heldout(model, tokenizer, processor, device, cfg.eval_pages, cfg.eval_sizes, process)
-    state.setdefault("heldout", []).append(dict(step=state["step"], stage=state["stage"], pages=cfg.eval_pages,
-                                                accuracy=accuracy))
-    for size, views in accuracy.items():
-        for view, kinds in views.items():
-            cells = [f"{kind} {interval_text(round(acc * cfg.eval_pages), cfg.eval_pages)}" for kind, acc in kinds.items()]
-            if process is None or process.is_main:
-                print(f"eval step {state['step']} {size} px {view}: " + ", ".join(cells), flush=True)
+    """The suite as specified (held-out, every kind, native and gestalt views): the model card's curve; with
+    cfg.eval_layouts the same on pages in the layouts training never draws."""
+    entry = dict(step=state["step"], stage=state["stage"], pages=cfg.eval_pages)
+    checks = [("accuracy", "", None)] + ([("layouts", " (unseen layouts)", LAYOUTS)] if cfg.eval_layouts else [])
+    for name, label, style in checks:
+        entry[name] = evaluate_heldout(model, tokenizer, processor, device, cfg.eval_pages, cfg.eval_sizes, process,
+                                       style)
+        for size, views in entry[name].items():
+            for view, kinds in views.items():
+                cells = [f"{kind} {interval_text(round(acc * cfg.eval_pages), cfg.eval_pages)}"
+                         for kind, acc in kinds.items()]
+                if process is None or process.is_main:
+                    print(f"eval step {state['step']} {size} px {view}{label}: " + ", ".join(cells), flush=True)
+    state.setdefault("heldout", []).append(entry)
 
 # -----------------------------------------------------------------------------
 # export
@@ -463,6 +469,8 @@ def main(argv=None):
                         help="held-out pages per kind and size")
     parser.add_argument("--eval-sizes", type=int_list(112, 4096), default=list(TrainConfig.eval_sizes),
                         help="held-out square page sides, comma-separated")
+    parser.add_argument("--eval-layouts", action="store_true",
+                        help="the end-of-run check also scores pages in the layouts training never draws")
     parser.add_argument("--seed", type=bounded_int(0, 2**31 - 1), default=TrainConfig.seed,
                         help="the training data stream's seed")
     parser.add_argument("--device", type=one_of(("cuda", "cpu")),
@@ -483,7 +491,7 @@ def main(argv=None):
                       warmup=args.warmup, cooldown=args.cooldown, image_tokens=args.image_tokens,
                       max_pages=args.max_pages, workers=args.workers, eval_every=args.eval_every,
                       eval_pages=args.eval_pages, device=args.device, stage=args.stage, init=args.init,
-                      eval_sizes=tuple(args.eval_sizes))
+                      eval_sizes=tuple(args.eval_sizes), eval_layouts=args.eval_layouts)
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
         state = train(cfg, args.resume, process)

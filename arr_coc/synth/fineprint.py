@@ -11,6 +11,9 @@ font (`ImageFont.load_default(size=...)`) so every machine renders the same pixe
 
 Pages sit on a light background with faint rules and small gray filler text as clutter. The layouts vary
 (scattered, tabular, columns, anywhere on the page) so that a model learns to read, not to memorise places.
+Three more layouts are off in SPEC and on in LAYOUTS, the held-out style pocket training never draws: blocks of
+filler turned by 15-90 degrees (stamps, margin notes), boxes standing in rows and grids, and lines of print
+running under the shapes (the glyphs a shape covers are not recorded).
 A page carries every question it can answer (`Page.questions`), each with the box of its target; a Sample
 (arr_coc.eval.data) is one of them. The print of the first two kinds is unreadable at the gestalt's view of a
 1792 px page (a quarter of the native resolution: 2.5-4 px glyphs) and readable at native resolution.
@@ -65,9 +68,13 @@ class PageStyle:
     shapes: tuple[int, int] = (2, 4)  # shape_colour: how many shapes
     shape_size: tuple[float, float] = (0.15, 0.28)  # shape_colour: extent as a fraction of the page's short side
     clutter: float = 1.0  # density of filler text and rules (0 = a clean page)
+    rotated: float = 0.0  # chance of 1-3 blocks of filler turned by 15-90 degrees (not recorded as glyphs)
+    box_rows: float = 0.0  # box_word: chance that the boxes stand in rows (a grid) instead of scattered
+    print_under_shapes: float = 0.0  # shape_colour: chance of lines of print under the shapes
 
 
 SPEC = PageStyle()
+LAYOUTS = PageStyle(rotated=0.7, box_rows=0.7, print_under_shapes=0.7)  # SPEC in the layouts training never draws
 
 
 @dataclass
@@ -117,6 +124,18 @@ class Page:
 def font(px: int) -> ImageFont.FreeTypeFont:
     """Pillow's bundled scalable font (Aileron) at `px` pixels."""
     return ImageFont.load_default(size=px)
+
+
+def rotated_text(lines: list[str], px: int, angle: float) -> Image.Image:
+    """Lines of text turned by `angle` degrees (counter-clockwise) -> an "L" mask, 255 where the ink is."""
+    f = font(px)
+    pitch = int(px * 1.3)
+    width = max(int(f.getlength(line)) for line in lines) + 2
+    block = Image.new("L", (width, pitch * len(lines) + 2), 0)
+    draw = ImageDraw.Draw(block)
+    for i, line in enumerate(lines):
+        draw.text((1, 1 + i * pitch), line, font=f, fill=255)
+    return block.rotate(angle, expand=True, resample=Image.BICUBIC)
 
 
 def _grow(box: Box, gap: int) -> Box:
@@ -201,7 +220,22 @@ class Canvas:
                 gray = rng.randint(150, 195)
                 self.text(words, px, box[0], box[1], (gray, gray, gray))
 
+    def rotated_blocks(self, chance: float):
+        """With this chance, 1-3 blocks of gray filler lines turned by 15-90 degrees, in free space."""
+        rng = self.rng
+        if not chance or rng.random() >= chance:  # no draw at all when off: SPEC's pages stay as they were
+            return
+        for _ in range(rng.randint(1, 3)):
+            lines = [" ".join(rng.choice(FILLER) for _ in range(rng.randint(2, 5))) for _ in range(rng.randint(2, 5))]
+            mask = rotated_text(lines, rng.randint(8, 12), rng.choice((-1, 1)) * rng.uniform(15, 90))
+            box = self.spot(mask.width, mask.height, 4, tries=20)
+            if box is not None:
+                gray = rng.randint(110, 170)
+                self.image.paste((gray, gray, gray), box[:2], mask)
+                self.taken.append(box)
+
     def finish(self, kind: str, questions: list[Question]) -> Page:
+        self.rotated_blocks(self.style.rotated)
         self.clutter(self.style.clutter)
         return Page(self.image, kind, questions, self.glyphs, self.marks)
 
@@ -266,13 +300,29 @@ def box_word(rng: random.Random, width: int, height: int, style: PageStyle) -> P
     n = rng.randint(*style.boxes)
     colours = rng.sample(sorted(COLOURS), min(n, len(COLOURS)))
     words = rng.sample(BOX_WORDS, len(colours))
+    rows = bool(style.box_rows) and rng.random() < style.box_rows  # no draw when off: SPEC's pages stay as they were
+    cols = rng.randint(2, 4) if rows else 0
+    x = x0 = y = gap = row_height = 0  # rows: where the next box goes, and the tallest box of the row so far
     questions = []
-    for colour, word in zip(colours, words):
+    for i, (colour, word) in enumerate(zip(colours, words)):
         px, border = rng.randint(*style.word_font), rng.randint(*style.border)
         l, t, r, b = canvas.text_size(word, px)
         pad_x, pad_y = int(px * rng.uniform(0.5, 2.5)), int(px * rng.uniform(0.4, 1.5))
         w, h = r - l + 2 * (pad_x + border), b - t + 2 * (pad_y + border)
-        box = canvas.spot(w, h, 8)
+        if rows:  # left to right, `cols` a row, every box of a row on one top edge
+            if i == 0:
+                gap = rng.randint(10, 40)
+                x = x0 = rng.randint(8, max(8, width // 4))
+                y = rng.randint(8, max(8, height // 3))
+            elif i % cols == 0:
+                x, y, row_height = x0, y + row_height + gap, 0
+            box = (x, y, x + w, y + h)
+            x += w + gap
+            row_height = max(row_height, h)
+            if not _free(_grow(box, 8), canvas.taken, width, height):
+                continue
+        else:
+            box = canvas.spot(w, h, 8)
         if box is None:
             continue
         canvas.taken.append(_grow(box, 8))
@@ -303,6 +353,13 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
     canvas = Canvas(rng, width, height, style)
     n = rng.randint(*style.shapes)
     shapes, colours = rng.sample(SHAPES, n), rng.sample(sorted(COLOURS), n)
+    under = bool(style.print_under_shapes) and rng.random() < style.print_under_shapes  # no draw when off
+    if under:  # lines of print first, in the page's ink, over most of the page: the shapes go on top
+        px = rng.randint(9, 13)
+        lines = [canvas.text(" ".join(rng.choice(FILLER) for _ in range(width // (3 * px))), px, rng.randint(4, 20),
+                             top, canvas.ink)
+                 for top in range(rng.randint(4, 20), height - 2 * px, int(px * rng.uniform(1.5, 2.2)))]
+    covered = Image.new("1", (width, height), 0)  # where a shape is painted
     questions = []
     for shape, colour in zip(shapes, colours):
         side = int(rng.uniform(*style.shape_size) * min(width, height))
@@ -311,8 +368,13 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
             continue
         canvas.taken.append(_grow(box, 4))
         draw_shape(canvas.draw, shape, box, COLOURS[colour])
+        draw_shape(ImageDraw.Draw(covered), shape, box, 1)
         canvas.marks.append(Mark("shape", box, colour=colour, shape=shape))
         questions.append(Question(f"What colour is the {shape}?", colour, box, f"{colour} {shape}"))
+    if under:  # a glyph under a shape is no longer there to be read; the clutter keeps off the print
+        canvas.taken += lines
+        canvas.glyphs = [g for g in canvas.glyphs if not covered.getpixel((min(int(g.x), width - 1),
+                                                                            min(int(g.y), height - 1)))]
     return canvas.finish("shape_colour", questions)
 
 

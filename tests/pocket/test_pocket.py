@@ -222,11 +222,12 @@ def test_training_runs_saves_and_resumes(tmp_path):
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     first = train(cfg, resume=False)  # a fresh model
     before = {k: v.clone() for k, v in _weights(tmp_path).items()}
-    second = train(TrainConfig(**{**cfg.__dict__, "steps": 3}), resume=True)
+    second = train(TrainConfig(**{**cfg.__dict__, "steps": 3, "eval_layouts": True}), resume=True)
     assert (first["step"], second["step"]) == (2, 3) and len(second["runs"]) == len(first["runs"]) + 1
     after = _weights(tmp_path)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert set(second["heldout"][-1]["accuracy"]["224"]["full"]) == set(FORMATS)
+    assert "layouts" not in first["heldout"][-1] and set(second["heldout"][-1]["layouts"]["224"]["gestalt"]) == set(FORMATS)
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 3
     assert second["gpu_seconds"] == 0.0 and second["runs"][-1]["device"] == "cpu"  # a CPU run counts no GPU time
 

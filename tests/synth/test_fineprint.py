@@ -1,12 +1,18 @@
 """The fine-print suite: exact question/answer formats, seeded pages, targets that are where their boxes say, and
-print sized to be readable at native resolution and unreadable at the gestalt's view of a 1792 px page."""
+print sized to be readable at native resolution and unreadable at the gestalt's view of a 1792 px page; the
+held-out layouts (turned filler, boxes in rows, print under shapes)."""
+
+import hashlib
+import math
 
 import re
 
 import numpy as np
+import PIL
 import pytest
 
-from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, font, make_page
+from arr_coc.synth.fineprint import (BOX_WORDS, COLOURS, KEYS, PAGE_KINDS, SHAPES, SPEC, PageStyle, font, make_page,
+                                     rotated_text)
 
 FORMATS = {  # the issue's exact formats
     "fine_print": (rf"What is the value of ({'|'.join(KEYS)})\?", r"\d{4}"),
@@ -84,3 +90,55 @@ def test_every_drawn_character_is_recorded_where_it_was_drawn():
         assert all(x0 <= g.x <= x1 and y0 <= g.y <= y1 for g in field)
     assert len(page.glyphs) > sum(len(q.text) for q in page.questions)  # the clutter's characters too
     assert " " not in {g.char for g in page.glyphs}
+
+
+@pytest.mark.parametrize("angle", [30.0, -60.0])
+def test_turned_filler_runs_at_its_angle(angle):
+    """One long line turned by `angle` (counter-clockwise): its ink's principal axis, from the pixels' second
+    moments, points along (cos a, -sin a) in image coordinates (y down)."""
+    mask = np.asarray(rotated_text(["lorem ipsum dolor sit amet memo item note copy"], 12, angle)) > 127
+    ys, xs = np.nonzero(mask)
+    cov = np.cov(np.stack([xs, ys]))
+    vx, vy = np.linalg.eigh(cov)[1][:, -1]  # the axis of largest spread
+    measured = math.degrees(math.atan2(-vy, vx))
+    assert min(abs(measured - angle), abs(measured - angle - 180), abs(measured - angle + 180)) < 3
+
+
+def test_boxes_in_rows_share_top_edges_and_wear_their_colours():
+    style = PageStyle(boxes=(6, 8), box_rows=1.0, rotated=1.0)
+    for seed in range(4):
+        page = make_page("box_word", seed, 896, style=style)
+        pixels = np.asarray(page.image)
+        tops = [m.box[1] for m in page.marks]
+        assert len(set(tops)) <= math.ceil(len(tops) / 2)  # at least two boxes a row
+        for m in page.marks:  # the left border, half way down, is the box's colour
+            x0, y0, x1, y1 = m.box
+            assert tuple(pixels[(y0 + y1) // 2, x0 + 1]) == COLOURS[m.colour]
+
+
+def test_print_under_shapes_records_only_the_glyphs_left_visible():
+    """Lines of print fill the page and the shapes cover part of them: no recorded glyph's centre is painted in a
+    shape's colour, and the print runs right up to the shapes."""
+    style = PageStyle(print_under_shapes=1.0)
+    for seed in range(3):
+        page = make_page("shape_colour", seed, 896, style=style)
+        pixels = np.asarray(page.image)
+        colours = {COLOURS[m.colour] for m in page.marks}
+        assert len(page.glyphs) > 500
+        assert not [g for g in page.glyphs if tuple(pixels[int(g.y), int(g.x)]) in colours]
+        near = [g for g in page.glyphs for m in page.marks
+                if m.box[0] - 30 <= g.x <= m.box[2] + 30 and m.box[1] - 30 <= g.y <= m.box[3] + 30]
+        assert near
+
+
+def test_the_held_out_layouts_leave_spec_pages_as_they_were():
+    """Off (SPEC), the new layouts draw no random number: these pages are, pixel for pixel, the ones drawn before
+    the layouts existed (commit 52e998d's generator: their answers and the first 16 hex digits of the SHA-256 of
+    their pixels)."""
+    pages = [make_page(kind, 11, 448) for kind in PAGE_KINDS]
+    assert [[q.answer for q in page.questions] for page in pages] == [
+        ["5475", "9956", "7177", "3766", "1654", "0912", "1896", "5523", "1688"],
+        ["bridge", "cabin", "pepper", "feather", "tunnel", "garden", "harbor", "mirror"], ["green", "orange"]]
+    if PIL.__version__ == "12.3.0":  # the pixels are Pillow's rendering: pinned for the version that drew them
+        assert [hashlib.sha256(page.image.tobytes()).hexdigest()[:16] for page in pages] == [
+            "0ac8bac76d16c95b", "c7ba017014ccca7e", "1953fcbdf0e74d36"]
