@@ -4,7 +4,7 @@ gestalt views, scored by teacher-forced exact match (every answer token the argm
 produces the answer); under torchrun each process scores its shard.
 
     accuracy = evaluate_heldout(model, tokenizer, image_processor(), device, pages=96, sizes=(896, 1792))
-    accuracy = evaluate_heldout(model, tokenizer, image_processor(), device, 96, (896,), style=LAYOUTS)  # unseen layouts
+    unseen = evaluate_heldout(model, tokenizer, image_processor(), device, 96, (896,), style=LAYOUTS)  # new layouts
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def gestalt_view(image, max_tokens: int = GESTALT_TOKENS):
 
 
 @lru_cache(maxsize=None)  # the same pages at every evaluation of a run: drawn once
-def heldout(kind: str, size: int, n: int, stage: int | None = None, style: PageStyle | None = None) -> tuple[tuple, ...]:
+def heldout(kind: str, size: int, n: int, stage: int | None = None,
+            style: PageStyle | None = None) -> tuple[tuple, ...]:
     """n held-out (image, question, answer) of one kind at size x size, new seeds: in `style` if given (e.g.
     LAYOUTS, the layouts training never draws), else the stage's, else the suite as specified."""
     style = style or (SPEC if stage is None else CURRICULUM[stage].style)

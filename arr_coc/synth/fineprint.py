@@ -373,8 +373,8 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
         questions.append(Question(f"What colour is the {shape}?", colour, box, f"{colour} {shape}"))
     if under:  # a glyph under a shape is no longer there to be read; the clutter keeps off the print
         canvas.taken += lines
-        canvas.glyphs = [g for g in canvas.glyphs if not covered.getpixel((min(int(g.x), width - 1),
-                                                                            min(int(g.y), height - 1)))]
+        canvas.glyphs = [g for g in canvas.glyphs
+                         if not covered.getpixel((min(int(g.x), width - 1), min(int(g.y), height - 1)))]
     return canvas.finish("shape_colour", questions)
 
 

@@ -227,7 +227,8 @@ def test_training_runs_saves_and_resumes(tmp_path):
     after = _weights(tmp_path)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert set(second["heldout"][-1]["accuracy"]["224"]["full"]) == set(FORMATS)
-    assert "layouts" not in first["heldout"][-1] and set(second["heldout"][-1]["layouts"]["224"]["gestalt"]) == set(FORMATS)
+    assert "layouts" not in first["heldout"][-1]  # --eval-layouts: the unseen layouts scored too
+    assert set(second["heldout"][-1]["layouts"]["224"]["gestalt"]) == set(FORMATS)
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 3
     assert second["gpu_seconds"] == 0.0 and second["runs"][-1]["device"] == "cpu"  # a CPU run counts no GPU time
 
