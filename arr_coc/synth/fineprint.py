@@ -13,7 +13,8 @@ Pages sit on a light background with faint rules and small gray filler text as c
 (scattered, tabular, columns, anywhere on the page) so that a model learns to read, not to memorise places.
 Three more layouts are off in SPEC and on in LAYOUTS, the held-out style pocket training never draws: blocks of
 filler turned by 15-90 degrees (stamps, margin notes), boxes standing in rows and grids, and lines of print
-running under the shapes (the glyphs a shape covers are not recorded).
+running under the shapes (the glyphs a shape covers are not recorded). Training draws its own variant of the
+last: scattered KEY: NNNN fields under the shapes (`fields_under_shapes`).
 A page carries every question it can answer (`Page.questions`), each with the box of its target; a Sample
 (arr_coc.eval.data) is one of them. The print of the first two kinds is unreadable at the gestalt's view of a
 1792 px page (a quarter of the native resolution: 2.5-4 px glyphs) and readable at native resolution.
@@ -70,7 +71,8 @@ class PageStyle:
     clutter: float = 1.0  # density of filler text and rules (0 = a clean page)
     rotated: float = 0.0  # chance of 1-3 blocks of filler turned by 15-90 degrees (not recorded as glyphs)
     box_rows: float = 0.0  # box_word: chance that the boxes stand in rows (a grid) instead of scattered
-    print_under_shapes: float = 0.0  # shape_colour: chance of lines of print under the shapes
+    print_under_shapes: float = 0.0  # shape_colour: chance of lines of print under the shapes (held out)
+    fields_under_shapes: float = 0.0  # shape_colour: chance of scattered KEY: NNNN fields under the shapes (trained)
 
 
 SPEC = PageStyle()
@@ -354,11 +356,21 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
     n = rng.randint(*style.shapes)
     shapes, colours = rng.sample(SHAPES, n), rng.sample(sorted(COLOURS), n)
     under = bool(style.print_under_shapes) and rng.random() < style.print_under_shapes  # no draw when off
-    if under:  # lines of print first, in the page's ink, over most of the page: the shapes go on top
+    fields = bool(style.fields_under_shapes) and rng.random() < style.fields_under_shapes
+    printed: list[Box] = []  # the print the shapes go over, in the page's ink
+    if under:  # lines of filler over most of the page (LAYOUTS: held out)
         px = rng.randint(9, 13)
-        lines = [canvas.text(" ".join(rng.choice(FILLER) for _ in range(width // (3 * px))), px, rng.randint(4, 20),
-                             top, canvas.ink)
-                 for top in range(rng.randint(4, 20), height - 2 * px, int(px * rng.uniform(1.5, 2.2)))]
+        printed = [canvas.text(" ".join(rng.choice(FILLER) for _ in range(width // (3 * px))), px, rng.randint(4, 20),
+                               top, canvas.ink)
+                   for top in range(rng.randint(4, 20), height - 2 * px, int(px * rng.uniform(1.5, 2.2)))]
+    elif fields:  # scattered fields, as on a fine_print page (training's own variant)
+        px = rng.randint(*style.field_font)
+        for key in rng.sample(KEYS, rng.randint(8, 24)):
+            text = f"{key}: {rng.randrange(10000):04d}"
+            l, t, r, b = canvas.text_size(text, px)
+            left, top = rng.randint(0, max(0, width - (r - l))), rng.randint(0, max(0, height - (b - t)))
+            if _free(_grow((left, top, left + r - l, top + b - t), 4), printed, width, height):
+                printed.append(canvas.text(text, px, left, top, canvas.ink))
     covered = Image.new("1", (width, height), 0)  # where a shape is painted
     questions = []
     for shape, colour in zip(shapes, colours):
@@ -371,8 +383,8 @@ def shape_colour(rng: random.Random, width: int, height: int, style: PageStyle) 
         draw_shape(ImageDraw.Draw(covered), shape, box, 1)
         canvas.marks.append(Mark("shape", box, colour=colour, shape=shape))
         questions.append(Question(f"What colour is the {shape}?", colour, box, f"{colour} {shape}"))
-    if under:  # a glyph under a shape is no longer there to be read; the clutter keeps off the print
-        canvas.taken += lines
+    if printed:  # a glyph under a shape is no longer there to be read; the clutter keeps off the print
+        canvas.taken += printed
         canvas.glyphs = [g for g in canvas.glyphs
                          if not covered.getpixel((min(int(g.x), width - 1), min(int(g.y), height - 1)))]
     return canvas.finish("shape_colour", questions)
