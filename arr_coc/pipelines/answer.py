@@ -290,8 +290,6 @@ def answer_confidence(vlm: VLM, generation: Generation) -> float | None:
     return float(generation.probs[text.to(generation.probs.device)].min()) if text.any() else 0.0
 
 
-# the views views_for made -> what it made them at: make_views' settings but the image (gestalt and budget tokens, the
-# cap, the device, the VLM's cell and min_pixels); views a request brings (Request.views) are read only at these
 def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None = None,
               views: Views | None = None) -> Views:
     """
