@@ -4,6 +4,8 @@ CUDA-graph replay for the fixed-shape parts of ARR (texture array, scorers, bala
 At batch 1 these are a few hundred tiny kernels: launch-bound, so eager PyTorch spends most of its time
 in Python and kernel launches. A CUDA graph captured once per input signature replays them as one launch.
 Off CUDA, when gradients are needed (training), or on ZeroGPU, the function simply runs eagerly.
+With compile=True the function is first compiled by Inductor (its kernels fused), then captured: one compile,
+every tensor argument's first dimension dynamic, serves every length; where Inductor fails it is captured as it is.
 
     texture = CUDAGraphed(generate_texture_array)
     tex = texture(images, (32, 32))   # first call per shape captures, later calls replay
@@ -12,6 +14,8 @@ A function's output may be a tensor, None, or tuples, lists, dicts and dataclass
 returns a ScoreMaps): a replay hands back clones of the graph's static outputs in the same structure (map_leaves).
 """
 
+import time
+import warnings
 from collections import OrderedDict
 from dataclasses import fields, is_dataclass, replace
 
@@ -76,8 +80,11 @@ def capture(fn, args, pool=None):
 
 
 class CUDAGraphed:
-    def __init__(self, fn, max_graphs: int = 32, pool=None):
+    def __init__(self, fn, max_graphs: int = 32, pool=None, compile: bool = False):
         self.fn = fn
+        self.compile = compile  # compile fn with Inductor before capturing it (turned off where Inductor fails)
+        self.compiled = None  # the compiled fn, made at the first capture
+        self.compile_seconds = 0.0  # time spent capturing compiled graphs (the compile is paid by the first)
         self.max_graphs = max_graphs  # oldest graphs are dropped beyond this (e.g. many question lengths)
         self.graphs: OrderedDict = OrderedDict()
         self.pool = pool  # a memory pool shared with other graphs that never run at the same time (None: private)
@@ -99,4 +106,28 @@ class CUDAGraphed:
         return map_leaves(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, static_out)
 
     def _capture(self, args):
+        if self.compile:
+            start = time.perf_counter()
+            try:
+                return capture(self.compiled_fn(), args, self.pool)
+            except Exception as e:  # no Triton or C compiler, an op Inductor cannot lower: run it uncompiled
+                warnings.warn(f"{self.fn.__name__} not compiled ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]}); capturing it as it is")
+                self.compile = False
+            finally:
+                self.compile_seconds += time.perf_counter() - start
         return capture(self.fn, args, self.pool)
+
+    def compiled_fn(self):
+        """fn compiled by Inductor (fullgraph), each tensor argument's first dimension (a sequence: patches, cells)
+        marked dynamic, so that one compile serves every length."""
+        if self.compiled is None:
+            compiled = torch.compile(self.fn, fullgraph=True, options={"emulate_precision_casts": True})
+
+            def run(*args):
+                for a in args:
+                    if isinstance(a, torch.Tensor):
+                        torch._dynamo.maybe_mark_dynamic(a, 0)
+                return compiled(*args)
+            self.compiled = run
+        return self.compiled

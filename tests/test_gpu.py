@@ -101,6 +101,7 @@ def test_graphed_decode_equals_stock_generate(fp32_cuda_model, pipeline):
     assert answers["fast"].text == answers["hf"].text and answers["fast"].new_tokens == answers["hf"].new_tokens
     assert vlm.decoder.decode_graphs  # the fast answer replayed a captured decode step
     assert vlm.decoder.compile_step and vlm.decoder.compiled_step is not None  # ... compiled, not the fallback
+    assert vlm.graphed_vision.compile and vlm.graphed_vision.compiled is not None  # the vision tower too
 
 
 def test_the_compiled_decode_graph_steps_as_the_uncompiled_one(cuda_model):
@@ -127,6 +128,31 @@ def test_the_compiled_decode_graph_steps_as_the_uncompiled_one(cuda_model):
         decoder.decode_graphs.clear()
     assert decoder.compiled_step is not None and len(forced) >= 12
     torch.testing.assert_close(logits[True], logits[False], atol=5e-2, rtol=5e-2)
+
+
+def test_the_compiled_vision_graph_encodes_as_the_uncompiled_one(cuda_model):
+    """Half precision: the captured compiled vision tower and the captured uncompiled one give the same tokens for
+    a gestalt and for 273 saccades (two patch counts, one compile), within half precision's tolerance."""
+    vlm, graphed = cuda_model.vlm, cuda_model.vlm.graphed_vision
+    view = cuda_model.views(big_image()).tensor("highres")
+    cells = torch.randperm(64 * 48, generator=torch.Generator().manual_seed(0))[:273]
+    cells = torch.stack([cells // 64, cells % 64], dim=1)  # [273, 2] (row, col) of the 48 x 64 cell grid
+    tokens = {}
+    try:
+        for compiled in (False, True):
+            graphed.compile = compiled
+            graphed.graphs.clear()
+            with torch.no_grad():
+                tokens[compiled] = [vlm.encode_view(cuda_model.views(image()).tensor("gestalt")).features.float(),
+                                    vlm.encode_cells(view, cells).features.float()]
+            assert len(graphed.graphs) == 2
+    finally:
+        graphed.compile = True
+        graphed.graphs.clear()
+    assert graphed.compiled is not None
+    for ours, eager in zip(tokens[True], tokens[False]):
+        assert eager.std() > 1e-3
+        torch.testing.assert_close(ours, eager, atol=5e-2, rtol=5e-2)
 
 
 def test_graphed_fastv_decode_equals_eager(fp32_cuda_model):

@@ -90,8 +90,9 @@ class QwenVL(VLM):
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
         self.chat_template = getattr(tokenizer, "chat_template", None) or self.default_chat_template  # the folder's own
         self.decoder = Decoder(model)
-        # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs
-        self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool)
+        # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs, compiled by
+        # Inductor first (norms, rotary, GELU fused; one compile for every patch count, paid at warm-up)
+        self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool, compile=True)
 
     @property
     def device(self) -> torch.device:

@@ -78,6 +78,37 @@ def test_the_sparse_encoder_on_every_cell_equals_the_stock_tower(family):
             assert ours.deepstack is None
 
 
+@NEEDS_COMPILER
+def test_the_compiled_vision_tower_equals_the_stock_tower_at_every_length(family):
+    """
+    The vision forward CUDA captures, compiled by Inductor (compiled here on the CPU, as the same arithmetic): a
+    whole gestalt view equals the stock tower, and a subset of its cells (another patch count: the saccades) equals
+    the eager forward, from one compile (the patch count is a dynamic dimension: no recompile per length).
+    """
+    from torch._dynamo.utils import counters
+
+    vlm = family.vlm
+    view = views_of(vlm, photo(700, 500)).tensor("gestalt")
+    pixels, grid_thw = vlm.image_inputs(view)
+    grid = (int(grid_thw[0, 1]) // 2, int(grid_thw[0, 2]) // 2)
+    every = raster_block(grid).positions
+    some = every[torch.randperm(len(every), generator=torch.Generator().manual_seed(0))[:len(every) // 3]]
+    compiled = vlm.graphed_vision.compiled_fn()
+    before = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        stock = vlm.visual(pixels, grid_thw=grid_thw)
+        whole = vlm._visual_tokens(compiled(*vlm._vision_inputs(pixels, grid, every)), grid, every)
+        subset = vlm._visual_tokens(compiled(*vlm._vision_inputs(pixels, grid, some)), grid, some)
+        eager = vlm._visual_tokens(vlm._vision_forward(*vlm._vision_inputs(pixels, grid, some)), grid, some)
+    assert counters["stats"]["unique_graphs"] - before == 1  # one compile for both lengths
+    assert stock.pooler_output.std() > 1e-3 and len(some) != len(every)
+    torch.testing.assert_close(whole.features, stock.pooler_output, atol=1e-5, rtol=0)
+    torch.testing.assert_close(subset.features, eager.features, atol=1e-5, rtol=0)
+    if vlm.family == "qwen3_vl":  # DeepStack too
+        torch.testing.assert_close(whole.deepstack, torch.stack(stock.deepstack_features), atol=1e-5, rtol=0)
+        torch.testing.assert_close(subset.deepstack, eager.deepstack, atol=1e-5, rtol=0)
+
+
 def test_sparse_tokens_are_a_set_at_their_true_positions(family):
     vlm = family.vlm
     views = views_of(vlm, photo())
