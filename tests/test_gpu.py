@@ -170,8 +170,12 @@ def test_graphed_fastv_decode_equals_eager(fp32_cuda_model):
 
 
 def test_graphed_arr_equals_eager(cuda_model):
-    """Same saccades, and first-token logits within bf16/fp16 tolerance, with and without CUDA graphs."""
+    """Same saccades, and first-token logits within bf16/fp16 tolerance, with and without CUDA graphs (the vision
+    graph uncompiled: Inductor's fused roundings may swap near-tied saccades in half precision; the compiled graph
+    has its own test above)."""
     vlm = cuda_model.vlm
+    vlm.graphed_vision.compile = False
+    vlm.graphed_vision.graphs.clear()
     outputs = {}
     for graphs in (False, True):
         vlm.decoder.graphs_enabled = graphs
@@ -188,7 +192,8 @@ def test_graphed_arr_equals_eager(cuda_model):
             run = vlm.decoder.graphed_prefill if graphs else vlm.decoder._prefill
             logits = run(padded, padded_ids, torch.tensor([L - 1], device="cuda"), 2048)
         outputs[graphs] = (out.indices.cpu(), scene.observation.prior.float().cpu(), logits.float().cpu(), state)
-    vlm.decoder.graphs_enabled = True
+    vlm.decoder.graphs_enabled = vlm.graphed_vision.compile = True
+    vlm.graphed_vision.graphs.clear()
     assert scene.views.candidate_grid == (48, 64)  # native resolution, not twice the gestalt
     assert torch.equal(outputs[False][0], outputs[True][0])
     torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=2e-2, rtol=0)
