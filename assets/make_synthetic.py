@@ -65,7 +65,7 @@ POCKET_NOTE = ("Fine-print suite page (arr_coc.synth.fineprint, held-out seed), 
                "first held-out seed from 10**9 + 1 on that the shipped pocket model answers right through both full "
                "and ARR (pocket-fineprint); the README's Accuracy section gives how often it does. ")
 FINEPRINT = [  # SyntheticExample's kind is a fine-print kind here, drawn by make_page
-    SyntheticExample("pocket_fine_print.png", "fine_print", 10**9 + 1, 896,  # the 1st seed tried (step 47213)
+    SyntheticExample("pocket_fine_print.png", "fine_print", 10**9 + 1, 896,  # the 1st seed tried (steps 47213 and 52777)
                      POCKET_NOTE + "8-32 fields in 10-17 px print; the gestalt cannot read them."),
     SyntheticExample("pocket_box_word.png", "box_word", 10**9 + 1, 896,  # the 1st (step 46408 needed the 2nd)
                      POCKET_NOTE + "A small word in each coloured box; the colour is visible at any scale, the word "
