@@ -148,12 +148,18 @@ def test_the_heads_are_saved_and_resumed(tmp_path):
 
 
 def test_a_reading_head_saved_before_the_patches_keeps_its_cells_and_starts_the_patches_afresh(tmp_path):
-    """The shipped folder's head names cells only: resuming from it loads those weights, and the patch head it lacks
-    starts from its seeded initialisation, with a line saying so."""
-    from safetensors.torch import load_file
+    """A folder whose head names cells only (as shipped until step 47213): resuming from it loads those weights, and
+    the patch head it lacks starts from its seeded initialisation."""
+    import shutil
 
-    saved = load_file(POCKET_FOLDER / HEAD_FILE)
+    from safetensors.torch import load_file, save_file
+
+    old, out = tmp_path / "old", tmp_path / "run"
+    shutil.copytree(POCKET_FOLDER, old)
+    out.mkdir()
+    saved = {k: v for k, v in load_file(old / HEAD_FILE).items() if not k.startswith("patch_")}
     assert set(saved) == {"proj.weight", "proj.bias"}
-    head = load_or_init(tmp_path, True, torch.device("cpu"), init=POCKET_FOLDER)[1]
+    save_file(saved, old / HEAD_FILE)
+    head = load_or_init(out, True, torch.device("cpu"), init=old)[1]
     assert torch.equal(head.proj.weight, saved["proj.weight"]) and torch.equal(head.proj.bias, saved["proj.bias"])
     assert head.patch_proj.weight.shape == (PATCH_SLOTS * (len(ALPHABET) + 1), 256)
