@@ -269,7 +269,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
         tokenizer.save_pretrained(folder / "weights")
     process.barrier()  # the page workers read the tokenizer from the run folder
     processor = image_processor()
-    run = dict(start=state["step"], t0=time.time(), seen=0)
+    run = dict(start=state["step"], t0=time.time(), seen=0, tokens=0)  # pages and page image tokens seen
     process.log(f"pocket: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, step {state['step']}, "
                 f"stage {state['stage']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes so far, "
                 f"{process.world_size} process(es)")
@@ -302,7 +302,7 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
     losses, waited, last = [], 0.0, time.time()
-    window = (time.time(), run["seen"])  # the pages/s of the last 100 steps: the steady rate, without start-up
+    window = (time.time(), run["seen"], run["tokens"])  # the rates of the last 100 steps: steady, without start-up
     for batch in loader:
         waited += time.time() - last  # the GPU idles while the page workers catch up
         # every process stops at the same step: rank 0's clock decides
@@ -319,13 +319,16 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
         else:
             losses.append(loss)
         run["seen"] += batch["input_ids"].shape[0]
+        run["tokens"] += batch["pages"][..., 0].numel() // 28**2  # [B, H, W, 3]: a page's tokens, not its gestalt's
         state["step"] += 1
         if state["step"] % 100 == 0 and process.is_main:
             answer, reading, bound = np.mean(losses, axis=0) if losses else (float("nan"),) * 3
-            elapsed, rate = time.time() - run["t0"], (run["seen"] - window[1]) / (time.time() - window[0])
-            window = (time.time(), run["seen"])
+            elapsed, seconds = time.time() - run["t0"], time.time() - window[0]
+            rate, token_rate = (run["seen"] - window[1]) / seconds, (run["tokens"] - window[2]) / seconds
+            window = (time.time(), run["seen"], run["tokens"])
             process.log(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} binding {bound:.4f} "
                         f"lr {lr:.2e} stage {state['stage']} {rate * process.world_size:.0f} pages/s "
+                        f"{token_rate * process.world_size / 1000:.0f}k image tokens/s "
                         f"(last 100 steps), waiting for pages {waited / elapsed:.0%} of the time")
             state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4),
                                        binding=round(bound, 4)))
