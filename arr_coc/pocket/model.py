@@ -5,10 +5,12 @@ uses for pages of one size.
 
     tokenizer = build_tokenizer()
     model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer, PocketConfig()))
+    grow_vision(model, depth=8, mlp_ratio=8)  # a trained model, larger: every answer and logit unchanged
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +134,49 @@ def use_same_size_pages_attention(model):
     AttentionInterface.register(VISION_ATTENTION, same_size_pages_attention)
     model.config.vision_config._attn_implementation = VISION_ATTENTION
     return model
+
+
+# -----------------------------------------------------------------------------
+# growing the ViT, every output kept
+
+
+@torch.no_grad()
+def grow_vision(model, depth: int | None = None, mlp_ratio: int | None = None):
+    """
+    A trained model's ViT made deeper (`depth` blocks) and its blocks' MLPs wider (`mlp_ratio` x the width), with
+    every output unchanged, so that training goes on from where it was with more capacity. The blocks are pre-norm
+    residual (x + attn(norm1(x)), then x + mlp(norm2(x))): a new block is a copy of the last whose two output
+    projections (attn.proj, mlp.fc2) are zero, the identity; a wider MLP keeps its units and adds units whose
+    fc2 columns are zero. Growing to the current size, or smaller, changes nothing. Returns the model.
+    """
+    vision, config = model.model.visual, model.config.vision_config
+    blocks = vision.blocks
+    if mlp_ratio is not None and mlp_ratio * config.embed_dim > blocks[0].mlp.fc1.out_features:
+        for block in blocks:
+            block.mlp.fc1, block.mlp.fc2 = _wider(block.mlp.fc1, block.mlp.fc2, mlp_ratio * config.embed_dim)
+        config.mlp_ratio = mlp_ratio
+    while depth is not None and len(blocks) < depth:
+        block = copy.deepcopy(blocks[-1], memo={id(config): config})  # the config stays shared (attention's choice)
+        for projection in (block.attn.proj, block.mlp.fc2):
+            projection.weight.zero_()
+            projection.bias.zero_()
+        blocks.append(block)
+    config.depth = len(blocks)
+    return model
+
+
+def _wider(fc1: torch.nn.Linear, fc2: torch.nn.Linear, hidden: int) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    """fc1 [h, d] and fc2 [d, h] with `hidden` units: the old ones first, the new ones read like fresh weights
+    (normal, std 0.02) and write nothing (fc2's new columns are zero)."""
+    old = fc1.out_features
+    wide1 = torch.nn.Linear(fc1.in_features, hidden).to(fc1.weight)
+    wide2 = torch.nn.Linear(hidden, fc2.out_features).to(fc2.weight)
+    wide1.weight.normal_(0.0, 0.02)
+    wide1.bias.zero_()
+    wide1.weight[:old], wide1.bias[:old] = fc1.weight, fc1.bias  # [hidden, d]
+    wide2.weight.zero_()
+    wide2.weight[:, :old], wide2.bias[:] = fc2.weight, fc2.bias  # [d, hidden]
+    return wide1, wide2
 
 
 def image_processor():

@@ -25,6 +25,7 @@ Held-out accuracy (new seeds, square 896 and 1792 px pages, per kind, native and
 exact match: every answer token is the argmax, which is exactly when greedy decoding produces the answer.
 
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
+    torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/deeper --resume --vit-depth 8   # a larger ViT
     python -m arr_coc.pocket.train --out runs/pocket --minutes 8 --resume      # one GPU
     python -m arr_coc.pocket.train --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
     python -m arr_coc.pocket.train --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
@@ -53,7 +54,8 @@ from arr_coc.flags import ArgumentParser, bounded_float, bounded_int, int_list, 
 from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss
 from arr_coc.pocket.data import CURRICULUM, IGNORE, MAX_PAGES, PASS_MARK, PageStream, model_inputs
 from arr_coc.pocket.heldout import evaluate_heldout, exact_match, heldout
-from arr_coc.pocket.model import build_tokenizer, image_processor, model_config, use_same_size_pages_attention
+from arr_coc.pocket.model import (build_tokenizer, grow_vision, image_processor, model_config,
+                                  use_same_size_pages_attention)
 from arr_coc.pocket.pointing import Pointing, use_pointing_attention
 from arr_coc.pocket.reading import MergerOutputHook, ReadingHead
 from arr_coc.synth.fineprint import LAYOUTS, PAGE_KINDS
@@ -80,6 +82,8 @@ class TrainConfig:
     device: str = "cuda"  # where to train (under torchrun on CUDA, each process its own GPU)
     stage: int | None = None  # start at this curriculum stage (None: where the resumed state stands)
     init: str = str(POCKET_FOLDER)  # with resume and no run in `out` yet: continue from this exported folder
+    vit_depth: int | None = None  # grow the ViT to this many blocks, every output kept (pocket.model.grow_vision)
+    vit_mlp_ratio: int | None = None  # grow its blocks' MLPs to this many times its width, every output kept
 
 
 # -----------------------------------------------------------------------------
@@ -195,7 +199,7 @@ def write_state(folder: Path, state: dict):
 def load_state(model, head, binding, optimizer, folder: Path) -> dict:
     moments = load_shards(folder, "optimizer")
     for n, p in trained_parameters(model, head, binding).items():
-        if f"{n}.exp_avg" in moments:
+        if f"{n}.exp_avg" in moments and moments[f"{n}.exp_avg"].shape == p.shape:  # a grown one starts afresh
             optimizer.state[p] = dict(exp_avg=moments[f"{n}.exp_avg"].to(p.device),
                                       exp_avg_sq=moments[f"{n}.exp_avg_sq"].to(p.device),
                                       step=moments[f"{n}.step"].reshape(()).to(p.device))
@@ -210,9 +214,11 @@ def make_optimizer(model, cfg: TrainConfig, head=None, binding=None):
                              lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
 
 
-def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, init: Path = POCKET_FOLDER):
+def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, init: Path = POCKET_FOLDER,
+                 vit_depth: int | None = None, vit_mlp_ratio: int | None = None):
     """(model, reading head, tokenizer, state, binding head): the run's if resuming, else the exported folder `init`
-    (with the heads it carries; by default the shipped model), else all fresh."""
+    (with the heads it carries; by default the shipped model), else all fresh; its ViT grown to vit_depth blocks
+    and vit_mlp_ratio-wide MLPs where given and larger (grow_vision: every output kept)."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
@@ -230,7 +236,8 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, i
         model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer), dtype=torch.float32)
         state = dict(step=0, stage=0, gpu_seconds=0.0, samples=0, curve=[], runs=[])
     model.config._attn_implementation = "sdpa"
-    torch.manual_seed(1)  # the heads start alike on every process
+    torch.manual_seed(1)  # the heads and any grown weights start alike on every process
+    grow_vision(model, vit_depth, vit_mlp_ratio)
     vision = model.config.vision_config
     head, binding = ReadingHead(vision.hidden_size, vision.embed_dim), BindingHead(vision.hidden_size)
     for module, name in ((head, HEAD_FILE), (binding, BINDING_FILE)):
@@ -258,7 +265,8 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     process = process or distributed.start(cfg.device)
     device = torch.device(process.device)
     folder = Path(cfg.out)
-    model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage, Path(cfg.init))
+    model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage, Path(cfg.init),
+                                                          cfg.vit_depth, cfg.vit_mlp_ratio)
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
         load_state(model, head, binding, optimizer, folder)
@@ -482,6 +490,10 @@ def main(argv=None):
                         help="start at this curriculum stage (default: where the resumed run stands)")
     parser.add_argument("--init", type=exported_folder, default=TrainConfig.init,
                         help="with --resume and no run in --out yet: continue from this exported folder")
+    parser.add_argument("--vit-depth", type=bounded_int(1, 64), default=None,
+                        help="grow the ViT to this many blocks before training (new ones start as the identity)")
+    parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,
+                        help="grow the ViT blocks' MLPs to this many times the width (new units start silent)")
     parser.add_argument("--export", default=None, help="after training, write the hub folder here")
     parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
     args = parser.parse_args(argv)
@@ -494,7 +506,8 @@ def main(argv=None):
                       warmup=args.warmup, cooldown=args.cooldown, image_tokens=args.image_tokens,
                       max_pages=args.max_pages, workers=args.workers, eval_every=args.eval_every,
                       eval_pages=args.eval_pages, device=args.device, stage=args.stage, init=args.init,
-                      eval_sizes=tuple(args.eval_sizes), eval_layouts=args.eval_layouts)
+                      eval_sizes=tuple(args.eval_sizes), eval_layouts=args.eval_layouts,
+                      vit_depth=args.vit_depth, vit_mlp_ratio=args.vit_mlp_ratio)
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
         state = train(cfg, args.resume, process)
