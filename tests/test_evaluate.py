@@ -594,6 +594,24 @@ def test_the_report_gives_each_rows_wilson_interval_and_the_suite_is_scored_by_e
     assert sets.synthetic_source(1, ("fine_print", "text_vs_distractor"), seed=0).metric == "contains"
 
 
+def test_the_report_sets_each_row_against_full_by_their_intervals():
+    """Overlapping 95% intervals are a tie, never a difference: 8 of 10 for full is [0.49, 0.94]; 1 of 10
+    ([0.02, 0.40]) is below it, 9 of 10 ([0.60, 0.98]) ties it; against 1 of 10 for full, 9 of 10 is above."""
+    from arr_coc.eval import report
+
+    def table(correct: dict[str, int]) -> str:
+        records = [dict(row=row, item=i, score=float(i < c)) for row, c in correct.items() for i in range(10)]
+        return report.markdown_table(report.summarise(records, list(correct)), "exact")
+
+    lines = table({"full": 8, "arr:topk": 1, "budget": 9}).splitlines()
+    assert lines[0].endswith("| against `full` |")
+    assert lines[2] == "| full | 10 | 0.800 | [0.49, 0.94] | - |"
+    assert lines[3].startswith("| arr:topk | 10 | 0.100 | [0.02, 0.40] |") and lines[3].endswith("| below |")
+    assert lines[4].startswith("| budget | 10 | 0.900 | [0.60, 0.98] |") and lines[4].endswith("| tie |")
+    assert table({"full": 1, "arr:topk": 9}).splitlines()[3].endswith("| above |")
+    assert "against" not in table({"gestalt": 1, "arr:topk": 9})  # no full row: nothing to set against
+
+
 def test_a_conversation_asks_each_pages_questions_in_one_conversation_and_alone(tmp_path, capsys):
     """Pocket pages, two of their questions each: every row answers each question as a turn of one conversation
     and alone; turn 1 is the same request either way; the report gives exact match by turn with intervals."""

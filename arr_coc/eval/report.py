@@ -5,7 +5,8 @@ A row is a baseline ("full", "divprune") or ARR under one strategy ("arr:topk");
 budget is labelled row@budget ("arr:topk@64"; full and gestalt read no budget and keep their names). Per row:
 the set's metric averaged over the items that have reference answers (the others are counted as unscored), the
 lenient `contains` beside a benchmark's own metric, visual tokens, TTFT, total time and GFLOPs; box recall and
-precision where items have target boxes; faithfulness areas where they were measured. Rows with ARR's second
+precision where items have target boxes; faithfulness areas where they were measured; beside a `full` row, each
+row's accuracy against it ("tie" where their 95% intervals overlap, else "below" or "above"). Rows with ARR's second
 look ("arr+refix:topk", at each budget in a sweep) get their own section: how often it fired, and the accuracy
 with and without it. ARR rows, which record their tensions, get a table of the mean visual tokens and accuracy
 per scene kind (tokens_by_kind: each image's own K under --budget auto).
@@ -111,14 +112,25 @@ def uneven_line(uneven: dict[str, list[int]], total: int) -> str:
 
 
 def markdown_table(summary: dict[str, dict], metric: str) -> str:
-    """One line per row; only the columns some row has."""
+    """One line per row; only the columns some row has; with a scored `full` row, each row's accuracy against it."""
     columns = [c for c in COLUMNS if any(c[0] in m for m in summary.values())]
     titles = [f"accuracy ({metric})" if key == "accuracy" else title for key, title, _ in columns]
-    lines = ["| row | " + " | ".join(titles) + " |", "|---" * (len(columns) + 1) + "|"]
+    full = summary.get("full", {}).get("interval")
+    titles += ["against `full`"] if full else []
+    lines = ["| row | " + " | ".join(titles) + " |", "|---" * (len(titles) + 1) + "|"]
     for row, means in summary.items():
         cells = [fmt.format(means[key]) if key in means else "-" for key, _, fmt in columns]
+        cells += [against(means.get("interval"), full) if row != "full" else "-"] if full else []
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def against(interval: tuple[float, float] | None, reference: tuple[float, float]) -> str:
+    """A row's accuracy beside a reference row's, by their 95% intervals: "tie" where they overlap (no difference
+    shown), else "below" or "above"; "-" for a row without scored items."""
+    if interval is None:
+        return "-"
+    return "below" if interval[1] < reference[0] else "above" if interval[0] > reference[1] else "tie"
 
 
 def refixation_summary(records: list[dict]) -> dict[str, dict]:
