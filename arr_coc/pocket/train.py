@@ -27,6 +27,7 @@ exact match: every answer token is the argmax, which is exactly when greedy deco
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/deeper --resume --vit-depth 8   # a larger ViT
     python -m arr_coc.pocket.train --out runs/pocket --minutes 8 --resume      # one GPU
+    python -m arr_coc.pocket.train --out runs/pocket --minutes 2 --resume --profile 5   # where a step's time goes
     python -m arr_coc.pocket.train --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
     python -m arr_coc.pocket.train --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
 
@@ -84,6 +85,7 @@ class TrainConfig:
     init: str = str(POCKET_FOLDER)  # with resume and no run in `out` yet: continue from this exported folder
     vit_depth: int | None = None  # grow the ViT to this many blocks, every output kept (pocket.model.grow_vision)
     vit_mlp_ratio: int | None = None  # grow its blocks' MLPs to this many times its width, every output kept
+    profile: int = 0  # profile this many steps of a run, after PROFILE_AFTER (rank 0 prints torch.profiler's table)
 
 
 # -----------------------------------------------------------------------------
@@ -93,6 +95,7 @@ class TrainConfig:
 HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside the run's weights
 BINDING_FILE = "binding_head.safetensors"  # the training-only BindingHead, beside it
 SHARD = "15MB"  # every saved file stays under 16 MiB (the device tool brings back no larger file)
+PROFILE_AFTER = 20  # with cfg.profile: the steps of a stage before the profiled ones (start-up, autotuning)
 
 
 def lr_at(step: int, resumed_at: int, cfg: TrainConfig, seconds_left: float = math.inf) -> float:
@@ -311,40 +314,58 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
     losses, waited, last = [], 0.0, time.time()
     window = (time.time(), run["seen"], run["tokens"])  # the rates of the last 100 steps: steady, without start-up
-    for batch in loader:
-        waited += time.time() - last  # the GPU idles while the page workers catch up
-        # every process stops at the same step: rank 0's clock decides
-        out_of_time = process.sum(torch.tensor(float(time.time() - run["t0"] > cfg.minutes * 60
-                                                     and process.is_main))).item() > 0
-        if state["step"] >= cfg.steps or out_of_time:
-            return False
-        lr = lr_at(state["step"], run["start"], cfg, cfg.minutes * 60 - (time.time() - run["t0"]))
-        inputs = model_inputs(batch, processor, model.config.image_token_id, device)
-        loss = _train_step(trainee, optimizer, inputs, lr, batch["reading"].to(device, non_blocking=True),
-                           batch["binding"].to(device, non_blocking=True), process)
-        if loss is None:  # a bf16 blow-up: the step was skipped, the weights kept
-            state["skipped"] = state.get("skipped", 0) + 1
-        else:
-            losses.append(loss)
-        run["seen"] += batch["input_ids"].shape[0]
-        run["tokens"] += batch["pages"][..., 0].numel() // 28**2  # [B, H, W, 3]: a page's tokens, not its gestalt's
-        state["step"] += 1
-        if state["step"] % 100 == 0 and process.is_main:
-            answer, reading, bound = np.mean(losses, axis=0) if losses else (float("nan"),) * 3
-            elapsed, seconds = time.time() - run["t0"], time.time() - window[0]
-            rate, token_rate = (run["seen"] - window[1]) / seconds, (run["tokens"] - window[2]) / seconds
-            window = (time.time(), run["seen"], run["tokens"])
-            process.log(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} binding {bound:.4f} "
-                        f"lr {lr:.2e} stage {state['stage']} {rate * process.world_size:.0f} pages/s "
-                        f"{token_rate * process.world_size / 1000:.0f}k image tokens/s "
-                        f"(last 100 steps), waiting for pages {waited / elapsed:.0%} of the time")
-            state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4),
-                                       binding=round(bound, 4)))
-            losses = []
-        if _stage_ends(model, tokenizer, processor, cfg, state, process):
-            return True
-        last = time.time()
+    with _profiler(cfg, device, process) as profiler:
+        for batch in loader:
+            waited += time.time() - last  # the GPU idles while the page workers catch up
+            # every process stops at the same step: rank 0's clock decides
+            out_of_time = process.sum(torch.tensor(float(time.time() - run["t0"] > cfg.minutes * 60
+                                                         and process.is_main))).item() > 0
+            if state["step"] >= cfg.steps or out_of_time:
+                return False
+            lr = lr_at(state["step"], run["start"], cfg, cfg.minutes * 60 - (time.time() - run["t0"]))
+            inputs = model_inputs(batch, processor, model.config.image_token_id, device)
+            loss = _train_step(trainee, optimizer, inputs, lr, batch["reading"].to(device, non_blocking=True),
+                               batch["binding"].to(device, non_blocking=True), process)
+            if loss is None:  # a bf16 blow-up: the step was skipped, the weights kept
+                state["skipped"] = state.get("skipped", 0) + 1
+            else:
+                losses.append(loss)
+            run["seen"] += batch["input_ids"].shape[0]
+            run["tokens"] += batch["pages"][..., 0].numel() // 28**2  # [B, H, W, 3]: the pages' tokens (no gestalt)
+            state["step"] += 1
+            if state["step"] % 100 == 0 and process.is_main:
+                answer, reading, bound = np.mean(losses, axis=0) if losses else (float("nan"),) * 3
+                elapsed, seconds = time.time() - run["t0"], time.time() - window[0]
+                rate, token_rate = (run["seen"] - window[1]) / seconds, (run["tokens"] - window[2]) / seconds
+                window = (time.time(), run["seen"], run["tokens"])
+                process.log(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} binding {bound:.4f} "
+                            f"lr {lr:.2e} stage {state['stage']} {rate * process.world_size:.0f} pages/s "
+                            f"{token_rate * process.world_size / 1000:.0f}k image tokens/s "
+                            f"(last 100 steps), waiting for pages {waited / elapsed:.0%} of the time")
+                state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4),
+                                           binding=round(bound, 4)))
+                losses = []
+            if _stage_ends(model, tokenizer, processor, cfg, state, process):
+                return True
+            last = time.time()
+            profiler.step()
     return False
+
+
+def _profiler(cfg: TrainConfig, device: torch.device, process: distributed.Process):
+    """With cfg.profile, on rank 0: torch.profiler over that many steps after PROFILE_AFTER and two to warm it up,
+    then its table of operators by their own time, printed; otherwise one that records nothing."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    def report(prof):
+        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(f"profile of {cfg.profile} steps (rank 0):\n" + prof.key_averages().table(sort_by=key, row_limit=30),
+              flush=True)
+
+    steps = cfg.profile if process.is_main else 0
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=activities, on_trace_ready=report, schedule=schedule(
+        wait=PROFILE_AFTER if steps else 10**9, warmup=2, active=max(steps, 1), repeat=1))
 
 
 def _stage_ends(model, tokenizer, processor, cfg: TrainConfig, state: dict, process: distributed.Process) -> bool:
@@ -494,6 +515,8 @@ def main(argv=None):
                         help="grow the ViT to this many blocks before training (new ones start as the identity)")
     parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,
                         help="grow the ViT blocks' MLPs to this many times the width (new units start silent)")
+    parser.add_argument("--profile", type=bounded_int(0, 1000), default=TrainConfig.profile,
+                        help=f"profile this many steps after the first {PROFILE_AFTER} (rank 0 prints the table)")
     parser.add_argument("--export", default=None, help="after training, write the hub folder here")
     parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
     args = parser.parse_args(argv)
@@ -507,7 +530,7 @@ def main(argv=None):
                       max_pages=args.max_pages, workers=args.workers, eval_every=args.eval_every,
                       eval_pages=args.eval_pages, device=args.device, stage=args.stage, init=args.init,
                       eval_sizes=tuple(args.eval_sizes), eval_layouts=args.eval_layouts,
-                      vit_depth=args.vit_depth, vit_mlp_ratio=args.vit_mlp_ratio)
+                      vit_depth=args.vit_depth, vit_mlp_ratio=args.vit_mlp_ratio, profile=args.profile)
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
         state = train(cfg, args.resume, process)
