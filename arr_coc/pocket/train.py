@@ -38,6 +38,7 @@ AutoImageProcessor and Qwen2VLForConditionalGeneration.from_pretrained(folder).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -348,24 +349,27 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
             if _stage_ends(model, tokenizer, processor, cfg, state, process):
                 return True
             last = time.time()
-            profiler.step()
+            if profiler is not None:
+                profiler.step()
     return False
 
 
 def _profiler(cfg: TrainConfig, device: torch.device, process: distributed.Process):
     """With cfg.profile, on rank 0: torch.profiler over that many steps after PROFILE_AFTER and two to warm it up,
-    then its table of operators by their own time, printed; otherwise one that records nothing."""
+    then its table of operators by their own time, printed; otherwise no profiler at all (the context gives None)."""
     from torch.profiler import ProfilerActivity, profile, schedule
+
+    if not (cfg.profile and process.is_main):
+        return contextlib.nullcontext()
 
     def report(prof):
         key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
         print(f"profile of {cfg.profile} steps (rank 0):\n" + prof.key_averages().table(sort_by=key, row_limit=30),
               flush=True)
 
-    steps = cfg.profile if process.is_main else 0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, on_trace_ready=report, schedule=schedule(
-        wait=PROFILE_AFTER if steps else 10**9, warmup=2, active=max(steps, 1), repeat=1))
+    return profile(activities=activities, on_trace_ready=report,
+                   schedule=schedule(wait=PROFILE_AFTER, warmup=2, active=cfg.profile, repeat=1))
 
 
 def _stage_ends(model, tokenizer, processor, cfg: TrainConfig, state: dict, process: distributed.Process) -> bool:
