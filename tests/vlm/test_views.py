@@ -64,3 +64,19 @@ def test_the_upload_is_the_images_bytes_channels_first():
     assert int(pixels.sum()) == 10 + 20 + 30 + 200 + 100 + 50
     assert to_rgb(image) is image
     assert to_rgb(Image.new("L", (3, 2), 7)).getpixel((0, 0)) == (7, 7, 7)
+
+
+@pytest.mark.parametrize("side, lent", [(1792, True),  # 12.25 MiB of 4-byte pixels: one block, lent by Pillow
+                                        (2100, False),  # 16.8 MiB: several blocks, np.asarray's packed copy
+                                        (5, True)])
+def test_the_upload_reads_pillows_own_memory_where_it_is_lent_and_the_same_bytes_either_way(side, lent):
+    """host_pixels takes Pillow's 4-byte pixels through the Arrow C data interface (no packing copy) where the
+    image lies in one memory block, and the upload then equals numpy's reading of the image, channels first."""
+    import numpy as np
+
+    from arr_coc.vlm.views import host_pixels, upload
+
+    array = np.random.default_rng(side).integers(0, 256, (side, side + 3, 3), dtype=np.uint8)  # [H, W, 3]
+    image = Image.fromarray(array)
+    assert host_pixels(image).shape == (side, side + 3, 4 if lent else 3)
+    assert torch.equal(upload(image, "cpu")[0], torch.from_numpy(array).permute(2, 0, 1))
