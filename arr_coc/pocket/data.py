@@ -179,14 +179,17 @@ def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
     return w * 28, h * 28
 
 
-def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = MAX_PAGES):
+def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = MAX_PAGES, world: int = 1):
     """The pages, conversations, reading targets, gestalt_first flag and binding targets of training batch `index`
     at curriculum `stage` (a REVIEW share of batches from an earlier stage): a pure function of them. Under
-    torchrun, process r of N takes batches r, r + N, r + 2N, ... (PageStream)."""
-    rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}")
-    s = CURRICULUM[rng.randrange(stage) if stage and rng.random() < REVIEW else stage]
-    w, h = page_size(rng, s.sides)
-    gestalt_first = rng.random() < GESTALT_FIRST
+    torchrun, process r of N takes batches r, r + N, r + 2N, ... (PageStream); the N batches of one step share
+    their stage, page size and gestalt_first, so no process waits on another's larger pages (attention grows with
+    the square of a page's patches)."""
+    shape = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index // world}")  # one draw a step
+    s = CURRICULUM[shape.randrange(stage) if stage and shape.random() < REVIEW else stage]
+    w, h = page_size(shape, s.sides)
+    gestalt_first = shape.random() < GESTALT_FIRST
+    rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}:pages")  # this batch's own pages
     tokens = w * h // 784 + (math.prod(fit_grid(w, h, GESTALT_TOKENS)) if gestalt_first else 0)  # per conversation
     n = min(max_pages, max(2, image_tokens // tokens))
     images, conversations, readings, bindings = [], [], [], []
@@ -243,5 +246,6 @@ class PageStream(torch.utils.data.IterableDataset):
         step = self.start + k
         while True:
             index = step * self.world + self.rank
-            yield collate(tokenizer, *batch_pages(index, self.seed, self.stage, self.image_tokens, self.max_pages))
+            yield collate(tokenizer, *batch_pages(index, self.seed, self.stage, self.image_tokens, self.max_pages,
+                                                  self.world))
             step += n

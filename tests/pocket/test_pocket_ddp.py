@@ -117,3 +117,18 @@ def test_the_wilson_interval_matches_textbook_values(correct, n, low, high):
 
     assert wilson(correct, n) == pytest.approx((low, high), abs=1e-4)
     assert interval_text(45, 96) == "0.47 [0.37, 0.57] (n=96)"
+
+
+def test_the_batches_of_one_step_share_their_page_size_and_hold_their_own_pages():
+    """Under N processes, step i's batches i*N .. i*N + N-1 are drawn at one page size (and stage), so no process
+    waits on another's larger pages; the pages themselves differ. With N = 1 the size goes on changing every batch."""
+    from arr_coc.pocket.data import batch_pages
+
+    def drawn(index, world):
+        images, _, _, gestalt_first, _ = batch_pages(index, 0, 5, image_tokens=4096, max_pages=2, world=world)
+        return images[0].size, gestalt_first, images[0].tobytes()
+
+    for step in range(3):
+        (size_a, first_a, pixels_a), (size_b, first_b, pixels_b) = drawn(4 * step, 4), drawn(4 * step + 3, 4)
+        assert size_a == size_b and first_a == first_b and pixels_a != pixels_b
+    assert len({drawn(index, 1)[0] for index in range(4)}) > 1
