@@ -268,8 +268,8 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
 
     process = process or distributed.start(cfg.device)
     device = torch.device(process.device)
-    if device.type == "cuda":  # cuDNN's attention plans each new shape (~28 ms of CPU a layer, H200 profile), and the
-        torch.backends.cuda.enable_cudnn_sdp(False)  # page sizes change every batch: flash attention runs instead
+    if device.type == "cuda":  # cuDNN's attention plans every new shape (~28 ms of host time a layer's forward and
+        torch.backends.cuda.enable_cudnn_sdp(False)  # backward), and page sizes change every batch: flash runs instead
     folder = Path(cfg.out)
     model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage, Path(cfg.init),
                                                           cfg.vit_depth, cfg.vit_mlp_ratio)
