@@ -70,12 +70,13 @@ def reading_targets(glyphs: list[Glyph], width: int, height: int) -> np.ndarray:
 
 class ReadingHead(nn.Module):
     """Linear: a visual token -> SLOTS character classes; and a ViT patch (before the merge) -> PATCH_SLOTS. Its
-    loss is cross-entropy over every slot, the cells' and, given the patches, theirs."""
+    loss is cross-entropy over every slot, the cells' and, given the patches, theirs; a cell slot that holds a drawn
+    character weighs `ink_weight` (most slots are empty: at 1 the merged tokens' characters are a small share)."""
 
     def __init__(self, hidden_size: int, vision_dim: int | None = None, slots: int = SLOTS,
-                 patch_slots: int = PATCH_SLOTS):
+                 patch_slots: int = PATCH_SLOTS, ink_weight: float = 1.0):
         super().__init__()
-        self.slots, self.patch_slots = slots, patch_slots
+        self.slots, self.patch_slots, self.ink_weight = slots, patch_slots, ink_weight
         self.proj = nn.Linear(hidden_size, slots * (len(ALPHABET) + 1))
         self.patch_proj = nn.Linear(vision_dim or hidden_size, patch_slots * (len(ALPHABET) + 1))
 
@@ -95,7 +96,13 @@ class ReadingHead(nn.Module):
             logits = torch.cat([logits, self.patch_logits(patches)], 1)  # [N, slots + 4 * patch_slots, classes]
         else:
             targets = targets[:, :self.slots]
-        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+        if self.ink_weight == 1.0:
+            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+        losses = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [N, S], 0: ignored
+        weights = torch.ones_like(losses)  # [N, S]
+        weights[:, :self.slots] += (self.ink_weight - 1) * (targets[:, :self.slots] > NONE)  # the cells' ink
+        total = (weights * losses).sum()
+        return total if reduction == "sum" else total / (targets != -100).sum().clamp(min=1)  # -100: ignore_index
 
     @torch.no_grad()
     def accuracy(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:

@@ -87,6 +87,7 @@ class TrainConfig:
     vit_depth: int | None = None  # grow the ViT to this many blocks, every output kept (pocket.model.grow_vision)
     vit_mlp_ratio: int | None = None  # grow its blocks' MLPs to this many times its width, every output kept
     profile: int = 0  # profile this many steps of a run, after PROFILE_AFTER (rank 0 prints torch.profiler's table)
+    read_ink_weight: float = 1.0  # weight of a drawn character's cell slot in the reading loss (empty slots: 1)
 
 
 # -----------------------------------------------------------------------------
@@ -273,6 +274,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     folder = Path(cfg.out)
     model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage, Path(cfg.init),
                                                           cfg.vit_depth, cfg.vit_mlp_ratio)
+    head.ink_weight = cfg.read_ink_weight
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
         load_state(model, head, binding, optimizer, folder)
@@ -517,6 +519,8 @@ def main(argv=None):
                         help="start at this curriculum stage (default: where the resumed run stands)")
     parser.add_argument("--init", type=exported_folder, default=TrainConfig.init,
                         help="with --resume and no run in --out yet: continue from this exported folder")
+    parser.add_argument("--read-ink-weight", type=bounded_float(0, above=True), default=TrainConfig.read_ink_weight,
+                        help="weight of a drawn character's slot in the merged tokens' reading loss (empty slots: 1)")
     parser.add_argument("--vit-depth", type=bounded_int(1, 64), default=None,
                         help="grow the ViT to this many blocks before training (new ones start as the identity)")
     parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,
@@ -536,7 +540,8 @@ def main(argv=None):
                       max_pages=args.max_pages, workers=args.workers, eval_every=args.eval_every,
                       eval_pages=args.eval_pages, device=args.device, stage=args.stage, init=args.init,
                       eval_sizes=tuple(args.eval_sizes), eval_layouts=args.eval_layouts,
-                      vit_depth=args.vit_depth, vit_mlp_ratio=args.vit_mlp_ratio, profile=args.profile)
+                      vit_depth=args.vit_depth, vit_mlp_ratio=args.vit_mlp_ratio, profile=args.profile,
+                      read_ink_weight=args.read_ink_weight)
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
         state = train(cfg, args.resume, process)

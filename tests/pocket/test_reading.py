@@ -163,3 +163,39 @@ def test_a_reading_head_saved_before_the_patches_keeps_its_cells_and_starts_the_
     head = load_or_init(out, True, torch.device("cpu"), init=old)[1]
     assert torch.equal(head.proj.weight, saved["proj.weight"]) and torch.equal(head.proj.bias, saved["proj.bias"])
     assert head.patch_proj.weight.shape == (PATCH_SLOTS * (len(ALPHABET) + 1), 256)
+
+
+@pytest.mark.parametrize("ink_weight", [1.0, 3.0])
+def test_a_drawn_characters_cell_slot_weighs_ink_weight_in_the_reading_loss(ink_weight):
+    """With a silent head every slot's cross-entropy is log(classes); 3 cell slots hold ink (they weigh ink_weight),
+    the patches' 2 ink slots and every empty slot weigh 1, and a gestalt token's ignored slots nothing."""
+    import math
+
+    head = ReadingHead(8, 4, ink_weight=ink_weight)
+    for p in head.parameters():
+        torch.nn.init.zeros_(p)
+    targets = torch.full((3, SLOTS + 4 * PATCH_SLOTS), NONE)  # [3 cells, 22 slots]
+    targets[0, :3] = torch.tensor([5, 6, 7])  # cell 0: three characters
+    targets[1, SLOTS:SLOTS + 2] = torch.tensor([8, 9])  # cell 1: two in its first patch's slots only
+    targets[2] = IGNORE  # a gestalt view's token
+    counted = 2 * (SLOTS + 4 * PATCH_SLOTS)  # 44 slots not ignored
+    log_c = math.log(len(ALPHABET) + 1)
+    loss = head(torch.randn(3, 8), targets, reduction="sum", patches=torch.randn(12, 4))
+    assert loss.item() == pytest.approx(log_c * (counted + 3 * (ink_weight - 1)), rel=1e-5)
+    mean = head(torch.randn(3, 8), targets, patches=torch.randn(12, 4))
+    assert mean.item() == pytest.approx(log_c * (counted + 3 * (ink_weight - 1)) / counted, rel=1e-5)
+
+
+def test_the_runs_read_ink_weight_reaches_its_reading_head(tmp_path, monkeypatch):
+    from arr_coc.pocket import train as pocket
+
+    seen = []
+
+    def stop_at_the_optimizer(model, cfg, head, binding):  # the heads are built and set by now
+        seen.append(head.ink_weight)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pocket, "make_optimizer", stop_at_the_optimizer)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(out=str(tmp_path), device="cpu", workers=0, read_ink_weight=2.5), resume=False)
+    assert seen == [2.5]
