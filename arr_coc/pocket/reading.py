@@ -96,8 +96,6 @@ class ReadingHead(nn.Module):
             logits = torch.cat([logits, self.patch_logits(patches)], 1)  # [N, slots + 4 * patch_slots, classes]
         else:
             targets = targets[:, :self.slots]
-        if self.ink_weight == 1.0:
-            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
         losses = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [N, S], 0: ignored
         weights = torch.ones_like(losses)  # [N, S]
         weights[:, :self.slots] += (self.ink_weight - 1) * (targets[:, :self.slots] > NONE)  # the cells' ink
