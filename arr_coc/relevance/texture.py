@@ -55,7 +55,12 @@ def _filters(gray: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def _pool(x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """Area-average a [B,C,H,W] map onto the [gh, gw] grid."""
+    """Area-average a [B,C,H,W] map onto the [gh, gw] grid. Where the grid divides the map (the working image is
+    DETAIL_PX a cell; Qwen2-VL's native view is twice that) the windows are avg_pool2d's, one thread an output;
+    CUDA's adaptive pooling runs one block row per plane, 15 blocks for an RGB image."""
+    (H, W), (gh, gw) = x.shape[-2:], grid
+    if H % gh == 0 and W % gw == 0:
+        return F.avg_pool2d(x, (H // gh, W // gw))
     return F.adaptive_avg_pool2d(x, grid)
 
 
@@ -124,18 +129,18 @@ def generate_texture_array(images: torch.Tensor, grid: tuple[int, int]) -> torch
     B = images.shape[0]
     size = (gh * DETAIL_PX, gw * DETAIL_PX)
     shrinking = images.shape[-2] >= size[0] and images.shape[-1] >= size[1]
-    work = F.interpolate(images.float(), size=size, mode="area" if shrinking else "bilinear")  # [B, 3, h, w]
-    work = torch.nan_to_num(work, nan=0.0).clamp(0, 1)  # sanitise after shrinking: 16x fewer pixels
-    rgb = _pool(work, grid)  # [B, 3, gh, gw]: an area-downsample of the input
+    # area (the mean of each output pixel's window) where shrinking, else bilinear
+    work = _pool(images.float(), size) if shrinking else F.interpolate(images.float(), size=size, mode="bilinear")
+    work = torch.nan_to_num(work, nan=0.0).clamp(0, 1)  # [B, 3, h, w], sanitised after shrinking: fewer pixels
     gray = (0.299 * work[:, 0:1] + 0.587 * work[:, 1:2] + 0.114 * work[:, 2:3])  # [B, 1, h, w]
     # Sobel normalised so a 0->1 step gives 1; sqrt spreads the small energies of natural images
     gx, gy, lap = _filters(gray)
     gx, gy = gx / 4, gy / 4
-    sobel_x = _pool(gx.abs(), grid).sqrt()
-    sobel_y = _pool(gy.abs(), grid).sqrt()
-    edges = _pool((gx.pow(2) + gy.pow(2)).sqrt() / 2**0.5, grid).sqrt()
-    laplacian = _pool(lap.abs() / 4, grid).sqrt()
-    variance = (_pool(work.pow(2), grid) - _pool(work, grid).pow(2)).clamp_min(0).mean(1, keepdim=True)
+    energy = torch.cat([work, work.pow(2), gx.abs(), gy.abs(), (gx.pow(2) + gy.pow(2)).sqrt() / 2**0.5,
+                        lap.abs() / 4], dim=1)  # [B, 10, h, w]: every map that is averaged per cell, in one pass
+    rgb, square, sobel_x, sobel_y, edges, laplacian = _pool(energy, grid).split((3, 3, 1, 1, 1, 1), dim=1)
+    sobel_x, sobel_y, edges, laplacian = sobel_x.sqrt(), sobel_y.sqrt(), edges.sqrt(), laplacian.sqrt()
+    variance = (square - rgb.pow(2)).clamp_min(0).mean(1, keepdim=True)  # [B, 1, gh, gw]
     variance = (4 * variance).clamp(0, 1).sqrt()  # max variance of a [0,1] signal is 1/4
 
     pos_y = torch.linspace(0, 1, gh, device=work.device).view(1, 1, gh, 1).expand(B, 1, gh, gw)

@@ -19,10 +19,26 @@ def test_channels_are_named_and_unique():
     assert all(meaning for _, meaning in CHANNELS)
 
 
-def test_rgb_is_an_area_downsample():
-    images = torch.rand(2, 3, 896, 896)
-    tex = generate_texture_array(images, GRID)
-    torch.testing.assert_close(tex[:, :3], F.adaptive_avg_pool2d(images, GRID), atol=1e-5, rtol=0)
+@pytest.mark.parametrize("shape, grid, work", [
+    ((2, 3, 896, 896), (32, 32), (448, 448)),  # the working image divides the view and the grid divides it
+    ((1, 3, 1792, 1792), (64, 64), (896, 896)),  # Qwen2-VL's native view at the cap: twice the working image
+    ((1, 3, 1344, 1800), (32, 32), (448, 448)),  # a view the working image does not divide
+    ((1, 3, 250, 640), (5, 13), (70, 182)),  # neither divides
+])
+def test_rgb_is_an_area_downsample(shape, grid, work):
+    """The colour channels are stock adaptive pooling to the working image (DETAIL_PX a cell), then to the grid."""
+    images = torch.rand(*shape)
+    expected = F.adaptive_avg_pool2d(F.adaptive_avg_pool2d(images, work), grid)
+    torch.testing.assert_close(generate_texture_array(images, grid)[:, :3], expected, atol=1e-5, rtol=0)
+
+
+def test_colour_variance_is_the_cells_pixel_variance():
+    """Two colours in alternate 7 px columns inside each 14 px cell: variance 0.0625 a channel on the red and green,
+    none on the blue; the channel is sqrt(4 * mean over RGB) = sqrt(4 * 0.125 / 3)."""
+    stripes = (torch.arange(448) // 7 % 2).float()  # [448]: 0, 1 in 7 px runs
+    image = torch.stack([stripes * 0.5, 0.5 - stripes * 0.5, torch.full((448,), 0.3)]).view(1, 3, 1, 448)
+    tex = generate_texture_array(image.expand(1, 3, 448, 448), GRID)
+    torch.testing.assert_close(channel(tex, "colour_variance"), torch.full((1, 32, 32), (0.5 / 3) ** 0.5))
 
 
 def test_position_channels_run_zero_to_one():
