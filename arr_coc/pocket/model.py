@@ -6,6 +6,7 @@ uses for pages of one size.
     tokenizer = build_tokenizer()
     model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer, PocketConfig()))
     grow_vision(model, depth=8, mlp_ratio=8)  # a trained model, larger: every answer and logit unchanged
+    model = grow_language(model, width=384)  # its LLM (and the merged tokens) wider, every logit unchanged
 """
 
 from __future__ import annotations
@@ -177,6 +178,71 @@ def _wider(fc1: torch.nn.Linear, fc2: torch.nn.Linear, hidden: int) -> tuple[tor
     wide2.weight.zero_()
     wide2.weight[:, :old], wide2.bias[:] = fc2.weight, fc2.bias  # [d, hidden]
     return wide1, wide2
+
+
+# -----------------------------------------------------------------------------
+# growing the LLM's width, every output kept
+
+LLM_HEAD_DIM = 64  # the pocket LLM's head size: growing adds heads of it (M-RoPE's sections stay as they are)
+FRESH_STD = 0.02  # new weights that read (as a fresh model's): random, so the loss reaches what the new width holds
+WRITERS = ("self_attn.o_proj.", "mlp.down_proj.", "visual.merger.mlp.2.")  # write to the residual stream
+READERS = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.")
+
+
+@torch.no_grad()
+def grow_language(model, width: int | None = None):
+    """
+    A trained model with its LLM `width` wide (more heads of the same size, more MLP units in the same ratio, the
+    merger's output as wide: the visual tokens the LLM reads), every output unchanged; returns the grown model (a new
+    one: the modules' sizes are the config's), or the model itself at its width or wider. The residual stream gains
+    dimensions that start at zero and stay there: what writes to it (the embeddings, o_proj, down_proj, the merger's
+    output layer) writes nothing to them, and the new heads and units write nothing at all. What reads the stream
+    (q/k/v, gate/up) reads the new dimensions through fresh random weights, so the loss reaches the writers. An RMS
+    norm over the wider stream divides by an RMS smaller by sqrt(old / width): its weights are scaled by that, and
+    its epsilon by old / width.
+    """
+    text = model.config.text_config
+    old = text.hidden_size
+    if width is None or width <= old:
+        return model
+    groups = text.num_attention_heads // text.num_key_value_heads  # query heads a key/value head serves
+    if width % (LLM_HEAD_DIM * groups) or old != text.num_attention_heads * LLM_HEAD_DIM:
+        raise ValueError(f"the LLM grows by whole groups of {groups} heads of {LLM_HEAD_DIM}: width {width} is not a "
+                         f"multiple of {LLM_HEAD_DIM * groups}")
+    config = copy.deepcopy(model.config)
+    config.text_config.hidden_size = config.vision_config.hidden_size = width
+    config.text_config.intermediate_size = text.intermediate_size * width // old
+    config.text_config.num_attention_heads = width // LLM_HEAD_DIM
+    config.text_config.num_key_value_heads = width // LLM_HEAD_DIM // groups
+    config.text_config.rms_norm_eps = text.rms_norm_eps * old / width  # sqrt(mean + eps) shrinks as the mean does
+    dtype = next(model.parameters()).dtype
+    grown = type(model)._from_config(config, dtype=dtype)
+    before, state = model.state_dict(), grown.state_dict()
+    for name, target in state.items():  # every tensor the trained one, widened where its shape grew
+        source = before[name]
+        target.copy_(source if source.shape == target.shape else _widened(name, source, target.shape,
+                                                                           (old / width) ** 0.5))
+    grown.load_state_dict(state)
+    grown.generation_config = model.generation_config
+    return grown.train(model.training)
+
+
+def _widened(name: str, source: torch.Tensor, shape: torch.Size, norm_scale: float) -> torch.Tensor:
+    """One tensor of the grown model: `source` in its leading corner; around it zeros where it writes to the stream
+    (and in the embeddings), fresh random weights where it reads the stream, a scaled RMS norm's weights."""
+    corner = tuple(slice(0, n) for n in source.shape)
+    if name.endswith("norm.weight") and source.dim() == 1:  # an RMS norm over the stream (layernorms and the last)
+        out = torch.full(shape, norm_scale, dtype=source.dtype)
+        out[corner] = source * norm_scale
+        return out
+    if name.endswith(".weight") and any(r in name for r in READERS):
+        out = torch.empty(shape, dtype=source.dtype).normal_(0.0, FRESH_STD)
+    elif any(w in name for w in WRITERS) or "embed_tokens" in name or name == "lm_head.weight" or name.endswith(".bias"):
+        out = torch.zeros(shape, dtype=source.dtype)
+    else:
+        raise ValueError(f"grow_language: no rule for {name} {tuple(source.shape)} -> {tuple(shape)}")
+    out[corner] = source
+    return out
 
 
 def image_processor():

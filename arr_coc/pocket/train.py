@@ -26,6 +26,7 @@ exact match: every answer token is the argmax, which is exactly when greedy deco
 
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/deeper --resume --vit-depth 8   # a larger ViT
+    torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/wider --resume --llm-width 384  # a wider LLM
     python -m arr_coc.pocket.train --out runs/pocket --minutes 8 --resume      # one GPU
     python -m arr_coc.pocket.train --out runs/pocket --minutes 2 --resume --profile 5   # where a step's time goes
     python -m arr_coc.pocket.train --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
@@ -42,7 +43,7 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +57,8 @@ from arr_coc.flags import ArgumentParser, bounded_float, bounded_int, int_list, 
 from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss
 from arr_coc.pocket.data import CURRICULUM, IGNORE, MAX_PAGES, PASS_MARK, PageStream, model_inputs
 from arr_coc.pocket.heldout import evaluate_heldout, exact_match, heldout
-from arr_coc.pocket.model import (build_tokenizer, grow_vision, image_processor, model_config,
-                                  use_same_size_pages_attention)
+from arr_coc.pocket.model import (LLM_HEAD_DIM, PocketConfig, build_tokenizer, grow_language, grow_vision,
+                                  image_processor, model_config, use_same_size_pages_attention)
 from arr_coc.pocket.pointing import Pointing, use_pointing_attention
 from arr_coc.pocket.reading import MergerOutputHook, ReadingHead
 from arr_coc.synth.fineprint import LAYOUTS, PAGE_KINDS
@@ -86,6 +87,7 @@ class TrainConfig:
     init: str = str(POCKET_FOLDER)  # with resume and no run in `out` yet: continue from this exported folder
     vit_depth: int | None = None  # grow the ViT to this many blocks, every output kept (pocket.model.grow_vision)
     vit_mlp_ratio: int | None = None  # grow its blocks' MLPs to this many times its width, every output kept
+    llm_width: int | None = None  # grow the LLM (and the merged tokens) to this width, every output kept
     profile: int = 0  # profile this many steps of a run, after PROFILE_AFTER (rank 0 prints torch.profiler's table)
     read_ink_weight: float = 1.0  # weight of a drawn character's cell slot in the reading loss (empty slots: 1)
 
@@ -220,10 +222,11 @@ def make_optimizer(model, cfg: TrainConfig, head=None, binding=None):
 
 
 def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, init: Path = POCKET_FOLDER,
-                 vit_depth: int | None = None, vit_mlp_ratio: int | None = None):
+                 vit_depth: int | None = None, vit_mlp_ratio: int | None = None, llm_width: int | None = None):
     """(model, reading head, tokenizer, state, binding head): the run's if resuming, else the exported folder `init`
     (with the heads it carries; by default the shipped model), else all fresh; its ViT grown to vit_depth blocks
-    and vit_mlp_ratio-wide MLPs where given and larger (grow_vision: every output kept)."""
+    and vit_mlp_ratio-wide MLPs, its LLM to llm_width, where given and larger (grow_vision, grow_language: every
+    output kept; the heads keep what they had)."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
@@ -243,13 +246,14 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, i
     model.config._attn_implementation = "sdpa"
     torch.manual_seed(1)  # the heads and any grown weights start alike on every process
     grow_vision(model, vit_depth, vit_mlp_ratio)
+    model = grow_language(model, llm_width)
     vision = model.config.vision_config
     head, binding = ReadingHead(vision.hidden_size, vision.embed_dim), BindingHead(vision.hidden_size)
     for module, name in ((head, HEAD_FILE), (binding, BINDING_FILE)):
         saved = load_file(heads / name) if heads is not None and (heads / name).is_file() else {}
-        own = module.state_dict()
-        if saved and all(k in own and own[k].shape == v.shape for k, v in saved.items()):
-            fresh = module.load_state_dict(saved, strict=False).missing_keys  # a head that grew keeps what it had
+        kept = in_corner(saved, module.state_dict())
+        if saved and kept is not None:
+            fresh = module.load_state_dict(kept, strict=False).missing_keys  # a head that grew keeps what it had
             if fresh:
                 print(f"pocket: {name} had no {', '.join(fresh)}: starting those afresh", flush=True)
         elif saved:  # a head of another shape (its targets changed): this one starts fresh
@@ -260,6 +264,20 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, i
         state["stage"], state["stage_start"] = stage, state["step"]
     model = use_pointing_attention(use_same_size_pages_attention(model))
     return model.to(device).train(), head.to(device), tokenizer, state, binding.to(device)
+
+
+def in_corner(saved: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """A saved head's tensors, each in the leading corner of the module's own (as it starts): the same head, or one
+    whose input grew with the LLM's width (its new input columns read dimensions that start at zero). None if a
+    saved tensor is missing from the module or larger than its own (a head saved for other targets)."""
+    if not all(k in own and own[k].dim() == v.dim() and all(a <= b for a, b in zip(v.shape, own[k].shape))
+               for k, v in saved.items()):
+        return None
+    kept = {}
+    for k, v in saved.items():
+        kept[k] = own[k].clone()
+        kept[k][tuple(slice(0, n) for n in v.shape)] = v
+    return kept
 
 
 def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = None) -> dict:
@@ -273,7 +291,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
         torch.backends.cuda.enable_cudnn_sdp(False)  # backward), and page sizes change every batch: flash runs instead
     folder = Path(cfg.out)
     model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage, Path(cfg.init),
-                                                          cfg.vit_depth, cfg.vit_mlp_ratio)
+                                                          cfg.vit_depth, cfg.vit_mlp_ratio, cfg.llm_width)
     head.ink_weight = cfg.read_ink_weight
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
@@ -475,6 +493,15 @@ def export(run: Path, out: Path):
     return out
 
 
+def llm_width(text: str) -> int:
+    """--llm-width: a width the LLM can grow to (grow_language adds whole groups of heads), or an argparse error."""
+    width, step = bounded_int(1, 4096)(text), LLM_HEAD_DIM * (PocketConfig.heads // PocketConfig.kv_heads)
+    if width % step:
+        raise argparse.ArgumentTypeError(f"{width} is not a multiple of {step} (whole groups of "
+                                         f"{PocketConfig.heads // PocketConfig.kv_heads} heads of {LLM_HEAD_DIM})")
+    return width
+
+
 def exported_folder(path: str) -> str:
     """--init: a folder that `--export` wrote (its config and training state), or an argparse error."""
     if not all((Path(path) / name).is_file() for name in ("config.json", "training_state.json")):
@@ -525,6 +552,9 @@ def main(argv=None):
                         help="grow the ViT to this many blocks before training (new ones start as the identity)")
     parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,
                         help="grow the ViT blocks' MLPs to this many times the width (new units start silent)")
+    parser.add_argument("--llm-width", type=llm_width, default=None,
+                        help="grow the LLM and the visual tokens to this width before training: whole groups of 2 "
+                             "heads of 64, so a multiple of 128 (new heads and units start silent)")
     parser.add_argument("--profile", type=bounded_int(0, 1000), default=TrainConfig.profile,
                         help=f"profile this many steps after the first {PROFILE_AFTER} (rank 0 prints the table)")
     parser.add_argument("--export", default=None, help="after training, write the hub folder here")
@@ -535,13 +565,8 @@ def main(argv=None):
     if args.tokenizer_only:
         build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
         return
-    cfg = TrainConfig(out=args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      warmup=args.warmup, cooldown=args.cooldown, image_tokens=args.image_tokens,
-                      max_pages=args.max_pages, workers=args.workers, eval_every=args.eval_every,
-                      eval_pages=args.eval_pages, device=args.device, stage=args.stage, init=args.init,
-                      eval_sizes=tuple(args.eval_sizes), eval_layouts=args.eval_layouts,
-                      vit_depth=args.vit_depth, vit_mlp_ratio=args.vit_mlp_ratio, profile=args.profile,
-                      read_ink_weight=args.read_ink_weight)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+    cfg.eval_sizes = tuple(cfg.eval_sizes)
     process = distributed.start(cfg.device)
     if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
         state = train(cfg, args.resume, process)

@@ -412,7 +412,7 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
 
 @pytest.mark.parametrize("flag, value", [("--minutes", "0"), ("--lr", "-1"), ("--eval-sizes", "896,x"),
                                          ("--workers", "-2"), ("--device", "tpu"), ("--steps", "ten"),
-                                         ("--read-ink-weight", "0")])
+                                         ("--read-ink-weight", "0"), ("--llm-width", "320")])
 def test_a_bad_flag_is_refused_in_one_line_before_anything_loads(flag, value, capsys):
     from arr_coc.pocket.train import main
 
