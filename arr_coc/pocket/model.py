@@ -206,7 +206,9 @@ def grow_language(model, width: int | None = None):
     if width is None or width <= old:
         return model
     groups = text.num_attention_heads // text.num_key_value_heads  # query heads a key/value head serves
-    if width % (LLM_HEAD_DIM * groups) or old != text.num_attention_heads * LLM_HEAD_DIM:
+    if old != text.num_attention_heads * LLM_HEAD_DIM:
+        raise ValueError(f"the LLM's heads are {old // text.num_attention_heads} wide, not {LLM_HEAD_DIM}")
+    if width % (LLM_HEAD_DIM * groups):
         raise ValueError(f"the LLM grows by whole groups of {groups} heads of {LLM_HEAD_DIM}: width {width} is not a "
                          f"multiple of {LLM_HEAD_DIM * groups}")
     config = copy.deepcopy(model.config)
