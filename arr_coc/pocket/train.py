@@ -267,16 +267,18 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, i
 
 
 def in_corner(saved: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-    """A saved head's tensors, each in the leading corner of the module's own (as it starts): the same head, or one
-    whose input grew with the LLM's width (its new input columns read dimensions that start at zero). None if a
-    saved tensor is missing from the module or larger than its own (a head saved for other targets)."""
-    if not all(k in own and own[k].dim() == v.dim() and all(a <= b for a, b in zip(v.shape, own[k].shape))
-               for k, v in saved.items()):
+    """A saved head's tensors in the module's own (as it starts): the same head, or one whose input grew with the
+    LLM's width (a weight's first input columns are the saved ones; the new ones read dimensions that start at zero).
+    None if a saved tensor is missing from the module or differs in any other size (a head saved for other
+    targets)."""
+    def fits(v: torch.Tensor, o: torch.Tensor) -> bool:
+        return v.shape == o.shape or (v.dim() == o.dim() and v.shape[:-1] == o.shape[:-1] and v.shape[-1] < o.shape[-1])
+
+    if not all(k in own and fits(v, own[k]) for k, v in saved.items()):
         return None
-    kept = {}
+    kept = {k: own[k].clone() for k in saved}
     for k, v in saved.items():
-        kept[k] = own[k].clone()
-        kept[k][tuple(slice(0, n) for n in v.shape)] = v
+        kept[k][..., :v.shape[-1]] = v
     return kept
 
 

@@ -110,6 +110,7 @@ def test_a_head_keeps_what_it_had_when_its_input_grows():
     assert kept["proj.weight"].tolist() == [[0, 1, 0, 0, 0], [2, 3, 0, 0, 0], [4, 5, 0, 0, 0]]
     assert kept["proj.bias"].tolist() == [7, 8, 9] and "new.weight" not in kept
     assert in_corner({"proj.weight": torch.zeros(4, 2)}, own) is None  # more outputs: saved for other targets
+    assert in_corner({"proj.weight": torch.zeros(2, 2)}, own) is None  # fewer outputs: other targets too
     assert in_corner({"gone.weight": torch.zeros(1)}, own) is None
 
 
