@@ -220,11 +220,14 @@ def test_a_graphed_conversation_equals_the_eager_one_and_replays_its_follow_up_g
             runs[graphs] = [converse("arr"), converse("full")]
     finally:
         decoder.graphs_enabled = True
-    assert runs[True] == runs[False]
+    for pipeline, graphed, eager in zip(("arr", "full"), runs[True], runs[False]):
+        for turn, (g, e) in enumerate(zip(graphed, eager), 1):  # (text, new tokens, saccades) of each turn
+            assert g == e, (f"{pipeline} turn {turn}: graphed {g[:2]} against eager {e[:2]}, saccades "
+                            f"{'the same' if g[2] == e[2] else 'not the same'}")
     captured = len(decoder.graphed_extend.graphs)
     assert captured >= 1
     converse("arr")
-    assert len(decoder.graphed_extend.graphs) == captured  # replayed, nothing recaptured
+    assert len(decoder.graphed_extend.graphs) == captured, "a second conversation recaptured a follow-up graph"
 
 
 def test_back_to_back_lengths_reuse_the_captured_graphs(fp32_cuda_model):
