@@ -140,6 +140,8 @@ def use_same_size_pages_attention(model):
 # -----------------------------------------------------------------------------
 # growing the ViT, every output kept
 
+FRESH_STD = 0.02  # new weights that read (as a fresh model's): random, so the loss reaches what grown units hold
+
 
 @torch.no_grad()
 def grow_vision(model, depth: int | None = None, mlp_ratio: int | None = None):
@@ -168,11 +170,11 @@ def grow_vision(model, depth: int | None = None, mlp_ratio: int | None = None):
 
 def _wider(fc1: torch.nn.Linear, fc2: torch.nn.Linear, hidden: int) -> tuple[torch.nn.Linear, torch.nn.Linear]:
     """fc1 [h, d] and fc2 [d, h] with `hidden` units: the old ones first, the new ones read like fresh weights
-    (normal, std 0.02) and write nothing (fc2's new columns are zero)."""
+    (normal, std FRESH_STD) and write nothing (fc2's new columns are zero)."""
     old = fc1.out_features
     wide1 = torch.nn.Linear(fc1.in_features, hidden).to(fc1.weight)
     wide2 = torch.nn.Linear(hidden, fc2.out_features).to(fc2.weight)
-    wide1.weight.normal_(0.0, 0.02)
+    wide1.weight.normal_(0.0, FRESH_STD)
     wide1.bias.zero_()
     wide1.weight[:old], wide1.bias[:old] = fc1.weight, fc1.bias  # [hidden, d]
     wide2.weight.zero_()
@@ -184,7 +186,6 @@ def _wider(fc1: torch.nn.Linear, fc2: torch.nn.Linear, hidden: int) -> tuple[tor
 # growing the LLM's width, every output kept
 
 LLM_HEAD_DIM = 64  # the pocket LLM's head size: growing adds heads of it (M-RoPE's sections stay as they are)
-FRESH_STD = 0.02  # new weights that read (as a fresh model's): random, so the loss reaches what the new width holds
 WRITERS = ("self_attn.o_proj.", "mlp.down_proj.", "visual.merger.mlp.2.")  # write to the residual stream
 READERS = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.")
 
