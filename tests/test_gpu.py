@@ -84,6 +84,28 @@ def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
     assert len(layer.graphed_score.graphs) == 1 and len(cuda_model.texture.graphs) == 1
 
 
+def test_the_served_selection_replays_one_graph_and_picks_as_the_eager_one(cuda_model):
+    """select's served case (topk, a fixed K) replays layer.graphed_topk: the same saccades, tensions and structure
+    as its eager run on the same device (gradients on), for two scenes through one captured graph."""
+    from arr_coc.relevance.layer import PER_SACCADE
+
+    layer = cuda_model.layer
+    layer.graphed_topk.graphs.clear()
+    scenes = (scene_image(), scene_image().transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+    for scene in scenes:  # two scenes of one candidate grid: the second replays the graph the first captured
+        o = cuda_model.observe(scene, QUESTION)
+        grid = o.views.candidate_grid
+        with torch.no_grad():
+            maps = cuda_model.score(o)
+            replayed = layer.select(maps, grid)
+        with torch.enable_grad():  # gradients on: _topk runs eagerly
+            eager = layer.select(maps, grid)
+        assert replayed.fallback == eager.fallback == [None]
+        for name in PER_SACCADE + ("explore", "diversify", "particularize", "structure"):
+            assert torch.equal(getattr(replayed, name), getattr(eager, name)), name
+    assert len(layer.graphed_topk.graphs) == 1
+
+
 @pytest.fixture(scope="module")
 def fp32_cuda_model():
     """fp32 on the GPU: graphed and eager paths, and stock generate, agree to the token."""

@@ -28,6 +28,7 @@ import torch
 from arr_coc.relevance.config import ARRCOCConfig, STRATEGIES
 from arr_coc.relevance.tensions import COVERAGE, RELEVANCE, SPACED
 
+FALLBACKS = (None, "non_finite", "semantic_void")  # why a map was not trusted (Allocation.fallback), by code
 
 @dataclass
 class Allocation:
@@ -147,14 +148,18 @@ class TokenAllocator:
         self.rho_bins, self.theta_bins, self.void_tolerance = rho_bins, theta_bins, void_tolerance
         self.spacing_radius = spacing_radius
 
-    def fallback_reason(self, scores: torch.Tensor, empty_image: bool = False, busy_image: bool = False) -> str | None:
-        """[N] -> why this map cannot be trusted, or None."""
-        if not torch.isfinite(scores).all():
-            return "non_finite"
-        span = float(scores.max() - scores.min())
-        if empty_image or busy_image or span <= self.void_tolerance * max(1.0, float(scores.abs().max())):
-            return "semantic_void"
-        return None
+    def fallback_codes(self, flat: torch.Tensor, empty: torch.Tensor | None = None,
+                       busy: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, N] scores, [B] bool empty and busy images -> [B] each map's index into FALLBACKS (0: it can be
+        trusted), with no host sync: a map not finite is "non_finite"; of an empty or busy image, or flat within the
+        void tolerance of its largest value (compared in float64), "semantic_void"."""
+        finite = torch.isfinite(flat).all(1)  # [B]
+        span = (flat.amax(1) - flat.amin(1)).double()  # [B]
+        void = span <= self.void_tolerance * flat.abs().amax(1).double().clamp_min(1.0)  # [B]
+        for marked in (empty, busy):
+            if marked is not None:
+                void = void | torch.as_tensor(marked, dtype=torch.bool, device=flat.device)
+        return torch.where(finite, torch.where(void, 2, 0), 1)  # [B] FALLBACKS' order
 
     def select(self, scores: torch.Tensor, grid: tuple[int, int], strategy: str, budget: int | None = None,
                explore: float = 0.0, diversify: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,8 +182,9 @@ class TokenAllocator:
             kinds = torch.cat([kinds, torch.full((coverage,), COVERAGE, device=kinds.device)])
         return chosen, kinds
 
-    def __call__(self, relevance: torch.Tensor, strategy: str | None = None, empty_images: list[bool] | None = None,
-                 busy_images: list[bool] | None = None, budgets: list[int] | None = None,
+    def __call__(self, relevance: torch.Tensor, strategy: str | None = None,
+                 empty_images: torch.Tensor | list[bool] | None = None,
+                 busy_images: torch.Tensor | list[bool] | None = None, budgets: list[int] | None = None,
                  explore: list[float] | None = None, diversify: list[float] | None = None,
                  exclude: torch.Tensor | None = None) -> Allocation:
         """
@@ -202,22 +208,36 @@ class TokenAllocator:
             raise ValueError(f"budget {budgets[0]} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
                              "cells not yet read")
         flat = relevance.detach().flatten(1).float()  # [B, N]
-        all_indices, all_scores, all_kinds, fallbacks = [], [], [], []
-        for b in range(B):  # B is small (1 in the app); each image may take a different strategy
+        fallbacks = [FALLBACKS[code] for code in self.fallback_codes(flat, empty_images, busy_images).tolist()]
+        picks = []
+        for b, reason in enumerate(fallbacks):  # B is small (1 in the app); each image may take a different strategy
             scores = flat[b]
-            reason = self.fallback_reason(scores, bool(empty_images[b]) if empty_images else False,
-                                          bool(busy_images[b]) if busy_images else False)
             masked = scores if excluded is None else scores.masked_fill(excluded[b], float("-inf"))  # [N]
             chosen, kinds = self.select(masked, (gh, gw), "grid" if reason else strategy, budgets[b],
                                         explore[b] if explore else 0.0, diversify[b] if diversify else 0.0)
             if excluded is not None:
                 chosen, kinds = avoid(chosen, kinds, scores, excluded[b])
-            safe = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)[chosen]
-            order = safe.argsort(descending=True, stable=True)  # relevance order, raster order on ties
-            all_indices.append(chosen[order])
-            all_scores.append(safe[order])
-            all_kinds.append(kinds[order])
-            fallbacks.append(reason)
-        indices = torch.stack(all_indices)  # [B, K]
-        positions = torch.stack([indices // gw, indices % gw], dim=-1)  # [B, K, 2]
-        return Allocation(indices, positions, torch.stack(all_scores), fallbacks, torch.stack(all_kinds))
+            picks.append(ranked(scores, chosen, kinds))
+        return allocation(picks, gw, fallbacks)
+
+    def topk(self, relevance: torch.Tensor) -> Allocation:
+        """relevance [B, gh, gw] -> every image's plain topk of the budget, with no host sync (what __call__ gives
+        where no fallback, coverage or spacing comes in; the caller checks fallback_codes and the tensions)."""
+        B, gh, gw = relevance.shape
+        flat = relevance.detach().flatten(1).float()  # [B, N]
+        return allocation([ranked(scores, *self.select(scores, (gh, gw), "topk")) for scores in flat], gw, [None] * B)
+
+
+def ranked(scores: torch.Tensor, chosen: torch.Tensor, kinds: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[N] scores, [K] chosen cells and their kinds -> (indices, scores, kinds), most relevant first (raster order
+    on ties; non-finite scores reported as 0)."""
+    safe = torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0)[chosen]  # [K]
+    order = safe.argsort(descending=True, stable=True)
+    return chosen[order], safe[order], kinds[order]
+
+
+def allocation(picks: list[tuple[torch.Tensor, ...]], gw: int, fallbacks: list[str | None]) -> Allocation:
+    """Each image's ranked (indices, scores, kinds) -> the batch's Allocation on a grid gw cells wide."""
+    indices, scores, kinds = (torch.stack(column) for column in zip(*picks))  # [B, K] each
+    positions = torch.stack([indices // gw, indices % gw], dim=-1)  # [B, K, 2]
+    return Allocation(indices, positions, scores, fallbacks, kinds)

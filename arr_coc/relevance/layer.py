@@ -29,12 +29,12 @@ from safetensors.torch import load_model
 
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.relevance import balancing
-from arr_coc.relevance.attending import TokenAllocator
+from arr_coc.relevance.attending import Allocation, TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
 from arr_coc.relevance.concentration import image_structure
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, ARRCOCConfig, TensionSettings
 from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
-from arr_coc.relevance.tensions import budgets, gates, soft_budget, tension_values
+from arr_coc.relevance.tensions import Tensions, budgets, gates, soft_budget, tension_values
 from arr_coc.relevance.texture import is_flat
 
 CONFIG_FILE = "config.json"
@@ -108,11 +108,8 @@ class ARRCOCOutput:
     def in_order(self, order: str) -> "ARRCOCOutput":
         """The same saccades in the order fed to the LLM: "relevance" (most relevant first, raster order on ties,
         as the allocator returns them) or "raster" (row by row). Either is exact from the other."""
-        by_cell = self.indices.argsort(dim=1)  # [B, K]: raster indices are row * gw + col
-        by_order = by_cell if order == "raster" else by_cell.gather(  # then stable by descending relevance
-            1, reorder(self.scores, by_cell).argsort(dim=1, descending=True, stable=True))
         return replace(self, saccade_order=order,
-                       **{name: reorder(getattr(self, name), by_order) for name in PER_SACCADE})
+                       **saccades_in_order({name: getattr(self, name) for name in PER_SACCADE}, order))
 
     def scorer_maps(self) -> torch.Tensor:
         """[B, 3, gh, gw] the three scorer maps, in the weights' order (information, perspectival, participatory)."""
@@ -131,6 +128,15 @@ class ARRCOCOutput:
 PER_SACCADE = ("indices", "positions", "scores", "selected_scores", "kinds", "gates")  # ARRCOCOutput's [B, K, ...]
 
 
+def saccades_in_order(saccades: dict[str, torch.Tensor], order: str) -> dict[str, torch.Tensor]:
+    """PER_SACCADE's tensors (by name) in `order`: "raster" (row by row) or "relevance" (descending scores, raster
+    order on ties)."""
+    by_cell = saccades["indices"].argsort(dim=1)  # [B, K]: raster indices are row * gw + col
+    by_order = by_cell if order == "raster" else by_cell.gather(  # then stable by descending relevance
+        1, reorder(saccades["scores"], by_cell).argsort(dim=1, descending=True, stable=True))
+    return {name: reorder(values, by_order) for name, values in saccades.items()}
+
+
 def reorder(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """[B, K, ...] values taken in `order` [B, K] along K (gather keeps the gradient of selected_scores)."""
     return values.gather(1, order.view(*order.shape, *[1] * (values.dim() - 2)).expand_as(values))
@@ -146,11 +152,12 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         self.participatory = ParticipatoryScorer(C, config.hidden_size, config.partic_dim)
         self.balancer = AdaptiveTensionBalancer(config.hidden_size, config.balancer_hidden, config.prior_weights)
         self.graphed_score = CUDAGraphed(self.forward)  # inference on CUDA: one graph replay per input shape
+        self.graphed_topk = CUDAGraphed(self._topk)  # select's served case (topk, a fixed K): one replay, one sync
 
     def _apply(self, *args, **kwargs):
         """Moving or casting the layer makes new tensors: graphs captured on the old ones must go."""
         out = super()._apply(*args, **kwargs)
-        self.graphed_score = CUDAGraphed(self.forward)
+        self.graphed_score, self.graphed_topk = CUDAGraphed(self.forward), CUDAGraphed(self._topk)
         return out
 
     def allocator(self, budget: int | None = None, strategy: str | None = None) -> TokenAllocator:
@@ -195,29 +202,65 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         "auto" (tensions.AUTO: K from the map's concentration) or None (the config's); settings fix tensions by hand;
         exclude [B, gh, gw] bool: cells never to select (those a first fixation read).
         """
-        c, settings = self.config, settings or NO_SETTINGS
-        auto = budget == AUTO
+        c, settings, grid = self.config, settings or NO_SETTINGS, tuple(grid)
+        strategy, auto = strategy or c.strategy, budget == AUTO
+        K = c.budget if budget is None or auto else budget
+        if strategy == "topk" and not auto and exclude is None and K <= grid[0] * grid[1]:  # as served: one graph
+            saccades, tensions, structure, plain = self.graphed_topk(  # replay and one host sync
+                maps.relevance, maps.textures, maps.tension_residuals, grid, K, settings)
+            if bool(plain.all()):  # no fallback, coverage or spacing: what the allocator below would pick
+                return self._output(maps, grid, saccades, tensions, structure, False, [None] * len(plain), strategy)
         tensions = tension_values(maps.tension_residuals, maps.relevance, c.budget_temperature, settings)
         bounds = self.budget_bounds(grid, settings)
-        textures = maps.textures  # the scorers' priors, not their trained maps: every checkpoint agrees on busyness
-        structure = image_structure(self.information.prior(textures), self.perspectival.prior(textures),
-                                    c.void_top_fraction)  # [B]
+        structure = self.structure(maps.textures)  # [B]
         allocator = self.allocator(None if auto else budget, strategy)
-        allocation = allocator(maps.relevance, empty_images=is_flat(textures).tolist(),
-                               busy_images=(structure < c.void_structure).tolist(),
+        allocation = allocator(maps.relevance, empty_images=is_flat(maps.textures),
+                               busy_images=structure < c.void_structure,
                                budgets=budgets(tensions.particularize, bounds) if auto else None,
                                explore=tensions.explore.tolist(), diversify=tensions.diversify.tolist(),
                                exclude=exclude)
-        selected = maps.relevance.flatten(1).gather(1, allocation.indices)  # [B, K] with grad
         soft_k = soft_budget(tensions.particularize, bounds) if auto else None  # [B]
-        K = allocation.indices.shape[1]
-        return ARRCOCOutput(indices=allocation.indices, positions=allocation.positions, scores=allocation.scores,
-                            selected_scores=selected, fallback=allocation.fallback, strategy=allocator.strategy,
-                            grid=tuple(grid), explore=tensions.explore, diversify=tensions.diversify,
-                            particularize=tensions.particularize, budgets=[K] * len(allocation.indices),
-                            auto_budget=auto, structure=structure, kinds=allocation.kinds,
-                            gates=gates(tensions, allocation.kinds, allocation.positions, soft_k, c.spacing_radius),
-                            **dict(maps.named())).in_order(c.saccade_order)
+        saccades = self._saccades(maps.relevance, allocation, tensions, soft_k)
+        return self._output(maps, grid, saccades, tensions, structure, auto, allocation.fallback, allocator.strategy)
+
+    def structure(self, textures: torch.Tensor) -> torch.Tensor:
+        """[B, 13, gh, gw] -> [B] the image's content structure from the scorers' priors, not their trained maps:
+        every checkpoint agrees on busyness (below config.void_structure: a busy image, which falls back to grid)."""
+        return image_structure(self.information.prior(textures), self.perspectival.prior(textures),
+                               self.config.void_top_fraction)
+
+    def _topk(self, relevance: torch.Tensor, textures: torch.Tensor, tension_residuals: torch.Tensor,
+              grid: tuple[int, int], budget: int, settings: TensionSettings):
+        """select's served case (topk, a fixed budget, nothing excluded) with no host sync, so that it replays as one
+        CUDA graph -> (the saccades in order, the tensions, the structure, [B] bool plain): where an image is not
+        plain (its map falls back, or its tensions bring coverage or spacing), select runs the allocator instead."""
+        c = self.config
+        tensions = tension_values(tension_residuals, relevance, c.budget_temperature, settings)
+        structure = self.structure(textures)  # [B]
+        allocator = self.allocator(budget, "topk")
+        fallback = allocator.fallback_codes(relevance.detach().flatten(1).float(), is_flat(textures),
+                                            structure < c.void_structure)  # [B]
+        coverage = (tensions.explore.double() * budget).round()  # [B] the allocator's round(e * K)
+        plain = (fallback == 0) & (coverage == 0) & (tensions.diversify == 0)  # [B]
+        return self._saccades(relevance, allocator.topk(relevance), tensions, None), tensions, structure, plain
+
+    def _saccades(self, relevance: torch.Tensor, allocation: Allocation, tensions: Tensions,
+                  soft_k: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """An allocation's PER_SACCADE tensors, in the config's saccade order; selected_scores keep the gradient."""
+        positions = allocation.positions
+        return saccades_in_order(dict(
+            indices=allocation.indices, positions=positions, scores=allocation.scores,
+            selected_scores=relevance.flatten(1).gather(1, allocation.indices),  # [B, K] with grad
+            kinds=allocation.kinds, gates=gates(tensions, allocation.kinds, positions, soft_k, self.config.spacing_radius),
+        ), self.config.saccade_order)
+
+    def _output(self, maps: ScoreMaps, grid: tuple[int, int], saccades: dict[str, torch.Tensor], tensions: Tensions,
+                structure: torch.Tensor, auto: bool, fallback: list[str | None], strategy: str) -> ARRCOCOutput:
+        B, K = saccades["indices"].shape
+        return ARRCOCOutput(**saccades, **dict(maps.named()), explore=tensions.explore, diversify=tensions.diversify,
+                            particularize=tensions.particularize, budgets=[K] * B, auto_budget=auto,
+                            structure=structure, fallback=fallback, strategy=strategy, grid=grid,
+                            saccade_order=self.config.saccade_order)
 
     # --- checkpoints: safetensors + JSON only ---
 

@@ -76,6 +76,59 @@ def test_budget_and_strategy_can_be_overridden_per_call():
     assert out.indices.shape == (2, 50) and out.strategy == "grid"
 
 
+def scored(layer, images, seed=0):
+    torch.manual_seed(seed)
+    textures = generate_texture_array(images, (32, 32))  # [n, 13, 32, 32]
+    n = images.shape[0]
+    with torch.no_grad():
+        return layer(textures, torch.randn(n, 5, D), gestalt_embeds=torch.randn(n, 16, D))
+
+
+def test_the_served_selection_is_the_maps_topk_most_relevant_first_without_the_allocators_loop(monkeypatch):
+    """topk at a fixed K, nothing excluded, no fallback, no coverage or spacing: select takes its one-graph path
+    (layer.graphed_topk), never the allocator's per-image loop, and picks the K highest cells in descending
+    relevance, raster order on ties (the expectation sorted here in Python)."""
+    from arr_coc.relevance.attending import TokenAllocator
+
+    monkeypatch.setattr(TokenAllocator, "__call__", lambda *a, **k: pytest.fail("the allocator's loop ran"))
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    maps = scored(layer, structured_images(2))
+    out = layer.select(maps, (32, 32), 40)
+    for b in range(2):
+        scores = maps.relevance[b].flatten().tolist()
+        expected = sorted(range(32 * 32), key=lambda i: (-scores[i], i))[:40]
+        assert out.indices[b].tolist() == expected
+        assert out.positions[b].tolist() == [[i // 32, i % 32] for i in expected]
+        assert out.scores[b].tolist() == [scores[i] for i in expected]
+    assert out.fallback == [None, None] and out.kinds.eq(0).all() and out.gates.eq(1).all()
+
+
+@pytest.mark.parametrize("case", ["plain", "raster order", "explore rounding to no coverage", "explore", "diversify",
+                                  "busy image"])
+def test_the_served_selection_equals_the_allocators_in_every_case(case):
+    """select's one-graph path (or, where an image is not plain, its hand-back to the allocator) against the
+    allocator itself, made to run by an exclusion of no cells: every per-saccade field, the tensions, the
+    structure and the fallback."""
+    from arr_coc.relevance.config import TensionSettings
+    from arr_coc.relevance.layer import PER_SACCADE
+
+    K = 40
+    settings = {"explore rounding to no coverage": TensionSettings(explore=0.45 / K),
+                "explore": TensionSettings(explore=0.25), "diversify": TensionSettings(diversify=3.0)}.get(case)
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, saccade_order="raster" if case == "raster order" else "relevance"))
+    images = torch.rand(2, 3, 448, 448) if case == "busy image" else structured_images(2)
+    maps = scored(layer, images)
+    served = layer.select(maps, (32, 32), K, settings=settings)
+    allocated = layer.select(maps, (32, 32), K, settings=settings, exclude=torch.zeros(2, 32, 32, dtype=torch.bool))
+    for name in PER_SACCADE + ("explore", "diversify", "particularize", "structure"):
+        assert torch.equal(getattr(served, name), getattr(allocated, name)), name
+    assert served.fallback == allocated.fallback == (["semantic_void"] * 2 if case == "busy image" else [None] * 2)
+    assert served.saccade_order == allocated.saccade_order and served.budgets == allocated.budgets == [K, K]
+    coverage = {"explore": round(0.25 * K), "explore rounding to no coverage": 0}.get(case, 0)
+    assert int(served.kinds.eq(2).sum()) == 2 * coverage
+    assert bool(served.kinds.eq(1).any()) == (case == "diversify")  # the spacing brought in cells topk would not
+
+
 def test_straight_through_gradient_reaches_every_parameter():
     """The selected scores and the tensions' gates (under the adaptive budget) reach every parameter, the
     tension head included, though every tension starts at its prior (one image: adaptive budgets differ)."""
