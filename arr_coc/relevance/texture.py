@@ -30,6 +30,7 @@ CHANNELS: tuple[tuple[str, str], ...] = (
     ("colour_rarity", "1 - share of cells in the cell's k-means colour cluster: how rare its colour is"),
 )
 CHANNEL_NAMES = tuple(name for name, _ in CHANNELS)
+CONTENT_CHANNELS = tuple(i for i, name in enumerate(CHANNEL_NAMES) if not name.startswith("pos_"))  # not position
 
 DETAIL_PX = 14  # working pixels per cell side: edges are measured at one scale whatever the view size
 SALIENCY_PX = 64  # side of the spectral-residual working image (the classic method uses 64x64)
@@ -155,5 +156,5 @@ def generate_texture_array(images: torch.Tensor, grid: tuple[int, int]) -> torch
 
 def is_flat(textures: torch.Tensor, tolerance: float = 1e-3) -> torch.Tensor:
     """[B, 13, gh, gw] -> [B] bool: no channel but position varies across cells (an image with nothing in it)."""
-    content = [i for i, name in enumerate(CHANNEL_NAMES) if not name.startswith("pos_")]
-    return textures[:, content].flatten(2).std(-1, unbiased=False).amax(-1) < tolerance
+    content = torch.stack([textures[:, i] for i in CONTENT_CHANNELS], 1)  # plain slices: a CUDA graph captures them
+    return content.flatten(2).std(-1, unbiased=False).amax(-1) < tolerance  # (a list index uploads its indices)
