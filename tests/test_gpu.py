@@ -224,7 +224,11 @@ def test_graphed_arr_equals_eager(cuda_model):
 
 def test_a_graphed_conversation_equals_the_eager_one_and_replays_its_follow_up_graph(fp32_cuda_model):
     """Three ARR turns and three `full` turns, graphed and eager: the same answers to the token, the same
-    saccades; a second conversation replays the follow-up prefill graphs the first captured."""
+    saccades up to near-tied cells; a second conversation replays the follow-up prefill graphs the first captured.
+    The graphed prior pass runs the compiled decoder's kernels, which round differently from the eager ones (fp32,
+    ~1e-6): on this noise image a follow-up turn's saccades fill the cells earlier turns read with the best of
+    ~3800 near-equal others (the grid fallback), where such rounding may swap two of them. Swapped cells tie: the
+    saccades' sorted relevance agrees to 1e-4 (H100, d61a759: turn 2 swapped cells, the answers equal)."""
     from arr_coc.pipelines.conversation import Conversation
 
     model, decoder = fp32_cuda_model, fp32_cuda_model.vlm.decoder
@@ -233,7 +237,8 @@ def test_a_graphed_conversation_equals_the_eager_one_and_replays_its_follow_up_g
     def converse(pipeline):
         chat = Conversation(pipeline, big_image())
         answers = [model.answer(None, q, conversation=chat, max_new_tokens=12) for q in questions]
-        return [(a.text, a.new_tokens, [(s.row, s.col) for s in a.saccades]) for a in answers]
+        return [(a.text, a.new_tokens, [(s.row, s.col) for s in a.saccades], sorted(s.score for s in a.saccades))
+                for a in answers]
 
     runs = {}
     try:
@@ -243,9 +248,12 @@ def test_a_graphed_conversation_equals_the_eager_one_and_replays_its_follow_up_g
     finally:
         decoder.graphs_enabled = True
     for pipeline, graphed, eager in zip(("arr", "full"), runs[True], runs[False]):
-        for turn, (g, e) in enumerate(zip(graphed, eager), 1):  # (text, new tokens, saccades) of each turn
-            assert g == e, (f"{pipeline} turn {turn}: graphed {g[:2]} against eager {e[:2]}, saccades "
-                            f"{'the same' if g[2] == e[2] else 'not the same'}")
+        for turn, (g, e) in enumerate(zip(graphed, eager), 1):  # (text, new tokens, saccades, their scores)
+            assert g[:2] == e[:2], f"{pipeline} turn {turn}: graphed {g[:2]} against eager {e[:2]}"
+            assert len(g[2]) == len(e[2]), f"{pipeline} turn {turn}: {len(g[2])} saccades against {len(e[2])}"
+            if g[2] != e[2]:  # near-tied cells swapped: their relevance ties
+                torch.testing.assert_close(g[3], e[3], atol=1e-4, rtol=0,
+                                           msg=lambda m: f"{pipeline} turn {turn}, the saccades' relevance: {m}")
     captured = len(decoder.graphed_extend.graphs)
     assert captured >= 1
     converse("arr")
