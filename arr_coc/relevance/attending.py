@@ -30,6 +30,7 @@ from arr_coc.relevance.tensions import COVERAGE, RELEVANCE, SPACED
 
 FALLBACKS = (None, "non_finite", "semantic_void")  # why a map was not trusted (Allocation.fallback), by code
 
+
 @dataclass
 class Allocation:
     indices: torch.Tensor  # [B, K] flat cell index row * gw + col, relevance-ordered

@@ -247,15 +247,16 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
     def _saccades(self, relevance: torch.Tensor, allocation: Allocation, tensions: Tensions,
                   soft_k: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """An allocation's PER_SACCADE tensors, in the config's saccade order; selected_scores keep the gradient."""
-        positions = allocation.positions
+        a = allocation
         return saccades_in_order(dict(
-            indices=allocation.indices, positions=positions, scores=allocation.scores,
-            selected_scores=relevance.flatten(1).gather(1, allocation.indices),  # [B, K] with grad
-            kinds=allocation.kinds, gates=gates(tensions, allocation.kinds, positions, soft_k, self.config.spacing_radius),
+            indices=a.indices, positions=a.positions, scores=a.scores,
+            selected_scores=relevance.flatten(1).gather(1, a.indices),  # [B, K] with grad
+            kinds=a.kinds, gates=gates(tensions, a.kinds, a.positions, soft_k, self.config.spacing_radius),
         ), self.config.saccade_order)
 
     def _output(self, maps: ScoreMaps, grid: tuple[int, int], saccades: dict[str, torch.Tensor], tensions: Tensions,
                 structure: torch.Tensor, auto: bool, fallback: list[str | None], strategy: str) -> ARRCOCOutput:
+        """The selection beside the maps it was made from."""
         B, K = saccades["indices"].shape
         return ARRCOCOutput(**saccades, **dict(maps.named()), explore=tensions.explore, diversify=tensions.diversify,
                             particularize=tensions.particularize, budgets=[K] * B, auto_budget=auto,
