@@ -221,12 +221,12 @@ class TokenAllocator:
             picks.append(ranked(scores, chosen, kinds))
         return allocation(picks, gw, fallbacks)
 
-    def topk(self, relevance: torch.Tensor) -> Allocation:
-        """relevance [B, gh, gw] -> every image's plain topk of the budget, with no host sync (what __call__ gives
-        where no fallback, coverage or spacing comes in; the caller checks fallback_codes and the tensions)."""
-        B, gh, gw = relevance.shape
-        flat = relevance.detach().flatten(1).float()  # [B, N]
-        return allocation([ranked(scores, *self.select(scores, (gh, gw), "topk")) for scores in flat], gw, [None] * B)
+    def topk(self, flat: torch.Tensor, grid: tuple[int, int]) -> Allocation:
+        """[B, N] scores on a (gh, gw) grid -> every image's plain topk of the budget, with no host sync (what
+        __call__ gives where no fallback, coverage or spacing comes in; the caller checks fallback_codes and the
+        tensions)."""
+        picks = [ranked(scores, *self.select(scores, grid, "topk")) for scores in flat]
+        return allocation(picks, grid[1], [None] * len(flat))
 
 
 def ranked(scores: torch.Tensor, chosen: torch.Tensor, kinds: torch.Tensor) -> tuple[torch.Tensor, ...]:

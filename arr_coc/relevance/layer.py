@@ -205,14 +205,16 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         c, settings, grid = self.config, settings or NO_SETTINGS, tuple(grid)
         strategy, auto = strategy or c.strategy, budget == AUTO
         K = c.budget if budget is None or auto else budget
+        tensions = structure = None
         if strategy == "topk" and not auto and exclude is None and K <= grid[0] * grid[1]:  # as served: one graph
             saccades, tensions, structure, plain = self.graphed_topk(  # replay and one host sync
                 maps.relevance, maps.textures, maps.tension_residuals, grid, K, settings)
             if bool(plain.all()):  # no fallback, coverage or spacing: what the allocator below would pick
                 return self._output(maps, grid, saccades, tensions, structure, False, [None] * len(plain), strategy)
-        tensions = tension_values(maps.tension_residuals, maps.relevance, c.budget_temperature, settings)
+        if tensions is None:  # not read off the graph above (the allocator takes its tensions and structure too)
+            tensions = tension_values(maps.tension_residuals, maps.relevance, c.budget_temperature, settings)
+            structure = self.structure(maps.textures)  # [B]
         bounds = self.budget_bounds(grid, settings)
-        structure = self.structure(maps.textures)  # [B]
         allocator = self.allocator(None if auto else budget, strategy)
         allocation = allocator(maps.relevance, empty_images=is_flat(maps.textures),
                                busy_images=structure < c.void_structure,
@@ -238,11 +240,11 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         tensions = tension_values(tension_residuals, relevance, c.budget_temperature, settings)
         structure = self.structure(textures)  # [B]
         allocator = self.allocator(budget, "topk")
-        fallback = allocator.fallback_codes(relevance.detach().flatten(1).float(), is_flat(textures),
-                                            structure < c.void_structure)  # [B]
+        flat = relevance.detach().flatten(1).float()  # [B, N]
+        fallback = allocator.fallback_codes(flat, is_flat(textures), structure < c.void_structure)  # [B]
         coverage = (tensions.explore.double() * budget).round()  # [B] the allocator's round(e * K)
         plain = (fallback == 0) & (coverage == 0) & (tensions.diversify == 0)  # [B]
-        return self._saccades(relevance, allocator.topk(relevance), tensions, None), tensions, structure, plain
+        return self._saccades(relevance, allocator.topk(flat, grid), tensions, None), tensions, structure, plain
 
     def _saccades(self, relevance: torch.Tensor, allocation: Allocation, tensions: Tensions,
                   soft_k: torch.Tensor | None) -> dict[str, torch.Tensor]:
