@@ -60,6 +60,7 @@ MAX_CACHES = 2  # cache sizes kept at once, LRU (ARR's and `full`'s): Qwen2-VL-2
 NON_FINITE = -1  # the token a step reports when its logits were NaN or inf (fp16 overflow)
 SAFE_LOGIT_SCALE = 1024.0  # safe mode computes logits / this in fp16 (greedy argmax is unchanged by the scale)
 GQA_IN_SDPA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa arrived in 2.5
+ROW = 128  # greedy() and probability() reduce the vocabulary as rows of this many logits, then the rows' results
 
 
 def _attend(q, k, v, scale, causal=False, mask=None):
@@ -69,6 +70,30 @@ def _attend(q, k, v, scale, causal=False, mask=None):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [1, V] -> [R, ROW], padded with -inf to whole rows."""
+    pad = -logits.shape[-1] % ROW
+    return (F.pad(logits, (0, pad), value=float("-inf")) if pad else logits).view(-1, ROW)
+
+
+def greedy(logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """
+    argmax(logits + bias) -> [1, 1], as torch.argmax (the first of equal maxima), in two passes: each row's max,
+    then the best row. One reduction over 151936 logits runs on one SM: 42 µs of a 2.6 ms decode step (H100).
+    """
+    best, at = _rows(logits + bias).max(-1)  # [R], [R]: each row's max and its first place
+    row = best.argmax().view(1)  # [1]: the first row holding the max
+    return (row * ROW + at.gather(0, row)).view(1, 1)  # gather, not at[row]: that would read row to the host
+
+
+def probability(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """softmax(logits [1, V])[token [1, 1]] -> [1], its sums in two passes as greedy's (NaN where logits are)."""
+    rows = _rows(logits)  # [R, ROW]
+    top = rows.amax(-1).amax()  # []
+    total = (rows - top).exp().sum(-1).sum()  # []
+    return (logits.gather(-1, token.clamp(min=0)) - top).exp().view(1) / total
 
 
 @dataclass
@@ -292,10 +317,11 @@ class Decoder:
             x = x.gather(1, at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, D]
         return self._logits(x)
 
-    def _step(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """
         One decode step that advances its own state, so a captured graph can be replayed per token -> (the next
-        token [1, 1], this step's logits [1, V]). It reads state.token: the previous token (or one forced in).
+        token [1, 1], this step's logits [1, V], the next token's probability [1]). It reads state.token: the
+        previous token (or one forced in).
         """
         state.mask.index_fill_(-1, state.slot, 0.0)
         x = self.lm.embed_tokens(state.token)  # [1, 1, D]
@@ -305,11 +331,11 @@ class Decoder:
         for i, layer in enumerate(self.lm.layers):  # each layer its own mask: a pruned prefill left slots empty in some
             x = self._layer(layer, x, cos, sin, state, state.slot, state.mask[i])
         logits = self._logits(x[:, -1])  # [1, V]
-        token = (logits + state.logit_bias).argmax(-1, keepdim=True)  # [1, 1]
+        token = greedy(logits, state.logit_bias)  # [1, 1]
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))  # -1: the step overflowed
         state.slot.add_(1)
         state.rope.add_(1)
-        return state.token, logits
+        return state.token, logits, probability(logits, token)
 
     def _prior(self, embeds, position_ids, query_weights, index: int, deepstack=None):
         """
@@ -385,8 +411,8 @@ class Decoder:
                 logit_bias=torch.zeros(self.model.lm_head.out_features, device=dev))
         return self.states[cap]
 
-    def _decode_step(self, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step on the cache of size cap (a graph replay on CUDA) -> (next token [1, 1], logits [1, V])."""
+    def _decode_step(self, cap: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step on the cache of size cap (a graph replay on CUDA) -> _step's (token, logits, probability)."""
         state = self.states[cap]
         if not self.use_graphs:
             return self._step(state)
@@ -495,7 +521,7 @@ class Decoder:
             logits = run(padded, padded_ids, last, cap, padded_deepstack)  # [1, V]
         else:
             logits = self._prefill_pruned(embeds, position_ids, cap, pruning, deepstack)  # [1, V]
-        token = (logits + state.logit_bias).argmax(-1, keepdim=True)
+        token = greedy(logits, state.logit_bias)  # [1, 1]
         # the decode state starts after the real prompt: padded slots are masked out and overwritten
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))
         state.slot.fill_(L)
@@ -513,13 +539,14 @@ class Decoder:
                                  eos_token_ids if min_new_tokens > 0 else (), pruning, history)
         state = self.states[cap]
         token = state.token.clone()
+        prob = probability(logits, token)  # [1]
         new, probs = [], []
         for i in range(max_new_tokens):
             t = int(token)
             if t == NON_FINITE:
                 raise NonFiniteLogits(f"non-finite logits at new token {i}", streamed=max(streamed, i))
             new.append(t)
-            probs.append(logits[0].softmax(-1)[t])  # read before the next step overwrites a graph's logits
+            probs.append(prob.clone())  # copied before the next step overwrites a graph's output
             if streamer is not None and i >= streamed:
                 if i == 0:
                     streamer.put(torch.zeros(1, 0, dtype=torch.long))  # like generate(): the prompt comes first
@@ -528,13 +555,13 @@ class Decoder:
                 break
             if i + 1 == min_new_tokens:
                 state.logit_bias.zero_()
-            token, logits = self._decode_step(cap)
+            token, _, prob = self._decode_step(cap)
         if streamer is not None:
             streamer.end()
         n = int(state.slot)  # the tokens in the cache: the prompt and every new one but the last
         kept = KVCache([t[:, :, :n].clone() for t in state.keys], [t[:, :, :n].clone() for t in state.values],
                        int(state.rope)) if keep else None
-        return torch.tensor([new], device=self.device), torch.stack(probs).float(), kept
+        return torch.tensor([new], device=self.device), torch.cat(probs).float(), kept
 
 
 class NonFiniteLogits(RuntimeError):

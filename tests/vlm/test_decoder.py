@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from arr_coc.vlm.base import Generation, VisualTokens
-from arr_coc.vlm.decoder import MAX_CACHES, Decoder
+from arr_coc.vlm.decoder import MAX_CACHES, Decoder, greedy, probability
 
 QUESTION = "What is written on the sign?"
 
@@ -40,6 +40,27 @@ def test_greedy_tokens_equal_stock_generate_from_pixels(family, min_new_tokens):
         assert len(ours) == 12 and not eos & set(ours)  # ...which min_new_tokens holds off
     else:
         assert len(ours) == 12 or ours[-1] in eos
+
+
+def test_greedy_picks_the_first_of_equal_maxima_across_rows_and_the_ragged_last():
+    """greedy reduces 128-logit rows, then the rows: on 300 logits (the last row padded) ties across rows go to the
+    first, as torch.argmax; a -inf bias moves the pick on; all -inf picks 0."""
+    logits, bias = torch.full((1, 300), -1.0), torch.zeros(300)
+    logits[0, [7, 130, 299]] = 2.0  # in rows 0, 1 and 2 (the ragged one)
+    assert greedy(logits, bias).tolist() == [[7]]
+    bias[7] = float("-inf")
+    assert greedy(logits, bias).tolist() == [[130]]
+    bias[130] = float("-inf")
+    assert greedy(logits, bias).tolist() == [[299]]
+    assert greedy(torch.full((1, 300), float("-inf")), bias).tolist() == [[0]]
+
+
+def test_probability_is_the_softmax_at_the_token_across_a_row_boundary():
+    """130 logits: 129 zeros and log 3 at index 129 (in the second, padded row): softmax 3/132 there, 1/132 at 0."""
+    logits = torch.zeros(1, 130)
+    logits[0, 129] = float(np.log(3.0))
+    torch.testing.assert_close(probability(logits, torch.tensor([[129]])), torch.tensor([3 / 132]))
+    torch.testing.assert_close(probability(logits, torch.tensor([[0]])), torch.tensor([1 / 132]))
 
 
 def test_each_token_probability_is_the_stock_softmax_of_its_step(arr_model):
@@ -209,7 +230,7 @@ def test_a_step_inductor_cannot_compile_is_captured_uncompiled_with_a_warning(ar
         monkeypatch.setattr(decoder_module, "capture", lambda fn, args, pool: (None, args, fn(*args)))
         with pytest.warns(UserWarning, match=r"^decode step not compiled \(RuntimeError: InductorError: no working "
                                              r"C\+\+ compiler\); capturing it as it is$"):
-            _, _, (token, logits) = decoder._capture_step(state)
+            _, _, (token, logits, _) = decoder._capture_step(state)
     assert decoder.compile_step is False
     torch.testing.assert_close(logits, expected, rtol=0, atol=0)
     for t, b in zip((state.token, state.slot, state.rope, state.mask), before):  # the warm-up step was undone
