@@ -488,6 +488,8 @@ def evaluate_all(args: argparse.Namespace) -> int:
             print(f"warning: {report.uneven_line(uneven, items)}; a budget over an image's grid is skipped (said "
                   "above), any other gap is a lost result: rerun the same command to fill it")
         print(report.markdown_tables(summary, metric))
+        if per_kind := report.kind_table(summary, metric):
+            print(per_kind)
         if refixation := report.refixation_summary(results):
             print(report.refixation_table(refixation))
         if unscored:

@@ -645,3 +645,21 @@ def test_a_conversation_that_cannot_run_is_refused_at_parse_time(flags, message,
     with pytest.raises(SystemExit):
         evaluate.parse_args(["--model", "pocket", "--conversation", *flags])
     assert message in capsys.readouterr().err
+
+
+def test_the_report_gives_each_kinds_accuracy_with_its_wilson_interval_and_items():
+    """On a set of two kinds, per row and kind: exact match, its 95% Wilson interval and the scored items, in
+    report.json and report.md (Newcombe's 81/263 -> [0.26, 0.37]; 9 of 10 -> [0.60, 0.98]); one kind: no table."""
+    from arr_coc.eval import report
+
+    records = [dict(row="full", item=i, kind="fine_print", score=float(i < 81)) for i in range(263)]
+    records += [dict(row="full", item=263 + i, kind="box_word", score=float(i < 9)) for i in range(10)]
+    records += [dict(row="full", item=273, kind="box_word", score=None)]  # unscored: not among the items
+    summary = report.summarise(records, ["full"])
+    by_kind = summary["full"]["by_kind"]
+    assert by_kind["fine_print"]["items"] == 263 and by_kind["box_word"]["items"] == 10
+    assert by_kind["fine_print"]["interval"] == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert report.kind_table(summary, "exact").splitlines()[2:] == [
+        "| row | fine_print | box_word |", "|---|---|---|",
+        "| full | 0.31 [0.26, 0.37] (n=263) | 0.90 [0.60, 0.98] (n=10) |"]
+    assert report.kind_table(report.summarise(records[:263], ["full"]), "exact") == ""

@@ -8,8 +8,9 @@ lenient `contains` beside a benchmark's own metric, visual tokens, TTFT, total t
 precision where items have target boxes; faithfulness areas where they were measured; beside a `full` row, each
 row's accuracy against it ("tie" where their 95% intervals overlap, else "below" or "above"). Rows with ARR's second
 look ("arr+refix:topk", at each budget in a sweep) get their own section: how often it fired, and the accuracy
-with and without it. ARR rows, which record their tensions, get a table of the mean visual tokens and accuracy
-per scene kind (tokens_by_kind: each image's own K under --budget auto).
+with and without it. On a set of several scene kinds (the pocket suite's), every row's accuracy per kind with its
+95% Wilson interval and items (kind_table; "by_kind" in report.json). ARR rows, which record their tensions, get a
+table of the mean visual tokens and accuracy per scene kind (tokens_by_kind: each image's own K under --budget auto).
 
     summary = summarise(records, [label(row, budget) for row, budget in jobs])
     paths = write_report("runs/eval", summary, header)   # report.md, report.json, accuracy_vs_tokens.png,
@@ -92,8 +93,23 @@ def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
             areas = [r["faithfulness"]["areas"][name] for r in mine if "faithfulness" in r]
             if areas:
                 means[f"{name}_area"] = statistics.fmean(areas)
+        if by_kind := kind_means(mine):
+            means["by_kind"] = by_kind
         summary[row] = means
     return summary
+
+
+def kind_means(records: list[dict]) -> dict[str, dict]:
+    """One row's records of a set with several scene kinds -> per kind, its scored items, accuracy and 95% Wilson
+    interval ({} for a set of one kind, or none)."""
+    kinds = list(dict.fromkeys(r["kind"] for r in records if r.get("kind") is not None))
+    out = {}
+    for kind in kinds if len(kinds) > 1 else ():
+        scores = [r["score"] for r in records if r.get("kind") == kind and r["score"] is not None]
+        if scores:
+            out[kind] = dict(items=len(scores), accuracy=statistics.fmean(scores),
+                             interval=wilson(sum(scores), len(scores)))
+    return out
 
 
 def uneven_items(records: list[dict], rows: list[str]) -> dict[str, list[int]]:
@@ -121,6 +137,21 @@ def markdown_table(summary: dict[str, dict], metric: str) -> str:
     for row, means in summary.items():
         cells = [fmt.format(means[key]) if key in means else "-" for key, _, fmt in columns]
         cells += [against(means.get("interval"), full) if row != "full" else "-"] if full else []
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def kind_table(summary: dict[str, dict], metric: str) -> str:
+    """Markdown: each row's accuracy per scene kind with its 95% Wilson interval and items, "0.90 [0.82, 0.94]
+    (n=96)"; "" when no row has kinds (summarise's by_kind)."""
+    kinds = list(dict.fromkeys(kind for means in summary.values() for kind in means.get("by_kind", {})))
+    if not kinds:
+        return ""
+    lines = [f"Accuracy ({metric}) per scene kind, 95% Wilson interval, scored items:", "",
+             "| row | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    for row, means in summary.items():
+        cells = [(f"{m['accuracy']:.2f} [{m['interval'][0]:.2f}, {m['interval'][1]:.2f}] (n={m['items']})"
+                  if (m := means.get("by_kind", {}).get(kind)) else "-") for kind in kinds]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -293,7 +324,7 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     titles = {name: title for _, _, name, title in PLOTS} | {"faithfulness.png": "faithfulness curves"}
     links = "".join(f"\n![{titles[p.name]}]({p.name})\n" for p in paths[2:])
     second_look = f"\n{refixation_table(refixation)}\n" if refixation else ""
-    by_kind = tokens_by_kind(records, list(summary))
+    by_kind = "\n\n".join(t for t in (kind_table(summary, metric), tokens_by_kind(records, list(summary))) if t)
     warning = (f"**Warning: {uneven_line(uneven, len({r['item'] for r in records}))}.**\n\n" if uneven else "")
     (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{warning}{settings}\n\n{markdown_tables(summary, metric)}\n"
                                       + (f"\n{by_kind}\n" if by_kind else "") + second_look + links)

@@ -109,6 +109,14 @@ def test_the_curriculum_moves_on_at_its_step_budget_when_no_check_passes(tmp_pat
     assert state["stage"] == 1 and state["stage_start"] == 2
 
 
+def test_every_stage_but_the_last_has_a_step_budget():
+    """No stage can stall the curriculum: each but the last (the suite, trained on for good) moves on after its
+    budget whatever its check says."""
+    from arr_coc.pocket.data import CURRICULUM
+
+    assert [stage.budget for stage in CURRICULUM] == [20_000, 10_000, 300, 300, 400, 10**9]
+
+
 @pytest.mark.parametrize("correct, n, low, high", [(0, 10, 0.0, 0.2775), (10, 20, 0.2993, 0.7007),
                                                    (81, 263, 0.2553, 0.3662)])
 def test_the_wilson_interval_matches_textbook_values(correct, n, low, high):
