@@ -134,6 +134,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"synthetic scene kinds, comma-separated, of {','.join(SCENE_KINDS)} (fine_print, box_word "
                         "and shape_colour are the pocket model's suite)")
     p.add_argument("--size", type=cli.bounded_int(64, 8192), default=896, help="synthetic scene side in px")
+    p.add_argument("--held-out-layouts", action="store_true",
+                   help="the pocket suite's pages (fine_print, box_word, shape_colour) in the layouts pocket training "
+                        "never draws: rotated clutter, boxes in rows, print under the shapes (fineprint.LAYOUTS)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
     p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
                    help=f"baselines to run, comma-separated (\"\" for none): {pipelines.describe(BASELINES)}")
@@ -184,20 +187,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("argument --refixate: needs an ARR row (--strategies) to look again")
     if args.refixate_budget is not None and args.refixate is None:
         p.error("argument --refixate-budget: only used with --refixate")
+    if args.held_out_layouts:
+        check_pocket_pages(p, args, "--held-out-layouts", "draws")
     if args.conversation:
         check_conversation(p, args)
     args.out = args.out or cli.default_folder(p, "--out", f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     return args
 
 
-def check_conversation(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--conversation: the pocket suite's synthetic pages, rows that can hold a conversation, one budget."""
+def check_pocket_pages(p: argparse.ArgumentParser, args: argparse.Namespace, flag: str, does: str) -> None:
+    """A flag that only the pocket suite's synthetic pages take (no --dataset, no other --kinds): refused otherwise."""
     from arr_coc.synth.fineprint import PAGE_KINDS
 
     others = sorted(set(cli.names(args.kinds)) - set(PAGE_KINDS))
     if args.dataset or others:
-        p.error(f"argument --conversation: asks the pocket suite's synthetic pages ({', '.join(PAGE_KINDS)}), not "
+        p.error(f"argument {flag}: {does} the pocket suite's synthetic pages ({', '.join(PAGE_KINDS)}), not "
                 + (f"--dataset {args.dataset}" if args.dataset else f"--kinds {', '.join(others)}"))
+
+
+def check_conversation(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--conversation: the pocket suite's synthetic pages, rows that can hold a conversation, one budget."""
+    check_pocket_pages(p, args, "--conversation", "asks")
     for flag, given in (("--budgets", args.budgets), ("--refixate", args.refixate is not None),
                         ("--faithfulness", args.faithfulness), ("--ablations", cli.names(args.ablations))):
         if given:
@@ -316,6 +326,7 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
     return dict(dataset=source.name, split=None if synthetic else args.split, config=args.config,
                 schema=source.schema, metric=metric, limit=args.limit, synthetic=args.synthetic if synthetic else None,
                 synthetic_kinds=args.kinds if synthetic else None, size=args.size if synthetic else None,
+                **({"held_out_layouts": True} if args.held_out_layouts else {}),  # absent: folders before it resume
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
                 prompt_reference=SCHEMAS[source.schema].reference,
@@ -439,7 +450,8 @@ def evaluate_all(args: argparse.Namespace) -> int:
         if args.dataset:
             source = open_source(args.dataset, args.split, args.config, args.schema, args.limit)
         else:
-            source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed, args.size)
+            source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed, args.size,
+                                      args.held_out_layouts)
         metric = args.metric or source.metric
         args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main,

@@ -265,6 +265,7 @@ OTHER_VALUES = {
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
     "conversation": (["--kinds", "box_word"], ["--conversation"]),
     "turns": (["--kinds", "box_word", "--conversation"], ["--turns", "2"]),
+    "held_out_layouts": (["--kinds", "box_word"], ["--held-out-layouts"]),
 }
 
 
@@ -648,8 +649,9 @@ def test_a_conversation_that_cannot_run_is_refused_at_parse_time(flags, message,
 
 
 def test_the_report_gives_each_kinds_accuracy_with_its_wilson_interval_and_items():
-    """On a set of two kinds, per row and kind: exact match, its 95% Wilson interval and the scored items, in
-    report.json and report.md (Newcombe's 81/263 -> [0.26, 0.37]; 9 of 10 -> [0.60, 0.98]); one kind: no table."""
+    """On a set of two kinds, per row and kind: exact match, its 95% Wilson interval and the scored items, in the
+    summary (report.json's by_kind) and report.md's table (Newcombe's 81/263 -> [0.26, 0.37]; 9 of 10 -> [0.60,
+    0.98]); a set of one kind: no table."""
     from arr_coc.eval import report
 
     records = [dict(row="full", item=i, kind="fine_print", score=float(i < 81)) for i in range(263)]
@@ -663,3 +665,23 @@ def test_the_report_gives_each_kinds_accuracy_with_its_wilson_interval_and_items
         "| row | fine_print | box_word |", "|---|---|---|",
         "| full | 0.31 [0.26, 0.37] (n=263) | 0.90 [0.60, 0.98] (n=10) |"]
     assert report.kind_table(report.summarise(records[:263], ["full"]), "exact") == ""
+
+
+def test_held_out_layouts_draw_the_pocket_pages_in_the_layouts_training_never_draws(capsys):
+    """--held-out-layouts: pocket pages drawn as fineprint.make_page draws them in LAYOUTS (not SPEC's pages); any
+    other kind or a dataset is refused at parse time."""
+    from arr_coc.eval.sets import synthetic_source
+    from arr_coc.synth.fineprint import LAYOUTS, make_page
+
+    assert evaluate.parse_args(["--model", "pocket", "--kinds", "box_word", "--held-out-layouts"]).held_out_layouts
+    source = synthetic_source(2, ("shape_colour",), seed=7, size=448, held_out_layouts=True)
+    seeds = [7 * 1_000_003, 7 * 1_000_003 + 1]  # iter_dataset's scene seeds
+    for item, seed in zip(source.items, seeds):
+        assert item.image.tobytes() == make_page("shape_colour", seed, 448, style=LAYOUTS).image.tobytes()
+        assert item.image.tobytes() != make_page("shape_colour", seed, 448).image.tobytes()
+    for flags, named in ((["--kinds", "box_word,noise"], "--kinds noise"),
+                         (["--dataset", "owner/name", "--schema", "docvqa"], "--dataset owner/name")):
+        with pytest.raises(SystemExit):
+            evaluate.parse_args(["--model", "pocket", "--held-out-layouts", *flags])
+        assert ("--held-out-layouts: draws the pocket suite's synthetic pages (fine_print, box_word, shape_colour), "
+                f"not {named}") in capsys.readouterr().err

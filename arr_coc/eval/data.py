@@ -44,7 +44,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps, PngImagePlugin
 
 from arr_coc import flags
 from arr_coc.errors import InputError
-from arr_coc.synth.fineprint import PAGE_KINDS, make_page
+from arr_coc.synth.fineprint import LAYOUTS, PAGE_KINDS, SPEC, make_page
 
 Box = tuple[int, int, int, int]
 
@@ -291,9 +291,10 @@ def _document(seed: int, size: int) -> Sample:
 
 
 def _fine_print_suite(kind: str):
-    """A fine-print page (arr_coc.synth.fineprint, the pocket model's suite) with one of its questions, chosen by the seed."""
-    def generate(seed: int, size: int) -> Sample:
-        page = make_page(kind, seed, size)
+    """A fine-print page (arr_coc.synth.fineprint, the pocket model's suite) with one of its questions, chosen by the
+    seed; in the suite's layouts (SPEC) or in those pocket training never draws (LAYOUTS)."""
+    def generate(seed: int, size: int, style=SPEC) -> Sample:
+        page = make_page(kind, seed, size, style=style)
         q = _rng(kind, seed).choice(page.questions)
         return Sample(page.image, q.question, q.answer, q.box, kind)
     return generate
@@ -310,20 +311,25 @@ _GENERATORS = {
 assert tuple(_GENERATORS) == SCENE_KINDS
 
 
-def make_scene(kind: str, seed: int, size: int = 896) -> Sample:
-    """One synthetic sample of `kind`, a pure function of (kind, seed, size). The image is size x size RGB."""
+def make_scene(kind: str, seed: int, size: int = 896, held_out_layouts: bool = False) -> Sample:
+    """One synthetic sample of `kind`, a pure function of (kind, seed, size). The image is size x size RGB.
+    held_out_layouts: a pocket page (PAGE_KINDS) in the layouts pocket training never draws (fineprint.LAYOUTS)."""
     if kind not in _GENERATORS:
         raise ValueError(f"unknown scene kind {kind!r}; expected one of {', '.join(SCENE_KINDS)}")
     if size < 64:
         raise ValueError(f"size must be at least 64 px, got {size}")
+    if held_out_layouts:
+        if kind not in PAGE_KINDS:
+            raise ValueError(f"held-out layouts are the pocket suite's ({', '.join(PAGE_KINDS)}), not {kind!r}'s")
+        return _GENERATORS[kind](seed, size, LAYOUTS)
     return _GENERATORS[kind](seed, size)
 
 
 def iter_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distractor_query"),
-                 seed: int = 0, size: int = 896) -> Iterator[Sample]:
+                 seed: int = 0, size: int = 896, held_out_layouts: bool = False) -> Iterator[Sample]:
     """Yield n samples, cycling through `kinds`. Sample i uses scene seed seed * 1_000_003 + i // len(kinds),
     so consecutive samples of different kinds share a scene seed: with the default kinds each image comes
-    twice, once with a text question and once with a colour question."""
+    twice, once with a text question and once with a colour question. held_out_layouts: make_scene's."""
     kinds = tuple(kinds)
     if not kinds:
         raise ValueError("kinds must not be empty")
@@ -333,13 +339,13 @@ def iter_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distract
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     for i in range(n):
-        yield make_scene(kinds[i % len(kinds)], seed * 1_000_003 + i // len(kinds), size)
+        yield make_scene(kinds[i % len(kinds)], seed * 1_000_003 + i // len(kinds), size, held_out_layouts)
 
 
 def make_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distractor_query"),
-                 seed: int = 0, size: int = 896) -> list[Sample]:
-    """A list of n synthetic samples (see iter_dataset for the seeding)."""
-    return list(iter_dataset(n, kinds, seed, size))
+                 seed: int = 0, size: int = 896, held_out_layouts: bool = False) -> list[Sample]:
+    """A list of n synthetic samples (see iter_dataset for the seeding and held_out_layouts)."""
+    return list(iter_dataset(n, kinds, seed, size, held_out_layouts))
 
 
 # -----------------------------------------------------------------------------

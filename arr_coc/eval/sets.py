@@ -143,11 +143,13 @@ def open_source(name: str, split: str = "validation", config: str | None = None,
     return Source(name, schema, from_rows(rows, SCHEMAS[schema], schema, name, limit))
 
 
-def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896) -> Source:
+def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896,
+                     held_out_layouts: bool = False) -> Source:
     """Fresh synthetic scenes (arr_coc.eval.data) of size x size px, scored like the JSONL sets; pages of the
-    fine-print suite alone by exact match (contains is reported beside it)."""
+    fine-print suite alone by exact match (contains is reported beside it); held_out_layouts: make_scene's."""
     schema = "suite" if set(kinds) <= set(PAGE_KINDS) else "jsonl"
-    return Source("synthetic", schema, from_samples(make_dataset(n, kinds, seed=seed, size=size)))
+    return Source("synthetic", schema, from_samples(make_dataset(n, kinds, seed=seed, size=size,
+                                                                 held_out_layouts=held_out_layouts)))
 
 
 def from_samples(samples: list[Sample]) -> list[Item]:
