@@ -33,7 +33,7 @@ from PIL import Image
 
 from arr_coc import viz
 from arr_coc.eval.faithfulness import CURVES
-from arr_coc.eval.metrics import wilson
+from arr_coc.eval.metrics import interval_text, wilson
 
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
 COLUMNS = (
@@ -100,14 +100,14 @@ def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
 
 
 def kind_means(records: list[dict]) -> dict[str, dict]:
-    """One row's records of a set with several scene kinds -> per kind, its scored items, accuracy and 95% Wilson
-    interval ({} for a set of one kind, or none)."""
+    """One row's records of a set with several scene kinds -> per kind, its scored items, their summed score, the
+    accuracy and its 95% Wilson interval ({} for a set of one kind, or none)."""
     kinds = list(dict.fromkeys(r["kind"] for r in records if r.get("kind") is not None))
     out = {}
     for kind in kinds if len(kinds) > 1 else ():
         scores = [r["score"] for r in records if r.get("kind") == kind and r["score"] is not None]
         if scores:
-            out[kind] = dict(items=len(scores), accuracy=statistics.fmean(scores),
+            out[kind] = dict(items=len(scores), correct=sum(scores), accuracy=statistics.fmean(scores),
                              interval=wilson(sum(scores), len(scores)))
     return out
 
@@ -150,8 +150,8 @@ def kind_table(summary: dict[str, dict], metric: str) -> str:
     lines = [f"Accuracy ({metric}) per scene kind, 95% Wilson interval, scored items:", "",
              "| row | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
     for row, means in summary.items():
-        cells = [(f"{m['accuracy']:.2f} [{m['interval'][0]:.2f}, {m['interval'][1]:.2f}] (n={m['items']})"
-                  if (m := means.get("by_kind", {}).get(kind)) else "-") for kind in kinds]
+        cells = [interval_text(m["correct"], m["items"]) if (m := means.get("by_kind", {}).get(kind)) else "-"
+                 for kind in kinds]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

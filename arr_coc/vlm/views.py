@@ -184,7 +184,7 @@ def host_pixels(rgb: Image.Image, pin: bool = False) -> torch.Tensor:
     """
     An RGB image's pixels in one host copy: [H, W, 4] uint8 (R, G, B, padding) where Pillow lends its own memory
     through the Arrow C data interface (an image in one memory block: up to 16 MiB of pixels, 2048 px square),
-    else [H, W, 3] by np.array. Pillow keeps RGB as 4 bytes a pixel, and np.asarray packs them to 3 in two more
+    else [H, W, 3] by np.array. Pillow keeps RGB as 4 bytes a pixel, and np.array packs them to 3 in two more
     copies: ~3 ms at 1792 px on a 2-core CPU against ~0.2 ms at 448 px, host work that grew with the image.
     The one copy is torch's, on its intra-op threads: at 1792 px 0.11 ms on 16 cores against 1.22 ms for numpy's
     one thread (the H100 machine's host), which was most of what ARR's vision time grew by from 448 px to 1792 px.
