@@ -79,14 +79,18 @@ def test_check_names_each_arr_measurement_more_than_15_percent_slower():
     """Against the saved tiny-model run: +20% TTFT on one row is named, +14% decode is not, +16% is."""
     saved = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_tiny.json").read_text())
     assert bench.regressions(saved, saved) == []
-    assert bench.regressions(saved, _slowed(saved, "896", "arr/hf", "ttft_ms", 1.2)) == [
-        f"896 px arr/hf: TTFT {saved['sizes']['896']['pipelines']['arr/hf']['ttft_ms'] * 1.2:.2f} against "
-        f"{saved['sizes']['896']['pipelines']['arr/hf']['ttft_ms']:.2f} (+20%)"]
+    assert bench.regressions(saved, _slowed(saved, "896", "arr/fast", "ttft_ms", 1.2)) == [
+        f"896 px arr/fast: TTFT {saved['sizes']['896']['pipelines']['arr/fast']['ttft_ms'] * 1.2:.2f} against "
+        f"{saved['sizes']['896']['pipelines']['arr/fast']['ttft_ms']:.2f} (+20%)"]
+    assert bench.regressions(saved, _slowed(saved, "896", "arr/hf", "ttft_ms", 3.0)) == []  # stock generate's loop
     assert bench.regressions(saved, _slowed(saved, "448", "arr/fast", "decode_ms_per_token", 1.14)) == []
     assert len(bench.regressions(saved, _slowed(saved, "448", "arr/fast", "decode_ms_per_token", 1.16))) == 1
     assert bench.regressions(saved, _slowed(saved, "448", "full/fast", "ttft_ms", 3.0)) == []  # ARR's rows only
     with pytest.raises(ValueError, match="same kind of card"):
         bench.regressions(saved, {**saved, "device": "NVIDIA H100 80GB HBM3"})
+    elsewhere = {**saved, "sizes": {"300": saved["sizes"]["448"]}}  # no size in common: nothing would be checked
+    with pytest.raises(ValueError, match=r"share no ARR row on the fast engine \(sizes 300 here, 448, 896"):
+        bench.regressions(saved, elsewhere)
 
 
 def test_check_exits_1_on_an_injected_slowdown_of_a_real_run(arr_model, tmp_path, capsys):
@@ -117,3 +121,21 @@ def test_a_budget_sweep_times_arr_and_the_rows_that_read_its_tokens_at_each_budg
                                              total_visual=256 + b)
         assert all(rows[r]["tokens"]["total_visual"] == 256 + b for r in ("divprune", "visionzip", "fastv"))
         assert all(r["engine"] == "fast" and r["ttft_ms"] > 0 for r in rows.values())
+
+
+def test_the_transformers_reference_reads_the_whole_image_through_stock_generate(arr_model):
+    """The independent-style stock path: transformers' image processor and generate, nothing of this repo's; a
+    448 px image is 16 x 16 merged tokens of 28 px, all of them read."""
+    r = bench.bench_transformers(arr_model.vlm, bench.test_image(448), "Describe the image in detail.", 3, 1, 1024)
+    assert r["visual_tokens"] == 256 and r["new_tokens"] == 3
+    assert r["ttft_ms"] > r["processor_ms"] > 0 and r["total_ms"] > 0
+    assert bench.transformers_line(r, {"ttft_ms": r["ttft_ms"] / 4}).endswith("ARR (fast) TTFT 0.25x of it")
+    small = bench.bench_transformers(arr_model.vlm, bench.test_image(448), "Describe the image.", 1, 1, 64)
+    assert small["visual_tokens"] == 64  # max_cells caps it as it caps `full`
+
+
+def test_profile_writes_a_trace_and_a_kernel_table_per_size(arr_model, tmp_path):
+    args = bench.parse_args(["--model", "tiny", "--device", "cpu", "--profile", str(tmp_path / "prof")])
+    table = bench.profile_answer(arr_model, bench.test_image(112), Path(args.profile), 112, 2, 1024)
+    assert (tmp_path / "prof" / "arr_112.json").stat().st_size > 0
+    assert (tmp_path / "prof" / "arr_112.txt").read_text() == table and "aten::" in table

@@ -129,7 +129,25 @@ def test_graphed_decode_equals_stock_generate(fp32_cuda_model, pipeline):
 def test_the_compiled_decode_graph_steps_as_the_uncompiled_one(cuda_model):
     """Half precision: teacher-forced steps of the captured compiled step and of the captured uncompiled one give
     the same logits, within half precision's tolerance (Inductor keeps eager's roundings, not its reduction order)."""
-    vlm, decoder = cuda_model.vlm, cuda_model.vlm.decoder
+    compiled_and_uncompiled_steps_agree(cuda_model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_every_family_answers_in_half_precision_through_fused_compiled_graphs(name, dtype):
+    """Qwen2.5-VL and Qwen3-VL (Qwen2-VL: cuda_model's tests) in fp16 and bf16: ARR answers with 273 saccades and
+    finite maps through the fused projections and the captured graphs, and the compiled decode graph steps as the
+    uncompiled one."""
+    model = ARRCOCQwen.from_pretrained(name, device="cuda", dtype=dtype)
+    a = model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4)
+    assert a.tokens["saccade"] == 273 and torch.isfinite(a.arr.relevance).all()
+    vlm = model.vlm
+    assert vlm.decoder.fused is not None and vlm.decoder.decode_graphs and vlm.graphed_vision.graphs
+    compiled_and_uncompiled_steps_agree(model)
+
+
+def compiled_and_uncompiled_steps_agree(model):
+    vlm, decoder = model.vlm, model.vlm.decoder
     prompt = vlm.prompt(QUESTION, [])
     forced = vlm.tokenizer("The sign says: STOP here, then turn left at the mill.",
                            add_special_tokens=False)["input_ids"]

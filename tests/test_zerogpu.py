@@ -1,7 +1,8 @@
 """
 ZeroGPU with a stand-in `spaces` module (put in sys.modules, SPACES_ZERO_GPU set): the app's GPU handlers are
 wrapped in spaces.GPU(duration=...), the CPU ones are not, importing the app touches no CUDA, start-up
-captures no CUDA graphs, and CUDAGraphed runs eagerly. Without SPACES_ZERO_GPU nothing is wrapped.
+captures no CUDA graphs, and CUDAGraphed runs eagerly; on a GPU, an answer compiles, captures and fuses
+nothing. Without SPACES_ZERO_GPU nothing is wrapped.
 
     .venv/bin/python -m pytest tests/test_zerogpu.py -q
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import scene_image
 
 from arr_coc import graphs, zerogpu
 
@@ -115,3 +117,18 @@ def test_cuda_graphed_work_runs_eagerly_on_zerogpu(on_zerogpu):
     with torch.no_grad():
         out = doubled(torch.ones(3).as_subclass(LooksLikeCUDA))
     assert out.tolist() == [2.0, 2.0, 2.0] and not doubled.graphs  # nothing captured
+
+
+@pytest.mark.gpu
+def test_nothing_is_compiled_captured_or_fused_on_zerogpu(on_zerogpu, monkeypatch):
+    """On a real GPU with ZeroGPU's stand-in: an ARR answer runs eagerly, nothing compiled (Inductor's compile would
+    be paid in every forked worker), captured or re-laid (Decoder.fuse)."""
+    from arr_coc.model import ARRCOCQwen
+
+    monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: pytest.fail("torch.compile called on ZeroGPU"))
+    model = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.bfloat16)
+    answer = model.answer(scene_image(), "What does the gray text say?", "arr", max_new_tokens=4)
+    vlm = model.vlm
+    assert answer.tokens["saccade"] == 273
+    assert vlm.decoder.fused is None and vlm.decoder.compiled_step is None and not vlm.decoder.decode_graphs
+    assert not vlm.graphed_vision.graphs and vlm.graphed_vision.compiled is None

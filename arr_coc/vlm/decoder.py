@@ -11,7 +11,9 @@ bandwidth allows. This module owns the loop instead:
   Before capture the step is compiled (torch.compile, Inductor: norms, rotary, SwiGLU, residual adds and
   cache writes fused into a few Triton kernels, eager's roundings kept by `emulate_precision_casts`), once for
   every cache size (the cache length is a dynamic dimension); the compile is paid when the first decode graph
-  is captured, i.e. at warm-up. Where Inductor cannot run, the step is captured uncompiled, with a warning;
+  is captured, i.e. at warm-up. Where Inductor cannot run, the step is captured uncompiled, with a warning.
+  On CUDA each layer's q/k/v projections, and its gate/up projections, run as one matmul each (`fuse`: the
+  weights re-laid in place, no copy): at batch 1 the small k and v matmuls cost a launch each, as a large one;
 - the prior: the LLM up to one middle layer, reading the question's attention to the gestalt tokens there;
 - FastV (Chen et al. 2024), when a `Pruning` is passed: layers < K prefill the whole prompt; at layer K - 1 the
   last prompt token's attention to every image token ranks them; layers >= K prefill only the top N (in their
@@ -33,8 +35,9 @@ prompt changes nothing before it), so a handful of graphs cover every question. 
 eagerly. At most MAX_CACHES cache sizes (each with its decode graph) are kept: the least recently used goes.
 
 Every layer attends over the whole causal context: a config with sliding-window layers (`use_sliding_window`,
-or `layer_types` other than "full_attention") is refused by name rather than run wrongly. The arithmetic is the stock modules' own (projections, norms, MLPs, rotary tables); only the
-attention call is written here, and tests pin prefill logits, decode tokens and the prior to transformers.
+or `layer_types` other than "full_attention") is refused by name rather than run wrongly. The arithmetic is the
+stock modules' own (norms, MLPs, rotary tables; the projections' weights, fused or not); only the attention call
+and the fused matmuls are written here, and tests pin prefill logits, decode tokens and the prior to transformers.
 
     decoder = Decoder(model)                        # model: e.g. Qwen2VLForConditionalGeneration
     ids, probs, safe_mode, _ = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
@@ -109,6 +112,28 @@ class DecodeState:
 
 
 @dataclass
+class FusedProjections:
+    """One layer's projections that read the same input, each set as one weight: the stock modules' own weights
+    are views into it (Decoder.fuse), so nothing is copied and the stock forward reads the same numbers."""
+    qkv: torch.Tensor  # [H * hd + 2 * Hkv * hd, D] q_proj's, k_proj's and v_proj's weights, stacked
+    qkv_bias: torch.Tensor | None  # [H * hd + 2 * Hkv * hd] their biases (Qwen2/2.5-VL); None without (Qwen3-VL)
+    qkv_split: tuple[int, int, int]  # H * hd, Hkv * hd, Hkv * hd: where the output splits into q, k, v
+    gate_up: torch.Tensor  # [2 * I, D] the MLP's gate_proj's and up_proj's weights, stacked (Qwen's MLPs have no bias)
+
+
+def share_weights(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Linear layers of one input -> (their weights stacked, their biases stacked or None): the modules' weights
+    and biases become views into the stacked tensors (their old storage is freed: no copy is kept)."""
+    weight = torch.cat([m.weight.detach() for m in modules])  # [sum out, in]
+    bias = torch.cat([m.bias.detach() for m in modules]) if modules[0].bias is not None else None
+    for m, w in zip(modules, weight.split([m.out_features for m in modules])):
+        m.weight.data = w
+    for m, b in zip(modules, bias.split([m.out_features for m in modules]) if bias is not None else ()):
+        m.bias.data = b
+    return weight, bias
+
+
+@dataclass
 class KVCache:
     """A conversation's keys and values after a turn: every token so far but the last generated one (not yet
     read), and where that one goes. The conversation's own copy; a follow-up restores it into the shared cache."""
@@ -152,6 +177,7 @@ class Decoder:
         self.config = self.lm.config
         check_full_attention(self.config)
         self.graphs_enabled = True  # off: the same arithmetic, eagerly (the GPU tests compare the two)
+        self.fused: list[FusedProjections] | None = None  # per layer, after fuse(): q/k/v and gate/up as one matmul each
         self.safe = False  # safe mode: an fp32 residual stream, eagerly (a redo after fp16 overflow)
         self.states: OrderedDict[int, DecodeState] = OrderedDict()  # cache size -> its buffers, least recent first
         self.decode_graphs: dict[int, tuple] = {}  # cache size -> its captured decode step
@@ -166,6 +192,23 @@ class Decoder:
         # the caches and graphs above are shared by every caller: two generations at once would write into one
         # cache (and one decode state), so they take turns
         self.lock = threading.Lock()
+        if self.device.type == "cuda" and cuda_graphs_allowed():
+            self.fuse()
+
+    def fuse(self) -> None:
+        """
+        Each layer's q/k/v projections and its MLP's gate/up projections become one matmul each (FusedProjections):
+        at batch 1 a decode step is launch-bound, and k and v are small matmuls that take as long to launch as a
+        large one. The weights are re-laid in place (the modules' become views, no memory is added), so call it
+        where the model will stay: the Decoder does on CUDA (not on ZeroGPU, where nothing is captured).
+        """
+        self.fused = []
+        for layer in self.lm.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv, bias = share_weights([attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up, _ = share_weights([mlp.gate_proj, mlp.up_proj])
+            split = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
+            self.fused.append(FusedProjections(qkv, bias, split, gate_up))
 
     @property
     def device(self) -> torch.device:
@@ -195,8 +238,14 @@ class Decoder:
         h = layer.input_layernorm(x).to(self.dtype)
         B, L, _ = h.shape
         hd = attn.head_dim
-        q, k = self._qk(attn, h)  # [1, H, L, hd], [1, Hkv, L, hd]
-        v = attn.v_proj(h).view(B, L, -1, hd).transpose(1, 2)
+        if self.fused is None:
+            q, k = self._qk(attn, h)  # [1, H, L, hd], [1, Hkv, L, hd]
+            v = attn.v_proj(h)  # [1, L, Hkv * hd]
+        else:  # one matmul for the three
+            fused = self.fused[attn.layer_idx]
+            q, k, v = F.linear(h, fused.qkv, fused.qkv_bias).split(fused.qkv_split, -1)  # [1, L, H*hd], [1, L, Hkv*hd] x2
+            q, k = self._heads(attn, q, k)
+        v = v.view(B, L, -1, hd).transpose(1, 2)  # [1, Hkv, L, hd]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if state is not None:  # prefill: attends over its own K/V (written at `slots`); decode: over the cache
             keys, values = state.keys[attn.layer_idx], state.values[attn.layer_idx]
@@ -206,16 +255,28 @@ class Decoder:
                 k, v = keys, values
         o = _attend(q, k, v, attn.scaling, causal=mask is None, mask=mask)  # [1, H, L, hd]
         x = x + attn.o_proj(o.transpose(1, 2).reshape(B, L, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x).to(self.dtype))
+        x = x + self._mlp(layer, layer.post_attention_layernorm(x).to(self.dtype))
         return x
 
+    def _mlp(self, layer, h):
+        """The layer's SwiGLU MLP, its gate and up projections one matmul when fused."""
+        if self.fused is None:
+            return layer.mlp(h)
+        gate_up = self.fused[layer.self_attn.layer_idx].gate_up
+        gate, up = F.linear(h, gate_up).chunk(2, -1)  # [1, L, I] x 2
+        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+
+    @classmethod
+    def _qk(cls, attn, h):
+        """Queries [1, H, L, hd] and keys [1, Hkv, L, hd] of h [1, L, D] through the stock projections."""
+        return cls._heads(attn, attn.q_proj(h), attn.k_proj(h))
+
     @staticmethod
-    def _qk(attn, h):
-        """Queries [1, H, L, hd] and keys [1, Hkv, L, hd] of h [1, L, D], per-head RMSNormed first where the model
-        does it (Qwen3: q_norm/k_norm on [.., hd], before rotary)."""
-        B, L, _ = h.shape
-        q = attn.q_proj(h).view(B, L, -1, attn.head_dim)
-        k = attn.k_proj(h).view(B, L, -1, attn.head_dim)
+    def _heads(attn, q, k):
+        """Projected queries [1, L, H * hd] and keys [1, L, Hkv * hd] as heads [1, H, L, hd], [1, Hkv, L, hd],
+        per-head RMSNormed first where the model does it (Qwen3: q_norm/k_norm on [.., hd], before rotary)."""
+        B, L, _ = q.shape
+        q, k = q.view(B, L, -1, attn.head_dim), k.view(B, L, -1, attn.head_dim)
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q.transpose(1, 2), k.transpose(1, 2)

@@ -155,15 +155,23 @@ def test_a_two_image_prompt_equals_the_stock_forward_from_pixels(family):
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=NEEDS_COMPILER)], ids=["step", "compiled"])
-def test_every_decode_step_equals_a_stock_forward_without_cache(family, compiled):
+@pytest.mark.parametrize("how", ["step", "fused", pytest.param("compiled", marks=NEEDS_COMPILER)])
+def test_every_decode_step_equals_a_stock_forward_without_cache(family, how, request):
     """
     A long answer teacher-forced through the static-cache decode steps: each step's logits equal transformers'
     forward from pixels over the prompt and the tokens so far, so a wrong rope position or cache mask fails
     even when greedy decoding would only ever pick one token. `compiled`: the step Inductor compiles (fullgraph),
-    which CUDA captures in its decode graph; compiled here on the CPU, as the same arithmetic.
+    which CUDA captures in its decode graph; compiled here on the CPU, as the same arithmetic. `fused`: q/k/v and
+    gate/up as one matmul each (Decoder.fuse, on by itself on CUDA), the modules' weights views into them.
     """
     vlm = family.vlm
+    if how == "fused" and vlm.decoder.fused is None:
+        vlm.decoder.fuse()
+        request.addfinalizer(lambda: setattr(vlm.decoder, "fused", None))  # the stock modules again (same weights)
+        for layer, fused in zip(vlm.decoder.lm.layers, vlm.decoder.fused):  # shared, not copied
+            assert layer.self_attn.v_proj.weight.untyped_storage().data_ptr() == fused.qkv.untyped_storage().data_ptr()
+            assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up.untyped_storage().data_ptr()
+    compiled = how == "compiled"
     view = views_of(vlm, photo(seed=5)).tensor("gestalt")
     forced = vlm.tokenizer(FORCED, add_special_tokens=False)["input_ids"]
     stock_in = vlm.stock_inputs(QUESTION, view)
