@@ -20,6 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 180
 if importlib.util.find_spec("gradio") is None:  # the GPU machines have no gradio: `pytest -m gpu tests/` runs there
     collect_ignore = ["test_app.py", "app/test_handlers.py", "eval/test_metrics.py"]  # the modules that import it
+# Dynamo compiles the decode step's code once per model it meets (family, dtype, fused or not) and, past its
+# recompile limit (8), gives up: on a GPU the suite loads ~12 models in one process (the app loads one), and the
+# later ones would be captured uncompiled, with a warning, instead of testing the compiled step.
+torch._dynamo.config.recompile_limit = 64
 
 
 def pytest_collection_modifyitems(config, items):
