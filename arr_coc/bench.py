@@ -15,6 +15,7 @@ takes ARR's ablations (arr-no-gestalt, ...: arr_coc.relevance.ablation).
     python -m arr_coc.bench --random-weights --sizes 1792 --pipelines full,divprune,visionzip,fastv,arr --engines fast
     python -m arr_coc.bench --random-weights --check benchmarks/h100_....json   # exit 1 if ARR got > 15% slower
     python -m arr_coc.bench --random-weights --conversation 4         # + the TTFT of follow-up questions
+    python -m arr_coc.bench --random-weights --sizes 1792 --profile out/prof   # + where ARR's time goes, per kernel
 
 --budgets B1,B2,... also times, at each size, ARR and every baseline that reads ARR's visual tokens (budget and
 the reducers) at each saccade budget, fast engine: the TTFT of a budget sweep (evaluate --budgets), for plotting
@@ -23,6 +24,11 @@ accuracy against the 2B architecture's time (arr_coc.eval.figures).
 --conversation N also asks N questions about each image in one conversation (arr and full, fast engine;
 arr_coc.pipelines.conversation) and reports the TTFT of turn 1, the median of turns 2..N, and the TTFT of the
 same follow-up questions asked afresh, one conversation per question, with the tokens each prefilled.
+
+With the hf engine, each size also times transformers as its users run a Qwen-VL, nothing of this repo's in the
+path (the image processor on the PIL image, the chat template, model.generate): what a newcomer would time
+by hand. --profile DIR writes, after every timing, one ARR answer's torch.profiler trace
+and its busiest kernels per size.
 
 --check compares ARR's TTFT and decode ms/token on the fast engine, size by size, with a saved run (--json) of the
 same kind of card, and exits 1 when either is more than CHECK_TOLERANCE slower, or when the runs share no such row:
@@ -85,8 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"compare ARR's TTFT and decode (fast engine) with this saved run (--json) on the same kind of "
                         f"card; exit 1 if either is more than {CHECK_TOLERANCE:.0%}% slower")
     p.add_argument("--profile", type=cli.output_folder, default=None, metavar="DIR",
-                   help="also profile one ARR answer (fast engine) at each size with torch.profiler: a Chrome trace "
-                        "and a table of the busiest kernels per size in this folder")
+                   help="after every timing, profile one ARR answer (fast engine) at each size with torch.profiler: "
+                        "a gzipped Chrome trace and a table of the busiest kernels per size, in this folder")
     args = p.parse_args(argv)
     if on_cpu(args.device) and (args.random_weights or args.model not in tiny_models()):
         flag = "--random-weights" if args.random_weights else "--model"
@@ -258,8 +264,9 @@ def transformers_line(r: dict, arr: dict | None) -> str:
 
 
 def profile_answer(model, image: Image.Image, out: Path, size: int, new_tokens: int, max_cells: int) -> str:
-    """One ARR answer (fast engine, after the timed runs) under torch.profiler: its Chrome trace in `out`, and
-    the table of its busiest kernels, returned and written beside it."""
+    """One ARR answer (fast engine) under torch.profiler: its Chrome trace in `out`, and the table of its busiest
+    kernels, returned and written beside it. Run it after every timing: once the profiler has traced CUDA, later
+    launches are slower (the stock engine's 448 px rows took 2x in the run that found it, one H200)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -269,7 +276,7 @@ def profile_answer(model, image: Image.Image, out: Path, size: int, new_tokens: 
         with profile(activities=activities) as prof:
             model.answer(image, "Describe the image in detail.", "arr", max_new_tokens=new_tokens, max_cells=max_cells)
     out.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(out / f"arr_{size}.json"))
+    prof.export_chrome_trace(str(out / f"arr_{size}.json.gz"))  # gzipped: a trace is ~10 MB of JSON
     key = "self_cuda_time_total" if model.vlm.device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=90)
     (out / f"arr_{size}.txt").write_text(table)
@@ -479,12 +486,12 @@ def main(argv=None) -> dict:
                                         args.repeats, args.max_cells) for pipeline in ("arr", "full")]
             report["sizes"][size]["conversation"] = chats
             print("\n".join(conversation_line(r) for r in chats))
-        if args.profile:
-            print(f"\nARR's busiest kernels at {size} px (trace: {args.profile}/arr_{size}.json):")
-            print(profile_answer(model, test_image(size), Path(args.profile), size, args.new_tokens, args.max_cells))
         if args.json:  # written after every size, so a run cut short keeps what it measured
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(report, indent=2))
+    for size in sizes if args.profile else ():  # after every timing: the profiler's CUDA tracing slows later launches
+        print(f"\nARR's busiest kernels at {size} px (trace: {args.profile}/arr_{size}.json.gz):")
+        print(profile_answer(model, test_image(size), Path(args.profile), size, args.new_tokens, args.max_cells))
     peak = max(r["peak_memory_mb"] for s in report["sizes"].values() for r in s["pipelines"].values())
     print(f"one copy of the weights for every pipeline: peak {peak:.0f} MB = {peak / weights_mb:.2f} x the weights")
     if args.check is not None:

@@ -137,5 +137,5 @@ def test_the_transformers_reference_reads_the_whole_image_through_stock_generate
 def test_profile_writes_a_trace_and_a_kernel_table_per_size(arr_model, tmp_path):
     args = bench.parse_args(["--model", "tiny", "--device", "cpu", "--profile", str(tmp_path / "prof")])
     table = bench.profile_answer(arr_model, bench.test_image(112), Path(args.profile), 112, 2, 1024)
-    assert (tmp_path / "prof" / "arr_112.json").stat().st_size > 0
+    assert (tmp_path / "prof" / "arr_112.json.gz").stat().st_size > 0
     assert (tmp_path / "prof" / "arr_112.txt").read_text() == table and "aten::" in table
