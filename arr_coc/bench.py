@@ -266,7 +266,7 @@ def transformers_line(r: dict, arr: dict | None) -> str:
 def profile_answer(model, image: Image.Image, out: Path, size: int, new_tokens: int, max_cells: int) -> str:
     """One ARR answer (fast engine) under torch.profiler: its Chrome trace in `out`, and the table of its busiest
     kernels, returned and written beside it. Run it after every timing: once the profiler has traced CUDA, later
-    launches are slower (the stock engine's 448 px rows took 2x in the run that found it, one H200)."""
+    launches are slower (stock `full` at 448 px took 2x its usual TTFT in the run that found it, one H200)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
