@@ -124,11 +124,14 @@ class FusedProjections:
 def share_weights(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Linear layers of one input -> (their weights stacked, their biases stacked or None): the modules' weights
     and biases become views into the stacked tensors (their old storage is freed: no copy is kept)."""
+    sizes = [m.out_features for m in modules]
     weight = torch.cat([m.weight.detach() for m in modules])  # [sum out, in]
-    bias = torch.cat([m.bias.detach() for m in modules]) if modules[0].bias is not None else None
-    for m, w in zip(modules, weight.split([m.out_features for m in modules])):
+    for m, w in zip(modules, weight.split(sizes)):
         m.weight.data = w
-    for m, b in zip(modules, bias.split([m.out_features for m in modules]) if bias is not None else ()):
+    if modules[0].bias is None:
+        return weight, None
+    bias = torch.cat([m.bias.detach() for m in modules])  # [sum out]
+    for m, b in zip(modules, bias.split(sizes)):
         m.bias.data = b
     return weight, bias
 
