@@ -166,8 +166,21 @@ def test_every_decode_step_equals_a_stock_forward_without_cache(family, how, req
     """
     vlm = family.vlm
     if how == "fused" and vlm.decoder.fused is None:
+        # the tiny models' q/k/v biases are zeros: random ones here, so a bias out of place in the fused matmul shows
+        biases = [p.bias for layer in vlm.decoder.lm.layers for p in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                                         layer.self_attn.v_proj) if p.bias is not None]
+        saved = [b.detach().clone() for b in biases]
+        with torch.no_grad():
+            for b in biases:
+                b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(b.numel())))
         vlm.decoder.fuse()
-        request.addfinalizer(lambda: setattr(vlm.decoder, "fused", None))  # the stock modules again (same weights)
+
+        def restore():  # the stock modules again (same weights), and the biases as they were
+            vlm.decoder.fused = None
+            with torch.no_grad():
+                for module_bias, old in zip(biases, saved):
+                    module_bias.copy_(old)
+        request.addfinalizer(restore)
         for layer, fused in zip(vlm.decoder.lm.layers, vlm.decoder.fused):  # shared, not copied
             assert layer.self_attn.v_proj.weight.untyped_storage().data_ptr() == fused.qkv.untyped_storage().data_ptr()
             assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up.untyped_storage().data_ptr()
