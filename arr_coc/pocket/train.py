@@ -90,6 +90,8 @@ class TrainConfig:
     llm_width: int | None = None  # grow the LLM (and the merged tokens) to this width, every output kept
     profile: int = 0  # profile this many steps of a run, after PROFILE_AFTER (rank 0 prints torch.profiler's table)
     read_ink_weight: float = 1.0  # weight of a drawn character's cell slot in the reading loss (empty slots: 1)
+    binding_weight: float = 1.0  # weight of the binding head's losses (its own and the aligned names'); 0: a run
+    # without them, the same-run ablation of the head (pointing stays)
 
 
 # -----------------------------------------------------------------------------
@@ -113,10 +115,12 @@ class Trainee(nn.Module):
     """The VLM and its training-only heads as one module: what DistributedDataParallel wraps, so that one
     backward all-reduces every trained gradient."""
 
-    def __init__(self, model, reading: ReadingHead, binding: BindingHead, aligned: dict[str, torch.Tensor]):
+    def __init__(self, model, reading: ReadingHead, binding: BindingHead, aligned: dict[str, torch.Tensor],
+                 binding_weight: float = 1.0):
         super().__init__()
         self.model, self.reading, self.binding = model, reading, binding
         self.aligned = aligned  # aligned_ids(tokenizer): the binding channels also taught in the word embeddings
+        self.binding_weight = binding_weight  # TrainConfig.binding_weight
 
     def forward(self, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                 counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -130,8 +134,8 @@ class Trainee(nn.Module):
             answer = self.model(**forward_inputs, num_items_in_batch=counts[0]).loss
         reading_loss = self.reading(visual.value, reading, reduction="sum", patches=visual.patches) / counts[1]
         embeddings = self.model.get_input_embeddings().weight.detach()  # [V, H] fixed: the visual tokens move
-        binding_loss = (self.binding(visual.value, binding, reduction="sum") / counts[2]
-                        + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3]
+        binding_loss = (self.binding_weight * (self.binding(visual.value, binding, reduction="sum") / counts[2]
+                                               + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3])
                         + pointing.loss(inputs.get("point_targets", torch.zeros(0, 0, dtype=torch.bool))) / counts[4])
         return answer, reading_loss, binding_loss
 
@@ -298,7 +302,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
         load_state(model, head, binding, optimizer, folder)
-    trainee = Trainee(model, head, binding, aligned_ids(tokenizer))
+    trainee = Trainee(model, head, binding, aligned_ids(tokenizer), cfg.binding_weight)
     trainee = DistributedDataParallel(trainee) if process.distributed else trainee
     if process.is_main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -550,6 +554,9 @@ def main(argv=None):
                         help="with --resume and no run in --out yet: continue from this exported folder")
     parser.add_argument("--read-ink-weight", type=bounded_float(0, above=True), default=TrainConfig.read_ink_weight,
                         help="weight of a drawn character's slot in the merged tokens' reading loss (empty slots: 1)")
+    parser.add_argument("--binding-weight", type=bounded_float(0), default=TrainConfig.binding_weight,
+                        help="weight of the binding head's losses (0: a run without them, pointing kept: the head's "
+                             "same-run ablation)")
     parser.add_argument("--vit-depth", type=bounded_int(1, 64), default=None,
                         help="grow the ViT to this many blocks before training (new ones start as the identity)")
     parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,

@@ -131,6 +131,31 @@ def test_a_training_step_trains_the_heads_on_their_losses(stock):
     assert not torch.equal(before[2], head.patch_proj.weight)  # the patches' reading trains too
 
 
+@pytest.mark.parametrize("binding_weight, binding_moves_the_vlm", [(1.0, True), (0.0, False)])
+def test_binding_weight_zero_takes_the_binding_labels_out_of_the_vlms_gradient(stock, binding_weight,
+                                                                                binding_moves_the_vlm):
+    """The same-run ablation of the binding head (--binding-weight 0): the VLM's gradient is the same whatever the
+    binding labels say (here: drawn, or all ignored); at weight 1 the labels change it."""
+    import copy
+
+    from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
+    from arr_coc.pocket.train import Trainee, backward
+    from arr_coc import distributed
+
+    inputs, reading = _batch(stock)
+    pages = [make_page(kind, 5, 224, 168) for kind in ("fine_print", "box_word")]
+    drawn = torch.from_numpy(__import__("numpy").concatenate([binding_targets(p.marks, 224, 168) for p in pages]))
+    grads = []
+    for labels in (drawn, torch.full_like(drawn, IGNORE)):
+        model = copy.deepcopy(stock[0]).train()
+        torch.manual_seed(0)
+        heads = ReadingHead(256, 256), BindingHead(256)
+        trainee = Trainee(model, *heads, aligned_ids(stock[1]), binding_weight=binding_weight)
+        backward(trainee, inputs, reading, labels, distributed.Process(0, 1, "cpu"))
+        grads.append(model.model.visual.merger.mlp[2].weight.grad.clone())  # the last layer of the visual tokens
+    assert (not torch.allclose(*grads, rtol=0, atol=1e-9)) == binding_moves_the_vlm
+
+
 def test_the_heads_are_saved_and_resumed(tmp_path):
     from safetensors.torch import load_file
 
