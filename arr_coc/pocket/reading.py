@@ -16,6 +16,11 @@ digits at ~0.5 on the shipped weights, where the suite's fine_print answers fail
 at ink heights 9-10 px, none another field's value): the patch targets say where each character is at twice the
 resolution, inside the ViT that must resolve it.
 
+A third linear map asks the same of the merged tokens (`token_patch_weight` > 0): each names its 2 x 2 patches'
+characters, the patch head's targets. The thirteenth session's probe found the smallest digits lost in the merge,
+not in the ViT (where the answer failed, the patches held 0.91 of the value's characters and the merged tokens
+0.44), and the cells' SLOTS in reading order drop a crowded cell's later characters.
+
     head = ReadingHead(hidden_size, vision_dim)
     with MergerOutputHook(model) as visual:      # captures the merger's input and output of the next forward
         loss = model(**inputs).loss
@@ -71,14 +76,17 @@ def reading_targets(glyphs: list[Glyph], width: int, height: int) -> np.ndarray:
 class ReadingHead(nn.Module):
     """Linear: a visual token -> SLOTS character classes; and a ViT patch (before the merge) -> PATCH_SLOTS. Its
     loss is cross-entropy over every slot, the cells' and, given the patches, theirs; a cell slot that holds a drawn
-    character weighs `ink_weight` (most slots are empty: at 1 the merged tokens' characters are a small share)."""
+    character weighs `ink_weight` (most slots are empty: at 1 the merged tokens' characters are a small share); given
+    the patches, a merged token's naming of its patches' characters weighs `token_patch_weight` (0: off)."""
 
     def __init__(self, hidden_size: int, vision_dim: int | None = None, slots: int = SLOTS,
-                 patch_slots: int = PATCH_SLOTS, ink_weight: float = 1.0):
+                 patch_slots: int = PATCH_SLOTS, ink_weight: float = 1.0, token_patch_weight: float = 0.0):
         super().__init__()
         self.slots, self.patch_slots, self.ink_weight = slots, patch_slots, ink_weight
+        self.token_patch_weight = token_patch_weight
         self.proj = nn.Linear(hidden_size, slots * (len(ALPHABET) + 1))
         self.patch_proj = nn.Linear(vision_dim or hidden_size, patch_slots * (len(ALPHABET) + 1))
+        self.token_patch_proj = nn.Linear(hidden_size, 4 * patch_slots * (len(ALPHABET) + 1))
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.proj(tokens).float().view(tokens.shape[0], self.slots, -1)  # [N, slots, classes]
@@ -100,6 +108,10 @@ class ReadingHead(nn.Module):
         weights = torch.ones_like(losses)  # [N, S]
         weights[:, :self.slots] += (self.ink_weight - 1) * (targets[:, :self.slots] > NONE)  # the cells' ink
         total = (weights * losses).sum()
+        if targets.shape[1] > self.slots:  # the merged tokens name their patches' characters too (weight 0: off)
+            token_logits = self.token_patch_proj(tokens).float().view(tokens.shape[0], 4 * self.patch_slots, -1)
+            total = total + self.token_patch_weight * nn.functional.cross_entropy(
+                token_logits.transpose(1, 2), targets[:, self.slots:], reduction="sum")  # [N, 4 * patch_slots] summed
         return total if reduction == "sum" else total / (targets != -100).sum().clamp(min=1)  # -100: ignore_index
 
     @torch.no_grad()

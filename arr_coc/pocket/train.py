@@ -90,6 +90,7 @@ class TrainConfig:
     llm_width: int | None = None  # grow the LLM (and the merged tokens) to this width, every output kept
     profile: int = 0  # profile this many steps of a run, after PROFILE_AFTER (rank 0 prints torch.profiler's table)
     read_ink_weight: float = 1.0  # weight of a drawn character's cell slot in the reading loss (empty slots: 1)
+    read_token_patches: float = 0.0  # weight of the merged tokens naming their 2 x 2 patches' characters (0: off)
     binding_weight: float = 1.0  # weight of the binding head's losses (its own and the aligned names'); 0: a run
     # without them, the same-run ablation of the head (pointing stays)
 
@@ -298,7 +299,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     folder = Path(cfg.out)
     model, head, tokenizer, state, binding = load_or_init(folder, resume, device, cfg.stage, Path(cfg.init),
                                                           cfg.vit_depth, cfg.vit_mlp_ratio, cfg.llm_width)
-    head.ink_weight = cfg.read_ink_weight
+    head.ink_weight, head.token_patch_weight = cfg.read_ink_weight, cfg.read_token_patches
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
         load_state(model, head, binding, optimizer, folder)
@@ -554,6 +555,9 @@ def main(argv=None):
                         help="with --resume and no run in --out yet: continue from this exported folder")
     parser.add_argument("--read-ink-weight", type=bounded_float(0, above=True), default=TrainConfig.read_ink_weight,
                         help="weight of a drawn character's slot in the merged tokens' reading loss (empty slots: 1)")
+    parser.add_argument("--read-token-patches", type=bounded_float(0), default=TrainConfig.read_token_patches,
+                        help="weight of the merged tokens naming their 2 x 2 patches' characters, the patch head's "
+                             "targets, in the reading loss (0: off)")
     parser.add_argument("--binding-weight", type=bounded_float(0), default=TrainConfig.binding_weight,
                         help="weight of the binding head's losses (0: a run without them, pointing kept: the head's "
                              "same-run ablation)")

@@ -211,16 +211,42 @@ def test_a_drawn_characters_cell_slot_weighs_ink_weight_in_the_reading_loss(ink_
     assert mean.item() == pytest.approx(log_c * (counted + 3 * (ink_weight - 1)) / counted, rel=1e-5)
 
 
-def test_the_runs_read_ink_weight_reaches_its_reading_head(tmp_path, monkeypatch):
+@pytest.mark.parametrize("weight", [0.0, 2.0])
+def test_the_merged_tokens_name_their_patches_characters_at_token_patch_weight(weight):
+    """A silent head's every slot costs log(classes): the merged tokens' naming of their patches adds 16 slots a
+    token that is not ignored, at `weight`. A head whose token map names exactly the patch columns pays nothing
+    more for them than a head without it."""
+    import math
+
+    head = ReadingHead(8, 4, token_patch_weight=weight)
+    for p in head.parameters():
+        torch.nn.init.zeros_(p)
+    targets = torch.full((3, SLOTS + 4 * PATCH_SLOTS), NONE)  # [3 cells, 22 slots]
+    targets[0, SLOTS:SLOTS + 2] = torch.tensor([8, 9])  # cell 0: two characters in its first patch
+    targets[2] = IGNORE  # a gestalt view's token
+    log_c = math.log(len(ALPHABET) + 1)
+    loss = head(torch.randn(3, 8), targets, reduction="sum", patches=torch.randn(12, 4))
+    assert loss.item() == pytest.approx(log_c * (2 * 22 + weight * 2 * 16), rel=1e-5)
+    with torch.no_grad():  # the token map's bias names cell 0's patch columns (16 slots: 8, 9, then empty)
+        named = torch.full((4 * PATCH_SLOTS, len(ALPHABET) + 1), -30.0)  # [16, classes]
+        named[torch.arange(16), torch.tensor([8, 9] + [NONE] * 14)] = 30.0
+        head.token_patch_proj.bias.copy_(named.flatten())
+    one = targets[:1]
+    named_loss = head(torch.randn(1, 8), one, reduction="sum", patches=torch.randn(4, 4))
+    assert named_loss.item() == pytest.approx(log_c * 22, rel=1e-5)
+
+
+def test_the_runs_reading_weights_reach_its_reading_head(tmp_path, monkeypatch):
     from arr_coc.pocket import train as pocket
 
     seen = []
 
     def stop_at_the_optimizer(model, cfg, head, binding):  # the heads are built and set by now
-        seen.append(head.ink_weight)
+        seen.append((head.ink_weight, head.token_patch_weight))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pocket, "make_optimizer", stop_at_the_optimizer)
     with pytest.raises(KeyboardInterrupt):
-        train(TrainConfig(out=str(tmp_path), device="cpu", workers=0, read_ink_weight=2.5), resume=False)
-    assert seen == [2.5]
+        train(TrainConfig(out=str(tmp_path), device="cpu", workers=0, read_ink_weight=2.5,
+                          read_token_patches=1.5), resume=False)
+    assert seen == [(2.5, 1.5)]
