@@ -93,6 +93,7 @@ class TrainConfig:
     read_token_patches: float = 0.0  # weight of the merged tokens naming their 2 x 2 patches' characters (0: off)
     binding_weight: float = 1.0  # weight of the binding head's losses (its own and the aligned names'); 0: a run
     # without them, the same-run ablation of the head (pointing stays)
+    pointing_weight: float = 1.0  # weight of the pointing loss (arr_coc.pocket.pointing); 0: its same-run ablation
 
 
 # -----------------------------------------------------------------------------
@@ -117,11 +118,11 @@ class Trainee(nn.Module):
     backward all-reduces every trained gradient."""
 
     def __init__(self, model, reading: ReadingHead, binding: BindingHead, aligned: dict[str, torch.Tensor],
-                 binding_weight: float = 1.0):
+                 binding_weight: float = 1.0, pointing_weight: float = 1.0):
         super().__init__()
         self.model, self.reading, self.binding = model, reading, binding
         self.aligned = aligned  # aligned_ids(tokenizer): the binding channels also taught in the word embeddings
-        self.binding_weight = binding_weight  # TrainConfig.binding_weight
+        self.binding_weight, self.pointing_weight = binding_weight, pointing_weight  # TrainConfig's
 
     def forward(self, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                 counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,7 +138,8 @@ class Trainee(nn.Module):
         embeddings = self.model.get_input_embeddings().weight.detach()  # [V, H] fixed: the visual tokens move
         binding_loss = (self.binding_weight * (self.binding(visual.value, binding, reduction="sum") / counts[2]
                                                + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3])
-                        + pointing.loss(inputs.get("point_targets", torch.zeros(0, 0, dtype=torch.bool))) / counts[4])
+                        + self.pointing_weight
+                        * pointing.loss(inputs.get("point_targets", torch.zeros(0, 0, dtype=torch.bool))) / counts[4])
         return answer, reading_loss, binding_loss
 
 
@@ -303,7 +305,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
         load_state(model, head, binding, optimizer, folder)
-    trainee = Trainee(model, head, binding, aligned_ids(tokenizer), cfg.binding_weight)
+    trainee = Trainee(model, head, binding, aligned_ids(tokenizer), cfg.binding_weight, cfg.pointing_weight)
     trainee = DistributedDataParallel(trainee) if process.distributed else trainee
     if process.is_main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -561,6 +563,9 @@ def main(argv=None):
     parser.add_argument("--binding-weight", type=bounded_float(0), default=TrainConfig.binding_weight,
                         help="weight of the binding head's losses (0: a run without them, pointing kept: the head's "
                              "same-run ablation)")
+    parser.add_argument("--pointing-weight", type=bounded_float(0), default=TrainConfig.pointing_weight,
+                        help="weight of the pointing loss (0: a run without it, the binding head kept: its same-run "
+                             "ablation)")
     parser.add_argument("--vit-depth", type=bounded_int(1, 64), default=None,
                         help="grow the ViT to this many blocks before training (new ones start as the identity)")
     parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,

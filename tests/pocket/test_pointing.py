@@ -76,3 +76,28 @@ def test_the_supervised_head_is_stock_eager_attention_and_the_loss_its_mass_on_t
         expected = -sum(float(row[t].sum().log()) for row, t in zip(rows, wanted))
         assert float(pointing.loss(wanted)) == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert expected > 1  # the head looks at the asked box (the shipped model points), far less at the other one
+
+
+@pytest.mark.parametrize("weight, pointing_moves_the_vlm", [(1.0, True), (0.0, False)])
+def test_pointing_weight_zero_takes_the_pointing_targets_out_of_the_vlms_gradient(stock, weight,
+                                                                                    pointing_moves_the_vlm):
+    """The same-run ablation of pointing (--pointing-weight 0): the LLM's gradient is the same whether each question
+    points at its own box or at the other's; at weight 1 it is not."""
+    from arr_coc import distributed
+    from arr_coc.pocket.binding import BindingHead, aligned_ids
+    from arr_coc.pocket.reading import ReadingHead
+    from arr_coc.pocket.train import Trainee, backward
+
+    model, tokenizer = stock
+    _, _, batch = _batch(tokenizer)
+    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
+    reading = torch.full((inputs["image_grid_thw"].prod(-1).sum() // 4, 22), -100)  # no reading targets
+    grads = []
+    for targets in (inputs["point_targets"], inputs["point_targets"].roll(1, dims=0)):
+        trainee = Trainee(use_pointing_attention(copy.deepcopy(model)).train(), ReadingHead(256, 256),
+                          BindingHead(256), aligned_ids(tokenizer), pointing_weight=weight)
+        backward(trainee, {**inputs, "point_targets": targets}, reading, batch["binding"],
+                 distributed.Process(0, 1, "cpu"))
+        grads.append(trainee.model.model.language_model.layers[POINT_LAYER].self_attn.q_proj.weight.grad.clone())
+    assert len(inputs["point_queries"]) == 2
+    assert (not torch.allclose(*grads, rtol=0, atol=1e-9)) == pointing_moves_the_vlm
