@@ -29,6 +29,7 @@ exact match: every answer token is the argmax, which is exactly when greedy deco
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/wider --resume --llm-width 384  # a wider LLM
     python -m arr_coc.pocket.train --out runs/pocket --minutes 8 --resume      # one GPU
     python -m arr_coc.pocket.train --out runs/pocket --minutes 2 --resume --profile 5   # where a step's time goes
+    python -m arr_coc.pocket.train --out runs/abl --resume --init OLD --stage 5 --steps N --pointing-weight 0  # ablation
     python -m arr_coc.pocket.train --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
     python -m arr_coc.pocket.train --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
 
