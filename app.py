@@ -26,6 +26,7 @@ from arr_coc.config import DEFAULT_MODEL
 
 CACHE_AGE_S = 3600  # uploads and drawings leave gradio's cache an hour after they were written (--cache-age)
 CACHE_CHECK_S = 600  # how often the cache is swept for them (more often where --cache-age is shorter)
+HOST = os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")  # where the app serves
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,14 +38,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder or a hub repo id (default: the first "
                         "checkpoint under checkpoints/ that fits the model, else the untrained prior)")
-    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
-                   help="port to serve on (default: $GRADIO_SERVER_PORT or 7860)")
+    p.add_argument("--port", type=cli.bounded_int(1, 65535), default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
+                   help="port to serve on, a free one (default: $GRADIO_SERVER_PORT or 7860)")
     p.add_argument("--share", action="store_true",
                    help="also serve on a public gradio.live link (off by default: anyone with it can use your GPU)")
     p.add_argument("--cache-age", type=cli.bounded_int(1, 7 * 86400), default=CACHE_AGE_S, metavar="SECONDS",
                    help="delete uploads and drawn images from gradio's cache ($GRADIO_TEMP_DIR) this long after they "
                         "were written, and all of them when the app stops (default: %(default)s)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not port_free(HOST, args.port):  # gradio would find it taken only after the model loaded
+        p.error(f"argument --port: {args.port} is in use on {HOST}")
+    return args
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server can listen on host:port now (bound as uvicorn binds it: SO_REUSEADDR)."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 if __name__ == "__main__":
@@ -210,8 +227,9 @@ def compare_tab(model: ARRCOCQwen) -> None:
                   [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, base_cells,
                    kept],
                   api_name="compare", concurrency_id=GPU)
-    # Stop cancels first and says so after: an output the cancelled event had already sent cannot land later
-    stop.click(None, cancels=[event]).then(handlers.stopped, status, status, api_name="stop_compare",
+    # Stop cancels first and says so after: an output the cancelled event had already sent cannot land later.
+    # Not an endpoint: gradio's cancel is the browser's (a private event), so a client stops with its job.cancel()
+    stop.click(None, cancels=[event]).then(handlers.stopped, status, status, api_visibility="private",
                                            concurrency_limit=None)  # never waits in a queue; frees the GPU one
     numbered.release(handlers.redraw, [kept, numbered], [heatmap, mosaic], api_name="redraw")
     baseline.change(handlers.show_kept_cells, baseline, base_cells_panel, api_visibility="private", queue=False)
@@ -362,7 +380,7 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
     event = run.click(bind(model, handlers.ab, CHECKPOINTS, gpu_seconds=GPU_SECONDS["ab"]),
                       [image, question, choice_a, files_a, choice_b, files_b, strategy, tokens, cells],
                       [heat_a, heat_b, difference, text_a, text_b, summary], api_name="ab", concurrency_id=GPU)
-    stop.click(None, cancels=[event]).then(handlers.stopped, summary, summary, api_name="stop_ab",
+    stop.click(None, cancels=[event]).then(handlers.stopped, summary, summary, api_visibility="private",
                                            concurrency_limit=None)  # as Compare's Stop
 
 
@@ -423,7 +441,7 @@ def main(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a service manager's stop, as Ctrl-C: launch returns
     # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason;
     # max_file_size: the server itself refuses a larger upload, whatever the client
-    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), server_port=args.port,
+    demo.launch(server_name=HOST, server_port=args.port,
                 share=args.share, show_error=True, max_file_size=f"{ui.MAX_UPLOAD_MB}mb")
     # gradio's own clean-up at shutdown waits for every connection to close, which an open page never does
     delete_files_created_by_app(demo, age=None)  # every upload and drawing; the examples stay

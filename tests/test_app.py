@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import math
+import os
 import re
 import subprocess
 import sys
@@ -644,6 +645,23 @@ def test_a_bad_flag_is_one_line_pointing_to_help():
     proc = subprocess.run([sys.executable, "app.py", "--bogus"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == ["app.py: error: unrecognized arguments: --bogus (see app.py --help)"]
+
+
+@pytest.mark.parametrize("port, why", [("-1", "must be between 1 and 65535, got -1"),
+                                       ("70000", "must be between 1 and 65535, got 70000"),
+                                       ("taken", "{port} is in use on 127.0.0.1")])
+def test_a_bad_or_taken_port_is_refused_in_one_line_before_anything_loads(port, why):
+    import socket
+
+    with socket.socket() as taken:  # a server already listening there
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        number = str(taken.getsockname()[1])
+        proc = subprocess.run([sys.executable, "app.py", "--port", number if port == "taken" else port], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"app.py: error: argument --port: {why.format(port=number)} (see app.py --help)"]
 
 
 def test_peak_memory_is_a_number_or_says_it_is_not_available():
