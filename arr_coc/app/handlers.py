@@ -99,8 +99,8 @@ def kept_scene(scene: Scene) -> Kept:
 
 def redraw(kept: Kept | None, numbered: int) -> tuple:
     """The heatmap and the saccade mosaic of a kept selection, the first `numbered` saccades numbered."""
-    if kept is None:  # as the Microscope's re-selection before its Analyse: say so, not an empty answer
-        raise ui.user_error("Compare first: renumbering redraws the last Compare answer's saccades.")
+    if kept is None:
+        return None, None
     second = () if kept.second is None else kept.second
     return (viz.heatmap_overlay(kept.image, kept.relevance, kept.positions, numbered=int(numbered), second=second),
             viz.saccade_mosaic(kept.highres, kept.grid, kept.positions, int(numbered)))
