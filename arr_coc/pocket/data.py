@@ -3,7 +3,7 @@ pocket training's data: the curriculum's stages, the pages and conversations of 
 of seed, stage and index), their token ids, labels and M-RoPE positions, the dense targets of every visual token,
 and the stream the DataLoader's workers draw them from.
 
-    images, conversations, readings, gestalt_first, bindings = batch_pages(index, seed, stage, image_tokens=8192)
+    images, conversations, readings, gestalt_first, bindings, values = batch_pages(index, seed, stage, image_tokens=8192)
     batch = collate(tokenizer, images, conversations, readings, gestalt_first, bindings)
     inputs = model_inputs(batch, image_processor(), image_token_id, "cuda")
 """
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from arr_coc.pocket.binding import binding_targets
-from arr_coc.pocket.pointing import pointing_targets
+from arr_coc.pocket.pointing import digit_targets, pointing_targets, value_cells
 from arr_coc.pocket.reading import reading_targets
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
@@ -109,13 +109,15 @@ def encode(tokenizer, questions: list[tuple[str, str]], image_tokens: list[int])
     return enc["input_ids"], labels
 
 
-def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool = False, bindings=None) -> dict:
+def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool = False, bindings=None,
+            values=None) -> dict:
     """
     Pages (PIL, one size, multiples of 28 px) + their conversations -> one right-padded batch: token ids, labels,
     attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
     reading_targets) also every visual token's reading targets, concatenated, and with `bindings` (each page's
     binding_targets) its binding targets and where each suite answer must look (pointing_targets: point_queries
-    [P, 2], point_targets [P, L]). Pixels travel between processes as
+    [P, 2], point_targets [P, L]), and with `values` (each page's pointing.value_cells) where each `fine_print` answer's
+    digits must look (digit_targets: point_digit_queries [D, 2], point_digit_targets [D, L]). Pixels travel between processes as
     bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
     stock processor does. gestalt_first: each conversation shows the page's gestalt view (ARR's, <= 256 tokens,
     resized on the GPU by `model_inputs`) before the page itself; its tokens have no reading targets.
@@ -149,6 +151,9 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
                                                             for part in ([unbound, b] if gestalt_first else [b])]))
         point_at = pointing_targets(conversations, labels, input_ids, image_token_id, bindings)
         batch["point_queries"], batch["point_targets"] = point_at.queries, point_at.targets  # [P, 2], [P, L]
+    if values is not None:
+        digits = digit_targets(conversations, labels, input_ids, image_token_id, values, sizes[-1])
+        batch["point_digit_queries"], batch["point_digit_targets"] = digits.queries, digits.targets  # [D, 2], [D, L]
     return batch
 
 
@@ -173,28 +178,32 @@ def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
     return out
 
 
-def page_size(rng: random.Random, sides: tuple[int, int]) -> tuple[int, int]:
-    """A (width, height) in multiples of 28 px within `sides`, aspect between 3:4 and 4:3."""
+def page_size(rng: random.Random, sides: tuple[int, int], by_area: bool = False) -> tuple[int, int]:
+    """A (width, height) in multiples of 28 px within `sides`, aspect between 3:4 and 4:3. The width is uniform over
+    its cells, or with `by_area` drawn in proportion to its square: a batch holds image_tokens // (w * h) pages, so
+    then every width gets about as many pages (uniform widths give 448 px six times the pages of 1344-1792 px)."""
     lo, hi = sides[0] // 28, sides[1] // 28
-    w = rng.randint(lo, hi)
+    w = rng.choices(range(lo, hi + 1), [c * c for c in range(lo, hi + 1)])[0] if by_area else rng.randint(lo, hi)
     h = rng.randint(max(lo, math.ceil(w * 3 / 4)), min(hi, max(lo, math.floor(w * 4 / 3))))
     return w * 28, h * 28
 
 
-def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = MAX_PAGES, world: int = 1):
-    """The pages, conversations, reading targets, gestalt_first flag and binding targets of training batch `index`
-    at curriculum `stage` (a REVIEW share of batches from an earlier stage): a pure function of them. Under
+def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages: int = MAX_PAGES, world: int = 1,
+                by_area: bool = False):
+    """The pages, conversations, reading targets, gestalt_first flag, binding targets and value cells of training
+    batch `index` at curriculum `stage` (a REVIEW share of batches from an earlier stage; page sizes by_area as
+    page_size's): a pure function of them. Under
     torchrun, process r of N takes batches r, r + N, r + 2N, ... (PageStream); the N batches of one step share
     their stage, page size and gestalt_first, so no process waits on another's larger pages (attention grows with
     the square of a page's patches)."""
     shape = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index // world}")  # one draw a step
     s = CURRICULUM[shape.randrange(stage) if stage and shape.random() < REVIEW else stage]
-    w, h = page_size(shape, s.sides)
+    w, h = page_size(shape, s.sides, by_area)
     gestalt_first = shape.random() < GESTALT_FIRST
     rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}:pages")  # this batch's own pages
     tokens = w * h // 784 + (math.prod(fit_grid(w, h, GESTALT_TOKENS)) if gestalt_first else 0)  # per conversation
     n = min(max_pages, max(2, image_tokens // tokens))
-    images, conversations, readings, bindings = [], [], [], []
+    images, conversations, readings, bindings, values = [], [], [], [], []
     for _ in range(n):
         style = rng.choice(s.styles) if len(s.styles) > 1 else s.styles[0]
         page = make_page(rng.choices(PAGE_KINDS, KIND_WEIGHTS)[0], rng.getrandbits(40), w, h, style)
@@ -208,7 +217,8 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
         conversations.append([(READ_PAGE, page.transcript)] + turns if rng.random() < s.read else turns)
         readings.append(reading_targets(page.glyphs, w, h))
         bindings.append(binding_targets(page.marks, w, h))
-    return images, conversations, readings, gestalt_first, bindings
+        values.append(value_cells(page.marks, page.glyphs, w))
+    return images, conversations, readings, gestalt_first, bindings, values
 
 
 def reversed_questions(page) -> list[tuple[str, str]]:
@@ -231,12 +241,13 @@ def reversed_questions(page) -> list[tuple[str, str]]:
 class PageStream(torch.utils.data.IterableDataset):
     """This process's batches of steps start, start+1, ... of one stage, drawn by the DataLoader's workers (worker
     k of n: every n-th step from start + k). Step i's global batch is batches i*world .. i*world + world-1, one a
-    process: the same stream for the same world size, resumed or not."""
+    process: the same stream for the same world size (and by_area), resumed or not."""
 
     def __init__(self, folder: str, seed: int, stage: int, start: int, image_tokens: int, max_pages: int,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, by_area: bool = False):
         self.folder, self.seed, self.stage, self.start = folder, seed, stage, start
         self.image_tokens, self.max_pages, self.rank, self.world = image_tokens, max_pages, rank, world
+        self.by_area = by_area  # batch_pages' page sizes
 
     def __iter__(self):
         from transformers import AutoTokenizer
@@ -249,5 +260,5 @@ class PageStream(torch.utils.data.IterableDataset):
         while True:
             index = step * self.world + self.rank
             yield collate(tokenizer, *batch_pages(index, self.seed, self.stage, self.image_tokens, self.max_pages,
-                                                  self.world))
+                                                  self.world, self.by_area))
             step += n

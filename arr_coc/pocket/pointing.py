@@ -16,6 +16,11 @@ position may see (causal). Nothing changes in the forward's output; exported mod
     with Pointing(model, point_at.queries) as pointing:              # the next forward records the head's rows
         model(**inputs)
     loss = pointing.loss(point_at.targets)
+
+The same head can also be taught to point at each digit as it writes it (digit_targets, `--point-digits`): at the
+position that predicts a `fine_print` answer's k-th digit, its mass on the one cell that holds that digit's glyph
+(from the page's recorded glyphs). Where `fine_print` fails, the answer is a misread digit of the right field: the
+field is found, but nothing says which of its cells holds the digit being written.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ import numpy as np
 import torch
 
 from arr_coc.pocket.binding import CHANNELS, CLASSES
+from arr_coc.vlm.views import CELL
 
 POINTING_ATTENTION = "sdpa_pointing"  # the LLM's attention in pocket training (registered by use_pointing_attention)
 POINT_LAYER = 2  # the supervised layer (of 4): the question's words have reached the answer position by then
 POINT_HEAD = 0  # the supervised query head of that layer
+VALUE_QUESTION = re.compile(r"What is the value of (\w+)\?")  # fine_print: the answer is its field's NNNN
 QUESTIONS = (  # a suite question -> the binding channel whose class names its target
     (re.compile(r"What word is in the (\w+) box\?"), "inside"),
-    (re.compile(r"What is the value of (\w+)\?"), "key"),
+    (VALUE_QUESTION, "key"),
     (re.compile(r"What colour is the (\w+)\?"), "shape"),
 )
 
@@ -86,11 +93,12 @@ class Pointing:
     def __exit__(self, *exc):
         self.attention.pointing = None
 
-    def loss(self, targets: torch.Tensor) -> torch.Tensor:
-        """Summed over the queries: -log(the head's attention mass on each one's target keys). targets [P, L] bool."""
-        if self.log_probs is None:
+    def loss(self, targets: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        """Summed over the queries `rows` (all by default): -log(the head's attention mass on each one's target
+        keys). targets [P, L] bool, one row a query of `rows`."""
+        if self.log_probs is None or not len(targets):
             return torch.zeros((), device=targets.device)
-        on_target = self.log_probs.masked_fill(~targets.to(self.log_probs.device), float("-inf"))  # [P, L]
+        on_target = self.log_probs[rows].masked_fill(~targets.to(self.log_probs.device), float("-inf"))  # [P, L]
         return -on_target.logsumexp(-1).sum()
 
 
@@ -118,6 +126,45 @@ def pointing_targets(conversations: list[list[tuple[str, str]]], labels: torch.T
                         queries.append((row, start - 1))
                         targets.append(mask)
                     break
+    if not queries:
+        return PointAt(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, labels.shape[1], dtype=torch.bool))
+    return PointAt(torch.tensor(queries), torch.stack(targets))
+
+
+def value_cells(marks, glyphs, width: int) -> dict[str, list[int]]:
+    """A fine_print page's fields -> the cells (raster order, as its merged tokens) holding each digit of the
+    value, in order: {key: [4 cells]}. A field a shape covers part of (its glyphs not all recorded) is left out.
+    marks, glyphs: the page's (fineprint.Page)."""
+    out = {}
+    for m in marks:
+        if m.kind != "field":
+            continue
+        x0, y0, x1, y1 = m.box
+        digits = sorted((g for g in glyphs if g.char.isdigit() and x0 <= g.x < x1 and y0 <= g.y < y1),
+                        key=lambda g: g.x)  # the value's digits (a KEY has none), left to right
+        if "".join(g.char for g in digits) == m.text:
+            out[m.key] = [int(g.y // CELL) * (width // CELL) + int(g.x // CELL) for g in digits]
+    return out
+
+
+def digit_targets(conversations: list[list[tuple[str, str]]], labels: torch.Tensor, input_ids: torch.Tensor,
+                  image_token_id: int, values: list[dict[str, list[int]]], page_tokens: int) -> PointAt:
+    """For each conversation's `fine_print` questions: the positions that predict the answer's digits (the tokenizer
+    writes one digit a token) and, for each, the sequence position of the page's visual token whose cell holds that
+    digit (value_cells). labels, input_ids [B, L]; values: value_cells a page; page_tokens: a page's merged tokens
+    (the last image block of every row)."""
+    queries, targets = [], []
+    for row, (turns, cells) in enumerate(zip(conversations, values)):
+        labelled = labels[row] != -100  # [L]
+        starts = (labelled & ~torch.cat([labelled.new_zeros(1), labelled[:-1]])).nonzero()[:, 0]  # each answer's first
+        page = (input_ids[row] == image_token_id).nonzero()[:, 0][-page_tokens:]  # [cells] the page's token positions
+        for (question, _), start in zip(turns, starts.tolist()):
+            if (match := VALUE_QUESTION.fullmatch(question)) and match.group(1) in cells:
+                for k, cell in enumerate(cells[match.group(1)]):  # digit k is predicted at start - 1 + k
+                    mask = torch.zeros(labels.shape[1], dtype=torch.bool)
+                    mask[page[cell]] = True
+                    queries.append((row, start - 1 + k))
+                    targets.append(mask)
     if not queries:
         return PointAt(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, labels.shape[1], dtype=torch.bool))
     return PointAt(torch.tensor(queries), torch.stack(targets))

@@ -95,6 +95,8 @@ class TrainConfig:
     binding_weight: float = 1.0  # weight of the binding head's losses (its own and the aligned names'); 0: a run
     # without them, the same-run ablation of the head (pointing stays)
     pointing_weight: float = 1.0  # weight of the pointing loss (arr_coc.pocket.pointing); 0: its same-run ablation
+    point_digits: float = 0.0  # weight of the same head pointing at each fine_print digit as it is written (0: off)
+    pages_by_area: bool = False  # draw page widths in proportion to their square: as many pages of every size
 
 
 # -----------------------------------------------------------------------------
@@ -119,38 +121,45 @@ class Trainee(nn.Module):
     backward all-reduces every trained gradient."""
 
     def __init__(self, model, reading: ReadingHead, binding: BindingHead, aligned: dict[str, torch.Tensor],
-                 binding_weight: float = 1.0, pointing_weight: float = 1.0):
+                 binding_weight: float = 1.0, pointing_weight: float = 1.0, point_digits: float = 0.0):
         super().__init__()
         self.model, self.reading, self.binding = model, reading, binding
         self.aligned = aligned  # aligned_ids(tokenizer): the binding channels also taught in the word embeddings
         self.binding_weight, self.pointing_weight = binding_weight, pointing_weight  # TrainConfig's
+        self.point_digits = point_digits  # TrainConfig's
 
     def forward(self, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                 counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(answer, reading, binding) losses, each a sum over this process's batch divided by `counts` [5]: the
+        """(answer, reading, binding) losses, each a sum over this process's batch divided by `counts` [6]: the
         global batch's label counts over the world size, so that DDP's mean of the processes' gradients is the
         gradient of the global batch's mean loss (exactly one process's over the same batch). The binding loss
-        holds the binding head's, the aligned names' and the answers' pointing (arr_coc.pocket.pointing)."""
+        holds the binding head's, the aligned names' and the answers' pointing, at their targets and at each digit
+        (arr_coc.pocket.pointing)."""
         forward_inputs = {k: v for k, v in inputs.items() if not k.startswith("point_")}  # the model's own
-        queries = inputs.get("point_queries", torch.zeros(0, 2, dtype=torch.long))
+        none, nothing = torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool)
+        targets, digits = inputs.get("point_targets", nothing), inputs.get("point_digit_targets", nothing)  # [P|D, L]
+        queries = torch.cat([inputs.get("point_queries", none),  # [P + D, 2]: the targets', then the digits'
+                             inputs.get("point_digit_queries", none).to(inputs["input_ids"].device)])
         with MergerOutputHook(self.model) as visual, Pointing(self.model, queries) as pointing:
             answer = self.model(**forward_inputs, num_items_in_batch=counts[0]).loss
         reading_loss = self.reading(visual.value, reading, reduction="sum", patches=visual.patches) / counts[1]
         embeddings = self.model.get_input_embeddings().weight.detach()  # [V, H] fixed: the visual tokens move
+        pointing_loss = (self.pointing_weight * pointing.loss(targets, slice(0, len(targets))) / counts[4]
+                         + self.point_digits * pointing.loss(digits, slice(len(targets), None)) / counts[5])
         binding_loss = (self.binding_weight * (self.binding(visual.value, binding, reduction="sum") / counts[2]
                                                + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3])
-                        + self.pointing_weight
-                        * pointing.loss(inputs.get("point_targets", torch.zeros(0, 0, dtype=torch.bool))) / counts[4])
+                        + pointing_loss)
         return answer, reading_loss, binding_loss
 
 
 def label_counts(inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                  process: distributed.Process) -> torch.Tensor:
-    """The global batch's answer tokens, reading slots, binding labels, aligned binding labels (aligned_count) and
-    pointing answers, over the world size: float [5]."""
-    pointers = torch.tensor(len(inputs.get("point_queries", ())), device=binding.device)
+    """The global batch's answer tokens, reading slots, binding labels, aligned binding labels (aligned_count),
+    pointing answers and pointing digits, over the world size: float [6]."""
+    pointers = [torch.tensor(len(inputs.get(key, ())), device=binding.device)
+                for key in ("point_queries", "point_digit_queries")]
     local = torch.stack([(inputs["labels"][:, 1:] != IGNORE).sum(), (reading != IGNORE).sum(),
-                         (binding != IGNORE).sum(), aligned_count(binding), pointers]).double()  # [5]
+                         (binding != IGNORE).sum(), aligned_count(binding), *pointers]).double()  # [6]
     return (process.sum(local) / process.world_size).clamp(min=1).float()
 
 
@@ -306,7 +315,8 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     optimizer = make_optimizer(model, cfg, head, binding)
     if resume and (folder / "state.json").is_file():
         load_state(model, head, binding, optimizer, folder)
-    trainee = Trainee(model, head, binding, aligned_ids(tokenizer), cfg.binding_weight, cfg.pointing_weight)
+    trainee = Trainee(model, head, binding, aligned_ids(tokenizer), cfg.binding_weight, cfg.pointing_weight,
+                      cfg.point_digits)
     trainee = DistributedDataParallel(trainee) if process.distributed else trainee
     if process.is_main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -342,7 +352,7 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
     """Train on the current stage's pages until time or steps run out (False) or the stage ends (True)."""
     device = torch.device(process.device)
     stream = PageStream(str(Path(cfg.out) / "weights"), cfg.seed, state["stage"], state["step"], cfg.image_tokens,
-                        cfg.max_pages, process.rank, process.world_size)
+                        cfg.max_pages, process.rank, process.world_size, cfg.pages_by_area)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
     losses, waited, last = [], 0.0, time.time()
@@ -438,7 +448,7 @@ def backward(trainee, inputs: dict, reading: torch.Tensor, binding: torch.Tensor
              process: distributed.Process) -> tuple[torch.Tensor, ...]:
     """The losses of this process's batch, normalised by the global batch's label counts, and their backward:
     under DDP the gradients arrive averaged over processes, i.e. the global batch's. (answer, reading, binding)."""
-    counts = label_counts(inputs, reading, binding, process)  # [5]
+    counts = label_counts(inputs, reading, binding, process)  # [6]
     with torch.autocast(inputs["input_ids"].device.type, dtype=torch.bfloat16, enabled=inputs["input_ids"].is_cuda):
         losses = trainee(inputs, reading, binding, counts)
     sum(losses).backward()
@@ -567,6 +577,12 @@ def main(argv=None):
     parser.add_argument("--pointing-weight", type=bounded_float(0), default=TrainConfig.pointing_weight,
                         help="weight of the pointing loss (0: a run without it, the binding head kept: its same-run "
                              "ablation)")
+    parser.add_argument("--point-digits", type=bounded_float(0), default=TrainConfig.point_digits,
+                        help="weight of the pointing head's loss at each fine_print digit: its attention on the cell "
+                             "that holds the digit being written (0: off)")
+    parser.add_argument("--pages-by-area", action="store_true",
+                        help="draw page widths in proportion to their square, so that every page size gets about as "
+                             "many pages (default: widths uniform, small pages most)")
     parser.add_argument("--vit-depth", type=bounded_int(1, 64), default=None,
                         help="grow the ViT to this many blocks before training (new ones start as the identity)")
     parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,

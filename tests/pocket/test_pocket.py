@@ -431,3 +431,22 @@ def test_exporting_a_folder_that_holds_no_run_is_refused(tmp_path, capsys):
         main(["--out", str(tmp_path / "none"), "--steps", "0", "--export", str(tmp_path / "export")])
     assert exit_.value.code == 2 and "holds no run" in capsys.readouterr().err
     assert not (tmp_path / "export").exists() and not (tmp_path / "none").exists()
+
+
+def test_pages_by_area_give_every_page_width_about_as_many_pages():
+    """Stage 5's widths are 16-64 cells. Uniform, 17 of the 49 widths (0.347) are 48 cells or more; drawn by area,
+    sum(c^2, 48..64) / sum(c^2, 16..64) = 53720 / 88200 = 0.609 of the steps are, and then each width's share of
+    pages (a batch holds image_tokens // its tokens) is about even."""
+    import random
+
+    from arr_coc.pocket.data import CURRICULUM, page_size
+
+    sides = CURRICULUM[5].sides
+    for by_area, expected in ((False, 0.347), (True, 0.609)):
+        rng = random.Random(0)
+        widths = [page_size(rng, sides, by_area)[0] // 28 for _ in range(4000)]
+        assert sum(w >= 48 for w in widths) / len(widths) == pytest.approx(expected, abs=0.03)
+    pages = {}
+    for w in widths:  # by area: pages a width, in proportion to 1 / its area
+        pages[w >= 40] = pages.get(w >= 40, 0) + 1 / w**2
+    assert pages[True] / (pages[True] + pages[False]) == pytest.approx(25 / 49, abs=0.05)  # as widths 40-64 of 16-64

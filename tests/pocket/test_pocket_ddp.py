@@ -133,7 +133,7 @@ def test_the_batches_of_one_step_share_their_page_size_and_hold_their_own_pages(
     from arr_coc.pocket.data import batch_pages
 
     def drawn(index, world):
-        images, _, _, gestalt_first, _ = batch_pages(index, 0, 5, image_tokens=4096, max_pages=2, world=world)
+        images, _, _, gestalt_first, _, _ = batch_pages(index, 0, 5, image_tokens=4096, max_pages=2, world=world)
         return images[0].size, gestalt_first, images[0].tobytes()
 
     for step in range(3):

@@ -101,3 +101,77 @@ def test_pointing_weight_zero_takes_the_pointing_targets_out_of_the_vlms_gradien
         grads.append(trainee.model.model.language_model.layers[POINT_LAYER].self_attn.q_proj.weight.grad.clone())
     assert len(inputs["point_queries"]) == 2
     assert (not torch.allclose(*grads, rtol=0, atol=1e-9)) == pointing_moves_the_vlm
+
+
+def test_value_cells_name_the_cell_of_each_digit_left_to_right_and_skip_a_covered_field():
+    """Written out: a 112 px wide page (4 cells a row), "K: 1234" on the second row; a field missing a digit
+    (a shape covers it) points nowhere."""
+    from arr_coc.pocket.pointing import value_cells
+    from arr_coc.synth.fineprint import Glyph, Mark
+
+    marks = [Mark("field", (0, 28, 112, 56), key="K", text="1234"), Mark("field", (0, 0, 112, 28), key="L", text="5678")]
+    glyphs = [Glyph(5, 42, "K"), Glyph(100, 42, "4"), Glyph(60, 42, "1"), Glyph(70, 42, "2"), Glyph(90, 42, "3"),
+              Glyph(60, 14, "5"), Glyph(70, 14, "6"), Glyph(90, 14, "8")]  # L's 7 is covered
+    assert value_cells(marks, glyphs, 112) == {"K": [6, 6, 7, 7]}
+
+
+def _fine_print_batch(tokenizer, seed=5):
+    from arr_coc.pocket.pointing import value_cells
+
+    page = make_page("fine_print", seed, SIZE)
+    turns = [(q.question, q.answer) for q in page.questions[:3]]
+    batch = collate(tokenizer, [page.image], [[("Read the page.", page.transcript)] + turns],
+                    bindings=[binding_targets(page.marks, SIZE, SIZE)],
+                    values=[value_cells(page.marks, page.glyphs, SIZE)])
+    return page, turns, batch
+
+
+def test_each_digit_is_written_from_the_position_that_points_at_its_own_cell(stock):
+    """Each fine_print answer gets four digit queries: the token after each is that digit of the answer, and its
+    target is the one page token whose cell holds the digit's ink in the page's own pixels (dark pixels there, in
+    the field's row)."""
+    import numpy as np
+
+    _, tokenizer = stock
+    page, turns, batch = _fine_print_batch(tokenizer)
+    queries, targets = batch["point_digit_queries"], batch["point_digit_targets"]
+    assert queries.shape == (12, 2) and targets.shape == (12, batch["input_ids"].shape[1])
+    ids = batch["input_ids"][0]
+    pads = (ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).nonzero()[:, 0].tolist()
+    pixels = np.asarray(page.image.convert("L"))
+    for i, ((_, position), target) in enumerate(zip(queries.tolist(), targets)):
+        question, answer = turns[i // 4]
+        assert tokenizer.decode(ids[position + 1]) == answer[i % 4]  # the next token is the k-th digit
+        (cell,) = [pads.index(p) for p in target.nonzero()[:, 0].tolist()]
+        row, col = divmod(cell, SIZE // CELL)
+        field = next(m for m in page.marks if m.kind == "field" and question.endswith(f" {m.key}?"))
+        assert field.box[1] < (row + 1) * CELL and row * CELL < field.box[3]  # on the field's row ...
+        assert field.box[0] < (col + 1) * CELL and col * CELL < field.box[2]  # ... within its ink box
+        assert pixels[row * CELL:(row + 1) * CELL, col * CELL:(col + 1) * CELL].min() < 128  # and inked
+    columns = [pads.index(int(t.nonzero()[0, 0])) % (SIZE // CELL) for t in targets]
+    for k in range(0, 12, 4):
+        assert columns[k:k + 4] == sorted(columns[k:k + 4])  # left to right along the value
+
+
+@pytest.mark.parametrize("weight, digits_move_the_vlm", [(1.0, True), (0.0, False)])
+def test_point_digits_zero_takes_the_digit_targets_out_of_the_vlms_gradient(stock, weight, digits_move_the_vlm):
+    """--point-digits W: at 0 the LLM's gradient is the same whether each digit points at its own cell or at
+    another digit's; at 1 it is not."""
+    from arr_coc import distributed
+    from arr_coc.pocket.binding import BindingHead, aligned_ids
+    from arr_coc.pocket.reading import ReadingHead
+    from arr_coc.pocket.train import Trainee, backward
+
+    model, tokenizer = stock
+    _, _, batch = _fine_print_batch(tokenizer)
+    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
+    reading = torch.full((inputs["image_grid_thw"].prod(-1).sum() // 4, 22), -100)  # no reading targets
+    grads = []
+    for targets in (inputs["point_digit_targets"], inputs["point_digit_targets"].roll(3, dims=0)):
+        trainee = Trainee(use_pointing_attention(copy.deepcopy(model)).train(), ReadingHead(256, 256),
+                          BindingHead(256), aligned_ids(tokenizer), point_digits=weight)
+        backward(trainee, {**inputs, "point_digit_targets": targets}, reading, batch["binding"],
+                 distributed.Process(0, 1, "cpu"))
+        grads.append(trainee.model.model.language_model.layers[POINT_LAYER].self_attn.q_proj.weight.grad.clone())
+    assert (inputs["point_digit_targets"] != inputs["point_digit_targets"].roll(3, dims=0)).any()
+    assert (not torch.allclose(*grads, rtol=0, atol=1e-9)) == digits_move_the_vlm
