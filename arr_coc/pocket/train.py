@@ -356,7 +356,7 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None, pin_memory=device.type == "cuda")
     losses, waited, last = [], 0.0, time.time()
-    window = (time.time(), run["seen"], run["tokens"])  # the rates of the last 100 steps: steady, without start-up
+    window = (time.time(), run["seen"], run["tokens"], 0.0)  # the last 100 steps' rates and wait: without start-up
     with _profiler(cfg, device, process) as profiler:
         for batch in loader:
             waited += time.time() - last  # the GPU idles while the page workers catch up
@@ -378,13 +378,14 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
             state["step"] += 1
             if state["step"] % 100 == 0 and process.is_main:
                 answer, reading, bound = np.mean(losses, axis=0) if losses else (float("nan"),) * 3
-                elapsed, seconds = time.time() - run["t0"], time.time() - window[0]
+                seconds = time.time() - window[0]
                 rate, token_rate = (run["seen"] - window[1]) / seconds, (run["tokens"] - window[2]) / seconds
-                window = (time.time(), run["seen"], run["tokens"])
+                wait = (waited - window[3]) / seconds
+                window = (time.time(), run["seen"], run["tokens"], waited)
                 process.log(f"step {state['step']} loss {answer:.4f} reading {reading:.4f} binding {bound:.4f} "
                             f"lr {lr:.2e} stage {state['stage']} {rate * process.world_size:.0f} pages/s "
-                            f"{token_rate * process.world_size / 1000:.0f}k image tokens/s "
-                            f"(last 100 steps), waiting for pages {waited / elapsed:.0%} of the time")
+                            f"{token_rate * process.world_size / 1000:.0f}k image tokens/s, "
+                            f"waiting for pages {wait:.0%} of the time (last 100 steps)")
                 state["curve"].append(dict(step=state["step"], loss=round(answer, 4), reading=round(reading, 4),
                                            binding=round(bound, 4)))
                 losses = []
