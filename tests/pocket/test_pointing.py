@@ -83,24 +83,28 @@ def test_pointing_weight_zero_takes_the_pointing_targets_out_of_the_vlms_gradien
                                                                                     pointing_moves_the_vlm):
     """The same-run ablation of pointing (--pointing-weight 0): the LLM's gradient is the same whether each question
     points at its own box or at the other's; at weight 1 it is not."""
+    model, tokenizer = stock
+    _, _, batch = _batch(tokenizer)
+    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
+    grads = [_pointing_layer_gradient(stock, batch, {**inputs, "point_targets": targets}, pointing_weight=weight)
+             for targets in (inputs["point_targets"], inputs["point_targets"].roll(1, dims=0))]
+    assert len(inputs["point_queries"]) == 2
+    assert (not torch.allclose(*grads, rtol=0, atol=1e-9)) == pointing_moves_the_vlm
+
+
+def _pointing_layer_gradient(stock, batch, inputs, **weights):
+    """The gradient of the pointing layer's query projection after one Trainee backward (the Trainee's weights)."""
     from arr_coc import distributed
     from arr_coc.pocket.binding import BindingHead, aligned_ids
     from arr_coc.pocket.reading import ReadingHead
     from arr_coc.pocket.train import Trainee, backward
 
     model, tokenizer = stock
-    _, _, batch = _batch(tokenizer)
-    inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
     reading = torch.full((inputs["image_grid_thw"].prod(-1).sum() // 4, 22), -100)  # no reading targets
-    grads = []
-    for targets in (inputs["point_targets"], inputs["point_targets"].roll(1, dims=0)):
-        trainee = Trainee(use_pointing_attention(copy.deepcopy(model)).train(), ReadingHead(256, 256),
-                          BindingHead(256), aligned_ids(tokenizer), pointing_weight=weight)
-        backward(trainee, {**inputs, "point_targets": targets}, reading, batch["binding"],
-                 distributed.Process(0, 1, "cpu"))
-        grads.append(trainee.model.model.language_model.layers[POINT_LAYER].self_attn.q_proj.weight.grad.clone())
-    assert len(inputs["point_queries"]) == 2
-    assert (not torch.allclose(*grads, rtol=0, atol=1e-9)) == pointing_moves_the_vlm
+    trainee = Trainee(use_pointing_attention(copy.deepcopy(model)).train(), ReadingHead(256, 256), BindingHead(256),
+                      aligned_ids(tokenizer), **weights)
+    backward(trainee, inputs, reading, batch["binding"], distributed.Process(0, 1, "cpu"))
+    return trainee.model.model.language_model.layers[POINT_LAYER].self_attn.q_proj.weight.grad.clone()
 
 
 def test_value_cells_name_the_cell_of_each_digit_left_to_right_and_skip_a_covered_field():
@@ -157,21 +161,10 @@ def test_each_digit_is_written_from_the_position_that_points_at_its_own_cell(sto
 def test_point_digits_zero_takes_the_digit_targets_out_of_the_vlms_gradient(stock, weight, digits_move_the_vlm):
     """--point-digits W: at 0 the LLM's gradient is the same whether each digit points at its own cell or at
     another digit's; at 1 it is not."""
-    from arr_coc import distributed
-    from arr_coc.pocket.binding import BindingHead, aligned_ids
-    from arr_coc.pocket.reading import ReadingHead
-    from arr_coc.pocket.train import Trainee, backward
-
     model, tokenizer = stock
     _, _, batch = _fine_print_batch(tokenizer)
     inputs = model_inputs(batch, image_processor(), model.config.image_token_id, "cpu")
-    reading = torch.full((inputs["image_grid_thw"].prod(-1).sum() // 4, 22), -100)  # no reading targets
-    grads = []
-    for targets in (inputs["point_digit_targets"], inputs["point_digit_targets"].roll(3, dims=0)):
-        trainee = Trainee(use_pointing_attention(copy.deepcopy(model)).train(), ReadingHead(256, 256),
-                          BindingHead(256), aligned_ids(tokenizer), point_digits=weight)
-        backward(trainee, {**inputs, "point_digit_targets": targets}, reading, batch["binding"],
-                 distributed.Process(0, 1, "cpu"))
-        grads.append(trainee.model.model.language_model.layers[POINT_LAYER].self_attn.q_proj.weight.grad.clone())
+    grads = [_pointing_layer_gradient(stock, batch, {**inputs, "point_digit_targets": targets}, point_digits=weight)
+             for targets in (inputs["point_digit_targets"], inputs["point_digit_targets"].roll(3, dims=0))]
     assert (inputs["point_digit_targets"] != inputs["point_digit_targets"].roll(3, dims=0)).any()
     assert (not torch.allclose(*grads, rtol=0, atol=1e-9)) == digits_move_the_vlm
