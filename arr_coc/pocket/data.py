@@ -3,8 +3,8 @@ pocket training's data: the curriculum's stages, the pages and conversations of 
 of seed, stage and index), their token ids, labels and M-RoPE positions, the dense targets of every visual token,
 and the stream the DataLoader's workers draw them from.
 
-    images, conversations, readings, gestalt_first, bindings, values = batch_pages(index, seed, stage, image_tokens=8192)
-    batch = collate(tokenizer, images, conversations, readings, gestalt_first, bindings)
+    images, conversations, readings, gestalt_first, bindings, values = batch_pages(index, seed, stage, 8192)
+    batch = collate(tokenizer, images, conversations, readings, gestalt_first, bindings, values)
     inputs = model_inputs(batch, image_processor(), image_token_id, "cuda")
 """
 
@@ -116,10 +116,10 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
     attention mask, M-RoPE position ids and the pages as uint8 [B, H, W, 3]; with `readings` (each page's
     reading_targets) also every visual token's reading targets, concatenated, and with `bindings` (each page's
     binding_targets) its binding targets and where each suite answer must look (pointing_targets: point_queries
-    [P, 2], point_targets [P, L]), and with `values` (each page's pointing.value_cells) where each `fine_print` answer's
-    digits must look (digit_targets: point_digit_queries [D, 2], point_digit_targets [D, L]). Pixels travel between processes as
-    bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the GPU exactly as the
-    stock processor does. gestalt_first: each conversation shows the page's gestalt view (ARR's, <= 256 tokens,
+    [P, 2], point_targets [P, L]), and with `values` (each page's pointing.value_cells) where each `fine_print`
+    answer's digits must look (digit_targets: point_digit_queries [D, 2], point_digit_targets [D, L]). Pixels travel
+    between processes as bytes, 8x smaller than the processor's float patches; `model_inputs` lays them out on the
+    GPU exactly as the stock processor does. gestalt_first: each conversation shows the page's gestalt view (ARR's, <= 256 tokens,
     resized on the GPU by `model_inputs`) before the page itself; its tokens have no reading targets.
     """
     w, h = images[0].size

@@ -137,9 +137,10 @@ class Trainee(nn.Module):
         (arr_coc.pocket.pointing)."""
         forward_inputs = {k: v for k, v in inputs.items() if not k.startswith("point_")}  # the model's own
         none, nothing = torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool)
-        targets, digits = inputs.get("point_targets", nothing), inputs.get("point_digit_targets", nothing)  # [P|D, L]
-        queries = torch.cat([inputs.get("point_queries", none),  # [P + D, 2]: the targets', then the digits'
-                             inputs.get("point_digit_queries", none).to(inputs["input_ids"].device)])
+        targets = inputs.get("point_targets", nothing)  # [P, L]
+        digits = inputs.get("point_digit_targets", nothing) if self.point_digits else nothing  # [D, L]; none at 0
+        queries = torch.cat([inputs.get(key, none)[:rows].to(inputs["input_ids"].device)  # [P + D, 2]
+                             for key, rows in (("point_queries", len(targets)), ("point_digit_queries", len(digits)))])
         with MergerOutputHook(self.model) as visual, Pointing(self.model, queries) as pointing:
             answer = self.model(**forward_inputs, num_items_in_batch=counts[0]).loss
         reading_loss = self.reading(visual.value, reading, reduction="sum", patches=visual.patches) / counts[1]

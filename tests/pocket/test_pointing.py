@@ -113,7 +113,8 @@ def test_value_cells_name_the_cell_of_each_digit_left_to_right_and_skip_a_covere
     from arr_coc.pocket.pointing import value_cells
     from arr_coc.synth.fineprint import Glyph, Mark
 
-    marks = [Mark("field", (0, 28, 112, 56), key="K", text="1234"), Mark("field", (0, 0, 112, 28), key="L", text="5678")]
+    marks = [Mark("field", (0, 28, 112, 56), key="K", text="1234"),
+             Mark("field", (0, 0, 112, 28), key="L", text="5678")]
     glyphs = [Glyph(5, 42, "K"), Glyph(100, 42, "4"), Glyph(60, 42, "1"), Glyph(70, 42, "2"), Glyph(90, 42, "3"),
               Glyph(60, 14, "5"), Glyph(70, 14, "6"), Glyph(90, 14, "8")]  # L's 7 is covered
     assert value_cells(marks, glyphs, 112) == {"K": [6, 6, 7, 7]}
