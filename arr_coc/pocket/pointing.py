@@ -111,23 +111,35 @@ def pointing_targets(conversations: list[list[tuple[str, str]]], labels: torch.T
     (or a transcript, a reversed question) is left out. labels, input_ids [B, L]; bindings: [cells, channels] a page.
     """
     queries, targets = [], []
-    for row, (turns, binding) in enumerate(zip(conversations, bindings)):
+    page_tokens = len(bindings[0]) if bindings else 0  # one page size a batch
+    for row, question, start, page in _answers(conversations, labels, input_ids, image_token_id, page_tokens):
+        for pattern, channel in QUESTIONS:
+            if match := pattern.fullmatch(question):
+                hit = bindings[row][:, CHANNELS.index(channel)] == CLASSES[channel].index(match.group(1))  # [cells]
+                if hit.any():
+                    mask = torch.zeros(labels.shape[1], dtype=torch.bool)
+                    mask[page[torch.from_numpy(hit)]] = True
+                    queries.append((row, start - 1))
+                    targets.append(mask)
+                break
+    return _point_at(queries, targets, labels.shape[1])
+
+
+def _answers(conversations: list[list[tuple[str, str]]], labels: torch.Tensor, input_ids: torch.Tensor,
+             image_token_id: int, page_tokens: int):
+    """Each turn of each conversation: (row, question, the position of its answer's first labelled token, the
+    sequence positions of the row's page tokens [cells]: its last image block, page_tokens long)."""
+    for row, turns in enumerate(conversations):
         labelled = labels[row] != -100  # [L]
         starts = (labelled & ~torch.cat([labelled.new_zeros(1), labelled[:-1]])).nonzero()[:, 0]  # each answer's first
-        page = (input_ids[row] == image_token_id).nonzero()[:, 0][-len(binding):]  # [cells] the page's token positions
+        page = (input_ids[row] == image_token_id).nonzero()[:, 0][-page_tokens:]  # [cells]
         for (question, _), start in zip(turns, starts.tolist()):
-            for pattern, channel in QUESTIONS:
-                if match := pattern.fullmatch(question):
-                    name = match.group(1)
-                    hit = binding[:, CHANNELS.index(channel)] == CLASSES[channel].index(name)  # [cells]
-                    if hit.any():
-                        mask = torch.zeros(labels.shape[1], dtype=torch.bool)
-                        mask[page[torch.from_numpy(hit)]] = True
-                        queries.append((row, start - 1))
-                        targets.append(mask)
-                    break
+            yield row, question, start, page
+
+
+def _point_at(queries: list[tuple[int, int]], targets: list[torch.Tensor], length: int) -> PointAt:
     if not queries:
-        return PointAt(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, labels.shape[1], dtype=torch.bool))
+        return PointAt(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, length, dtype=torch.bool))
     return PointAt(torch.tensor(queries), torch.stack(targets))
 
 
@@ -154,17 +166,11 @@ def digit_targets(conversations: list[list[tuple[str, str]]], labels: torch.Tens
     digit (value_cells). labels, input_ids [B, L]; values: value_cells a page; page_tokens: a page's merged tokens
     (the last image block of every row)."""
     queries, targets = [], []
-    for row, (turns, cells) in enumerate(zip(conversations, values)):
-        labelled = labels[row] != -100  # [L]
-        starts = (labelled & ~torch.cat([labelled.new_zeros(1), labelled[:-1]])).nonzero()[:, 0]  # each answer's first
-        page = (input_ids[row] == image_token_id).nonzero()[:, 0][-page_tokens:]  # [cells] the page's token positions
-        for (question, _), start in zip(turns, starts.tolist()):
-            if (match := VALUE_QUESTION.fullmatch(question)) and match.group(1) in cells:
-                for k, cell in enumerate(cells[match.group(1)]):  # digit k is predicted at start - 1 + k
-                    mask = torch.zeros(labels.shape[1], dtype=torch.bool)
-                    mask[page[cell]] = True
-                    queries.append((row, start - 1 + k))
-                    targets.append(mask)
-    if not queries:
-        return PointAt(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, labels.shape[1], dtype=torch.bool))
-    return PointAt(torch.tensor(queries), torch.stack(targets))
+    for row, question, start, page in _answers(conversations, labels, input_ids, image_token_id, page_tokens):
+        if (match := VALUE_QUESTION.fullmatch(question)) and match.group(1) in values[row]:
+            for k, cell in enumerate(values[row][match.group(1)]):  # digit k is predicted at start - 1 + k
+                mask = torch.zeros(labels.shape[1], dtype=torch.bool)
+                mask[page[cell]] = True
+                queries.append((row, start - 1 + k))
+                targets.append(mask)
+    return _point_at(queries, targets, labels.shape[1])
