@@ -11,6 +11,7 @@ and the stream the DataLoader's workers draw them from.
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,8 @@ READ_PAGE = "Read the page."  # the transcription question: dense supervision of
 IGNORE = -100
 GESTALT_TOKENS = PIPELINE.gestalt_max_tokens  # ARR's gestalt view: at most this many merged tokens
 MAX_PAGES = 96  # at most this many pages a batch (the first stage's pages are small)
+WORKER_NICENESS = 10  # page workers run this much below the training process: on a busy host the CPU goes first to
+# the process that feeds the GPU (it is host-bound: thousands of small operators a step), the workers catch up after
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,8 @@ class PageStream(torch.utils.data.IterableDataset):
 
         torch.set_num_threads(1)  # many workers: one thread each, or they thrash the cores
         info = torch.utils.data.get_worker_info()
+        if info is not None:  # a DataLoader worker, not the training process itself (workers=0)
+            os.nice(WORKER_NICENESS)
         k, n = (info.id, info.num_workers) if info else (0, 1)
         tokenizer = AutoTokenizer.from_pretrained(self.folder)
         step = self.start + k

@@ -107,6 +107,7 @@ HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside 
 BINDING_FILE = "binding_head.safetensors"  # the training-only BindingHead, beside it
 SHARD = "15MB"  # every saved file stays under 16 MiB (the device tool brings back no larger file)
 PROFILE_AFTER = 20  # with cfg.profile: the steps of a stage before the profiled ones (start-up, autotuning)
+STOP_EVERY = 10  # under torchrun the processes agree on the clock every this many steps (one sync across them)
 
 
 def lr_at(step: int, resumed_at: int, cfg: TrainConfig, seconds_left: float = math.inf) -> float:
@@ -151,6 +152,14 @@ class Trainee(nn.Module):
                                                + aligned_loss(visual.value, binding, embeddings, self.aligned) / counts[3])
                         + pointing_loss)
         return answer, reading_loss, binding_loss
+
+
+def data_parallel(trainee: Trainee, process: distributed.Process) -> nn.Module:
+    """Under torchrun, the Trainee in DistributedDataParallel, its gradients views of the all-reduce buckets (no copy
+    between the two a step); alone, the Trainee itself."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(trainee, gradient_as_bucket_view=True) if process.distributed else trainee
 
 
 def label_counts(inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
@@ -303,8 +312,6 @@ def in_corner(saved: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> d
 def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = None) -> dict:
     """Train until cfg.minutes or cfg.steps; under torchrun data-parallel (each process its own batches and
     page workers, gradients all-reduced), with rank 0 writing the run folder."""
-    from torch.nn.parallel import DistributedDataParallel
-
     process = process or distributed.start(cfg.device)
     device = torch.device(process.device)
     if device.type == "cuda":  # cuDNN's attention plans every new shape (~28 ms of host time a layer's forward and
@@ -318,7 +325,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
         load_state(model, head, binding, optimizer, folder)
     trainee = Trainee(model, head, binding, aligned_ids(tokenizer), cfg.binding_weight, cfg.pointing_weight,
                       cfg.point_digits)
-    trainee = DistributedDataParallel(trainee) if process.distributed else trainee
+    trainee = data_parallel(trainee, process)
     if process.is_main:
         folder.mkdir(parents=True, exist_ok=True)
         tokenizer.save_pretrained(folder / "weights")
@@ -361,10 +368,7 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
     with _profiler(cfg, device, process) as profiler:
         for batch in loader:
             waited += time.time() - last  # the GPU idles while the page workers catch up
-            # every process stops at the same step: rank 0's clock decides
-            out_of_time = process.sum(torch.tensor(float(time.time() - run["t0"] > cfg.minutes * 60
-                                                         and process.is_main))).item() > 0
-            if state["step"] >= cfg.steps or out_of_time:
+            if state["step"] >= cfg.steps or _out_of_time(cfg, state, run, process):
                 return False
             lr = lr_at(state["step"], run["start"], cfg, cfg.minutes * 60 - (time.time() - run["t0"]))
             inputs = model_inputs(batch, processor, model.config.image_token_id, device)
@@ -396,6 +400,15 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
             if profiler is not None:
                 profiler.step()
     return False
+
+
+def _out_of_time(cfg: TrainConfig, state: dict, run: dict, process: distributed.Process) -> bool:
+    """Whether this run's minutes are spent. Every process stops at the same step: rank 0's clock decides, read
+    every STOP_EVERY steps under torchrun (each reading waits for every process's GPU), every step alone."""
+    if process.distributed and state["step"] % STOP_EVERY:
+        return False
+    late = time.time() - run["t0"] > cfg.minutes * 60 and process.is_main
+    return process.sum(torch.tensor(float(late))).item() > 0
 
 
 def _profiler(cfg: TrainConfig, device: torch.device, process: distributed.Process):

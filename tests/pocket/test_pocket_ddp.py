@@ -25,7 +25,7 @@ from arr_coc.pocket.reading import ReadingHead, reading_targets
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import collate, model_inputs
 from arr_coc.pocket.model import PocketConfig, image_processor, model_config, use_same_size_pages_attention
-from arr_coc.pocket.train import Trainee, backward
+from arr_coc.pocket.train import Trainee, backward, data_parallel
 from arr_coc.synth.fineprint import make_page
 
 torch.set_num_threads(1)
@@ -38,9 +38,7 @@ model = Qwen2VLForConditionalGeneration._from_config(model_config(tokenizer, arc
 model.config._attn_implementation = "sdpa"
 use_pointing_attention(use_same_size_pages_attention(model)).train()
 reading, binding = ReadingHead(32), BindingHead(32)
-trainee = Trainee(model, reading, binding, aligned_ids(tokenizer))
-if process.distributed:
-    trainee = torch.nn.parallel.DistributedDataParallel(trainee)
+trainee = data_parallel(Trainee(model, reading, binding, aligned_ids(tokenizer)), process)
 pages = [make_page(kind, 7, 112) for kind in ("fine_print", "box_word", "shape_colour", "box_word")]
 turns = [1, 3, 1, 2]  # the halves (pages 0, 2 and 1, 3) hold 2 and 5 answers: unequal token counts
 chats = [[(q.question, q.answer) for q in (p.questions * 3)[:n]] for p, n in zip(pages, turns)]
@@ -91,6 +89,22 @@ def test_each_process_draws_its_own_batches_of_one_stream():
     assert first(Seen("", 0, 0, 10, 64, 2)) == [10, 11, 12, 13]
     assert first(Seen("", 0, 0, 10, 64, 2, rank=0, world=2)) == [20, 22, 24, 26]
     assert first(Seen("", 0, 0, 10, 64, 2, rank=1, world=2)) == [21, 23, 25, 27]
+
+
+def test_page_workers_run_below_the_training_process(monkeypatch):
+    """The DataLoader's page workers lower their priority by 10 (capped at 19), so the host-bound training process
+    gets the CPU first; the process itself (workers=0) keeps its own."""
+    import os
+
+    from arr_coc.pocket import data
+
+    monkeypatch.setattr(data, "batch_pages", lambda *a, **k: ())
+    monkeypatch.setattr(data, "collate", lambda *a, **k: os.nice(0))  # each "batch": the niceness it was drawn at
+    stream = data.PageStream(str(ROOT / "models" / "pocket-qwen2-vl"), 0, 5, 0, 64, 2)
+    own = os.nice(0)
+    worker = next(iter(torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1)))
+    assert worker == min(own + 10, 19)
+    assert next(iter(torch.utils.data.DataLoader(stream, batch_size=None, num_workers=0))) == own
 
 
 def test_the_curriculum_moves_on_at_its_step_budget_when_no_check_passes(tmp_path, monkeypatch):
