@@ -89,7 +89,8 @@ class TrainConfig:
     vit_depth: int | None = None  # grow the ViT to this many blocks, every output kept (pocket.model.grow_vision)
     vit_mlp_ratio: int | None = None  # grow its blocks' MLPs to this many times its width, every output kept
     llm_width: int | None = None  # grow the LLM (and the merged tokens) to this width, every output kept
-    profile: int = 0  # profile this many steps of a run, after PROFILE_AFTER (rank 0 prints torch.profiler's table)
+    profile: int = 0  # profile this many steps of a stage, after profile_after (rank 0 prints torch.profiler's table)
+    profile_after: int = 20  # with profile: the stage's steps before the profiled ones (start-up, autotuning)
     read_ink_weight: float = 1.0  # weight of a drawn character's cell slot in the reading loss (empty slots: 1)
     read_token_patches: float = 0.0  # weight of the merged tokens naming their 2 x 2 patches' characters (0: off)
     binding_weight: float = 1.0  # weight of the binding head's losses (its own and the aligned names'); 0: a run
@@ -106,7 +107,6 @@ class TrainConfig:
 HEAD_FILE = "reading_head.safetensors"  # the training-only ReadingHead, beside the run's weights
 BINDING_FILE = "binding_head.safetensors"  # the training-only BindingHead, beside it
 SHARD = "15MB"  # every saved file stays under 16 MiB (the device tool brings back no larger file)
-PROFILE_AFTER = 20  # with cfg.profile: the steps of a stage before the profiled ones (start-up, autotuning)
 STOP_EVERY = 10  # under torchrun the processes agree on the clock every this many steps (one sync across them)
 
 
@@ -412,7 +412,7 @@ def _out_of_time(cfg: TrainConfig, state: dict, run: dict, process: distributed.
 
 
 def _profiler(cfg: TrainConfig, device: torch.device, process: distributed.Process):
-    """With cfg.profile, on rank 0: torch.profiler over that many steps after PROFILE_AFTER and two to warm it up,
+    """With cfg.profile, on rank 0: torch.profiler over that many steps after cfg.profile_after and two to warm it up,
     then its table of operators by their own time, printed; otherwise no profiler at all (the context gives None)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -426,7 +426,7 @@ def _profiler(cfg: TrainConfig, device: torch.device, process: distributed.Proce
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     return profile(activities=activities, on_trace_ready=report,
-                   schedule=schedule(wait=PROFILE_AFTER, warmup=2, active=cfg.profile, repeat=1))
+                   schedule=schedule(wait=cfg.profile_after, warmup=2, active=cfg.profile, repeat=1))
 
 
 def _stage_ends(model, tokenizer, processor, cfg: TrainConfig, state: dict, process: distributed.Process) -> bool:
@@ -606,7 +606,9 @@ def main(argv=None):
                         help="grow the LLM and the visual tokens to this width before training: whole groups of 2 "
                              "heads of 64, so a multiple of 128 (new heads and units start silent)")
     parser.add_argument("--profile", type=bounded_int(0, 1000), default=TrainConfig.profile,
-                        help=f"profile this many steps after the first {PROFILE_AFTER} (rank 0 prints the table)")
+                        help="profile this many steps of a stage after --profile-after (rank 0 prints the table)")
+    parser.add_argument("--profile-after", type=bounded_int(0, 10**9), default=TrainConfig.profile_after,
+                        help="with --profile: the steps of a stage before the profiled ones (start-up, autotuning)")
     parser.add_argument("--export", default=None, help="after training, write the hub folder here")
     parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
     args = parser.parse_args(argv)

@@ -233,19 +233,17 @@ def test_training_runs_saves_and_resumes(tmp_path):
     assert second["gpu_seconds"] == 0.0 and second["runs"][-1]["device"] == "cpu"  # a CPU run counts no GPU time
 
 
-def test_a_profiled_run_prints_where_its_steps_time_went(tmp_path, monkeypatch, capsys):
-    """--profile N: after PROFILE_AFTER steps (and two to warm up), N steps under torch.profiler, its table printed;
-    without it, nothing is profiled."""
-    from arr_coc.pocket import train as trainer
-
-    monkeypatch.setattr(trainer, "PROFILE_AFTER", 1)
+def test_a_profiled_run_prints_where_its_steps_time_went(tmp_path, capsys):
+    """--profile N --profile-after A: after A steps (and two to warm up), N steps under torch.profiler, its table
+    printed; a run that ends before them, or one without --profile, profiles nothing."""
     cfg = TrainConfig(out=str(tmp_path / "a"), steps=5, minutes=5, image_tokens=64, workers=0, eval_every=1000,
-                      eval_pages=1, eval_sizes=(112,), device="cpu", warmup=1, profile=2)
-    train(cfg, resume=False)
+                      eval_pages=1, eval_sizes=(112,), device="cpu", warmup=1, profile=2, profile_after=1)
+    train(cfg, resume=False)  # steps 0-4: one waits, two warm up, two are profiled
     out = capsys.readouterr().out
     assert "profile of 2 steps (rank 0):" in out and "Self CPU" in out and "aten::" in out
-    train(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "b"), "profile": 0}), resume=False)
-    assert "profile of" not in capsys.readouterr().out
+    for name, change in (("b", dict(profile=0)), ("c", dict(profile_after=5))):  # none; all five steps wait
+        train(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / name), **change}), resume=False)
+        assert "profile of" not in capsys.readouterr().out, name
 
 
 def test_a_run_cut_off_in_its_held_out_check_keeps_its_steps(tmp_path, monkeypatch):
