@@ -310,7 +310,7 @@ def faithfulness_panel() -> tuple[gr.Image, gr.Textbox, gr.Button, gr.Markdown]:
                                 max_length=MAX_ANSWER_CHARS, scale=3, elem_id="faithfulness-answer")
             measure = gr.Button("Measure (~30 forward passes)", scale=1, elem_id="faithfulness-run")
         curves = output_image("Faithfulness curves", "faithfulness-plot", height=None)
-        verdict = gr.Markdown(elem_id="faithfulness-summary")
+        verdict = gr.Markdown(label="Summary", elem_id="faithfulness-summary")
     return curves, answer, measure, verdict
 
 
@@ -331,7 +331,7 @@ def conversation_tab(model: ARRCOCQwen) -> None:
             with gr.Row():
                 ask = gr.Button("Ask", variant="primary", elem_id="chat-ask")
                 reset = gr.Button("New image", elem_id="chat-new")
-            status = gr.Markdown("Ask a first question about the image.", elem_id="chat-status")
+            status = gr.Markdown("Ask a first question about the image.", label="Status", elem_id="chat-status")
         with gr.Column(scale=2):
             turns = output_table("Turns", ui.TURN_HEADERS, "chat-turns", ui.TURN_WIDTHS)
             with gr.Row():
@@ -410,7 +410,7 @@ def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str], cache_age: 
 
 def load(args: argparse.Namespace) -> tuple[ARRCOCQwen, str, list[str]]:
     """The model and its ARR layer, saying in the console what start-up does; -> model, layer name, page notices."""
-    log.info("loading the model %s (the first run downloads it) ...", args.model)
+    log.info("loading the model %s (a hub id downloads on its first run) ...", args.model)
     model = ARRCOCQwen.from_pretrained(args.model, offline_fallback=True)
     if model.notice:
         log.warning("%s", model.notice)  # the offline fallback, or an offline model asked for

@@ -218,6 +218,20 @@ def write_parquet_set(folder: Path, schema: str, n: int, split: str = "validatio
     return folder
 
 
+def giant_png(path: Path, width: int = 20000, height: int = 20000) -> Path:
+    """A PNG whose header says width x height (grey, 8 bits) over an empty image stream: what a reader sees of a
+    giant image before it decodes anything, in 57 bytes."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"") + chunk(b"IEND", b""))
+    return path
+
+
 def text_bomb_png(path: Path, inflated: int = 500 << 20, before_pixels: bool = True) -> Path:
     """A 32x32 PNG with a zTXt chunk (compressed text) that inflates to `inflated` bytes, before or after its
     pixels (IDAT): read at open or at decode."""

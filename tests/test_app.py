@@ -28,7 +28,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 from safetensors.torch import save_file
-from conftest import text_bomb_png
+from conftest import giant_png, text_bomb_png
 
 from arr_coc import viz
 from arr_coc.app import ui
@@ -100,6 +100,15 @@ def test_the_app_serves_every_family(tmp_path, model, family, cell):
     rows, cols = (int(v) for v in arr["candidate grid"].split(" cells")[0].split(" x "))
     width, height = (int(v) for v in arr["candidate grid"].split("(")[1].split(" px")[0].split(" x "))
     assert (width, height) == (cols * cell, rows * cell)  # the family's own cell size
+
+
+def test_every_api_output_has_a_name(client):
+    """gradio_client names each output by its component's label; an unlabelled one comes out as value_<id>."""
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert [r["label"] for r in endpoints["/faithfulness"]["returns"]] == ["Faithfulness curves", "Summary"]
+    assert endpoints["/converse"]["returns"][0]["label"] == "Status"
+    unnamed = {name: r["label"] for name, e in endpoints.items() for r in e["returns"] if r["label"].startswith("value_")}
+    assert not unnamed
 
 
 def test_page_says_the_tiny_models_answers_are_meaningless(app_url):
@@ -295,10 +304,11 @@ def test_odd_images_are_answered(client, tmp_path, mode):
 def bad(tmp_path_factory) -> dict[str, Path]:
     """Files no request should accept: a text file, a cut-off PNG, a 72-megapixel image, bad checkpoints."""
     folder = tmp_path_factory.mktemp("bad")
-    files = {name: folder / name for name in ("notes.txt", "cut.png", "huge.png", "weights.pt")}
+    files = {name: folder / name for name in ("notes.txt", "cut.png", "huge.png", "giant.png", "weights.pt")}
     files["notes.txt"].write_text("not an image")
     files["cut.png"].write_bytes(Path(CAT).read_bytes()[:4000])
     Image.new("1", (9000, 8000)).save(files["huge.png"])  # 1-bit: quick to write, 72 MP to decode
+    giant_png(files["giant.png"])  # a 400 MP header, past PIL's own limit
     files["weights.pt"].write_bytes(b"\x80\x04")
     for name in ("pickle", "foreign", "other_model"):
         files[name] = folder / name
@@ -329,6 +339,8 @@ BAD_INPUTS = {  # case: (endpoint, its arguments from the bad files, the message
                         "cut.png could not be decoded as an image"),
     "huge image": ("/microscope", lambda b: (handle_file(b["huge.png"]), QUESTION, "topk", 273, CELLS, 0),
                    "huge.png is too large (9000x8000 pixels); the limit is 64 megapixels"),
+    "giant image": ("/compare", lambda b: (handle_file(b["giant.png"]), QUESTION, "gestalt", 1, "topk", CELLS, 0),
+                    "giant.png is too large (over 178 megapixels); the limit is 64 megapixels"),
     "microscope without image": ("/microscope", lambda b: (None, QUESTION, "topk", 273, CELLS, 0), "no image"),
     "re-select before analysing": ("/reselect", lambda b: ("topk", 50, 0), "Analyse an image first"),
     "faithfulness without image": ("/faithfulness", lambda b: (None, QUESTION, "", "topk", 273, CELLS), "no image"),

@@ -34,7 +34,7 @@ from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARR
 from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
 from arr_coc.relevance.texture import CHANNELS
 from arr_coc.timing import TIMING_KEYS
-from arr_coc.vlm.views import to_rgb
+from arr_coc.vlm.views import PIPELINE, to_rgb
 
 log = logging.getLogger("arr_coc.app")
 
@@ -145,8 +145,9 @@ def read_upload(payload) -> Image.Image | None:
     try:
         return open_image(upload_source(payload), MAX_IMAGE_PIXELS)
     except Image.DecompressionBombError as e:
-        raise user_error(f"{name} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} megapixels: "
-                         "downscale it first (the model sees at most ~1 megapixel anyway)") from None
+        raise user_error(f"{name} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} megapixels: downscale "
+                         f"it first (the model reads at most {PIPELINE.max_cells} cells of it, a few megapixels, "
+                         "anyway)") from None
     except UnidentifiedImageError:
         raise user_error(f"{name} is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF file") from None
     except (OSError, ValueError) as e:  # ValueError: a data: URL that is no base64

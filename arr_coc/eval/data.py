@@ -359,16 +359,21 @@ def open_image(path: str | Path | IO[bytes], max_pixels: int | None = None) -> I
     loader and the app all read images through here, so they see the same.
 
     The header is read first (size, mode, EXIF; no pixels): more than `max_pixels` is refused from it, with
-    Image.DecompressionBombError("WxH pixels"), before anything decodes or turns the image. A compressed PNG
+    Image.DecompressionBombError("WxH pixels"), before anything decodes or turns the image (one past twice PIL's own
+    Image.MAX_IMAGE_PIXELS, which PIL refuses while reading the header, as "over N megapixels"). A compressed PNG
     text or colour-profile chunk that inflates past PIL's limit (PngImagePlugin.MAX_TEXT_CHUNK, a zip bomb in the
     metadata) is an OSError saying so, as every unreadable file is, never PIL's ValueError.
     """
     try:
-        with Image.open(path) as image:  # the header only
+        with Image.open(path) as image:  # the header only (PIL refuses more than twice its MAX_IMAGE_PIXELS here)
             if max_pixels is not None and image.width * image.height > max_pixels:
                 raise Image.DecompressionBombError(f"{image.width}x{image.height} pixels")
             image.load()  # decode now, so a truncated file fails here
             return ImageOps.exif_transpose(image)  # a transposed copy, or a plain copy: valid after the file closes
+    except Image.DecompressionBombError as e:
+        if str(e).startswith("Image size"):  # PIL's own words, with its DOS-attack warning: ours instead
+            raise Image.DecompressionBombError(f"over {2 * Image.MAX_IMAGE_PIXELS // 10**6} megapixels") from None
+        raise
     except ValueError as e:
         if "MAX_TEXT" in str(e):  # PngImagePlugin's MAX_TEXT_CHUNK or MAX_TEXT_MEMORY
             raise OSError(f"a compressed metadata chunk inflates past the {PngImagePlugin.MAX_TEXT_CHUNK >> 20} MB "

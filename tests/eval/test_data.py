@@ -294,6 +294,18 @@ def test_open_image_refuses_too_many_pixels_from_the_header_before_decoding(tmp_
     assert open_image(tmp_path / "sideways.jpg", max_pixels=300 * 200).size == (200, 300) and decoded
 
 
+@pytest.mark.parametrize("max_pixels", [None, 64_000_000])
+def test_open_image_refuses_past_pils_own_limit_in_its_own_words(tmp_path, max_pixels):
+    """A 400-megapixel header, which PIL refuses itself (over twice Image.MAX_IMAGE_PIXELS, 89478485) with its
+    "could be decompression bomb DOS attack" text: the same error in the words of our own limit's."""
+    from conftest import giant_png
+
+    from arr_coc.eval.data import open_image
+
+    with pytest.raises(Image.DecompressionBombError, match=r"^over 178 megapixels$"):
+        open_image(giant_png(tmp_path / "giant.png"), max_pixels)
+
+
 @pytest.mark.parametrize("before_pixels", [True, False])
 def test_open_image_says_a_png_text_bomb_is_one_in_an_oserror(tmp_path, before_pixels):
     """A zTXt chunk inflating to 64 MB, read at open (before IDAT) or at decode (after): an OSError saying what it
