@@ -218,17 +218,22 @@ def write_parquet_set(folder: Path, schema: str, n: int, split: str = "validatio
     return folder
 
 
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    """One PNG chunk: its length, type, body and CRC."""
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
 def giant_png(path: Path, width: int = 20000, height: int = 20000) -> Path:
     """A PNG whose header says width x height (grey, 8 bits) over an empty image stream: what a reader sees of a
     giant image before it decodes anything, in 57 bytes."""
     import struct
-    import zlib
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"") + chunk(b"IEND", b""))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", b"")
+                     + png_chunk(b"IEND", b""))
     return path
 
 
@@ -236,14 +241,13 @@ def text_bomb_png(path: Path, inflated: int = 500 << 20, before_pixels: bool = T
     """A 32x32 PNG with a zTXt chunk (compressed text) that inflates to `inflated` bytes, before or after its
     pixels (IDAT): read at open or at decode."""
     import io
-    import struct
     import zlib
 
     buffer = io.BytesIO()
     Image.new("RGB", (32, 32), (10, 20, 30)).save(buffer, format="PNG")
     png, deflate = buffer.getvalue(), zlib.compressobj(9)
     body = b"Comment\0\0" + b"".join(deflate.compress(bytes(1 << 20)) for _ in range(inflated >> 20)) + deflate.flush()
-    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
+    chunk = png_chunk(b"zTXt", body)
     at = png.index(b"IDAT" if before_pixels else b"IEND") - 4  # a chunk starts with its length
     path.write_bytes(png[:at] + chunk + png[at:])
     return path

@@ -107,7 +107,7 @@ def test_every_api_output_has_a_name(client):
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     assert [r["label"] for r in endpoints["/faithfulness"]["returns"]] == ["Faithfulness curves", "Summary"]
     assert endpoints["/converse"]["returns"][0]["label"] == "Status"
-    unnamed = {name: r["label"] for name, e in endpoints.items() for r in e["returns"] if r["label"].startswith("value_")}
+    unnamed = [(name, r["label"]) for name, e in endpoints.items() for r in e["returns"] if r["label"].startswith("value_")]
     assert not unnamed
 
 
@@ -302,7 +302,8 @@ def test_odd_images_are_answered(client, tmp_path, mode):
 
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory) -> dict[str, Path]:
-    """Files no request should accept: a text file, a cut-off PNG, a 72-megapixel image, bad checkpoints."""
+    """Files no request should accept: a text file, a cut-off PNG, a 72-megapixel image, a 400-megapixel PNG header,
+    bad checkpoints."""
     folder = tmp_path_factory.mktemp("bad")
     files = {name: folder / name for name in ("notes.txt", "cut.png", "huge.png", "giant.png", "weights.pt")}
     files["notes.txt"].write_text("not an image")
