@@ -22,8 +22,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from arr_coc import flags
-from arr_coc.eval.metrics import wilson
 from arr_coc.eval.rows import split_row
+from arr_coc.intervals import wilson
 from arr_coc.pipelines import REDUCERS
 
 

@@ -15,7 +15,8 @@ evaluations step by step, so their numbers sit beside published ones:
     contains("The total is 4,821.", ["4 821"])       # lenient: the answer's words appear; the synthetic and JSONL
                                                      #   sets' metric, and an extra column of benchmark runs
     recall, precision = box_recall_precision(coverage, indices)
-    low, high = wilson(45, 96)                       # a 95% Wilson interval; interval_text(45, 96) prints it
+
+Intervals (wilson, interval_text) live in arr_coc.intervals, which the pocket model's training shares.
 
 The benchmark metrics need at least one reference answer (ValueError otherwise); evaluate.py leaves an item
 without answers (a test split) unscored and counts it.
@@ -207,19 +208,3 @@ def box_recall_precision(coverage, indices) -> tuple[float, float]:
     target = coverage.flatten() > 0  # [N] cells the box touches
     hits = int(target[indices.to(target.device)].sum())
     return hits / max(int(target.sum()), 1), hits / max(indices.numel(), 1)
-
-
-def wilson(correct: int | float, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a proportion, correct of n (95% by default): (low, high); (0, 1) for n = 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def interval_text(correct: int | float, n: int) -> str:
-    """An accuracy as this project reports it: '0.62 [0.52, 0.71] (n=96)'."""
-    low, high = wilson(correct, n)
-    return f"{correct / max(n, 1):.2f} [{low:.2f}, {high:.2f}] (n={n})"

@@ -33,7 +33,7 @@ from PIL import Image
 
 from arr_coc import viz
 from arr_coc.eval.faithfulness import CURVES
-from arr_coc.eval.metrics import interval_text, wilson
+from arr_coc.intervals import interval_text, wilson
 
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
 COLUMNS = (
