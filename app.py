@@ -159,19 +159,23 @@ def output_table(label: str, headers: list[str], elem_id: str | None = None,
 def examples(image: gr.Image, question: gr.Textbox) -> gr.Examples:
     """
     The examples, labelled: the fine-print pages the offline pocket model answers come first, with their expected
-    answers; the photos and other scenes are said to need real Qwen-VL weights. A click fills a hidden path box
-    and the question, then shows the file in the image box as a plain value: an example loaded into the image box
-    itself is gradio's update of it, which re-creates the box for the session without image_input's upload check.
+    answers; the photos and other scenes are said to need real Qwen-VL weights. A click fills the question, then
+    shows the example's file in the image box as a plain value: an example loaded into the image box itself is
+    gradio's update of it, which re-creates the box for the session without image_input's upload check. The file
+    is looked up by the clicked row's index (show_example), never taken from the client, and both events are
+    private: no client can name a file for the server to hand back.
     """
     gr.Markdown(EXAMPLES_NOTE)
-    path = gr.Textbox(visible=False)
-    return gr.Examples(EXAMPLES, inputs=[path, question], outputs=image, fn=show_example, run_on_click=True,
-                       cache_examples=False, example_labels=EXAMPLE_LABELS, examples_per_page=len(EXAMPLES))
+    listed = gr.Examples([[q] for _, q in EXAMPLES], inputs=question, cache_examples=False,
+                         example_labels=EXAMPLE_LABELS, examples_per_page=len(EXAMPLES), api_visibility="private")
+    listed.dataset.click(show_example, listed.dataset, image, api_visibility="private", queue=False)
+    return listed
 
 
-def show_example(path: str, question: str) -> str:
-    """An example's file, for the image box (the question is already in its box)."""
-    return path
+def show_example(example: tuple[int, list]) -> str:
+    """The clicked example's file, for the image box: EXAMPLES' row at the index gradio's Dataset checked."""
+    index, _ = example
+    return EXAMPLES[index][0]
 
 
 def bind(model: ARRCOCQwen, handler, *args, gpu_seconds: int | None = None):
