@@ -1,13 +1,12 @@
 """
-Which ARR checkpoint to use: one resolver and one default rule for the app and every command.
+Where the shipped folders are and what the checkpoints are called: a utility, importing nothing of the project.
 
 A checkpoint is named by a folder, a name under checkpoints/ (e.g. "tiny-text-vs-distractor") or a hub
-repo id; "prior" means the untrained layer. With no checkpoint asked for, the default is the first
-checkpoint in checkpoints/ made for the loaded model (its config.json names the model family and hidden
-size), else the untrained prior.
+repo id; "prior" means the untrained layer. Which checkpoint a model gets when none is asked for (the first made
+for it, read from its config.json) is the relevance layer's rule, arr_coc.relevance.layer.choose_checkpoint.
 
-    folder = choose(None, model.vlm.family, model.vlm.hidden_size)   # None: the untrained prior
-    model.layer = model.load_layer(folder) if folder else model.prior_layer()
+    folder = resolve_checkpoint("tiny-text-vs-distractor")   # checkpoints/tiny-text-vs-distractor, from anywhere
+    label(folder), label(None)                               # "tiny-text-vs-distractor", PRIOR
 
 The shipped checkpoints are the repo's checkpoints/ folder, or after `pip install .` the copy inside the
 package (setup.py installs it as arr_coc/shipped/checkpoints): `shipped(name)` finds either, from any folder.
@@ -49,29 +48,6 @@ def resolve_checkpoint(name: str, root: Path = ROOT) -> str:
         return name
     local = Path(root) / name
     return str(local) if local.is_dir() else name
-
-
-def default_checkpoint(model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
-    """The first checkpoint under root whose config.json was made for this model (its folder), else None."""
-    from arr_coc.relevance.layer import CheckpointError, list_checkpoints, read_checkpoint_config
-
-    for name in list_checkpoints(root):
-        try:
-            config = read_checkpoint_config(Path(root) / name)
-        except CheckpointError:
-            continue  # unreadable: not a candidate for the default
-        if config.base_model_family == model_family and config.hidden_size == hidden_size:
-            return str(Path(root) / name)
-    return None
-
-
-def choose(requested: str | None, model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
-    """The checkpoint to load (folder or hub id), or None for the untrained prior."""
-    if requested in PRIOR_NAMES:
-        return None
-    if requested:
-        return resolve_checkpoint(requested, root)
-    return default_checkpoint(model_family, hidden_size, root)
 
 
 def label(checkpoint: str | None) -> str:

@@ -283,13 +283,14 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     ARRCOCQwen with its ARR layer, printing a line before and after loading, and the model's notice (none when
     quiet: torchrun's other ranks). With `fallback` (the default model, not asked for by name), a hub model that
     the hub cannot give and the cache lacks becomes the pocket model, and its notice says so. The layer follows
-    the one rule of arr_coc.checkpoints.choose (as in the app). Returns (model, the checkpoint's name or
-    checkpoints.PRIOR); model.vlm.name is the model that loaded.
+    the one rule of arr_coc.relevance.layer.choose_checkpoint (as in the app). Returns (model, the checkpoint's
+    name or checkpoints.PRIOR); model.vlm.name is the model that loaded.
     """
     import torch
     import transformers
 
     from arr_coc.errors import ModelOffline
+    from arr_coc.relevance.layer import choose_checkpoint
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -303,7 +304,7 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
             raise
         model = load_vlm(POCKET, device)
         model.notice = f"Could not load {name} ({e.reason}, and it is not in the local cache). {POCKET_NOTICE}"
-    folder = checkpoints.choose(checkpoint, model.vlm.family, model.vlm.hidden_size)
+    folder = choose_checkpoint(checkpoint, model.vlm.family, model.vlm.hidden_size)
     model.layer = model.load_layer(folder) if folder is not None else model.prior_layer()
     if not quiet:
         log(f"loaded {model.vlm.name} in {time.perf_counter() - start:.1f} s (ARR layer: {checkpoints.label(folder)})")

@@ -19,6 +19,7 @@ import pytest
 
 from arr_coc import bench, checkpoints, cli, evaluate, flags, run, train
 from arr_coc.eval import data
+from arr_coc.relevance.layer import choose_checkpoint, default_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--image", "assets/chelsea.png", "--question", "hi"]  # the flags run requires
@@ -294,23 +295,23 @@ def test_checkpoint_names_folders_and_hub_ids_resolve(tmp_path, monkeypatch):
     assert checkpoints.resolve_checkpoint("mine", root) == str(root / "mine")  # a name under root
     assert checkpoints.resolve_checkpoint(str(root / "mine"), tmp_path) == str(root / "mine")  # a folder
     assert checkpoints.resolve_checkpoint("someone/arr-layer", root) == "someone/arr-layer"  # a hub id, as given
-    assert checkpoints.choose("prior", "qwen2_vl", 64, root) is None
-    assert checkpoints.choose(checkpoints.PRIOR, "qwen2_vl", 64, root) is None
-    assert checkpoints.choose("mine", "qwen2_vl", 1536, root) == str(root / "mine")  # asked for: not filtered
+    assert choose_checkpoint("prior", "qwen2_vl", 64, root) is None
+    assert choose_checkpoint(checkpoints.PRIOR, "qwen2_vl", 64, root) is None
+    assert choose_checkpoint("mine", "qwen2_vl", 1536, root) == str(root / "mine")  # asked for: not filtered
     monkeypatch.chdir(ROOT)  # the app's shipped names resolve from anywhere
     assert checkpoints.resolve_checkpoint("tiny-text-vs-distractor") == str(ROOT / "checkpoints" / "tiny-text-vs-distractor")
 
 
 def test_the_default_is_the_first_checkpoint_made_for_the_model(tmp_path):
-    assert checkpoints.default_checkpoint("qwen2_vl", 64, tmp_path) is None
+    assert default_checkpoint("qwen2_vl", 64, tmp_path) is None
     layer_config(tmp_path / "a_big", hidden_size=1536)
     layer_config(tmp_path / "b_other_family", family="qwen3_vl")
     (tmp_path / "c_broken").mkdir()
     (tmp_path / "c_broken" / "config.json").write_text("{not json")
     layer_config(tmp_path / "d_fits")
     layer_config(tmp_path / "e_fits_too")
-    assert checkpoints.default_checkpoint("qwen2_vl", 64, tmp_path) == str(tmp_path / "d_fits")
-    assert checkpoints.choose(None, "qwen2_vl", 1536, tmp_path) == str(tmp_path / "a_big")
+    assert default_checkpoint("qwen2_vl", 64, tmp_path) == str(tmp_path / "d_fits")
+    assert choose_checkpoint(None, "qwen2_vl", 1536, tmp_path) == str(tmp_path / "a_big")
     assert checkpoints.label(str(tmp_path / "d_fits")) == "d_fits" and checkpoints.label(None) == checkpoints.PRIOR
 
 

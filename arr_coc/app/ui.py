@@ -30,7 +30,7 @@ from arr_coc.eval.faithfulness import FaithfulnessCurves
 from arr_coc.eval.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, check_question
 from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError,
-                                     list_checkpoints, read_checkpoint_config)
+                                     choose_checkpoint, list_checkpoints, read_checkpoint_config)
 from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
 from arr_coc.relevance.texture import CHANNELS
 from arr_coc.timing import TIMING_KEYS
@@ -203,10 +203,10 @@ def made_for(folder: Path, model: ARRCOCQwen) -> bool:
 
 def install_default_layer(model: ARRCOCQwen, requested: str | None, root: Path) -> tuple[str, str | None]:
     """
-    Make the requested checkpoint (else the default of arr_coc.checkpoints, the rule the commands follow too)
+    Make the requested checkpoint (else the default of relevance.layer.choose_checkpoint, the commands' rule too)
     the model's layer. Returns its name and, if it could not be loaded, a notice saying so (the prior is used).
     """
-    folder = checkpoints.choose(requested, model.vlm.family, model.vlm.hidden_size, root)
+    folder = choose_checkpoint(requested, model.vlm.family, model.vlm.hidden_size, root)
     try:
         model.layer = model.prior_layer() if folder is None else model.load_layer(folder)
         return checkpoints.label(folder), None

@@ -27,6 +27,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 
+from arr_coc.checkpoints import PRIOR_NAMES, ROOT, resolve_checkpoint
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.relevance import balancing
 from arr_coc.relevance.attending import Allocation, TokenAllocator
@@ -376,3 +377,25 @@ def list_checkpoints(root: str | os.PathLike = "checkpoints") -> list[str]:
     """Names of the checkpoint folders under root (those with a config.json)."""
     root = Path(root)
     return sorted(p.name for p in root.iterdir() if (p / CONFIG_FILE).is_file()) if root.is_dir() else []
+
+
+def default_checkpoint(model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
+    """The first checkpoint under root whose config.json was made for this model (its folder), else None."""
+    for name in list_checkpoints(root):
+        try:
+            config = read_checkpoint_config(Path(root) / name)
+        except CheckpointError:
+            continue  # unreadable: not a candidate for the default
+        if config.base_model_family == model_family and config.hidden_size == hidden_size:
+            return str(Path(root) / name)
+    return None
+
+
+def choose_checkpoint(requested: str | None, model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
+    """The checkpoint to load (folder or hub id), or None for the untrained prior: the one rule of the app and every
+    command. Asked for by name, it is resolved (arr_coc.checkpoints.resolve_checkpoint); else the default."""
+    if requested in PRIOR_NAMES:
+        return None
+    if requested:
+        return resolve_checkpoint(requested, root)
+    return default_checkpoint(model_family, hidden_size, root)

@@ -58,14 +58,14 @@ def test_busy_images_fall_back_to_grid_and_documents_do_not(arr_model, name, ima
 def test_every_checkpoint_agrees_on_busyness(arr_model):
     """The test reads the scorers' priors: a checkpoint whose trained maps are flatter (tiny-charts-documents puts
     the cat at 1.90) judges an image as the prior does, and a photo is not busy."""
-    from arr_coc import checkpoints
     from arr_coc.eval.data import open_image
+    from arr_coc.relevance.layer import choose_checkpoint
 
     cat, layer = open_image("assets/chelsea.png"), arr_model.layer
     structures = []
     try:
         for name in ("prior", "tiny-charts-documents", "tiny-text-vs-distractor"):
-            folder = checkpoints.choose(name, arr_model.vlm.family, arr_model.vlm.hidden_size)
+            folder = choose_checkpoint(name, arr_model.vlm.family, arr_model.vlm.hidden_size)
             arr_model.layer = arr_model.load_layer(folder) if folder else arr_model.prior_layer()
             out = arr_model.select(arr_model.prepare(cat, "What colour are the cat's eyes?"))
             assert out.fallback == [None], name
