@@ -29,7 +29,8 @@ from transformers import TextIteratorStreamer
 
 from arr_coc import pipelines
 from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
-from arr_coc.errors import OutOfMemory
+from arr_coc.settings import MAX_QUESTION_TOKENS
+from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Parts, Request, Saccade,  # noqa: F401
@@ -123,6 +124,19 @@ class ARRCOCQwen:
                                             expect_hidden_size=self.vlm.hidden_size, expect_model=self.vlm.name)
         return layer.to(self.vlm.device).eval()
 
+    def check_question(self, question) -> str:
+        """
+        check_question's checks (some text, at most MAX_QUESTION_CHARS characters), then its length in this model's
+        tokens, before any VLM work: at most MAX_QUESTION_TOKENS (4000 four-byte characters can be 16,000 tokens;
+        one prompt that long took 12 GB). -> the question, stripped.
+        """
+        question = check_question(question)
+        tokens = len(self.vlm.question_ids(question))
+        if tokens > MAX_QUESTION_TOKENS:
+            raise InputError(f"the question is {tokens} tokens long; the limit is {MAX_QUESTION_TOKENS} tokens: "
+                             "shorten it")
+        return question
+
     # --- ARR: scoring and selection (the arr pipeline's own steps, for the app and training) ---
 
     def views(self, image, max_cells: int | None = None) -> Views:
@@ -132,7 +146,8 @@ class ARRCOCQwen:
     @torch.no_grad()
     def observe(self, image, question: str, watch: Stopwatch | None = None, max_cells: int | None = None) -> Observation:
         """Gestalt encode, the gestalt-guided attention prior and the texture array: all that ARR reads."""
-        return arr.observe(self.parts, image, check_question(question), watch or Stopwatch(self.vlm.device), max_cells)
+        question = self.check_question(question)
+        return arr.observe(self.parts, image, question, watch or Stopwatch(self.vlm.device), max_cells)
 
     @torch.no_grad()
     def prepare(self, image, question: str, request: Request | None = None, *, watch: Stopwatch | None = None,
@@ -184,7 +199,7 @@ class ARRCOCQwen:
         if conversation is not None:
             pipeline = conversation.pipeline
         check_pipeline(pipeline, request)
-        question = check_question(question)
+        question = self.check_question(question)
         request = check_request(request)
         try:
             with self.lock:

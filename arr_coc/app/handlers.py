@@ -140,6 +140,7 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
     """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`; 0: off);
     then their stats and ARR's drawings. Setting `stop` ends the generation under way at its next token."""
     image = ui.check_inputs(image, question)
+    model.check_question(question)  # its tokens too, before the status line says it runs
     start = time.perf_counter()
     running = f"{RUNNING} the **{baseline}** baseline…"
     yield compare_outputs(running)
@@ -351,6 +352,7 @@ def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, qu
     """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both.
     Setting `stop` ends the generation under way at its next token."""
     image = ui.check_inputs(image, question)
+    model.check_question(question)  # its tokens too, before any checkpoint loads
     layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
     yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **A**…"

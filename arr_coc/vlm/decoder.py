@@ -63,6 +63,8 @@ MAX_CACHES = 2  # cache sizes kept at once, LRU (ARR's and `full`'s): Qwen2-VL-2
 NON_FINITE = -1  # the token a step reports when its logits were NaN or inf (fp16 overflow)
 SAFE_LOGIT_SCALE = 1024.0  # safe mode computes logits / this in fp16 (greedy argmax is unchanged by the scale)
 GQA_IN_SDPA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa arrived in 2.5
+PRIOR_CHUNK = 256  # query rows per softmax in the prior pass: its scores are [H, 256, L] fp32, linear in L (12 heads
+# at 16384 tokens: 192 MiB; the whole [H, L, L] was 12 GiB)
 ROW = 128  # greedy() and probability() reduce the vocabulary as rows of this many logits, then the rows' results
 
 
@@ -73,6 +75,22 @@ def _attend(q, k, v, scale, causal=False, mask=None):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _weighted_attention(q, k, scale: float, weights, chunk: int = PRIOR_CHUNK):
+    """
+    Causal softmax attention q [1, H, L, hd] to k [1, H, L, hd], averaged over heads and weighted over query rows
+    by weights [L] -> [L] attention mass per key. The rows go `chunk` at a time, so memory grows with L, not L².
+    """
+    L = q.shape[2]
+    keys = torch.arange(L, device=q.device)
+    mass = torch.zeros(L, dtype=torch.float32, device=q.device)
+    for start in range(0, L, chunk):
+        rows = keys[start:start + chunk]  # [c]
+        scores = (q[:, :, start:start + chunk] @ k.transpose(-1, -2)) * scale  # [1, H, c, L]
+        scores = scores.masked_fill(keys > rows[:, None], float("-inf"))  # causal: row r reads keys <= r
+        mass += weights[start:start + chunk] @ scores.softmax(-1).mean(dim=(0, 1))  # [c] @ [c, L]
+    return mass
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -413,14 +431,10 @@ class Decoder:
         layer = self.lm.layers[index]
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        L = h.shape[1]
         q, k = self._qk(attn, h)
         q, k = apply_rotary_pos_emb(q.float(), k.float(), cos.float(), sin.float())
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [1, H, L, hd]
-        scores = (q @ k.transpose(-1, -2)) * attn.scaling  # [1, H, L, L]
-        causal = torch.ones(L, L, dtype=torch.bool, device=h.device).tril()
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1).mean(dim=(0, 1))  # [L, L]
-        return query_weights.float() @ probs  # [L]
+        return _weighted_attention(q, k, attn.scaling, query_weights.float())  # [L]
 
     # ----------------------------------------------------------------------------- entry points
 
