@@ -12,7 +12,8 @@ the texture array, the settings: ARRCOCQwen.parts), never the façade itself.
     first = model.answer(None, "What does the sign say?", conversation=chat)
     second = model.answer(None, "And the date under it?", conversation=chat, fresh_cells=True)
 
-The Answer, Saccade, Observation and Scene dataclasses live in arr_coc.pipelines.answer and are importable from here.
+The Answer (arr_coc.pipelines.answer) and ARR's Saccade, Observation and Scene (arr_coc.pipelines.arr) are importable
+from here.
 """
 
 import gc
@@ -32,10 +33,10 @@ from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
 from arr_coc.settings import MAX_QUESTION_TOKENS
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.graphs import CUDAGraphed
-from arr_coc.pipelines import arr
-from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Observation, Parts, Request, Saccade,  # noqa: F401
-                                      Scene, ablation_named, check_pipeline, check_question, check_request,
-                                      check_stop, views_for, with_settings)
+from arr_coc.pipelines import arr, check_pipeline
+from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Parts, Request, ablation_named,  # noqa: F401
+                                      check_question, check_request, check_stop, views_for, with_settings)
+from arr_coc.pipelines.arr import Observation, Saccade, Scene  # noqa: F401
 from arr_coc.pipelines.conversation import Conversation
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import ARRCOCConfig

@@ -32,7 +32,8 @@ from arr_coc.errors import InputError
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 if TYPE_CHECKING:
-    from arr_coc.pipelines.answer import Observation, Parts
+    from arr_coc.pipelines.answer import Parts
+    from arr_coc.pipelines.arr import Observation
     from arr_coc.relevance.layer import ARRCOCOutput
 
 CURVES = ("deletion", "random", "insertion")

@@ -6,7 +6,8 @@ The pipelines: one file each, behind one function
 where `parts` (answer.Parts) holds the shared VLM, ARR layer, texture array and settings: the façade above
 (arr_coc.model.ARRCOCQwen) builds it and hands it down, and no pipeline imports the façade. The registry below names
 them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer: a new pipeline is one file and one
-line here. This module imports nothing heavy, so the commands check their flags before torch loads.
+line here, and check_pipeline refuses a request a pipeline cannot run. This module imports nothing heavy, so the
+commands check their flags before torch loads.
 
     from arr_coc import pipelines
     pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", "visionzip", "fastv")
@@ -15,6 +16,9 @@ line here. This module imports nothing heavy, so the commands check their flags 
 
 import importlib
 from types import ModuleType
+
+from arr_coc.errors import InputError
+from arr_coc.relevance.ablation import NO_ABLATION, Ablation  # torch-free names
 
 # name -> (module, whether it is a baseline beside ARR (stock or a published reducer), what it reads)
 REGISTRY = {
@@ -48,3 +52,16 @@ def load(name: str) -> ModuleType:
     if name not in REGISTRY:
         raise KeyError(f"unknown pipeline {name!r}: one of {', '.join(PIPELINES)}")
     return importlib.import_module(REGISTRY[name][0])
+
+
+def check_pipeline(pipeline: str, request) -> None:
+    """A pipeline of the registry, and one that can do what the request (an answer.Request) asks: an ablation or a
+    second look is ARR's. InputError otherwise."""
+    if pipeline not in REGISTRY:
+        raise InputError(f"pipeline must be one of {tuple(REGISTRY)}, got {pipeline!r}")
+    ablation = request.ablation.name if isinstance(request.ablation, Ablation) else request.ablation
+    if ablation not in (None, NO_ABLATION.name) and pipeline != "arr":
+        raise InputError(f"an ablation ({ablation}) switches off part of ARR: it needs the arr pipeline, "
+                         f"not {pipeline}")
+    if request.refixate is not None and pipeline != "arr":
+        raise InputError(f"refixation is ARR's second look: it needs the arr pipeline, not {pipeline}")

@@ -17,6 +17,11 @@ In a conversation (arr_coc.pipelines.conversation) each follow-up question is re
           on the new question -> its cells (with Request.fresh_cells, none an earlier turn read), encoded at their
           true places -> VLM (the conversation so far from its cache, then a new image block and the question)
 
+ARR's own types live here: Observation (what it reads), Scene (an observation scored), Saccade and Fixation (a
+second look's round), and so does its visual-token count (arr_visual_tokens: the gestalt plus K, with the adaptive
+budget's K observed and scored), which the baselines and reducers read to match it. This module imports
+arr_coc.pipelines.answer (the shared Request, Answer and steps); answer imports nothing of it.
+
 observe / score / select are also the façade's own steps (ARRCOCQwen: the app re-selects a scored scene;
 training scores observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
 faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
@@ -30,14 +35,13 @@ the prior and the weights in score, the saccade count and order in select, the g
     second = pipelines.load("arr").follow_up(parts, first, "And the date?", Request(), read=None)
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Fixation, Observation, Parts, Request, Saccade, answer_confidence,
-                                      continue_prompt, finish, generate, latency_split, second_look_saccades,
-                                      start_watch, token_counts, views_for)
+from arr_coc.pipelines.answer import (Answer, Parts, Request, answer_confidence, continue_prompt, finish, generate,
+                                      latency_split, start_watch, token_counts, views_for)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
@@ -45,6 +49,55 @@ from arr_coc.relevance.config import AUTO, NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Generation, Prompt, VisualTokens
 from arr_coc.vlm.views import Views
+
+# A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
+# round's visual tokens (273 -> 409, still a tenth of a 1792 px page's 4096 cells), yet adds half as many
+# cells again as the first look read: enough to cover a line the first one clipped.
+REFIXATE_SHARE = 0.5
+
+
+@dataclass
+class Saccade:
+    rank: int  # 1 = most relevant
+    row: int  # candidate-grid row
+    col: int  # candidate-grid column
+    score: float  # relevance
+    box: list[int]  # [x0, y0, x1, y1] in the original image's pixels
+    round: int = 1  # the fixation that chose it: 1, or 2 for a second look (Request.refixate)
+
+
+@dataclass
+class Observation:
+    """What the frozen VLM and the texture array make of an image and a question: ARR's inputs, before any ARR weight."""
+    views: Views
+    question: str
+    gestalt: VisualTokens  # [Ng, D] gestalt tokens at their places on the gestalt grid
+    question_embeds: torch.Tensor  # [1, Lq, D] the question's token embeddings
+    prior: torch.Tensor  # [1, GH, GW] question->gestalt attention on the candidate grid, in [0, 1]
+    highres: torch.Tensor  # [1, 3, H, W] the high-res view on the device, in [0, 1]
+    textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
+
+
+@dataclass
+class Scene:
+    """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
+    observation: Observation
+    maps: ScoreMaps  # the ARR layer's scoring forward: textures, scorer maps, weights, relevance
+    ablation: Ablation | None = None  # the ablation the maps were scored under; selection applies it too
+
+    @property
+    def views(self) -> Views:
+        return self.observation.views
+
+
+@dataclass
+class Fixation:
+    """One round of ARR's looking under Request.refixate: the saccades it added and the answer read after them."""
+    saccades: int  # visual tokens this round added (K1, then K2)
+    text: str  # the answer generated after this round
+    confidence: float  # that answer's confidence (answer_confidence)
+    timings_ms: dict  # this round's own {vision, selection, prefill, decode, total}
+    arr: ARRCOCOutput = field(repr=False)  # this round's selection (relevance map, positions)
 
 
 def question_prior(parts: Parts, question: str, gestalt: VisualTokens, views,
@@ -96,6 +149,29 @@ def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_t
     return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude))
 
 
+def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
+    """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades (the
+    reducers keep as many, so every row reads the same number of visual tokens). Under the adaptive budget
+    ("auto") the saccades are ARR's K for this image and question: ARR observes and scores them to know it."""
+    budget = request.budget if request.budget is not None else (request.layer or parts.layer).config.budget
+    if budget == AUTO:
+        budget = adaptive_budget(parts, views, request, question)
+    gh, gw = views.gestalt_grid
+    return gh * gw + int(budget)
+
+
+@torch.no_grad()
+def adaptive_budget(parts: Parts, views: Views, request: Request, question: str | None) -> int:
+    """ARR's adaptive K for an image and a question (observe, score and select, as ARR's answer runs them)."""
+    if question is None:
+        raise ValueError("the adaptive budget depends on the question: arr_visual_tokens needs it")
+    layer = request.layer or parts.layer
+    observation = observe(parts, views.image, question, Stopwatch(parts.vlm.device), request.max_cells, views)
+    maps = score(observation, layer.graphed_score)
+    return select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, request.strategy,
+                  settings=request.tensions).budgets[0]
+
+
 def tension_settings(settings: TensionSettings | None, ablation: Ablation) -> TensionSettings:
     """The tensions a request fixes by hand, under those its ablation fixes."""
     return (settings or NO_SETTINGS).over(ablation.tensions)
@@ -119,6 +195,11 @@ def saccade_list(observation: Observation, out: ARRCOCOutput, round: int = 1) ->
     views, ranked = observation.views, out.in_order("relevance")
     return [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)), round=round)
             for i, ((r, c), s) in enumerate(zip(ranked.positions[0].tolist(), ranked.scores[0].tolist()))]
+
+
+def second_look_saccades(refixate_budget: int | None, first: int) -> int:
+    """The second look's saccades K2: refixate_budget, or by default REFIXATE_SHARE of the first look's `first`."""
+    return int(refixate_budget) if refixate_budget else max(1, round(REFIXATE_SHARE * first))
 
 
 def second_look_budget(request: Request, first: ARRCOCOutput) -> int:

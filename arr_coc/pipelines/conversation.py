@@ -22,7 +22,8 @@ import torch
 
 from arr_coc import pipelines
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import Answer, Observation, Parts, Request, follow_up
+from arr_coc.pipelines.answer import Answer, Parts, Request, follow_up
+from arr_coc.pipelines.arr import Observation
 from arr_coc.vlm.base import History
 from arr_coc.vlm.decoder import KVCache
 

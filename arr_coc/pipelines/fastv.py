@@ -18,8 +18,8 @@ It runs on the fast engine only: its layers read two sequence lengths, which sto
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import (Answer, Parts, Request, arr_visual_tokens, finish, generate, start_watch,
-                                      token_counts, views_for)
+from arr_coc.pipelines.answer import Answer, Parts, Request, finish, generate, start_watch, token_counts, views_for
+from arr_coc.pipelines.arr import arr_visual_tokens
 
 VIEW = "native"  # the view FastV prunes: the one `full` reads whole
 

@@ -2,12 +2,12 @@
 The stock baselines' one path: one view, the whole vision tower, one image block, generated with the fast
 engine (our encoder and decoder) or, under the hf engine, transformers' own forward from pixels end to end
 (the reference the fast engine is measured against). full.py, gestalt.py and budget.py each name their view; the
-budget view is sized to what ARR's LLM reads at the request's budget (answer.arr_visual_tokens), so a budget sweep
+budget view is sized to what ARR's LLM reads at the request's budget (arr.arr_visual_tokens), so a budget sweep
 moves it with ARR.
 
 The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
 view through the vision tower, then a reducer keeps N of its tokens at their places, N being what ARR's LLM
-reads at the same budget (answer.arr_visual_tokens). The Answer names the places it kept (Answer.kept) and,
+reads at the same budget (arr.arr_visual_tokens). The Answer names the places it kept (Answer.kept) and,
 for VisionZip, those that hold merged context (Answer.merged): the app draws them beside ARR's saccades.
 """
 
@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Parts, Request, arr_visual_tokens, finish, generate, start_watch,
-                                      token_counts, views_for)
+from arr_coc.pipelines.answer import Answer, Parts, Request, finish, generate, start_watch, token_counts, views_for
+from arr_coc.pipelines.arr import arr_visual_tokens
 from arr_coc.timing import timed_module
 from arr_coc.vlm.views import fit_grid
 

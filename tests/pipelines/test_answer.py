@@ -10,8 +10,10 @@ import torch
 from PIL import Image
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import (Request, answer_confidence, check_pipeline, check_question, check_request,
-                                      latency_split, second_look_saccades, token_counts, views_for, with_settings)
+from arr_coc.pipelines import check_pipeline
+from arr_coc.pipelines.answer import (Request, answer_confidence, check_question, check_request, latency_split,
+                                      token_counts, views_for, with_settings)
+from arr_coc.pipelines.arr import second_look_saccades
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION
 from arr_coc.settings import PipelineConfig
 from arr_coc.vlm.views import make_views

@@ -18,7 +18,7 @@ from transformers.vision_utils import get_vision_window_index
 
 from arr_coc.pipelines import divprune, visionzip
 from arr_coc.pipelines.answer import Request, views_for
-from arr_coc.pipelines.answer import arr_visual_tokens
+from arr_coc.pipelines.arr import arr_visual_tokens
 from arr_coc.vlm.base import VisualTokens
 from arr_coc.vlm.views import MERGE
 

@@ -14,7 +14,8 @@ import torch
 from arr_coc.errors import InputError
 from arr_coc.synth.fineprint import make_page
 from arr_coc.pipelines import arr
-from arr_coc.pipelines.answer import REFIXATE_SHARE, answer_confidence
+from arr_coc.pipelines.answer import answer_confidence
+from arr_coc.pipelines.arr import REFIXATE_SHARE
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.tensions import COVERAGE
 from conftest import QUESTION, scene_image
