@@ -142,3 +142,18 @@ def test_a_follow_ups_saccades_go_where_its_own_question_points(pocket):
         before.append(box_recall_precision(coverage, first.arr.indices[0])[0])
         after.append(box_recall_precision(coverage, second.arr.indices[0])[0])
     assert np.mean(after) >= np.mean(before) + 0.15, (before, after)
+
+
+@pytest.mark.parametrize("pipeline, total", [("arr", 557), ("full", 480)])  # prompt + 2 new tokens
+def test_a_first_turn_past_the_conversation_cap_is_refused(arr_model, monkeypatch, pipeline, total):
+    """Issue 54 item 3: the cap holds for turn 1 too (a first turn of 17,045 tokens was accepted past 16,384, and
+    every later turn then refused). One token past it: refused in one line, the conversation still empty; at it:
+    accepted."""
+    monkeypatch.setattr(answer_module, "MAX_CONVERSATION_TOKENS", total - 1)
+    chat = Conversation(pipeline, photo())
+    with pytest.raises(InputError, match=f"this first turn would start the conversation at {total} tokens, past the "
+                                         f"{total - 1} a conversation keeps"):
+        arr_model.answer(None, QUESTIONS[0], conversation=chat, max_new_tokens=2)
+    assert chat.answers == []
+    monkeypatch.setattr(answer_module, "MAX_CONVERSATION_TOKENS", total)
+    assert arr_model.answer(None, QUESTIONS[0], conversation=chat, max_new_tokens=2).turn == 1
