@@ -1,8 +1,9 @@
 """
 What every pipeline takes and returns: the Parts (what of the model it reads: the VLM, the ARR layer, the texture
 array, the settings), the Request (how to answer), the Answer (text, token counts, latency split, memory,
-compute), ARR's Observation and Scene, and the steps the pipelines share (question check, timed generation, the
-Answer's assembly).
+compute), and the steps the pipelines share (question check, timed generation, the Answer's assembly). What only
+ARR has (its Observation, Scene, Saccade and Fixation, its visual-token count, the adaptive budget) is in
+arr_coc.pipelines.arr, which imports this module and never the other way round.
 
     parts = Parts(vlm, layer, CUDAGraphed(generate_texture_array), PipelineConfig())   # or ARRCOCQwen(...).parts
     answer = pipelines.load("arr").answer(parts, image, question, Request(max_new_tokens=32))
@@ -13,8 +14,8 @@ Answer's assembly).
     second = follow_up(parts, "full", first, "And the date?", Request())   # turn 2 (arr has its own: arr.follow_up)
 
 A Request is the one list of a request's settings: the façade takes one whole, or its fields by name over one
-(with_settings), and checks it here (check_pipeline, check_request: an ablation named by a string becomes its
-Ablation there).
+(with_settings), and checks it here (check_request: an ablation named by a string becomes its Ablation there;
+which pipeline may take it is the registry's check, arr_coc.pipelines.check_pipeline).
 
     request = check_request(with_settings(Request(max_new_tokens=32), dict(budget="auto", ablation="no-gestalt")))
 """
@@ -27,22 +28,15 @@ from typing import Callable
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from arr_coc import pipelines
 from arr_coc.settings import MAX_CONVERSATION_TOKENS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS, PipelineConfig
 from arr_coc.errors import InputError, Stopped
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
-from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
-from arr_coc.relevance.config import AUTO, TensionSettings
+from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput
+from arr_coc.relevance.config import TensionSettings
 from arr_coc.timing import TIMING_KEYS, Stopwatch, TimingStreamer, peak_memory_mb, reset_peak_memory
 from arr_coc.vlm.base import VLM, Generation, History, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
-
-# A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
-# round's visual tokens (273 -> 409, still a tenth of a 1792 px page's 4096 cells), yet adds half as many
-# cells again as the first look read: enough to cover a line the first one clipped.
-REFIXATE_SHARE = 0.5
-
 
 @dataclass
 class Parts:
@@ -78,50 +72,6 @@ class Request:
 
 
 @dataclass
-class Saccade:
-    rank: int  # 1 = most relevant
-    row: int  # candidate-grid row
-    col: int  # candidate-grid column
-    score: float  # relevance
-    box: list[int]  # [x0, y0, x1, y1] in the original image's pixels
-    round: int = 1  # the fixation that chose it: 1, or 2 for a second look (Request.refixate)
-
-
-@dataclass
-class Observation:
-    """What the frozen VLM and the texture array make of an image and a question: ARR's inputs, before any ARR weight."""
-    views: Views
-    question: str
-    gestalt: VisualTokens  # [Ng, D] gestalt tokens at their places on the gestalt grid
-    question_embeds: torch.Tensor  # [1, Lq, D] the question's token embeddings
-    prior: torch.Tensor  # [1, GH, GW] question->gestalt attention on the candidate grid, in [0, 1]
-    highres: torch.Tensor  # [1, 3, H, W] the high-res view on the device, in [0, 1]
-    textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
-
-
-@dataclass
-class Scene:
-    """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
-    observation: Observation
-    maps: ScoreMaps  # the ARR layer's scoring forward: textures, scorer maps, weights, relevance
-    ablation: Ablation | None = None  # the ablation the maps were scored under; selection applies it too
-
-    @property
-    def views(self) -> Views:
-        return self.observation.views
-
-
-@dataclass
-class Fixation:
-    """One round of ARR's looking under Request.refixate: the saccades it added and the answer read after them."""
-    saccades: int  # visual tokens this round added (K1, then K2)
-    text: str  # the answer generated after this round
-    confidence: float  # that answer's confidence (answer_confidence)
-    timings_ms: dict  # this round's own {vision, selection, prefill, decode, total}
-    arr: ARRCOCOutput = field(repr=False)  # this round's selection (relevance map, positions)
-
-
-@dataclass
 class Answer:
     pipeline: str  # a name in arr_coc.pipelines.PIPELINES
     text: str  # the generated answer
@@ -131,17 +81,18 @@ class Answer:
     new_tokens: int  # generated tokens
     views: Views = field(repr=False)
     arr: ARRCOCOutput | None = field(default=None, repr=False)  # the ARR layer's output (arr only)
-    saccades: list[Saccade] = field(default_factory=list)  # relevance-ordered (arr only)
+    saccades: list = field(default_factory=list)  # arr.Saccade, relevance-ordered (arr only)
     safe_mode: bool = False  # the answer was redone with an fp32 residual stream after fp16 overflowed
     gflops: dict = field(default_factory=dict)  # {vision, prefill} estimated from the config (arr_coc.flops)
-    observation: Observation | None = field(default=None, repr=False)  # what ARR read (arr only; faithfulness reuses it)
+    observation: object = field(default=None, repr=False)  # arr.Observation: what ARR read (arr only; faithfulness
+    # reuses it)
     ablation: str | None = None  # the name of the ablation ARR ran under (arr only; None: none)
     kept: torch.Tensor | None = field(default=None, repr=False)  # [N, 2] (row, col) on the native grid a reducer
     # kept: the places of the image tokens its LLM read (divprune, visionzip, fastv), raster order
     merged: torch.Tensor | None = field(default=None, repr=False)  # [C, 2] the kept places that hold merged context
     # rather than their own cell (VisionZip's contextual tokens; None for the other reducers)
     confidence: float | None = None  # the least probable answer token's probability (answer_confidence)
-    fixations: list[Fixation] = field(default_factory=list)  # arr under Request.refixate: 1 round, or 2 if it fired
+    fixations: list = field(default_factory=list)  # arr.Fixation: under Request.refixate 1 round, or 2 if it fired
     refixate: float | None = None  # the threshold tau the answer ran under (None: refixation off)
     history: History | None = field(default=None, repr=False)  # the conversation after this answer (Request.converse)
     turn: int | None = None  # in a conversation: this answer's turn, 1 for the first (None: a single question)
@@ -205,11 +156,6 @@ class Answer:
         return out
 
 
-def second_look_saccades(refixate_budget: int | None, first: int) -> int:
-    """The second look's saccades K2: refixate_budget, or by default REFIXATE_SHARE of the first look's `first`."""
-    return int(refixate_budget) if refixate_budget else max(1, round(REFIXATE_SHARE * first))
-
-
 def tension_record(out: ARRCOCOutput) -> dict:
     """The first image's tensions as run, evaluate and the app record them: e, lambda, f, K, whether K was adaptive,
     the image's structure (the busy-image test's number) and the order the saccades were fed in."""
@@ -238,18 +184,6 @@ def with_settings(request: Request | None, settings: dict) -> Request:
         raise InputError(f"unknown request setting{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: a "
                          f"Request has {', '.join(names)}")
     return replace(request or Request(), **settings)
-
-
-def check_pipeline(pipeline: str, request: Request) -> None:
-    """A pipeline of the registry, and one that can do what the request asks: an ablation or a second look is ARR's."""
-    if pipeline not in pipelines.REGISTRY:
-        raise InputError(f"pipeline must be one of {tuple(pipelines.REGISTRY)}, got {pipeline!r}")
-    ablation = request.ablation.name if isinstance(request.ablation, Ablation) else request.ablation
-    if ablation not in (None, NO_ABLATION.name) and pipeline != "arr":
-        raise InputError(f"an ablation ({ablation}) switches off part of ARR: it needs the arr pipeline, "
-                         f"not {pipeline}")
-    if request.refixate is not None and pipeline != "arr":
-        raise InputError(f"refixation is ARR's second look: it needs the arr pipeline, not {pipeline}")
 
 
 def ablation_named(ablation: Ablation | str | None) -> Ablation:
@@ -305,31 +239,6 @@ def views_for(vlm: VLM, settings: PipelineConfig, image, max_cells: int | None =
     views = make_views(image, *made_at)
     views.made_at = made_at
     return views
-
-
-def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
-    """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades (the
-    reducers keep as many, so every row reads the same number of visual tokens). Under the adaptive budget
-    ("auto") the saccades are ARR's K for this image and question: ARR observes and scores them to know it."""
-    budget = request.budget if request.budget is not None else (request.layer or parts.layer).config.budget
-    if budget == AUTO:
-        budget = adaptive_budget(parts, views, request, question)
-    gh, gw = views.gestalt_grid
-    return gh * gw + int(budget)
-
-
-@torch.no_grad()
-def adaptive_budget(parts: Parts, views: Views, request: Request, question: str | None) -> int:
-    """ARR's adaptive K for an image and a question (the arr pipeline's observe, score and select)."""
-    from arr_coc.pipelines import arr  # arr imports this module
-
-    if question is None:
-        raise ValueError("the adaptive budget depends on the question: arr_visual_tokens needs it")
-    layer = request.layer or parts.layer
-    observation = arr.observe(parts, views.image, question, Stopwatch(parts.vlm.device), request.max_cells, views)
-    maps = arr.score(observation, layer.graphed_score)
-    return arr.select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, request.strategy,
-                      settings=request.tensions).budgets[0]
 
 
 def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: Request,
