@@ -5,8 +5,8 @@ Entries for other images (the photographs) are kept.
 - the square scenes: arr_coc.eval.data.make_scene at fixed seeds (896 px, the old high-res view);
 - three pages of the fine-print suite (arr_coc.synth.fineprint.make_page, 896 px), one per kind: the scenes the
   offline pocket model was trained on, with their first question;
-- two high-resolution scenes drawn here, whose answer needs the native-resolution candidates (DESIGN.md
-  section 1): a 1700x2200 invoice page in 12 px print, and a 2400x900 street with a small green sign.
+- two high-resolution scenes drawn here, whose answer needs the native-resolution candidates
+  (docs/ARCHITECTURE.md §1): a 1700x2200 invoice page in 12 px print, and a 2400x900 street with a small green sign.
   At the gestalt view's scale their print is under 4 px high (tests/test_assets.py checks it).
 
 The text_vs_distractor image is listed twice in examples.json, once per question (the text, then the

@@ -3,7 +3,7 @@ Datasets for ARR-COC: a synthetic scene generator and a JSONL format for (image,
 
 A Sample is one image with one question about it, the expected answer, and the pixel box of the region
 the question is about (None where no region is). The synthetic kinds are built to probe query-aware
-token selection at native resolution (DESIGN.md sections 1 and 6; any side works: each pipeline resizes to
+token selection at native resolution (docs/ARCHITECTURE.md §1; any side works: each pipeline resizes to
 its model's grids):
 
     text_vs_distractor  low-contrast gray text + a bright saturated shape; the question asks for the text

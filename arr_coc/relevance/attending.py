@@ -2,7 +2,7 @@
 TokenAllocator: turns a relevance map into exactly K saccades (unique cells), most relevant first; K is the fixed
 `budget`, or each image's own adaptive budget (arr_coc.relevance.tensions).
 
-Strategies (DESIGN.md §6), all returning the same shapes so they can be ablated side by side:
+Strategies (docs/ARCHITECTURE.md §1), all returning the same shapes so they can be ablated side by side:
 - topk      the `budget` highest cells
 - logpolar  a foveated sample: 16 rho x 17 theta bins around the relevance peak, the best cell of each
             bin, filled up to the budget with the best remaining cells (seed Part 12)

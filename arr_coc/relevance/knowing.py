@@ -2,7 +2,7 @@
 The three ways of knowing: each scorer maps the texture array to a relevance map [B, gh, gw].
 
 Each scorer is a hand-designed prior plus a learned residual whose last layer starts at zero, so a fresh
-scorer equals its prior exactly and training only improves on it (DESIGN.md §4).
+scorer equals its prior exactly and training only improves on it (docs/ARCHITECTURE.md §1).
 
 - InformationScorer (propositional): where the detail is (edges, high-pass energy, colour variance).
 - PerspectivalScorer (salience): what stands out (spectral residual, colour contrast, colour rarity).

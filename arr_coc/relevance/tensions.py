@@ -1,5 +1,5 @@
 """
-The three tensions of opponent processing, set per question by the balancer (DESIGN.md §6, issue 17):
+The three tensions of opponent processing, set per question by the balancer (the design brief, issue 17):
 
     exploit <-> explore         e in [0, 0.5]  the share of the budget spent on coverage: cells farthest from every
                                                pick so far (farthest-point over the cells relevance left)   prior 0

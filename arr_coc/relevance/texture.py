@@ -2,7 +2,7 @@
 The 13-channel texture array: cheap, query-agnostic image features at candidate-grid resolution.
 
 Every channel is in [0, 1], computed batched on the images' device under no_grad, with no Python loop
-over pixels or cells (DESIGN.md §5). CHANNELS names each channel and says what it measures.
+over pixels or cells (docs/ARCHITECTURE.md §1). CHANNELS names each channel and says what it measures.
 
     from arr_coc.relevance.texture import generate_texture_array, CHANNELS
     tex = generate_texture_array(images, (32, 32))  # images [B,3,H,W] in [0,1] -> [B,13,32,32]

@@ -1,4 +1,4 @@
-"""Behaviour of the 13-channel texture array (DESIGN.md §5)."""
+"""Behaviour of the 13-channel texture array (docs/ARCHITECTURE.md §1)."""
 
 import numpy as np
 import pytest
