@@ -13,6 +13,7 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
     out = layer.select(maps, (32, 32), "auto", settings=TensionSettings(explore=0.25))   # adaptive K, e fixed
     layer.save_pretrained("checkpoints/mine")
     layer = ARRCOCLayer.from_pretrained("checkpoints/mine", expect_hidden_size=1536)
+    folder = choose_checkpoint(None, "qwen2_vl", 1536)   # none asked for: the first made for the model, else None
 """
 
 import json
