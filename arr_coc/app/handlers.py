@@ -22,6 +22,7 @@ turn) makes its views once (ARRCOCQwen.views) and hands them to each in its Requ
 own RGB image as the image: the upload and the resized views serve every pipeline.
 """
 
+import copy
 import hashlib
 import queue
 import threading
@@ -385,6 +386,17 @@ class Chat:
         self.baseline.to(device)
         return self
 
+    def fork(self) -> "Chat":
+        """
+        A copy a turn may change: new lists, and a copy of each conversation's last answer (the one a turn and
+        Conversation.to change); the earlier answers are shared (nothing changes them again). A turn works on a
+        fork and returns it, so the session's own Chat changes only when the event's outputs land: a cancelled,
+        failed or refused turn leaves it as it was, ARR's and the baseline's conversations in step.
+        """
+        arr, baseline = (replace(c, answers=[*c.answers[:-1], *map(copy.copy, c.answers[-1:])])
+                         for c in (self.arr, self.baseline))
+        return Chat(arr, baseline, list(self.rows), self.digest)
+
 
 @ui.reports_errors
 def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, question: str, baseline: str,
@@ -392,8 +404,8 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     """
     The next turn of the session's conversation about an image (the first, without one): ARR reads the question
     anew, the baseline continues its own; -> (the Chat, a status line, the turns table, ARR's relevance and
-    numbered saccades this turn, how they moved from the turn before: new, kept, dropped). A refused turn
-    leaves the conversation as it was.
+    numbered saccades this turn, how they moved from the turn before: new, kept, dropped). The turn is taken on a
+    fork of the session's Chat (Chat.fork): a refused or cancelled turn leaves the conversation as it was.
     """
     image = to_rgb(ui.check_inputs(image, question))  # RGB: the views made of it for turn 1 are its own (views_for)
     digest = hashlib.sha1(image.tobytes()).hexdigest()
@@ -402,8 +414,7 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     elif baseline != chat.baseline.pipeline:
         raise InputError(f"this conversation's baseline is {chat.baseline.pipeline}: press New image to start "
                          f"one with {baseline}")
-    chat.to(model.vlm.device)
-    turns = [(c, len(c.answers), c.answers[-1].history if c.answers else None) for c in (chat.arr, chat.baseline)]
+    chat = chat.fork().to(model.vlm.device)
     try:
         views = None if chat.arr.answers else model.views(chat.arr.image)  # turn 1 reads the image: once for both
         request = Request(max_new_tokens=int(max_new_tokens), views=views)
@@ -417,12 +428,6 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
         drawing = None if moved is None else viz.moves_overlay(image, grid, moved.new, moved.kept, moved.dropped,
                                                                a.arr.relevance[0], a.turn)
         chat.rows.append(ui.turn_row(question, b, a, moved))
-    except BaseException:  # one pipeline answered and the other did not: both go back to the turn before
-        for conversation, n, history in turns:
-            del conversation.answers[n:]
-            if n:
-                conversation.answers[-1].history = history
-        raise
     finally:
         chat.to("cpu")
     status = (f"Turn {a.turn}: ARR prefilled {a.prefilled} tokens (its conversation holds {a.context}), "

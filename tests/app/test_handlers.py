@@ -492,7 +492,7 @@ def test_a_conversation_turn_keeps_cpu_data_and_a_failed_one_leaves_it_as_it_was
     answer = arr_model.answer
 
     def baseline_fails(image, question, pipeline="arr", **kwargs):
-        if kwargs.get("conversation") is chat.baseline:
+        if getattr(kwargs.get("conversation"), "pipeline", None) == "full":  # the baseline's, in the turn's fork
             raise RuntimeError("the baseline failed")
         return answer(image, question, pipeline, **kwargs)
 
@@ -504,3 +504,18 @@ def test_a_conversation_turn_keeps_cpu_data_and_a_failed_one_leaves_it_as_it_was
     monkeypatch.setattr(arr_model, "answer", answer)
     chat, status, rows, *_ = handlers.converse(arr_model, chat, CAT, "Where is it?", "full", 2, 30, False, 5)
     assert [r[0] for r in rows] == [1, 2, 3]  # the conversation goes on from turn 2
+
+
+def test_a_cancelled_turn_is_not_committed_and_both_conversations_stay_in_step(arr_model):
+    """Issue 54 item 4: gradio cancels a turn by dropping its outputs while the handler runs on to its end, so the
+    session keeps the Chat it had. A turn must change only the Chat it returns: after a cancelled turn and a
+    refused one, the next is turn 2 for ARR and for the baseline alike (it was 15, 15, 16)."""
+    chat, *_ = handlers.converse(arr_model, None, CAT, QUESTION, "full", 2, 30, False, 5)
+    handlers.converse(arr_model, chat, CAT, "And its nose?", "full", 2, 30, False, 5)  # cancelled: never lands
+    assert [len(c.answers) for c in (chat.arr, chat.baseline)] == [1, 1] and len(chat.rows) == 1
+    assert all(c.answers[-1].history is not None for c in (chat.arr, chat.baseline))  # still continues
+    with pytest.raises(gr.Error, match="this conversation's baseline is full"):
+        handlers.converse(arr_model, chat, CAT, "Where is it?", "gestalt", 2, 30, False, 5)
+    chat, status, rows, *_ = handlers.converse(arr_model, chat, CAT, "Where is it?", "full", 2, 30, False, 5)
+    assert [c.answers[-1].turn for c in (chat.arr, chat.baseline)] == [2, 2] and [r[0] for r in rows] == [1, 2]
+    assert status.startswith("Turn 2:") and tensors_off_the_cpu(chat) == []
