@@ -19,5 +19,6 @@ folders = [name for name in SHIPPED if (here / name).is_dir()]
 setup(
     packages=find_packages(include=["arr_coc", "arr_coc.*"]) + [f"arr_coc.shipped.{name}" for name in folders],
     package_dir={f"arr_coc.shipped.{name}": name for name in folders},
-    package_data={f"arr_coc.shipped.{name}": ["**/*"] for name in folders},  # every file, at any depth
+    package_data={f"arr_coc.shipped.{name}": ["**/*"] for name in folders}  # every file, at any depth
+    | {"arr_coc.synth": ["fonts/*"]},  # the DejaVu faces the layout families draw with (synth/families.py)
 )

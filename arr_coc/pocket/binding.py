@@ -71,7 +71,8 @@ def _draw(channel: str, mark: Mark, draw: ImageDraw.ImageDraw, box) -> int:
     else:
         return 0
     label = (mark.text[DIGITS.index(channel)] if channel in DIGITS else
-             {"ink": mark.colour, "shape": mark.shape, "inside": mark.colour, "word": mark.text, "key": mark.key}[channel])
+             {"ink": mark.colour, "shape": mark.shape, "inside": mark.colour, "word": mark.text,
+              "key": mark.key.rpartition(" ")[2]}[channel])  # a compound key (families.py: "MAX SPEED") binds its stem
     return CLASSES[channel].index(label)
 
 

@@ -21,6 +21,7 @@ import torch
 from arr_coc.pocket.binding import binding_targets
 from arr_coc.pocket.pointing import digit_targets, pointing_targets, value_cells
 from arr_coc.pocket.reading import reading_targets
+from arr_coc.synth.families import FAMILIES, TRAINED, make_family_page
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.views import PIPELINE, fit_grid
@@ -43,6 +44,7 @@ class Stage:
     read: float  # share of conversations that open with READ_PAGE (the page's transcript)
     budget: int = 10**9  # move on after this many steps at this stage, passed or not
     gate: tuple[str, ...] = ("fine_print",)  # the kinds whose held-out pages must reach PASS_MARK to move on early
+    families: float = 0.0  # share of batches whose pages come from the trained layout families (families.TRAINED)
 
     @property
     def style(self) -> PageStyle:
@@ -61,6 +63,8 @@ SMALL_PRINT = PageStyle(fields=(16, 32), field_font=(10, 12), word_font=(11, 13)
 # the last two stages: the suite and its hardest corner, half their shape_colour pages with the shapes over scattered
 # fields (with clean backgrounds only, shapes over print, fineprint.LAYOUTS, held out, were read at 0.27: step 47213)
 _LATE = tuple(replace(style, fields_under_shapes=0.5) for style in (SPEC, SMALL_PRINT))
+FAMILY_SHARE = 0.6  # the last two stages: this share of batches from the trained layout families (issue #51), the
+# rest from the suite's own pages; the held-out families (families.HELD_OUT) are never drawn
 # every stage but the last has a step budget; the first two's are ~1.3x the steps the shipped line took to pass their
 # checks from scratch (~16.5k and ~7.5k), the later ones' what got it past stage 2, where it had stalled for 20k steps
 CURRICULUM = (
@@ -68,8 +72,8 @@ CURRICULUM = (
     Stage((168, 336), (_MEDIUM,), turns=4, read=0.5, budget=10_000, gate=("fine_print", "box_word")),
     Stage((224, 560), (_MID,), turns=6, read=0.35, budget=300),
     Stage((336, 896), (_SMALLER, SMALL_PRINT), turns=8, read=0.25, budget=300),
-    Stage((448, 1344), _LATE, turns=8, read=0.15, budget=400),
-    Stage((448, 1792), _LATE, turns=8, read=0.1),  # the last stage: the suite at every size
+    Stage((448, 1344), _LATE, turns=8, read=0.15, budget=400, families=FAMILY_SHARE),
+    Stage((448, 1792), _LATE, turns=8, read=0.1, families=FAMILY_SHARE),  # the last stage: the suite at every size
 )
 PASS_MARK = 0.7  # a stage may end early when held-out exact match on its own pages reaches this on its gate kinds:
 # its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
@@ -203,13 +207,15 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
     s = CURRICULUM[shape.randrange(stage) if stage and shape.random() < REVIEW else stage]
     w, h = page_size(shape, s.sides, by_area)
     gestalt_first = shape.random() < GESTALT_FIRST
+    family = shape.choice(TRAINED) if s.families and shape.random() < s.families else None
+    if family is not None:  # the family's own aspect at the drawn page's area
+        w, h = family_page_size(shape, family, w * h)
     rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}:pages")  # this batch's own pages
     tokens = w * h // 784 + (math.prod(fit_grid(w, h, GESTALT_TOKENS)) if gestalt_first else 0)  # per conversation
     n = min(max_pages, max(2, image_tokens // tokens))
     images, conversations, readings, bindings, values = [], [], [], [], []
     for _ in range(n):
-        style = rng.choice(s.styles) if len(s.styles) > 1 else s.styles[0]
-        page = make_page(rng.choices(PAGE_KINDS, KIND_WEIGHTS)[0], rng.getrandbits(40), w, h, style)
+        page = draw_page(rng, s, family, w, h)
         pool = [(q.question, q.answer) for q in page.questions]
         for i, qa in enumerate(reversed_questions(page)[:len(pool)]):  # mark i is question i's target
             if rng.random() < REVERSED:
@@ -222,6 +228,25 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
         bindings.append(binding_targets(page.marks, w, h))
         values.append(value_cells(page.marks, page.glyphs, w))
     return images, conversations, readings, gestalt_first, bindings, values
+
+
+def draw_page(rng: random.Random, stage: Stage, family: str | None, w: int, h: int):
+    """One training page: of a trained layout family (its kinds weighted as KIND_WEIGHTS), or of the suite in one
+    of the stage's styles."""
+    if family is None:
+        style = rng.choice(stage.styles) if len(stage.styles) > 1 else stage.styles[0]
+        return make_page(rng.choices(PAGE_KINDS, KIND_WEIGHTS)[0], rng.getrandbits(40), w, h, style)
+    assert family in TRAINED, family  # a held-out family is never trained on
+    kinds = FAMILIES[family].kinds
+    kind = rng.choices(kinds, [KIND_WEIGHTS[PAGE_KINDS.index(k)] for k in kinds])[0]
+    return make_family_page(family, kind, rng.getrandbits(40), w, h)
+
+
+def family_page_size(rng: random.Random, family: str, area: int) -> tuple[int, int]:
+    """A (width, height) in multiples of 28 px of about `area` px^2 in the family's aspect range."""
+    a = rng.uniform(*FAMILIES[family].aspect)
+    w = max(4, round(math.sqrt(area * a) / 28))
+    return w * 28, max(4, round(area / (w * 28) / 28)) * 28
 
 
 def reversed_questions(page) -> list[tuple[str, str]]:

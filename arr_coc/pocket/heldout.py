@@ -5,21 +5,32 @@ produces the answer); under torchrun each process scores its shard.
 
     accuracy = evaluate_heldout(model, tokenizer, image_processor(), device, pages=96, sizes=(896, 1792))
     unseen = evaluate_heldout(model, tokenizer, image_processor(), device, 96, (896,), style=LAYOUTS)  # new layouts
+    by_group = evaluate_families(model, tokenizer, image_processor(), device, pages=96, sizes=(896, 1792))
+
+    python -m arr_coc.pocket.heldout --model models/pocket-qwen2-vl --pages 96 --sizes 896 1792 --out f.json
 """
 
 from __future__ import annotations
 
+import os
 import random
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
 from arr_coc import distributed
 from arr_coc.pocket.data import CURRICULUM, GESTALT_TOKENS, IGNORE, collate, model_inputs
+from arr_coc.synth.families import FAMILIES, HELD_OUT, TRAINED, family_size, make_family_page
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
 from arr_coc.vlm.views import fit_grid
 
 EVAL_SEED = 10**9  # held-out pages use seeds from here on; training seeds stay far below
+GROUPS = {  # the layout-family groups every accuracy table reports apart
+    "trained": TRAINED,
+    "held-out sparse": tuple(f for f in HELD_OUT if not FAMILIES[f].dense),
+    "held-out dense": tuple(f for f in HELD_OUT if FAMILIES[f].dense),
+}
 
 
 # -----------------------------------------------------------------------------
@@ -48,6 +59,28 @@ def heldout(kind: str, size: int, n: int, stage: int | None = None,
     return tuple(out)
 
 
+@lru_cache(maxsize=None)
+def family_items(group: str, kind: str, size: int, n: int, workers: int = 1) -> tuple[tuple, ...]:
+    """n (image, question, answer) of `kind` on pages of the group's families that carry it (in turn), each of
+    about size^2 px in its family's aspect, new seeds; drawn by `workers` processes."""
+    families = tuple(f for f in GROUPS[group] if kind in FAMILIES[f].kinds)
+    jobs = [(group, families[i % len(families)], kind, size, i) for i in range(n if families else 0)]
+    if workers <= 1:
+        return tuple(map(_family_item, jobs))
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers) as pool:
+        return tuple(pool.map(_family_item, jobs, chunksize=4))
+
+
+def _family_item(job: tuple) -> tuple:
+    group, family, kind, size, i = job
+    seed = EVAL_SEED + size * 1000 + i
+    page = make_family_page(family, kind, seed, *family_size(family, seed, size))
+    q = random.Random(f"arr_coc:pocket:eval:{group}:{kind}:{size}:{i}").choice(page.questions)
+    return page.image, q.question, q.answer
+
+
 @torch.no_grad()
 def exact_match(model, tokenizer, processor, items, device, batch: int = 8,
                 process: distributed.Process | None = None) -> float:
@@ -62,8 +95,11 @@ def exact_match(model, tokenizer, processor, items, device, batch: int = 8,
 def correct_count(model, tokenizer, processor, items, device, batch: int = 8) -> tuple[int, int]:
     """(items answered exactly, items): teacher-forced exact match, which is exactly greedy decoding's."""
     correct = 0
-    for i in range(0, len(items), batch):
-        chunk = items[i:i + batch]
+    by_size: dict[tuple[int, int], list] = {}
+    for item in items:  # a batch holds pages of one size
+        by_size.setdefault(item[0].size, []).append(item)
+    chunks = [same[i:i + batch] for same in by_size.values() for i in range(0, len(same), batch)]
+    for chunk in chunks:
         collated = collate(tokenizer, [im for im, _, _ in chunk], [[(q, a)] for _, q, a in chunk])
         inputs = model_inputs(collated, processor, model.config.image_token_id, device)
         labels = inputs.pop("labels")
@@ -95,3 +131,65 @@ def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896
                                                             process=process)
     model.train()
     return result
+
+
+def evaluate_families(model, tokenizer, processor, device, pages: int, sizes=(896, 1792),
+                      process: distributed.Process | None = None, workers: int = 1) -> dict:
+    """{group: {size: {view: {kind: [correct, n]}}}} over GROUPS' layout families, native and gestalt views (pages
+    drawn by `workers` processes)."""
+    model.eval()
+    result = {}
+    for group in GROUPS:
+        result[group] = {}
+        for size in sizes:
+            result[group][str(size)] = {"full": {}, "gestalt": {}}
+            for kind in PAGE_KINDS:
+                items = family_items(group, kind, size, pages, workers)
+                if not items:
+                    continue
+                for view in ("full", "gestalt"):
+                    shown = [(gestalt_view(im), q, a) for im, q, a in items] if view == "gestalt" else list(items)
+                    mine = process.shard(shown) if process else shown
+                    correct, n = correct_count(model, tokenizer, processor, mine, device,
+                                               batch=4 if size > 1000 and view == "full" else 16)
+                    if process is not None and process.distributed:
+                        correct, n = process.sum(torch.tensor([correct, n], dtype=torch.float64)).tolist()
+                    result[group][str(size)][view][kind] = [int(correct), int(n)]
+    model.train()
+    return result
+
+
+def main(argv=None) -> dict:
+    """Score an exported pocket folder on the layout-family groups; print one line a row, write JSON."""
+    import argparse
+    import json
+
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    from arr_coc.pocket.model import image_processor
+    from arr_coc.intervals import interval_text
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="models/pocket-qwen2-vl", help="an exported pocket folder")
+    parser.add_argument("--pages", type=int, default=96, help="pages a kind, size and family group")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[896, 1792], help="page areas (about size^2 px)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="page-drawing processes")
+    parser.add_argument("--out", default=None, help="write the counts here as JSON")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32).to(device)
+    result = evaluate_families(model, AutoTokenizer.from_pretrained(args.model), image_processor(), device,
+                               args.pages, tuple(args.sizes), workers=args.workers)
+    for group, by_size in result.items():
+        for size, views in by_size.items():
+            for view, kinds in views.items():
+                print(f"{group} {size} {view}: " + ", ".join(f"{k} {interval_text(c, n)}" for k, (c, n) in kinds.items()),
+                      flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(model=args.model, pages=args.pages, result=result), indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
