@@ -9,6 +9,7 @@ frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
     python app.py --model tiny-qwen3-vl      # the tiny Qwen3-VL (or tiny-qwen2.5-vl, or any Qwen-VL hub id / folder)
     python app.py --checkpoint NAME --port 8000 --share
     python app.py --cache-age 600            # uploads and drawings leave gradio's cache after 10 minutes
+    python app.py --upload-cache-mb 256      # at most 256 MB of uploads kept: each upload deletes the oldest past it
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
@@ -26,6 +27,7 @@ from arr_coc.config import DEFAULT_MODEL
 
 CACHE_AGE_S = 3600  # uploads and drawings leave gradio's cache an hour after they were written (--cache-age)
 CACHE_CHECK_S = 600  # how often the cache is swept for them (more often where --cache-age is shorter)
+UPLOAD_CACHE_MB = 1024  # the uploads gradio's cache keeps, at most: the oldest go first (--upload-cache-mb)
 HOST = os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")  # where the app serves
 
 
@@ -45,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-age", type=cli.bounded_int(1, 7 * 86400), default=CACHE_AGE_S, metavar="SECONDS",
                    help="delete uploads and drawn images from gradio's cache ($GRADIO_TEMP_DIR) this long after they "
                         "were written, and all of them when the app stops (default: %(default)s)")
+    p.add_argument("--upload-cache-mb", type=cli.bounded_int(1, 1024 * 1024), default=UPLOAD_CACHE_MB, metavar="MB",
+                   help="keep at most this many MB of uploads in gradio's cache: each upload first deletes the oldest "
+                        "ones past it (anyone can upload, with no session; default: %(default)s)")
     args = p.parse_args(argv)
     if not port_free(HOST, args.port):  # gradio would find it taken only after the model loaded
         p.error(f"argument --port: {args.port} is in use on {HOST}")
@@ -74,10 +79,11 @@ from pathlib import Path  # noqa: E402
 
 import gradio as gr  # noqa: E402
 from gradio.route_utils import delete_files_created_by_app  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 
 from arr_coc import zerogpu  # noqa: E402
 from arr_coc import viz  # noqa: E402
-from arr_coc.app import handlers, ui  # noqa: E402
+from arr_coc.app import handlers, ui, uploads  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
 from arr_coc.pipelines import FAST_ENGINE_ONLY, REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
@@ -444,9 +450,11 @@ def main(args: argparse.Namespace) -> None:
     log.info("serving ...")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a service manager's stop, as Ctrl-C: launch returns
     # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason;
-    # max_file_size: the server itself refuses a larger upload, whatever the client
-    demo.launch(server_name=HOST, server_port=args.port,
-                share=args.share, show_error=True, max_file_size=f"{ui.MAX_UPLOAD_MB}mb")
+    # max_file_size: the server itself refuses a larger upload, whatever the client; UploadCap: the uploads kept
+    # stay under --upload-cache-mb
+    cap = Middleware(uploads.UploadCap, blocks=demo, max_bytes=args.upload_cache_mb * 2**20)
+    demo.launch(server_name=HOST, server_port=args.port, share=args.share, show_error=True,
+                max_file_size=f"{ui.MAX_UPLOAD_MB}mb", app_kwargs=dict(middleware=[cap]))
     # gradio's own clean-up at shutdown waits for every connection to close, which an open page never does
     delete_files_created_by_app(demo, age=None)  # every upload and drawing; the examples stay
     log.info("stopped; the uploads and drawings were deleted from gradio's cache")

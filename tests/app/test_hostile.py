@@ -8,6 +8,8 @@ hand back.
 
 import base64
 import json
+import os
+import time
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -17,9 +19,13 @@ import pytest
 
 from conftest import serve_app
 
+from arr_coc.app.uploads import make_room
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "arr-coc-secret-54"  # the marker of the .svg the probe tries to read
 GIT_SECRET = "repositoryformatversion"  # a line of every .git/config
+UPLOAD_CACHE_MB = 8  # the hostile server's --upload-cache-mb
+MIB = 2 ** 20
 
 
 def hostile_values(path: Path) -> list:
@@ -86,13 +92,15 @@ def defaults(config: dict, dependency: dict) -> list:
 @pytest.fixture(scope="module")
 def hostile_server(tmp_path_factory):
     """The app with its temp folder moved aside, so that the probe's own folder is outside everything the app may
-    serve (its working folder, its temp folder): a file read from there can only come from a hole."""
+    serve (its working folder, its temp folder): a file read from there can only come from a hole. Its uploads are
+    capped at UPLOAD_CACHE_MB."""
     root = tmp_path_factory.mktemp("hostile")
     (root / "tmp").mkdir()
     outside = root / "outside"
     outside.mkdir()
     (outside / "secret.svg").write_text(f'<svg xmlns="http://www.w3.org/2000/svg"><text>{SECRET}</text></svg>')
-    with serve_app(root / "app.log", env={"TMPDIR": str(root / "tmp")}) as url:
+    args = ("--upload-cache-mb", str(UPLOAD_CACHE_MB))
+    with serve_app(root / "app.log", *args, env={"TMPDIR": str(root / "tmp")}) as url:
         yield url, outside / "secret.svg"
 
 
@@ -126,3 +134,31 @@ def test_gradios_file_route_serves_neither_file(hostile_server):
     for target, marker in ((ROOT / ".git" / "config", GIT_SECRET), (svg, SECRET)):
         response = httpx.get(f"{url}/gradio_api/file={urllib.parse.quote(str(target))}", timeout=10)
         assert marker not in response.text
+
+
+def test_uploads_past_the_cache_cap_delete_the_oldest(hostile_server):
+    """Item 6: gradio's upload route needs no event or session, so anyone can fill the cache (980 MB in 9 s). Six
+    uploads of 3 MiB under an 8 MiB cap: each makes room first, so the last two alone are kept (6 MiB)."""
+    url, _ = hostile_server
+    paths = []
+    for i in range(6):
+        files = {"files": (f"upload{i}.png", os.urandom(3 * MIB), "image/png")}
+        response = httpx.post(f"{url}/gradio_api/upload", files=files, timeout=30)
+        assert response.status_code == 200
+        paths += response.json()
+    assert [Path(p).exists() for p in paths] == [False] * 4 + [True] * 2
+    assert sum(Path(p).stat().st_size for p in paths[-2:]) == 6 * MIB
+
+
+def test_make_room_deletes_the_oldest_until_the_incoming_bytes_fit(tmp_path):
+    """Uploads of 4, 3 and 2 bytes, oldest first, and one already swept; 2 more under a cap of 10: the oldest alone
+    goes (4 bytes), and the swept one leaves the set. Then 1 more fits as they are."""
+    uploads = {str(tmp_path / "swept")}
+    for i, size in enumerate((4, 3, 2)):
+        path = tmp_path / f"u{i}"
+        path.write_bytes(b"x" * size)
+        os.utime(path, (time.time() - 10 + i,) * 2)
+        uploads.add(str(path))
+    assert make_room(uploads, incoming=2, max_bytes=10) == 4
+    assert uploads == {str(tmp_path / "u1"), str(tmp_path / "u2")} and not (tmp_path / "u0").exists()
+    assert make_room(uploads, incoming=1, max_bytes=10) == 0 and len(uploads) == 2
