@@ -28,12 +28,14 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 from importlib import metadata
 from pathlib import Path
 
 from arr_coc import checkpoints, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
+from arr_coc.settings import MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, int_list,  # noqa: F401
                            names, one_of)  # (re-exported: the commands write cli.bounded_int)
 from arr_coc.hub import hub_out_of_reach
@@ -157,13 +159,18 @@ def input_file(what: str):
 
 def image_file(text: str) -> str:
     """An argparse type: an existing file that PIL knows as an image (its header is read, not the pixels: a PDF or a
-    text file is refused here, before torch loads; a truncated image is found when it is decoded)."""
+    text file is refused here, before torch loads; a truncated image is found when it is decoded), of at most the
+    app's MAX_IMAGE_PIXELS. A fifo or a device is refused unread: reading one waits for a writer."""
     from PIL import Image, UnidentifiedImageError
 
     input_file("image")(text)
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file (a fifo, a socket or a device)")
     try:
-        with Image.open(text):
-            return text
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # past PIL's warning size: our line only
+            with Image.open(text) as image:
+                width, height = image.size
     except UnidentifiedImageError:
         with open(text, "rb") as f:
             pdf = f.read(5) == b"%PDF-"
@@ -171,6 +178,10 @@ def image_file(text: str) -> str:
             " (a PDF: export the page as PNG or JPEG)" if pdf else "")) from None
     except (OSError, ValueError, Image.DecompressionBombError) as e:  # ValueError: a PNG text chunk that inflates
         raise argparse.ArgumentTypeError(f"cannot read {text} as an image ({type(e).__name__}: {e})") from None
+    if width * height > MAX_IMAGE_PIXELS:
+        raise argparse.ArgumentTypeError(f"{text} is too large ({width}x{height} pixels); the limit is "
+                                         f"{MAX_IMAGE_PIXELS // 10**6} megapixels, as in the app: downscale it first")
+    return text
 
 
 def arr_checkpoint(folder: Path) -> dict | None:

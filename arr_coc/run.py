@@ -41,7 +41,8 @@ HF_HUB_OFFLINE=1) and the local cache lacks it, the pocket model runs instead (-
 
 Exit codes: 0 on success; 2 on bad input (a bad flag, unreadable image, empty question, bad checkpoint, a
 model that cannot be loaded), with a one-line reason on stderr. Bad flags, a missing --image or one that is no
-image (a PDF), a question over the length limit, an ARR checkpoint given as --model, an unusable --device and a
+image (a PDF), over the app's 64 megapixels (read from its header) or no regular file (a fifo), a question over
+the length limit, an ARR checkpoint given as --model, an unusable --device and a
 --json that is a folder or cannot be written are refused before anything loads.
 """
 
@@ -55,6 +56,7 @@ from arr_coc.config import DEFAULT_BUDGET, MAX_QUESTION_CHARS, PIPELINES, STRATE
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import open_image
 from arr_coc.relevance import ablation as ablations
+from arr_coc.settings import MAX_IMAGE_PIXELS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -119,13 +121,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_image(path: str):
-    """The image as the app would get it (EXIF orientation applied); InputError with the reason if unreadable."""
+    """The image as the app would get it (EXIF orientation applied, at most the app's MAX_IMAGE_PIXELS, checked on
+    its header); InputError with the reason if unreadable or too large."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        return open_image(path)
+        return open_image(path, MAX_IMAGE_PIXELS)
     except FileNotFoundError:
         raise InputError(f"no such image: {path}") from None
+    except Image.DecompressionBombError as e:
+        raise InputError(f"{path} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} megapixels, as in the "
+                         "app: downscale it first") from None
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise InputError(f"cannot read {path} as an image ({type(e).__name__}: {e})") from None
 

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 from PIL import Image
-from conftest import text_bomb_png
+from conftest import giant_png, text_bomb_png
 
+from arr_coc.errors import InputError
 from arr_coc.run import load_image, main
 
 pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
@@ -209,6 +210,33 @@ def test_a_png_whose_text_inflates_before_its_pixels_is_refused_at_parse_time(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1
     assert f"argument --image: cannot read {tmp_path / 'bomb.png'} as an image (ValueError: " in err[0]
+
+
+def test_an_image_over_the_apps_64_megapixels_is_refused_from_its_header(tmp_path, capsys):
+    """Issue 54 item 7: a 13000x13000 image (169 megapixels, under PIL's own 179) that the app refuses ran in `run`
+    at a 6 GB peak. --image refuses it from its header, before the model loads, and load_image does too."""
+    giant = giant_png(tmp_path / "giant.png", 13000, 13000)
+    with pytest.raises(SystemExit) as stop:
+        main(["--model", "tiny", "--image", str(giant), "--question", "hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1
+    assert (f"argument --image: {giant} is too large (13000x13000 pixels); the limit is 64 megapixels, as in the app: "
+            "downscale it first") in err[0]
+    with pytest.raises(InputError, match=r"too large \(13000x13000 pixels\); the limit is 64 megapixels"):
+        load_image(str(giant))
+
+
+def test_a_fifo_as_the_image_is_refused_unread(tmp_path, capsys):
+    """Issue 54 item 8: `run --image <a fifo>` hung, waiting for a writer. It is refused in one line, unread."""
+    import os
+
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit) as stop:
+        main(["--model", "tiny", "--image", str(fifo), "--question", "hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1
+    assert f"argument --image: {fifo} is not a regular file (a fifo, a socket or a device)" in err[0]
 
 
 @pytest.mark.parametrize("flags, reason", [

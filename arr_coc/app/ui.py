@@ -33,13 +33,13 @@ from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARR
                                      choose_checkpoint, list_checkpoints, read_checkpoint_config)
 from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
 from arr_coc.relevance.texture import CHANNELS
+from arr_coc.settings import MAX_IMAGE_PIXELS  # the commands' limit too
 from arr_coc.timing import TIMING_KEYS
 from arr_coc.vlm.views import PIPELINE, to_rgb
 
 log = logging.getLogger("arr_coc.app")
 
 POCKET_EXAMPLE = "pocket_"  # an example image named so is a fine-print page the offline pocket model answers
-MAX_IMAGE_PIXELS = 64_000_000  # larger uploads take seconds to decode on the shared queue, for no gain
 MAX_UPLOAD_MB = 50  # the server refuses a larger upload (HTTP 413); a 64-megapixel JPEG or an ARR checkpoint is less
 STATS_HEADERS = ["metric", "value"]
 TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "TTFT ms: base", "TTFT ms: ARR",
