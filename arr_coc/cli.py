@@ -35,7 +35,8 @@ from pathlib import Path
 from arr_coc import checkpoints, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
-from arr_coc.settings import MAX_IMAGE_PIXELS
+from arr_coc.errors import InputError, check_text
+from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, int_list,  # noqa: F401
                            names, one_of)  # (re-exported: the commands write cli.bounded_int)
 from arr_coc.hub import hub_out_of_reach
@@ -64,7 +65,10 @@ def question(text: str) -> str:
     nonblank(text)
     if len(text) > MAX_QUESTION_CHARS:
         raise argparse.ArgumentTypeError(f"{len(text)} characters, over the limit of {MAX_QUESTION_CHARS}")
-    return text
+    try:
+        return check_text(text, "question")  # bytes that are no UTF-8 reach argv as lone surrogates
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def device(text: str) -> str:
@@ -169,7 +173,7 @@ def image_file(text: str) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # past PIL's warning size: our line only
-            with Image.open(text) as image:
+            with Image.open(text, formats=IMAGE_FORMATS) as image:  # as the app and open_image read them
                 width, height = image.size
     except UnidentifiedImageError:
         with open(text, "rb") as f:
@@ -189,7 +193,7 @@ def arr_checkpoint(folder: Path) -> dict | None:
     arr_coc.relevance.layer writes it), else None: a VLM's folder has a model_type instead."""
     try:
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # no folder, no config.json, not JSON
+    except (OSError, ValueError, RecursionError):  # no folder, no config.json, not JSON (or nested past Python)
         return None
     raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # the mixin may nest the dataclass
     return raw if isinstance(raw, dict) and {"base_model_family", "hidden_size"} <= raw.keys() else None

@@ -24,3 +24,14 @@ class OutOfMemory(RuntimeError):
 
 class Stopped(RuntimeError):
     """The user stopped the request (the app's Stop): its generation ended at the next token, nothing was answered."""
+
+
+def check_text(text: str, what: str) -> str:
+    """`text` as it is, or InputError where it is no valid Unicode: a lone surrogate (a browser or a shell can send
+    one; Python keeps undecodable bytes of argv so) cannot be encoded, so no tokenizer takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"the {what} is not valid text: a lone surrogate (U+{ord(text[e.start]):04X}) at character "
+                         f"{e.start + 1}") from None
+    return text

@@ -31,7 +31,7 @@ from transformers import TextIteratorStreamer
 from arr_coc import pipelines
 from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
 from arr_coc.settings import MAX_QUESTION_TOKENS
-from arr_coc.errors import InputError, OutOfMemory
+from arr_coc.errors import InputError, OutOfMemory, check_text
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.pipelines import arr, check_pipeline
 from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Parts, Request, ablation_named,  # noqa: F401
@@ -131,7 +131,7 @@ class ARRCOCQwen:
         tokens, before any VLM work: at most MAX_QUESTION_TOKENS (4000 four-byte characters can be 16,000 tokens;
         one prompt that long took 12 GB). -> the question, stripped.
         """
-        question = check_question(question)
+        question = check_text(check_question(question), "question")
         tokens = len(self.vlm.question_ids(question))
         if tokens > MAX_QUESTION_TOKENS:
             raise InputError(f"the question is {tokens} tokens long; the limit is {MAX_QUESTION_TOKENS} tokens: "

@@ -17,6 +17,8 @@ MAX_QUESTION_CHARS = 4000  # the longest question a pipeline takes (run checks -
 MAX_QUESTION_TOKENS = 2048  # ... and in the model's tokens (4000 four-byte characters can be 16,000 of them)
 MAX_IMAGE_PIXELS = 64_000_000  # the largest image the app and the commands read, checked on its header before
 # anything decodes it: larger ones take seconds to decode, for no gain (the model reads a few megapixels of it)
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # the only formats PIL may open for the app and
+# the commands (JPEG opens a phone's MPO too); never EPS and the like, whose PIL plugins run programs (Ghostscript)
 MAX_NEW_TOKENS = 1024  # the most tokens one request generates (the pipelines and --max-new-tokens check it)
 MAX_CONVERSATION_TOKENS = 16384  # the most tokens a conversation's context holds: a turn that would pass it is
 # refused (start a new conversation); Qwen2-VL-2B's K/V cache of that many is 464 MB in bf16

@@ -417,8 +417,10 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     chat = chat.fork().to(model.vlm.device)
     try:
         views = None if chat.arr.answers else model.views(chat.arr.image)  # turn 1 reads the image: once for both
+        gh, gw = (views or chat.arr.answers[0].views).candidate_grid  # the slider allows the largest grid
         request = Request(max_new_tokens=int(max_new_tokens), views=views)
-        a = model.answer(None, question, request=replace(request, budget=int(budget), fresh_cells=bool(fresh_cells)),
+        a = model.answer(None, question, request=replace(request, budget=min(int(budget), gh * gw),
+                                                         fresh_cells=bool(fresh_cells)),
                          conversation=chat.arr)
         b = model.answer(None, question, request=request, conversation=chat.baseline)
         image, grid = a.views.image, a.views.candidate_grid

@@ -44,6 +44,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps, PngImagePlugin
 
 from arr_coc import flags
 from arr_coc.errors import InputError
+from arr_coc.settings import IMAGE_FORMATS
 from arr_coc.synth.fineprint import LAYOUTS, PAGE_KINDS, SPEC, make_page
 
 Box = tuple[int, int, int, int]
@@ -365,7 +366,8 @@ def open_image(path: str | Path | IO[bytes], max_pixels: int | None = None) -> I
     metadata) is an OSError saying so, as every unreadable file is, never PIL's ValueError.
     """
     try:
-        with Image.open(path) as image:  # the header only (PIL refuses more than twice its MAX_IMAGE_PIXELS here)
+        with Image.open(path, formats=IMAGE_FORMATS) as image:  # the header only (PIL refuses more than twice its
+            # MAX_IMAGE_PIXELS here); another format (EPS: Ghostscript) is no image to us: UnidentifiedImageError
             if max_pixels is not None and image.width * image.height > max_pixels:
                 raise Image.DecompressionBombError(f"{image.width}x{image.height} pixels")
             image.load()  # decode now, so a truncated file fails here
@@ -475,6 +477,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--size", type=flags.bounded_int(64, 8192), default=896,
                         help="image side in pixels (the pipelines read it at its native resolution, capped at max_cells)")
     args = parser.parse_args(argv)
+    if blocker := next((p for p in (Path(args.out), *Path(args.out).parents) if p.is_file()), None):
+        parser.error(f"argument --out: {args.out} cannot be a folder: {blocker} is a file")
 
     kinds = tuple(flags.names(args.kinds))
     counts: Counter[str] = Counter()

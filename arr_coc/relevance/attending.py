@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from arr_coc.errors import InputError
 from arr_coc.relevance.config import ARRCOCConfig, STRATEGIES
 from arr_coc.relevance.tensions import COVERAGE, RELEVANCE, SPACED
 
@@ -200,13 +201,14 @@ class TokenAllocator:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         B, gh, gw = relevance.shape
         budgets = budgets or [self.budget] * B
-        if max(budgets) > gh * gw:
-            raise ValueError(f"budget {max(budgets)} exceeds the {gh}x{gw} = {gh * gw} candidate cells")
+        if max(budgets) > gh * gw:  # a budget asked for (or a checkpoint's) that this image cannot give
+            raise InputError(f"budget {max(budgets)} exceeds the {gh}x{gw} = {gh * gw} candidate cells of this image: "
+                             "ask for fewer saccades (or more max cells)")
         if len(set(budgets)) > 1:
             raise ValueError(f"adaptive budgets {budgets} differ across the batch: select one image at a time")
         excluded = None if exclude is None else exclude.flatten(1).to(relevance.device, torch.bool)  # [B, N]
         if excluded is not None and budgets[0] > gh * gw - int(excluded.sum(1).max()):
-            raise ValueError(f"budget {budgets[0]} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
+            raise InputError(f"budget {budgets[0]} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
                              "cells not yet read")
         flat = relevance.detach().flatten(1).float()  # [B, N]
         fallbacks = [FALLBACKS[code] for code in self.fallback_codes(flat, empty_images, busy_images).tolist()]

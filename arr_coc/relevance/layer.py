@@ -332,8 +332,10 @@ def read_checkpoint_config(folder: Path) -> ARRCOCConfig:
         raise CheckpointError(f"{folder.name}: no {CONFIG_FILE}; a checkpoint is {CONFIG_FILE} + {WEIGHTS_FILE}")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not valid JSON: {e}") from None
+    except RecursionError:  # e.g. 100,000 nested [
+        raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not a usable config: its JSON nests too deep") from None
+    except ValueError as e:  # not JSON, not UTF-8, or a number past Python's 4300 digits
+        raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not valid JSON: {str(e).split('; use ')[0]}") from None
     raw = raw.get("config", raw) if isinstance(raw, dict) else raw  # the mixin may nest the dataclass
     known = {f.name for f in fields(ARRCOCConfig)}
     if not isinstance(raw, dict) or not {"base_model_family", "hidden_size"} <= raw.keys():
