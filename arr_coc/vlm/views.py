@@ -47,10 +47,7 @@ def to_rgb(image) -> Image.Image:
     if image.mode == "RGB":
         return image
     if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float: rescale its range to 8 bits
-        a = np.asarray(image, dtype=np.float64)
-        lo, hi = float(np.nanmin(a)), float(np.nanmax(a))
-        a = np.nan_to_num((a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)) * 255
-        image = Image.fromarray(a.round().astype(np.uint8), mode="L")
+        image = Image.fromarray(rescaled(np.asarray(image, dtype=np.float64)), mode="L")
     if image.mode == "P":
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):  # transparency: composite on white, as a viewer shows it
@@ -58,6 +55,18 @@ def to_rgb(image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         image = Image.alpha_composite(background, rgba)
     return image.convert("RGB")
+
+
+def rescaled(a: np.ndarray) -> np.ndarray:
+    """
+    A 16-bit or float image's values -> uint8 over the range of its finite values: one +inf pixel (or NaN) in a float
+    TIFF leaves the others' contrast as it is (it once made the whole image black); +inf shows white, -inf and NaN
+    black. A flat or wholly non-finite image is black.
+    """
+    finite = a[np.isfinite(a)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    scaled = (a - lo) / (hi - lo) if hi > lo else np.where(a == np.inf, 1.0, 0.0)
+    return (np.clip(np.nan_to_num(scaled, nan=0.0, posinf=1.0, neginf=0.0), 0, 1) * 255).round().astype(np.uint8)
 
 
 def fit_grid(width: int, height: int, max_tokens: int) -> tuple[int, int]:

@@ -163,3 +163,12 @@ def test_an_unsupported_family_is_refused_naming_the_supported_ones(tmp_path):
     LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
     with pytest.raises(InputError, match="unsupported model_type 'llama'.*qwen2_vl"):
         load_vlm(str(tmp_path), device="cpu")
+
+
+def test_non_finite_values_of_a_float_image_do_not_set_its_range():
+    """Issue 54 item 9: one +inf pixel in a float TIFF made the whole image black. The range comes from the finite
+    values: 0.0, 0.5 and 1.0 stay 0, 128 and 255; +inf shows white, -inf and NaN black."""
+    values = np.array([[0.0, 0.5, 1.0], [np.inf, -np.inf, np.nan]], dtype=np.float32)
+    assert np.asarray(to_rgb(Image.fromarray(values, mode="F")))[..., 0].tolist() == [[0, 128, 255], [255, 0, 0]]
+    flat = np.full((2, 2), np.inf, dtype=np.float32)
+    assert np.asarray(to_rgb(Image.fromarray(flat, mode="F")))[..., 0].tolist() == [[255, 255], [255, 255]]
