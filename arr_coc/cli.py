@@ -279,6 +279,39 @@ def add_fastv_layer(p: argparse.ArgumentParser) -> None:
                         "the top ones by the last prompt token's attention at layer K-1 (FastV's 2)")
 
 
+def llm_layers(model: str) -> int | None:
+    """
+    The LLM depth of a --model, read without loading it: the tiny models' recipe, a folder's config.json (the pocket
+    model's shipped one), a hub model's config.json in the local cache; None where only loading it tells.
+    """
+    if model in settings.TINY_NAMES:
+        return settings.TINY_LLM_LAYERS
+    path = (checkpoints.POCKET_FOLDER if model == POCKET else Path(model)) / "config.json"
+    if not path.is_file() and HUB_ID.fullmatch(model):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(model, "config.json")
+        except ValueError:  # not a repo id the hub takes
+            cached = None
+        path = Path(cached) if isinstance(cached, str) else path
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        layers = raw.get("text_config", raw).get("num_hidden_layers") or raw.get("num_hidden_layers")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return layers if isinstance(layers, int) else None
+
+
+def check_fastv_layer(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """After default_model: refuse a --fastv-layer the model's LLM does not have (K in [1, layers - 1]), where its
+    depth is known before it loads (llm_layers); otherwise the model's own check refuses it once loaded."""
+    layers = llm_layers(args.model)
+    if layers is not None and not 1 <= args.fastv_layer < layers:
+        p.error(f"argument --fastv-layer: {args.model}'s LLM has {layers} layers, so FastV's K is between 1 and "
+                f"{layers - 1}, got {args.fastv_layer}")
+
+
 def add_refixate(p: argparse.ArgumentParser) -> None:
     """--refixate and --refixate-budget, the same flags for run and evaluate."""
     p.add_argument("--refixate", type=bounded_float(0.0, 1.0), default=None, metavar="TAU",

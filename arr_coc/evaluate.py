@@ -173,6 +173,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is resumed")
     args = p.parse_args(argv)
     cli.default_model(args)
+    cli.check_fastv_layer(p, args)  # where the model's depth is known before it loads
     check_dataset(p, args)
     if not args.baselines and not args.strategies and not args.ablations:
         p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")

@@ -42,8 +42,9 @@ HF_HUB_OFFLINE=1) and the local cache lacks it, the pocket model runs instead (-
 Exit codes: 0 on success; 2 on bad input (a bad flag, unreadable image, empty question, bad checkpoint, a
 model that cannot be loaded), with a one-line reason on stderr. Bad flags, a missing --image or one that is no
 image (a PDF), over the app's 64 megapixels (read from its header) or no regular file (a fifo), a question over
-the length limit, an ARR checkpoint given as --model, an unusable --device and a
---json that is a folder or cannot be written are refused before anything loads.
+the length limit, an ARR checkpoint given as --model, an unusable --device, a --fastv-layer the model lacks
+(where its depth is known unloaded: the tiny and pocket models, a folder, a cached hub model) and a --json that is
+a folder or cannot be written are refused before anything loads.
 """
 
 import argparse
@@ -98,6 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="write heatmap, channel and scorer PNGs into this folder")
     args = p.parse_args(argv)
     cli.default_model(args)
+    cli.check_fastv_layer(p, args)  # where the model's depth is known before it loads
     conversation = len(args.question) > 1
     if args.pipelines is None:
         args.pipelines = ",".join(p for p in PIPELINES if not (conversation and p in pipelines.FAST_ENGINE_ONLY))

@@ -19,6 +19,9 @@ MAX_IMAGE_PIXELS = 64_000_000  # the largest image the app and the commands read
 # anything decodes it: larger ones take seconds to decode, for no gain (the model reads a few megapixels of it)
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # the only formats PIL may open for the app and
 # the commands (JPEG opens a phone's MPO too); never EPS and the like, whose PIL plugins run programs (Ghostscript)
+TINY_NAMES = ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")  # arr_coc.vlm.tiny.TINY_MODELS' names, torch-free
+TINY_LLM_LAYERS = 4  # their LLM depth (arr_coc.vlm.tiny builds them so): --fastv-layer is checked against it before
+# torch loads
 MAX_NEW_TOKENS = 1024  # the most tokens one request generates (the pipelines and --max-new-tokens check it)
 MAX_CONVERSATION_TOKENS = 16384  # the most tokens a conversation's context holds: a turn that would pass it is
 # refused (start a new conversation); Qwen2-VL-2B's K/V cache of that many is 464 MB in bf16

@@ -312,3 +312,24 @@ def test_help_names_the_default_model_and_the_pocket_model(command):
     model_help = " ".join(proc.stdout.partition("\n  --model MODEL")[2].split())[:400]  # its help, not the usage
     assert "'pocket' (the offline model shipped in models/pocket-qwen2-vl" in model_help
     assert "Default: Qwen/Qwen2-VL-2B-Instruct; where the hub cannot be reached and the cache lacks it, the pocket" in model_help
+
+
+@pytest.mark.parametrize("command, model", [("run", "tiny"), ("run", "pocket"), ("evaluate", "tiny-qwen3-vl")])
+def test_a_fastv_layer_the_model_lacks_is_refused_before_it_loads(command, model):
+    """Issue 54 item 10: --fastv-layer 99 was refused only after the model loaded. The tiny models' and the pocket
+    model's LLMs have 4 layers, known before loading (their recipe, the shipped config.json): K is 1 to 3."""
+    flags = ["--image", "assets/chelsea.png", "--question", "hi"] if command == "run" else []
+    proc = subprocess.run([sys.executable, "-m", f"arr_coc.{command}", "--model", model, *flags, "--fastv-layer", "99"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"python -m arr_coc.{command}: error: argument --fastv-layer: {model}'s LLM "
+                                        "has 4 layers, so FastV's K is between 1 and 3, got 99 (see python -m "
+                                        f"arr_coc.{command} --help)"]
+
+
+def test_the_torch_free_tiny_names_and_depth_are_the_tiny_recipes(arr_model):
+    from arr_coc import settings
+    from arr_coc.vlm.tiny import TINY_MODELS
+
+    assert settings.TINY_NAMES == tuple(TINY_MODELS) and settings.TINY_LLM_LAYERS == 4
+    assert len(arr_model.vlm.language_model.layers) == settings.TINY_LLM_LAYERS

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from arr_coc.settings import TINY_LLM_LAYERS
 from arr_coc.vlm.qwen2_vl import CHAT_TEMPLATE as QWEN2_VL_CHAT_TEMPLATE  # Qwen2.5-VL ships the same
 from arr_coc.vlm.qwen3_vl import CHAT_TEMPLATE as QWEN3_VL_CHAT_TEMPLATE
 
@@ -72,7 +73,7 @@ def tiny_config():
 
     return Qwen2VLConfig(
         text_config=dict(
-            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=TINY_LLM_LAYERS,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
             rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
             tie_word_embeddings=True,
@@ -112,7 +113,7 @@ def tiny_qwen2_5_vl_config():
 
     return Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=TINY_LLM_LAYERS,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
             rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
             tie_word_embeddings=True,
@@ -153,7 +154,7 @@ def tiny_qwen3_vl_config():
 
     return Qwen3VLConfig(
         text_config=dict(
-            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=TINY_LLM_LAYERS, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=32768,
             rope_parameters=dict(rope_type="default", rope_theta=5_000_000.0, mrope_section=[2, 3, 3],
                                  mrope_interleaved=True),
