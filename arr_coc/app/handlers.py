@@ -52,6 +52,7 @@ NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
 TICK_S = 0.25  # a streaming handler yields at least this often, so Stop takes effect at once (see ticking)
+FINISHING = "Waiting for the model: it is finishing the request that was stopped…"  # until that one frees it
 
 
 # ----------------------------------------------------------------------------- per-user state
@@ -144,6 +145,7 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
     model.check_question(question)  # its tokens too, before the status line says it runs
     start = time.perf_counter()
     running = f"{RUNNING} the **{baseline}** baseline…"
+    yield from wait_for_model(model, compare_outputs(FINISHING))
     yield compare_outputs(running)
     views = model.views(image, int(max_cells))  # one cap, one set of views, for both
     request = Request(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells), stop=stop, views=views)
@@ -168,6 +170,18 @@ def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baselin
     stop = threading.Event()
     yield from reporting(ticking(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
                                                numbered, refixate, stop), stop), status_at=0, outputs=11)
+
+
+def wait_for_model(model: ARRCOCQwen, waiting: tuple):
+    """
+    Yield `waiting` (its status: FINISHING) while another request still holds the model, then wait for it: gradio
+    runs one request at a time, so that is a stopped one finishing its block (ARRCOCQwen.stop_check). Nothing when
+    the model is free.
+    """
+    if model.busy():
+        yield waiting
+        with model.lock:  # free once the stopped request has ended
+            pass
 
 
 def ticking(steps, stop: threading.Event | None = None):
@@ -356,6 +370,7 @@ def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, qu
     model.check_question(question)  # its tokens too, before any checkpoint loads
     layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
+    yield from wait_for_model(model, (*[gr.skip()] * 5, FINISHING))
     yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **A**…"
     views = model.views(image, int(max_cells))  # identical views, made once: only the layers differ
     request = Request(max_new_tokens=int(max_new_tokens), strategy=strategy, max_cells=int(max_cells), stop=stop,
