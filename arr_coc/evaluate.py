@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Iterable
 from arr_coc import cli, pipelines
 from arr_coc.config import BASELINES, DEFAULT_BUDGET, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.eval.data import SCENE_KINDS
+from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.rows import REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
@@ -137,6 +137,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--held-out-layouts", action="store_true",
                    help="the pocket suite's pages (fine_print, box_word, shape_colour) in the layouts pocket training "
                         "never draws: rotated clutter, boxes in rows, print under the shapes (fineprint.LAYOUTS)")
+    p.add_argument("--families", type=families_flag, default=(),
+                   help="the pocket suite's pages drawn by these layout families (comma-separated names, or "
+                        "'held-out' / 'trained'; synth/families.py), each page about --size^2 px in its own aspect")
     p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
     p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
                    help=f"baselines to run, comma-separated (\"\" for none): {pipelines.describe(BASELINES)}")
@@ -190,6 +193,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("argument --refixate-budget: only used with --refixate")
     if args.held_out_layouts:
         check_pocket_pages(p, args, "--held-out-layouts", "draws")
+    if args.families:
+        check_pocket_pages(p, args, "--families", "draws")
     if args.conversation:
         check_conversation(p, args)
     args.out = args.out or cli.default_folder(p, "--out", f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -328,6 +333,7 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 schema=source.schema, metric=metric, limit=args.limit, synthetic=args.synthetic if synthetic else None,
                 synthetic_kinds=args.kinds if synthetic else None, size=args.size if synthetic else None,
                 **({"held_out_layouts": True} if args.held_out_layouts else {}),  # absent: folders before it resume
+                **({"families": list(args.families)} if args.families else {}),
                 seed=args.seed, model=args.model,
                 checkpoint=checkpoint, rows=row_names(args), prompt=source.prompt_template,
                 prompt_reference=SCHEMAS[source.schema].reference,
@@ -452,7 +458,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
             source = open_source(args.dataset, args.split, args.config, args.schema, args.limit)
         else:
             source = synthetic_source(args.limit or args.synthetic, tuple(cli.names(args.kinds)), args.seed, args.size,
-                                      args.held_out_layouts)
+                                      args.held_out_layouts, args.families)
         metric = args.metric or source.metric
         args.max_new_tokens = args.max_new_tokens or SCHEMAS[source.schema].max_new_tokens
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main,

@@ -45,6 +45,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps, PngImagePlugin
 from arr_coc import flags
 from arr_coc.errors import InputError
 from arr_coc.settings import IMAGE_FORMATS
+from arr_coc.synth.families import FAMILIES, HELD_OUT, TRAINED, family_size, ink_cells, make_family_page
 from arr_coc.synth.fineprint import LAYOUTS, PAGE_KINDS, SPEC, make_page
 
 Box = tuple[int, int, int, int]
@@ -59,6 +60,7 @@ class Sample:
     answer: str  # the expected answer, as text
     box: Box | None  # (x0, y0, x1, y1) half-open pixel box of the region the question is about; None if none
     kind: str  # scene kind (one of SCENE_KINDS) or a free label for real data
+    family: str = ""  # a pocket page's layout family (arr_coc.synth.families), "" for the suite's own pages
 
 
 @dataclass(frozen=True)
@@ -312,9 +314,48 @@ _GENERATORS = {
 assert tuple(_GENERATORS) == SCENE_KINDS
 
 
-def make_scene(kind: str, seed: int, size: int = 896, held_out_layouts: bool = False) -> Sample:
+FAMILY_GROUPS = {"trained": TRAINED, "held-out": HELD_OUT}  # --families also takes these names
+
+
+def family_names(text: str) -> tuple[str, ...]:
+    """'slide,box_grid' or 'held-out' (or 'trained') -> the layout families it names, in order."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    out = [f for n in names for f in FAMILY_GROUPS.get(n, (n,))]
+    if bad := [f for f in out if f not in FAMILIES]:
+        raise ValueError(f"unknown layout famil{'y' if len(bad) == 1 else 'ies'} {', '.join(bad)}; expected some of "
+                         f"{', '.join([*FAMILY_GROUPS, *FAMILIES])}")
+    return tuple(dict.fromkeys(out))
+
+
+def families_flag(text: str) -> tuple[str, ...]:
+    """An argparse type: family_names, its error in argparse's words."""
+    try:
+        return family_names(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _family_scene(kind: str, seed: int, size: int, families: tuple[str, ...]) -> Sample:
+    """A pocket page of `kind` on one of `families` that carries it (by seed), about size^2 px in its aspect."""
+    carrying = [f for f in families if kind in FAMILIES[f].kinds]
+    if not carrying:
+        raise ValueError(f"none of the layout families {', '.join(families)} carries {kind}")
+    family = carrying[seed % len(carrying)]
+    page = make_family_page(family, kind, seed, *family_size(family, seed, size))
+    q = _rng(f"{family}:{kind}", seed).choice(page.questions)
+    return Sample(page.image, q.question, q.answer, q.box, kind, family)
+
+
+def make_scene(kind: str, seed: int, size: int = 896, held_out_layouts: bool = False,
+               families: tuple[str, ...] = ()) -> Sample:
     """One synthetic sample of `kind`, a pure function of (kind, seed, size). The image is size x size RGB.
-    held_out_layouts: a pocket page (PAGE_KINDS) in the layouts pocket training never draws (fineprint.LAYOUTS)."""
+    held_out_layouts: a pocket page (PAGE_KINDS) in the layouts pocket training never draws (fineprint.LAYOUTS).
+    families: a pocket page drawn by one of these layout families (synth/families.py) instead, of about size^2 px
+    in the family's own aspect."""
+    if families:
+        if kind not in PAGE_KINDS:
+            raise ValueError(f"layout families draw the pocket suite ({', '.join(PAGE_KINDS)}), not {kind!r}")
+        return _family_scene(kind, seed, size, families)
     if kind not in _GENERATORS:
         raise ValueError(f"unknown scene kind {kind!r}; expected one of {', '.join(SCENE_KINDS)}")
     if size < 64:
@@ -327,10 +368,11 @@ def make_scene(kind: str, seed: int, size: int = 896, held_out_layouts: bool = F
 
 
 def iter_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distractor_query"),
-                 seed: int = 0, size: int = 896, held_out_layouts: bool = False) -> Iterator[Sample]:
+                 seed: int = 0, size: int = 896, held_out_layouts: bool = False,
+                 families: tuple[str, ...] = ()) -> Iterator[Sample]:
     """Yield n samples, cycling through `kinds`. Sample i uses scene seed seed * 1_000_003 + i // len(kinds),
     so consecutive samples of different kinds share a scene seed: with the default kinds each image comes
-    twice, once with a text question and once with a colour question. held_out_layouts: make_scene's."""
+    twice, once with a text question and once with a colour question. held_out_layouts, families: make_scene's."""
     kinds = tuple(kinds)
     if not kinds:
         raise ValueError("kinds must not be empty")
@@ -340,13 +382,14 @@ def iter_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distract
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     for i in range(n):
-        yield make_scene(kinds[i % len(kinds)], seed * 1_000_003 + i // len(kinds), size, held_out_layouts)
+        yield make_scene(kinds[i % len(kinds)], seed * 1_000_003 + i // len(kinds), size, held_out_layouts, families)
 
 
 def make_dataset(n: int, kinds: Sequence[str] = ("text_vs_distractor", "distractor_query"),
-                 seed: int = 0, size: int = 896, held_out_layouts: bool = False) -> list[Sample]:
-    """A list of n synthetic samples (see iter_dataset for the seeding and held_out_layouts)."""
-    return list(iter_dataset(n, kinds, seed, size, held_out_layouts))
+                 seed: int = 0, size: int = 896, held_out_layouts: bool = False,
+                 families: tuple[str, ...] = ()) -> list[Sample]:
+    """A list of n synthetic samples (see iter_dataset for the seeding, held_out_layouts and families)."""
+    return list(iter_dataset(n, kinds, seed, size, held_out_layouts, families))
 
 
 # -----------------------------------------------------------------------------
@@ -399,6 +442,8 @@ def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:
                 "answer": sample.answer,
                 "box": None if sample.box is None else [int(v) for v in sample.box],
                 "kind": sample.kind,
+                "ink_cells": ink_cells(sample.image),  # 28 px cells holding ink (synth.families.ink_cells)
+                **({"family": sample.family} if sample.family else {}),
             }
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
@@ -444,7 +489,10 @@ def _parse_record(line: str, root: Path, where: str) -> Sample:
         w, h = image.size
         if box[0] < 0 or box[1] < 0 or box[2] > w or box[3] > h:
             raise InputError(f"{where}: box {list(box)} lies outside the {w}x{h} image {image_path}")
-    return Sample(image, record["question"], record["answer"], box, kind)
+    family = record.get("family", "")
+    if not isinstance(family, str):
+        raise InputError(f"{where}: 'family' must be a string, got {family!r}")
+    return Sample(image, record["question"], record["answer"], box, kind, family)
 
 
 def load_jsonl(path: str | Path) -> list[Sample]:
@@ -476,7 +524,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0, help="dataset seed; the same seed gives the same dataset")
     parser.add_argument("--size", type=flags.bounded_int(64, 8192), default=896,
                         help="image side in pixels (the pipelines read it at its native resolution, capped at max_cells)")
+    parser.add_argument("--families", type=families_flag, default=(),
+                        help="draw the pocket kinds on these layout families (comma-separated names, or 'trained' / "
+                             f"'held-out'); any of: {','.join(FAMILIES)}")
     args = parser.parse_args(argv)
+    if args.families and not set(flags.names(args.kinds)) <= set(PAGE_KINDS):
+        parser.error(f"argument --families: layout families draw the pocket kinds ({','.join(PAGE_KINDS)}) only")
     if blocker := next((p for p in (Path(args.out), *Path(args.out).parents) if p.is_file()), None):
         parser.error(f"argument --out: {args.out} cannot be a folder: {blocker} is a file")
 
@@ -488,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
             counts[sample.kind] += 1
             yield sample
 
-    path = save_jsonl(counted(iter_dataset(args.n, kinds, args.seed, args.size)), args.out)
+    path = save_jsonl(counted(iter_dataset(args.n, kinds, args.seed, args.size, families=args.families)), args.out)
     summary = ", ".join(f"{k}={v}" for k, v in counts.items()) or "nothing"
     print(f"wrote {sum(counts.values())} samples ({summary}) at {args.size}px to {path}")
     return path

@@ -144,12 +144,13 @@ def open_source(name: str, split: str = "validation", config: str | None = None,
 
 
 def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896,
-                     held_out_layouts: bool = False) -> Source:
+                     held_out_layouts: bool = False, families: tuple[str, ...] = ()) -> Source:
     """Fresh synthetic scenes (arr_coc.eval.data) of size x size px, scored like the JSONL sets; pages of the
-    fine-print suite alone by exact match (contains is reported beside it); held_out_layouts: make_scene's."""
+    fine-print suite alone by exact match (contains is reported beside it); held_out_layouts, families: make_scene's."""
     schema = "suite" if set(kinds) <= set(PAGE_KINDS) else "jsonl"
     return Source("synthetic", schema, from_samples(make_dataset(n, kinds, seed=seed, size=size,
-                                                                 held_out_layouts=held_out_layouts)))
+                                                                 held_out_layouts=held_out_layouts,
+                                                                 families=families)))
 
 
 def from_samples(samples: list[Sample]) -> list[Item]:
