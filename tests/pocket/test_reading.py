@@ -182,7 +182,7 @@ def test_a_reading_head_saved_before_the_patches_keeps_its_cells_and_starts_the_
     old, out = tmp_path / "old", tmp_path / "run"
     shutil.copytree(POCKET_FOLDER, old)
     out.mkdir()
-    saved = {k: v for k, v in load_file(old / HEAD_FILE).items() if not k.startswith("patch_")}
+    saved = {k: v for k, v in load_file(old / HEAD_FILE).items() if not k.startswith(("patch_", "token_patch_"))}
     assert set(saved) == {"proj.weight", "proj.bias"}
     save_file(saved, old / HEAD_FILE)
     head = load_or_init(out, True, torch.device("cpu"), init=old)[1]

@@ -110,3 +110,38 @@ def test_no_training_stream_draws_a_held_out_family(monkeypatch):
     assert len(set(drawn)) >= 5  # the trained families are drawn (the test could see a held-out one)
     with pytest.raises(AssertionError):
         data.draw_page(random.Random(0), data.CURRICULUM[5], "box_grid", 448, 448)
+
+
+# the shipped model on 24 fresh held-out-family pages a kind at 896^2 px (`full`: the whole page at its native view,
+# teacher-forced exact match, which is exactly greedy decoding's). The bar is 20 of 24 (0.80); where run 33
+# (step 58266) is short of it, the row is a strict xfail with its measured rate on 96 pages, so it turns red the day
+# the model clears the bar and the mark must go.
+SHORT = {("held-out sparse", "fine_print"): "0.48 [0.38, 0.58] on 96 pages (run 33)",
+         ("held-out dense", "fine_print"): "0.18 [0.11, 0.27] on 96 pages (run 33)",
+         ("held-out dense", "box_word"): "0.52 [0.42, 0.62] on 96 pages (run 33)"}
+SHIPPED_ROWS = [pytest.param(group, kind, marks=pytest.mark.xfail(strict=True, reason=SHORT[group, kind])
+                             if (group, kind) in SHORT else ())
+                for group, families in (("held-out sparse", ("slide",)), ("held-out dense", ("box_grid",)))
+                for kind in sorted({k for f in families for k in FAMILIES[f].kinds})]
+
+
+@pytest.mark.parametrize("group, kind", SHIPPED_ROWS)
+def test_the_shipped_model_reads_20_of_24_fresh_held_out_family_pages(group, kind):
+    import torch
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    from arr_coc.checkpoints import POCKET_FOLDER
+    from arr_coc.pocket.heldout import GROUPS, correct_count
+    from arr_coc.pocket.model import image_processor
+
+    (family,) = GROUPS[group]
+    items = []
+    for i in range(24):
+        seed = 2 * 10**9 + i  # beyond every training and evaluation seed
+        page = make_family_page(family, kind, seed, *family_size(family, seed, 896))
+        q = random.Random(seed).choice(page.questions)
+        items.append((page.image, q.question, q.answer))
+    model = Qwen2VLForConditionalGeneration.from_pretrained(POCKET_FOLDER, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(POCKET_FOLDER)
+    correct, n = correct_count(model, tokenizer, image_processor(), items, torch.device("cpu"), batch=4)
+    assert n == 24 and correct >= 20, f"{group} {kind}: {correct} of 24"
