@@ -91,6 +91,9 @@ from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
 from arr_coc.relevance import ablation as ablations  # noqa: E402
 from arr_coc.relevance.config import ARRCOCConfig  # noqa: E402
 from arr_coc.vlm.families import FAMILY_NAMES  # noqa: E402
+from arr_coc.vlm.tiny import TINY_MODELS  # noqa: E402
+from arr_coc.checkpoints import POCKET, POCKET_NOTICE  # noqa: E402
+from arr_coc.hub import hub_out_of_reach  # noqa: E402
 
 log = logging.getLogger("arr_coc.app")
 ROOT = Path(__file__).parent
@@ -420,8 +423,7 @@ def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str], cache_age: 
 
 def load(args: argparse.Namespace) -> tuple[ARRCOCQwen, str, list[str]]:
     """The model and its ARR layer, saying in the console what start-up does; -> model, layer name, page notices."""
-    log.info("loading the model %s (a hub id downloads on its first run) ...", args.model)
-    model = ARRCOCQwen.from_pretrained(args.model, offline_fallback=True)
+    model = load_model(args.model)
     if model.notice:
         log.warning("%s", model.notice)  # the offline fallback, or an offline model asked for
     layer_name, checkpoint_notice = ui.install_default_layer(model, args.checkpoint, CHECKPOINTS)
@@ -429,6 +431,27 @@ def load(args: argparse.Namespace) -> tuple[ARRCOCQwen, str, list[str]]:
     if checkpoint_notice:
         log.warning("%s", checkpoint_notice)
     return model, layer_name, [n for n in (model.notice, checkpoint_notice) if n]
+
+
+def load_model(name: str) -> ARRCOCQwen:
+    """
+    The VLM `name`, else the pocket model with a notice that names `name` and why (as `run` says it). A hub id is
+    looked for on the hub only if one quick probe answers (hub_out_of_reach): else from the cache alone, at once,
+    where transformers would retry for about 25 s; HF_HUB_OFFLINE=1 is said as such, not as a failed connection.
+    """
+    hub = cli.hub_model(name)
+    offline = hub_out_of_reach() if hub else None
+    log.info("loading the model %s%s ...", name, " (a hub id downloads on its first run)" if hub and not offline else "")
+    try:
+        return ARRCOCQwen.from_pretrained(name)
+    except Exception as e:  # no network, no cache, a typo, a bad folder: the offline model keeps the app useful
+        if name in TINY_MODELS or name == POCKET:
+            raise
+        why = (f"{offline}, and it is not in the local cache" if offline and isinstance(e, OSError) else
+               f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        model = ARRCOCQwen.from_pretrained(POCKET)
+        model.notice = f"Could not load the model {name!r}{cli.typo_hint(name)}: {why}. {POCKET_NOTICE}"
+        return model
 
 
 def warm_up(model: ARRCOCQwen) -> None:
@@ -440,9 +463,18 @@ def warm_up(model: ARRCOCQwen) -> None:
         log.info("warmed up in %.1f s", model.warmup())
 
 
+def configure_logging() -> None:
+    """The console: ours at INFO (what start-up does, one line per user error), libraries' warnings and up, each
+    line once (huggingface_hub prints through its own handler, so it does not pass its lines to ours too)."""
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("arr_coc").setLevel(logging.INFO)
+    from huggingface_hub.utils import logging as hub_logging
+
+    hub_logging.get_logger().propagate = False
+
+
 def main(args: argparse.Namespace) -> None:
-    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # libraries: warnings and up
-    logging.getLogger("arr_coc").setLevel(logging.INFO)  # ours: what start-up does, one line per user error
+    configure_logging()
     model, layer_name, notices = load(args)  # at start-up, before any request, as ZeroGPU expects
     warm_up(model)
     demo = make_app(model, layer_name, notices, args.cache_age)

@@ -376,9 +376,20 @@ def load_vlm(name: str, device: str):
         if isinstance(e, InputError):
             raise
         if offline and isinstance(e, OSError):
-            raise ModelOffline(f"cannot load the model {name!r}: {offline}, and it is not in the local cache; "
-                               f"{OFFLINE_HINT}", offline) from None
-        raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}); {OFFLINE_HINT}") from None
+            raise ModelOffline(f"cannot load the model {name!r}: {offline}, and it is not in the local cache"
+                               f"{typo_hint(name)}; {OFFLINE_HINT}", offline) from None
+        raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}){typo_hint(name)}; "
+                         f"{OFFLINE_HINT}") from None
+
+
+def typo_hint(name: str) -> str:
+    """' (did you mean 'pocket'?)' where `name` is one letter or two off an offline model's name ('pockt'), else ''."""
+    import difflib
+
+    from arr_coc.vlm.tiny import TINY_MODELS
+
+    near = difflib.get_close_matches(name, [POCKET, *TINY_MODELS], n=1, cutoff=0.75)
+    return f" (did you mean {near[0]!r}?)" if near and near[0] != name else ""
 
 
 def hub_model(name: str) -> bool:
