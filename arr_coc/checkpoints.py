@@ -12,6 +12,7 @@ The shipped checkpoints are the repo's checkpoints/ folder, or after `pip instal
 package (setup.py installs it as arr_coc/shipped/checkpoints): `shipped(name)` finds either, from any folder.
 """
 
+import json
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent  # arr_coc/, in the repo or where pip installed it
@@ -32,11 +33,42 @@ ROOT = shipped("checkpoints")  # the shipped checkpoints, found by name (--check
 # the other shipped folders, so that loading it loads nothing of its trainer
 POCKET = "pocket"  # --model pocket
 POCKET_FOLDER = shipped("models") / "pocket-qwen2-vl"  # the repo's folder, or the copy `pip install .` ships
-POCKET_NOTICE = ("Running pocket-qwen2-vl, the offline model (--model pocket): a 10M-parameter Qwen2-VL trained here "
-                 "from scratch on synthetic fine-print scenes (arr_coc.synth.fineprint). Its answers are real on such "
-                 "scenes and meaningless on any other image. It is still in training: it names the boxes' words and "
-                 "the shapes' colours (two in three where a shape lies over print), reads about five in six of the "
-                 "suite's fine-print values at 896 px (see its model card), and says nothing about real Qwen-VL.")
+POCKET_STATE = POCKET_FOLDER / "training_state.json"  # its trainer's record: the one source of its accuracy
+POCKET_KINDS = ("fine_print", "box_word", "shape_colour")  # the suite's question kinds
+
+
+def pocket_accuracy(state_file: Path = POCKET_STATE) -> dict | None:
+    """
+    The shipped weights' held-out check at 896 px, as training_state.json records it (the numbers the README's
+    and the model card's tables give): {"step", "pages", "full": {kind: fraction}}; the check at the shipped step
+    with the most pages, else the latest; None where the file has none.
+    """
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        checks = [c for c in state["heldout"] if "full" in c["accuracy"].get("896", {})]
+        shipped = [c for c in checks if c["step"] == state["step"]] or checks
+        check = max(shipped, key=lambda c: (c["step"], c.get("pages", 0)))
+        return dict(step=check["step"], pages=check.get("pages"), full=check["accuracy"]["896"]["full"])
+    except (OSError, ValueError, KeyError, TypeError):  # no record, or not one the trainer writes
+        return None
+
+
+def pocket_notice(state_file: Path = POCKET_STATE) -> str:
+    """What the app's banner and the commands' note say of the pocket model, its numbers read from state_file."""
+    said = ("Running pocket-qwen2-vl, the offline model (--model pocket): a 10M-parameter Qwen2-VL trained here from "
+            "scratch on synthetic fine-print scenes (arr_coc.synth.fineprint). Its answers are real on such scenes "
+            "and meaningless on any other image. ")
+    check = pocket_accuracy(state_file)
+    if check is None or not all(kind in check["full"] for kind in POCKET_KINDS):
+        return said + "Its model card gives how often it is right. It says nothing about real Qwen-VL."
+    fine, word, colour = (f"{check['full'][kind]:.2f}" for kind in POCKET_KINDS)
+    pages = f", {check['pages']} held-out pages a kind" if check["pages"] else ""
+    return (said + f"At 896 px its full view reads {fine} of the suite's fine-print values, {word} of its box words "
+            f"and {colour} of its shape colours (step {check['step']}{pages}: models/pocket-qwen2-vl/"
+            "training_state.json, as in the README and its model card). It says nothing about real Qwen-VL.")
+
+
+POCKET_NOTICE = pocket_notice()  # the banner, read once at import
 
 PRIOR = "prior (untrained)"  # how the untrained layer is shown; "prior" also asks for it
 PRIOR_NAMES = ("prior", PRIOR)
