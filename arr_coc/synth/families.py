@@ -538,12 +538,12 @@ def print_shapes(rng: random.Random, width: int, height: int, kind: str) -> Page
         s.marks.append(Mark("shape", box, colour=colour, shape=shape))
     mask = np.asarray(covered)
     s.glyphs = [g for g in s.glyphs if not mask[min(int(g.y), height - 1), min(int(g.x), width - 1)]]
-    kept = [q for q in fields if not mask[q.box[1]:q.box[3], q.box[0]:q.box[2]].any()]
-    s.marks = [m for m in s.marks if m.kind == "shape" or any(q.box == m.box for q in kept)]
     if kind == "shape_colour":
         s.marks = [m for m in s.marks if m.kind == "shape"]
         return s.page(kind, shapes, rotated=0.0)
-    s.marks = [m for m in s.marks if m.kind == "field"]
+    kept = [q for q in fields if not mask[q.box[1]:q.box[3], q.box[0]:q.box[2]].any()]  # no shape touches it
+    boxes = {q.box for q in kept}
+    s.marks = [m for m in s.marks if m.kind == "field" and m.box in boxes]
     return s.page(kind, kept, rotated=0.0)
 
 
