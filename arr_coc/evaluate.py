@@ -113,12 +113,33 @@ def check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    cli.default_model(args)
+    check(p, args)
+    args.out = args.out or cli.default_folder(p, "--out", f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags, in --help's order: the model, the items, the rows, where it runs and writes."""
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_model(p)
     p.add_argument("--checkpoint", default=None,
                    help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
                         "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
                         "else the prior; the app's rule)")
+    add_item_flags(p)
+    add_row_flags(p)
+    p.add_argument("--device", type=cli.device, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when available; cuda:LOCAL_RANK under torchrun)")
+    p.add_argument("--out", type=cli.output_folder, default=None,
+                   help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is resumed")
+    return p
+
+
+def add_item_flags(p: argparse.ArgumentParser) -> None:
+    """What the rows are evaluated on: a dataset, or synthetic scenes."""
     p.add_argument("--dataset", type=dataset, default=None,
                    help="a hub dataset id, a folder of parquet files, a parquet file, or a folder with data.jsonl "
                         "(default: --synthetic scenes)")
@@ -141,6 +162,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the pocket suite's pages drawn by these layout families (comma-separated names, or "
                         "'held-out' / 'trained'; synth/families.py), each page about --size^2 px in its own aspect")
     p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
+
+
+def add_row_flags(p: argparse.ArgumentParser) -> None:
+    """The rows (baselines, ARR strategies, ablations) and how they run: budgets, answer length, second looks,
+    faithfulness, conversations."""
     p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
                    help=f"baselines to run, comma-separated (\"\" for none): {pipelines.describe(BASELINES)}")
     p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
@@ -170,12 +196,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "alone, and report accuracy by turn (synthetic pages of fine_print, box_word, shape_colour)")
     p.add_argument("--turns", type=cli.bounded_int(2, 16), default=4,
                    help="with --conversation: at most this many questions a page")
-    p.add_argument("--device", type=cli.device, default=None,
-                   help="cpu, cuda or cuda:N (default: cuda when available; cuda:LOCAL_RANK under torchrun)")
-    p.add_argument("--out", type=cli.output_folder, default=None,
-                   help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is resumed")
-    args = p.parse_args(argv)
-    cli.default_model(args)
+
+
+def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The refusals that need more than one flag, each one line on stderr and exit 2; --budgets comes back sorted,
+    without repeats."""
     cli.check_fastv_layer(p, args)  # where the model's depth is known before it loads
     check_dataset(p, args)
     if not args.baselines and not args.strategies and not args.ablations:
@@ -197,8 +222,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         check_pocket_pages(p, args, "--families", "draws")
     if args.conversation:
         check_conversation(p, args)
-    args.out = args.out or cli.default_folder(p, "--out", f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    return args
 
 
 def check_pocket_pages(p: argparse.ArgumentParser, args: argparse.Namespace, flag: str, does: str) -> None:
@@ -444,11 +467,7 @@ def main(argv=None) -> int:
 
 def evaluate_all(args: argparse.Namespace) -> int:
     """The command after parsing: load, evaluate what --out lacks, merge, report; the exit code."""
-    import torch  # after parsing: --help and bad flags answer without torch
-    from tqdm.auto import tqdm
-
-    from arr_coc import distributed
-    from arr_coc.eval import report
+    from arr_coc import distributed  # after parsing: --help and bad flags answer without torch
     from arr_coc.relevance.layer import CheckpointError
 
     process = distributed.start(args.device)
@@ -469,18 +488,10 @@ def evaluate_all(args: argparse.Namespace) -> int:
         if process.is_main:
             folder.check_settings(settings)
         done = {(r["item"], *job_of(r)) for r in folder.read()}
-        skipped: dict[Job, list] = {}  # a sweep's jobs over an image's grid -> [items, the last reason]
         model.warmup()  # CUDA graphs of the common shapes, captured before the clock starts
         process.barrier()
         start = time.perf_counter()
-        with torch.no_grad():
-            for item in tqdm(pending(source.items, done, jobs, process), desc="evaluate", unit="item",
-                             disable=not process.is_main):
-                todo = [job for job in jobs if (item.index, *job) not in done]
-                results, skips = evaluate_item(model, source, item, todo, metric, args)
-                folder.append(results)
-                for job, why in skips:
-                    skipped[job] = [skipped.get(job, [0])[0] + 1, why]
+        skipped = evaluate_items(model, source, jobs, done, metric, args, folder, process)
     except (InputError, CheckpointError, OutOfMemory) as e:
         process.log(f"error: {e}")
         if folder.read():
@@ -491,32 +502,60 @@ def evaluate_all(args: argparse.Namespace) -> int:
     for (row, budget), (count, why) in skipped.items():
         process.log(f"skipped {row} at budget {budget} on {count} item(s): {why}")
     if process.is_main:
-        results = folder.merge(jobs)
-        items = len({r["item"] for r in results})
-        unscored = len({r["item"] for r in results if r["score"] is None})
-        fresh = items - len({item for item, *_ in done})
-        header = dict(settings, model_name=model.vlm.name, items=items, unscored_items=unscored,
-                      versions=cli.versions(),
-                      throughput=dict(processes=process.world_size, items=fresh, seconds=round(seconds, 2),
-                                      items_per_s=round(fresh / seconds, 3) if fresh else None))
-        summary = report.summarise(results, [report.label(*job) for job in jobs])
-        paths = report.write_report(args.out, summary, header, results)
-        print(f"{items} items, model {model.vlm.name}, checkpoint {checkpoint}, {process.world_size} process(es): "
-              f"{fresh} evaluated now in {seconds:.1f} s")
-        if uneven := report.uneven_items(results, list(summary)):
-            print(f"warning: {report.uneven_line(uneven, items)}; a budget over an image's grid is skipped (said "
-                  "above), any other gap is a lost result: rerun the same command to fill it")
-        print(report.markdown_tables(summary, metric))
-        if per_kind := report.kind_table(summary, metric):
-            print(per_kind)
-        if refixation := report.refixation_summary(results):
-            print(report.refixation_table(refixation))
-        if unscored:
-            print(f"{unscored} of {items} items have no reference answers: answered but not scored, "
-                  "and left out of the accuracy")
-        print("wrote " + ", ".join(str(p) for p in paths))
+        report_run(args.out, folder.merge(jobs), jobs, settings, done, seconds, process)
     distributed.finish(process)
     return 0
+
+
+def evaluate_items(model: ARRCOCQwen, source: Source, jobs: list[Job], done: set[tuple], metric: str,
+                   args: argparse.Namespace, folder: ResultsFolder, process: Process) -> dict[Job, list]:
+    """The run loop: this process's items that lack a job, each item's results appended to --out as it finishes
+    -> a sweep's jobs skipped over an image's grid: {job: [items, the last reason]}."""
+    import torch
+    from tqdm.auto import tqdm
+
+    skipped: dict[Job, list] = {}
+    with torch.no_grad():
+        for item in tqdm(pending(source.items, done, jobs, process), desc="evaluate", unit="item",
+                         disable=not process.is_main):
+            todo = [job for job in jobs if (item.index, *job) not in done]
+            results, skips = evaluate_item(model, source, item, todo, metric, args)
+            folder.append(results)
+            for job, why in skips:
+                skipped[job] = [skipped.get(job, [0])[0] + 1, why]
+    return skipped
+
+
+def report_run(out: str, results: list[dict], jobs: list[Job], settings: dict, done: set[tuple], seconds: float,
+               process: Process) -> None:
+    """The main process's end of a run: report.md, report.json and the plots into --out, the tables on stdout.
+    `results` are every process's, merged; `done` the jobs finished before this run; `seconds` this run's."""
+    from arr_coc.eval import report
+
+    metric, model_name, checkpoint = settings["metric"], settings["model"], settings["checkpoint"]
+    items = len({r["item"] for r in results})
+    unscored = len({r["item"] for r in results if r["score"] is None})
+    fresh = items - len({item for item, *_ in done})
+    header = dict(settings, model_name=model_name, items=items, unscored_items=unscored,
+                  versions=cli.versions(),
+                  throughput=dict(processes=process.world_size, items=fresh, seconds=round(seconds, 2),
+                                  items_per_s=round(fresh / seconds, 3) if fresh else None))
+    summary = report.summarise(results, [report.label(*job) for job in jobs])
+    paths = report.write_report(out, summary, header, results)
+    print(f"{items} items, model {model_name}, checkpoint {checkpoint}, {process.world_size} process(es): "
+          f"{fresh} evaluated now in {seconds:.1f} s")
+    if uneven := report.uneven_items(results, list(summary)):
+        print(f"warning: {report.uneven_line(uneven, items)}; a budget over an image's grid is skipped (said "
+              "above), any other gap is a lost result: rerun the same command to fill it")
+    print(report.markdown_tables(summary, metric))
+    if per_kind := report.kind_table(summary, metric):
+        print(per_kind)
+    if refixation := report.refixation_summary(results):
+        print(report.refixation_table(refixation))
+    if unscored:
+        print(f"{unscored} of {items} items have no reference answers: answered but not scored, "
+              "and left out of the accuracy")
+    print("wrote " + ", ".join(str(p) for p in paths))
 
 
 def evaluate_conversations(args: argparse.Namespace) -> int:
