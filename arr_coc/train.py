@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # torch and the model load inside the functions, after the fl
 
     from arr_coc.distributed import Process
     from arr_coc.model import ARRCOCQwen, Observation
-    from arr_coc.relevance.layer import ScoreMaps
+    from arr_coc.relevance.layer import ARRCOCLayer, ScoreMaps
 
     Observed = tuple[Sample, Observation, torch.Tensor]  # a sample, the frozen VLM's view of it, its box's coverage
 
@@ -308,18 +308,13 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
     training continues from the one there (its layer, optimizer and log), on the rest of the same schedule.
     """
     import torch
-    from torch.nn.parallel import DistributedDataParallel
     from tqdm.auto import tqdm
 
     from arr_coc.timing import Stopwatch
 
     process = process or distributed.start(cfg.device)
     torch.manual_seed(cfg.seed)
-    state = read_state(cfg) if cfg.resume else None
-    if model is None:
-        model, _ = cli.load_model(cfg.model, cfg.init or "prior", process.device, quiet=not process.is_main)
-    if state is not None:  # the layer as saved at state.step
-        model.layer = model.load_layer(cfg.out)
+    model, state = load_trainee(cfg, model, process)
     done = state.step if state else 0
     cfg.out = cfg.out or (fresh_out() if cfg.save_every else None)  # every save of the run goes to one folder
     vlm_state = {k: v.clone() for k, v in list(model.vlm.model.state_dict().items())[:3]}  # spot-check frozen
@@ -333,12 +328,7 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
         process.log(f"observed {len(train_data)} training and {len(eval_data)} held-out samples in "
                     f"{watch.ms['observe'] / 1000:.1f}s")
 
-    layer = model.layer.train()
-    if cfg.saccade_order:  # part of the checkpoint's config: the order it was trained in is the order it is used in
-        layer.config.saccade_order = cfg.saccade_order
-    # only the answer loss and the token cost reach the tension head; DDP wants a gradient for every trained parameter
-    layer.balancer.tension_head.requires_grad_(cfg.lm_weight > 0 or cfg.token_cost > 0)
-    scorer = DistributedDataParallel(layer) if process.distributed else layer
+    layer, scorer = trainable(model, cfg, process)
     optimizer = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     kinds = list(dict.fromkeys(s.kind for s in eval_samples))  # every process reports every kind, in this order
     if state is not None:
@@ -353,11 +343,7 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
     steps = tqdm(schedule[done:], desc="train", unit="step", disable=not process.is_main, initial=done, total=cfg.steps)
     for step, batch in enumerate(steps, start=done + 1):
         with watch.section("train"):  # the optimisation alone, for the throughput: no observation, no evaluation
-            loss = batch_loss(model, scorer, [train_data[i] for i in process.shard(batch)], cfg)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # under DDP the gradients arrive averaged over processes: the global batch's mean
-            torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)  # after the all-reduce, so alike everywhere
-            optimizer.step()
+            loss = train_step(model, scorer, layer, optimizer, [train_data[i] for i in process.shard(batch)], cfg)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             train_loss = float(process.sum(loss.detach())) / process.world_size
             samples_per_s = (step - done) * len(batch) / (watch.ms["train"] / 1000)
@@ -370,6 +356,45 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
     layer.eval().requires_grad_(True)
     assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in vlm_state.items()), "the VLM changed"
     return model, log
+
+
+def load_trainee(cfg: TrainConfig, model: ARRCOCQwen | None,
+                 process: Process) -> tuple[ARRCOCQwen, TrainingState | None]:
+    """The model to train (`model`, else --model with --init's layer) and, with --resume, the state to continue
+    from, its layer loaded; None for a fresh run."""
+    state = read_state(cfg) if cfg.resume else None
+    if model is None:
+        model, _ = cli.load_model(cfg.model, cfg.init or "prior", process.device, quiet=not process.is_main)
+    if state is not None:  # the layer as saved at state.step
+        model.layer = model.load_layer(cfg.out)
+    return model, state
+
+
+def trainable(model: ARRCOCQwen, cfg: TrainConfig, process: Process) -> tuple[ARRCOCLayer, Callable[..., ScoreMaps]]:
+    """model.layer in training mode, with the parts that get gradients; and the scorer the steps call: the layer,
+    wrapped in DistributedDataParallel under torchrun."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    layer = model.layer.train()
+    if cfg.saccade_order:  # part of the checkpoint's config: the order it was trained in is the order it is used in
+        layer.config.saccade_order = cfg.saccade_order
+    # only the answer loss and the token cost reach the tension head; DDP wants a gradient for every trained parameter
+    layer.balancer.tension_head.requires_grad_(cfg.lm_weight > 0 or cfg.token_cost > 0)
+    scorer = DistributedDataParallel(layer) if process.distributed else layer
+    return layer, scorer
+
+
+def train_step(model: ARRCOCQwen, scorer: Callable[..., ScoreMaps], layer: ARRCOCLayer,
+               optimizer: torch.optim.Optimizer, batch: list[Observed], cfg: TrainConfig) -> torch.Tensor:
+    """One optimizer step on this process's share of a global batch -> its loss."""
+    import torch
+
+    loss = batch_loss(model, scorer, batch, cfg)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # under DDP the gradients arrive averaged over processes: the global batch's mean
+    torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)  # after the all-reduce, so alike everywhere
+    optimizer.step()
+    return loss
 
 
 def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict], state: TrainingState | None = None) -> Path:
