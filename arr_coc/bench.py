@@ -428,18 +428,9 @@ def main(argv=None) -> dict:
     import torch
     import transformers
 
-    from arr_coc.model import ARRCOCQwen
     from arr_coc.timing import peak_memory_mb, reset_peak_memory, synchronize
-    from arr_coc.vlm.families import default_dtype, random_vlm
-    from arr_coc.vlm.tiny import FULL_SIZE
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    if args.random_weights:
-        arch, config = FULL_SIZE[args.family]
-        model = ARRCOCQwen(random_vlm(config(), str(device), dtype or default_dtype(device), f"{arch} (random)"))
-    else:
-        model = ARRCOCQwen.from_pretrained(args.model, device=str(device), dtype=dtype)
+    model, device = load_model(args)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     synchronize(device)
     weights_mb = (torch.cuda.memory_allocated(device) / 2**20) if device.type == "cuda" else peak_memory_mb(device)
@@ -464,11 +455,7 @@ def main(argv=None) -> dict:
         results = bench_pipelines(model, test_image(size), args.pipelines.split(","), args.engines.split(","),
                                   args.new_tokens, args.repeats, args.max_cells)
         report["sizes"][size] = dict(pipelines=results, ratios=ratios(results))
-        print(f"\n{size}x{size} px, {args.new_tokens} new tokens:\n{format_table(results)}")
-        if versus := versus_table(results):
-            print(f"\n{versus}")
-        for k, v in report["sizes"][size]["ratios"].items():
-            print(f"  {k}: TTFT {v['ttft']:.2f}x, total {v['total']:.2f}x")
+        print_pipelines(size, args.new_tokens, results, report["sizes"][size]["ratios"])
         if "hf" in args.engines.split(","):
             reference = bench_transformers(model.vlm, test_image(size), "Describe the image in detail.",
                                            args.new_tokens, args.repeats, args.max_cells)
@@ -477,18 +464,14 @@ def main(argv=None) -> dict:
         if args.budgets:
             swept = bench_budgets(model, test_image(size), args.budgets, args.new_tokens, args.repeats, args.max_cells)
             report["sizes"][size]["budgets"] = swept
-            for b, rows in swept.items():
-                timed = [f"{row} {r['tokens']['total_visual']} tokens TTFT {r['ttft_ms']:.1f} ms"
-                         for row, r in rows.items()]
-                print(f"  budget {b}: " + ", ".join(timed))
+            print_budgets(swept)
         if args.conversation:
             chats = [bench_conversation(model, test_image(size), pipeline, args.conversation, args.new_tokens,
                                         args.repeats, args.max_cells) for pipeline in ("arr", "full")]
             report["sizes"][size]["conversation"] = chats
             print("\n".join(conversation_line(r) for r in chats))
         if args.json:  # written after every size, so a run cut short keeps what it measured
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(report, indent=2))
+            write_json(Path(args.json), report)
     for size in sizes if args.profile else ():  # after every timing: the profiler's CUDA tracing slows later launches
         print(f"\nARR's busiest kernels at {size} px (trace: {args.profile}/arr_{size}.json.gz):")
         print(profile_answer(model, test_image(size), Path(args.profile), size, args.new_tokens, args.max_cells))
@@ -497,6 +480,48 @@ def main(argv=None) -> dict:
     if args.check is not None:
         check(args.check, report)
     return report
+
+
+def load_model(args: argparse.Namespace):
+    """The model to time: --model, or --family's full-size architecture with random weights; on --device (default:
+    cuda when available) in --dtype (default: the device's) -> (model, device)."""
+    import torch
+
+    from arr_coc.model import ARRCOCQwen
+    from arr_coc.vlm.families import default_dtype, random_vlm
+    from arr_coc.vlm.tiny import FULL_SIZE
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if args.random_weights:
+        arch, config = FULL_SIZE[args.family]
+        model = ARRCOCQwen(random_vlm(config(), str(device), dtype or default_dtype(device), f"{arch} (random)"))
+    else:
+        model = ARRCOCQwen.from_pretrained(args.model, device=str(device), dtype=dtype)
+    return model, device
+
+
+def print_pipelines(size: int, new_tokens: int, results: dict, arr_over: dict) -> None:
+    """One size's pipelines: the table, ARR beside the reducers, and ARR's time over full's and each reducer's
+    (`ratios`)."""
+    print(f"\n{size}x{size} px, {new_tokens} new tokens:\n{format_table(results)}")
+    if versus := versus_table(results):
+        print(f"\n{versus}")
+    for k, v in arr_over.items():
+        print(f"  {k}: TTFT {v['ttft']:.2f}x, total {v['total']:.2f}x")
+
+
+def print_budgets(swept: dict) -> None:
+    """--budgets: one line a budget, each row's visual tokens and TTFT."""
+    for b, rows in swept.items():
+        timed = [f"{row} {r['tokens']['total_visual']} tokens TTFT {r['ttft_ms']:.1f} ms" for row, r in rows.items()]
+        print(f"  budget {b}: " + ", ".join(timed))
+
+
+def write_json(path: Path, report: dict) -> None:
+    """--json: every number so far."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
 
 
 def check(baseline: dict, report: dict) -> None:
