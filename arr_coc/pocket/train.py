@@ -545,6 +545,26 @@ def exported_folder(path: str) -> str:
 
 
 def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.steps == 0 and args.export and not (Path(args.out) / "state.json").is_file():
+        parser.error(f"--steps 0 --export: {args.out} holds no run (state.json) to export")
+    if args.tokenizer_only:
+        build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
+        return
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+    cfg.eval_sizes = tuple(cfg.eval_sizes)
+    process = distributed.start(cfg.device)
+    if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
+        state = train(cfg, args.resume, process)
+        process.log(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all")
+    if args.export and process.is_main:
+        print(f"exported to {export(Path(args.out), Path(args.export))}")
+    distributed.finish(process)
+
+
+def build_parser() -> ArgumentParser:
+    """The trainer's flags, in --help's order: the run, the recipe, profiling and export."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=TrainConfig.out, help="run folder (weights, optimizer, state.json)")
     parser.add_argument("--resume", action="store_true",
@@ -581,6 +601,19 @@ def main(argv=None):
                         help="start at this curriculum stage (default: where the resumed run stands)")
     parser.add_argument("--init", type=exported_folder, default=TrainConfig.init,
                         help="with --resume and no run in --out yet: continue from this exported folder")
+    add_recipe_flags(parser)
+    parser.add_argument("--profile", type=bounded_int(0, 1000), default=TrainConfig.profile,
+                        help="profile this many steps of a stage after --profile-after (rank 0 prints the table)")
+    parser.add_argument("--profile-after", type=bounded_int(0, 10**9), default=TrainConfig.profile_after,
+                        help="with --profile: the steps of a stage before the profiled ones (start-up, autotuning)")
+    parser.add_argument("--export", default=None, help="after training, write the hub folder here")
+    parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
+    return parser
+
+
+def add_recipe_flags(parser: ArgumentParser) -> None:
+    """The recipe: the reading, binding and pointing losses' weights, how page sizes are drawn, and how far the
+    model grows before training."""
     parser.add_argument("--read-ink-weight", type=bounded_float(0, above=True), default=TrainConfig.read_ink_weight,
                         help="weight of a drawn character's slot in the merged tokens' reading loss (empty slots: 1)")
     parser.add_argument("--read-token-patches", type=bounded_float(0), default=TrainConfig.read_token_patches,
@@ -605,27 +638,6 @@ def main(argv=None):
     parser.add_argument("--llm-width", type=llm_width, default=None,
                         help="grow the LLM and the visual tokens to this width before training: whole groups of 2 "
                              "heads of 64, so a multiple of 128 (new heads and units start silent)")
-    parser.add_argument("--profile", type=bounded_int(0, 1000), default=TrainConfig.profile,
-                        help="profile this many steps of a stage after --profile-after (rank 0 prints the table)")
-    parser.add_argument("--profile-after", type=bounded_int(0, 10**9), default=TrainConfig.profile_after,
-                        help="with --profile: the steps of a stage before the profiled ones (start-up, autotuning)")
-    parser.add_argument("--export", default=None, help="after training, write the hub folder here")
-    parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
-    args = parser.parse_args(argv)
-    if args.steps == 0 and args.export and not (Path(args.out) / "state.json").is_file():
-        parser.error(f"--steps 0 --export: {args.out} holds no run (state.json) to export")
-    if args.tokenizer_only:
-        build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
-        return
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
-    cfg.eval_sizes = tuple(cfg.eval_sizes)
-    process = distributed.start(cfg.device)
-    if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
-        state = train(cfg, args.resume, process)
-        process.log(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all")
-    if args.export and process.is_main:
-        print(f"exported to {export(Path(args.out), Path(args.export))}")
-    distributed.finish(process)
 
 
 if __name__ == "__main__":
