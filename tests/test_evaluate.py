@@ -266,6 +266,7 @@ OTHER_VALUES = {
     "conversation": (["--kinds", "box_word"], ["--conversation"]),
     "turns": (["--kinds", "box_word", "--conversation"], ["--turns", "2"]),
     "held_out_layouts": (["--kinds", "box_word"], ["--held-out-layouts"]),
+    "families": (["--kinds", "box_word"], ["--families", "held-out"]),
 }
 
 
@@ -685,3 +686,24 @@ def test_held_out_layouts_draw_the_pocket_pages_in_the_layouts_training_never_dr
             evaluate.parse_args(["--model", "pocket", "--held-out-layouts", *flags])
         assert ("--held-out-layouts: draws the pocket suite's synthetic pages (fine_print, box_word, shape_colour), "
                 f"not {named}") in capsys.readouterr().err
+
+
+def test_families_draw_the_pocket_pages_on_the_named_layout_families(capsys):
+    """--families held-out: each pocket page drawn by a held-out layout family that carries its kind (slide and
+    box_grid in turn by seed), at its family's aspect; other kinds, a dataset and unknown names refused at parse."""
+    from arr_coc.eval.sets import synthetic_source
+    from arr_coc.synth.families import make_family_page
+
+    assert evaluate.parse_args(["--model", "pocket", "--kinds", "box_word", "--families", "held-out"]).families == (
+        "slide", "box_grid")
+    source = synthetic_source(2, ("box_word",), seed=7, size=448, families=("slide", "box_grid"))
+    seeds = [7 * 1_000_003, 7 * 1_000_003 + 1]  # iter_dataset's scene seeds (odd -> box_grid, even -> slide)
+    for item, seed, family, size in zip(source.items, seeds, ("box_grid", "slide"), ((476, 420), (588, 336))):
+        assert item.image.size == size
+        assert item.image.tobytes() == make_family_page(family, "box_word", seed, *size).image.tobytes()
+    for flags, named in ((["--kinds", "box_word,noise"], "not --kinds noise"),
+                         (["--dataset", "owner/name", "--schema", "docvqa"], "not --dataset owner/name"),
+                         (["--families", "slides"], "unknown layout family slides")):
+        with pytest.raises(SystemExit):
+            evaluate.parse_args(["--model", "pocket", "--families", "held-out", *flags])
+        assert named in capsys.readouterr().err

@@ -227,6 +227,20 @@ def test_jsonl_round_trip(tmp_path):
             assert b.image.mode == "RGB" and np.array_equal(pixels(a), pixels(b))
 
 
+def test_a_family_pages_row_records_its_family_and_every_row_its_ink_cells(tmp_path):
+    """Rows name a layout family's page (and load it back); every row counts its inked 28 px cells."""
+    from arr_coc.eval.data import main
+
+    path = main(["--out", str(tmp_path / "fam"), "--n", "2", "--kinds", "box_word", "--families", "box_grid",
+                 "--size", "448"])
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["family"] for r in records] == ["box_grid", "box_grid"]
+    assert all(r["ink_cells"] > 0.3 * 240 for r in records)  # a dense family: > 30% of its ~240 cells inked
+    assert [s.family for s in load_jsonl(path)] == ["box_grid", "box_grid"]
+    blank = save_jsonl([Sample(Image.new("RGB", (56, 56), (255, 255, 255)), "q", "a", None, "noise")], tmp_path / "b")
+    assert json.loads(blank.read_text())["ink_cells"] == 0 and "family" not in json.loads(blank.read_text())
+
+
 def write_dataset(tmp_path, lines):
     Image.new("RGB", (32, 32), (9, 9, 9)).save(tmp_path / "ok.png")
     path = tmp_path / "data.jsonl"
