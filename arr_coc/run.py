@@ -233,7 +233,7 @@ def ask(model, image, question: str, runs: list, chats: dict, args: argparse.Nam
 def main(argv=None) -> int:
     args = parse_args(argv)
     from arr_coc.model import check_question  # after parsing: --help and bad flags answer without torch
-    from arr_coc.pipelines.conversation import Conversation, moves
+    from arr_coc.pipelines.conversation import Conversation
     from arr_coc.relevance.layer import CheckpointError
 
     try:
@@ -249,13 +249,7 @@ def main(argv=None) -> int:
         chats = {run: Conversation(run[0], image) for run in runs} if len(questions) > 1 else {}
         warm_up(model, image, questions[0], runs, args)
         turns = [ask(model, image, question, runs, chats, args) for question in questions]
-        if args.faithfulness:
-            from arr_coc.eval.faithfulness import faithfulness_curves
-
-            arr_answer = turns[0][1]
-            cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
-            curves = faithfulness_curves(model.parts, arr_answer.observation, arr_answer.arr,
-                                         args.answer or arr_answer.text, args.faithfulness_steps)
+        curves = faithfulness(model, turns[0][1], args) if args.faithfulness else None
     except (InputError, CheckpointError, OutOfMemory) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -280,26 +274,43 @@ def main(argv=None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
     if args.save_dir:
-        from arr_coc import viz
-
-        paths, before = [], None
-        for turn, (_, arr_answer) in enumerate(turns, start=1):
-            if arr_answer is None:
-                continue
-            folder = Path(args.save_dir) / f"turn-{turn}" if chats else Path(args.save_dir)
-            paths += viz.save_all(arr_answer, folder, image)
-            if before is not None:  # how the saccades moved from the turn before
-                moved = moves(before, arr_answer)
-                viz.moves_overlay(image, arr_answer.arr.grid, moved.new, moved.kept, moved.dropped,
-                                  arr_answer.arr.relevance[0], turn).save(folder / "moves.png")
-                paths.append(folder / "moves.png")
-            before = arr_answer
-        if args.faithfulness:
-            paths.append(Path(args.save_dir) / "faithfulness.png")
-            viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}").save(paths[-1])
-        for path in paths:
+        for path in save_pictures(Path(args.save_dir), image, turns, bool(chats), curves):
             print(f"wrote {path}")
     return 0
+
+
+def faithfulness(model, arr_answer, args: argparse.Namespace):
+    """--faithfulness: the deletion, random and insertion curves of ARR's answer (or --answer) on the first
+    question."""
+    from arr_coc.eval.faithfulness import faithfulness_curves
+
+    cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
+    return faithfulness_curves(model.parts, arr_answer.observation, arr_answer.arr,
+                               args.answer or arr_answer.text, args.faithfulness_steps)
+
+
+def save_pictures(save_dir: Path, image, turns: list, per_turn: bool, curves) -> list[Path]:
+    """--save-dir: ARR's pictures of each turn (in turn-K/ for a conversation, with moves.png from the second turn
+    on) and, with --faithfulness, faithfulness.png -> the files written."""
+    from arr_coc import viz
+    from arr_coc.pipelines.conversation import moves
+
+    paths, before = [], None
+    for turn, (_, arr_answer) in enumerate(turns, start=1):
+        if arr_answer is None:
+            continue
+        folder = save_dir / f"turn-{turn}" if per_turn else save_dir
+        paths += viz.save_all(arr_answer, folder, image)
+        if before is not None:  # how the saccades moved from the turn before
+            moved = moves(before, arr_answer)
+            viz.moves_overlay(image, arr_answer.arr.grid, moved.new, moved.kept, moved.dropped,
+                              arr_answer.arr.relevance[0], turn).save(folder / "moves.png")
+            paths.append(folder / "moves.png")
+        before = arr_answer
+    if curves is not None:
+        paths.append(save_dir / "faithfulness.png")
+        viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}").save(paths[-1])
+    return paths
 
 
 if __name__ == "__main__":
