@@ -34,8 +34,8 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 MAX_README_BYTES = 25 * 1024
-SECTIONS = ["Contents", "Quick start", "What you get offline", "The app", "The command line", "Performance",
-            "Accuracy", "Where ARR's selection matters", "Conversations", "How it works"]  # the README's second-level headings, in reading order
+SECTIONS = ["Contents", "Quick start", "How it works", "What you get offline", "The app", "The command line",
+            "Performance", "Accuracy", "Where ARR's selection matters", "Conversations"]  # the README's second-level headings, in reading order
 OUTPUT_DIRS = {"runs", "out", "data", "build"}  # where the commands write: named in examples, not in the repo
 INSTALLED = ("arr_coc/shipped",)  # made by `pip install .` (setup.py), not in the repo
 EXAMPLES = ROOT / "assets" / "examples.json"
@@ -153,6 +153,10 @@ def test_readme_is_at_most_25_kb():
 def test_readme_sections_come_in_reading_order():
     text = without_fences(read(README))
     assert re.findall(r"^## (.+)$", text, flags=re.M) == SECTIONS
+    lines = text.splitlines()
+    steps = [i + 1 for i, line in enumerate(lines) if re.match(r"[1-7]\. \*\*", line)
+             and i > lines.index("## How it works")]
+    assert len(steps) >= 7 and steps[6] <= 120, f"the method's seventh step is on line {steps[6:7]}, past line 120"
     intro = text.split("\n## ", 1)[0]
     assert re.search(r"!\[[^\]]*\]\(docs/screenshots/[^)]+\.png\)", intro), "one screenshot before the contents"
     anchors = re.findall(r"\]\(#([^)]+)\)", section(text, "Contents"))
