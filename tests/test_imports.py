@@ -40,7 +40,7 @@ LAYERS = (
     ("5. research", ("arr_coc.eval", "arr_coc.pocket"), False),
     ("6. the façade", ("arr_coc.config", "arr_coc.model"), True),
     ("7. the app, the commands", ("app", "arr_coc.app", "arr_coc.cli", "arr_coc.run", "arr_coc.train",
-                                  "arr_coc.evaluate", "arr_coc.bench"), True),
+                                  "arr_coc.evaluate", "arr_coc.bench", "arr_coc.engines"), True),
 )
 EXCEPTIONS = {  # (importer, imported): why; the only imports allowed besides the table's
     ("arr_coc.graphs", "arr_coc.zerogpu"): "graphs asks it whether CUDA graphs may be captured: none on ZeroGPU",
@@ -172,6 +172,15 @@ def test_imports_point_down():
              for module, targets in sorted(GRAPH.items()) for target, line in sorted(targets.items())
              if (why := wrong_way(module, target))]
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_nothing_imports_the_engines():
+    """arr_coc/engines/ runs inside another engine's venv (lmms-eval's: requirements-lmms.txt), found through its
+    entry point: no other module of the project imports it, at any depth."""
+    found = [f"{where(module, line)} {module} imports {target}" for module, targets in sorted(GRAPH.items())
+             for target, line in sorted(targets.items())
+             if target.startswith("arr_coc.engines") and not module.startswith("arr_coc.engines")]
+    assert not found, "the engines' adapters are imported:\n" + "\n".join(found)
 
 
 def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
