@@ -80,6 +80,10 @@ def parse_settings(pipeline: str, settings: dict) -> argparse.Namespace:
     settings = {key: value for key, value in settings.items() if key not in LMMS_KWARGS}
     row = row_of(pipeline, settings.pop("strategy", None))
     p = evaluate.build_parser()
+    p.prog = f"--model {MODEL_ID} --model_args"  # its flags are key=value there
+    if split_row(row)[0] not in (*BASELINES, "arr"):
+        p.error(f"argument pipeline: {pipeline!r} is none of evaluate's rows: arr (arr:STRATEGY, "
+                f"arr-ABLATION:STRATEGY, arr+refix:STRATEGY) or a baseline ({', '.join(BASELINES)})")
     args = p.parse_args(flags_of(row, settings))
     cli.default_model(args)
     evaluate.check(p, args)

@@ -1,0 +1,101 @@
+"""
+lmms-eval's `--model arr_coc` (arr_coc/engines/lmms.py) in its own venv gives, item for item, the answers
+`python -m arr_coc.evaluate` gives on the same items: 6 pocket-suite pages (made by arr_coc.eval.data), the pocket
+model, ARR under topk at one budget, through the local task lmms_tasks/arr_coc_pocket.
+
+The venv (.venv-lmms/, gitignored) is made here when missing, or when the files it was installed from changed
+(requirements-lmms.txt, requirements.txt, pyproject.toml: a stamp inside it holds their hash), with
+`pip install -r requirements-lmms.txt`: 2.5-3.5 minutes and 7.1 GB on this project's 2-core CPU machine (the CUDA
+torch of the package index, as the main venv's, whose wheels pip has cached by then), more where every wheel must be
+downloaded. The test itself takes 21 s on an idle machine, 55 s beside another test run.
+
+The budget is 16, where the pocket model misses some pages (at 273 it reads all 6 right, and a comparison of right
+answers would not tell two budgets apart): passing lmms-eval budget=8 instead was seen failing, 3 of 6 answers apart.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".venv-lmms"
+PYTHON = VENV / "bin" / "python"
+STAMP = VENV / "installed-from.sha256"
+INSTALLED_FROM = ("requirements-lmms.txt", "requirements.txt", "pyproject.toml")
+BUDGET = 16
+ITEMS = 6
+
+
+def installed_from() -> str:
+    """The hash of the files the venv is installed from: a change to any of them installs it again."""
+    return hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in INSTALLED_FROM)).hexdigest()
+
+
+def run(command: list, cwd: Path, timeout: int, **env: str) -> subprocess.CompletedProcess:
+    """A command that must succeed; its output shown when it does not."""
+    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, \
+        f"{command[:4]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def lmms_python() -> Path:
+    """The lmms-eval venv's python, installed from requirements-lmms.txt if missing or stale."""
+    want = installed_from()
+    if not (PYTHON.exists() and STAMP.exists() and STAMP.read_text() == want):
+        if not PYTHON.exists():
+            run([sys.executable, "-m", "venv", VENV], ROOT, 300)
+        run([PYTHON, "-m", "pip", "install", "-q", "-r", "requirements-lmms.txt"], ROOT, 3600)
+        STAMP.write_text(want)
+    return PYTHON
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> Path:
+    """A folder holding data/pocket-suite: the task's JSONL of 6 pocket-suite pages, 2 of each kind."""
+    folder = tmp_path_factory.mktemp("lmms")
+    run([sys.executable, "-m", "arr_coc.eval.data", "--out", folder / "data" / "pocket-suite", "--n", ITEMS,
+         "--kinds", "fine_print,box_word,shape_colour", "--seed", 0, "--size", 896], ROOT, 300)
+    return folder
+
+
+def evaluate_answers(folder: Path) -> dict[int, str]:
+    """evaluate's answer to each item (its index) of the folder's set, ARR under topk at BUDGET."""
+    out = folder / "evaluate"
+    run([sys.executable, "-m", "arr_coc.evaluate", "--model", "pocket", "--dataset", folder / "data" / "pocket-suite",
+         "--metric", "exact", "--baselines", "", "--strategies", "topk", "--budget", BUDGET, "--device", "cpu",
+         "--out", out], ROOT, 1200)
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {r["item"]: r["prediction"] for r in results}
+
+
+def lmms_answers(python: Path, folder: Path, model_args: str) -> tuple[dict[int, str], dict]:
+    """lmms-eval's answer to each doc (its id) of the local pocket task through --model arr_coc, and its results."""
+    out = folder / "lmms"
+    run([python, "-m", "lmms_eval", "eval", "--model", "arr_coc", "--model_args", model_args,
+         "--tasks", "arr_coc_pocket", "--include_path", ROOT / "lmms_tasks", "--device", "cpu", "--log_samples",
+         "--output_path", out], folder, 1200, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    samples = [json.loads(line) for path in out.rglob("*_samples_arr_coc_pocket.jsonl")
+               for line in path.read_text().splitlines()]
+    results = [json.loads(path.read_text()) for path in out.rglob("*_results.json")]
+    assert len(results) == 1, f"lmms-eval wrote {len(results)} results files under {out}"
+    return {s["doc_id"]: s["filtered_resps"] for s in samples}, results[0]
+
+
+def test_lmms_eval_answers_equal_evaluate_on_the_pocket_suite(lmms_python, pages):
+    expected = evaluate_answers(pages)
+    answers, results = lmms_answers(lmms_python, pages, f"pretrained=pocket,pipeline=arr,budget={BUDGET}")
+    assert len(expected) == ITEMS
+    assert answers == expected
+    task = results["results"]["arr_coc_pocket"]
+    references = [json.loads(line)["answer"] for line in
+                  (pages / "data" / "pocket-suite" / "data.jsonl").read_text().splitlines()]
+    right = sum(expected[i] == references[i] for i in range(ITEMS))
+    assert task["exact_match,none"] == pytest.approx(right / ITEMS)
