@@ -13,11 +13,14 @@ The budget is 16, where the pocket model misses some pages (at 273 it reads all 
 answers would not tell two budgets apart): passing lmms-eval budget=8 instead was seen failing, 3 of 6 answers apart.
 """
 
+import fcntl
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,15 +48,28 @@ def run(command: list, cwd: Path, timeout: int, **env: str) -> subprocess.Comple
     return done
 
 
+@contextmanager
+def one_install_at_a_time():
+    """A lock on this work tree's venv: two test runs in one tree (or two people) never install into it at once."""
+    name = f"arr-coc-venv-lmms-{hashlib.sha256(str(VENV).encode()).hexdigest()[:16]}.lock"
+    with open(Path(tempfile.gettempdir()) / name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
 def lmms_python() -> Path:
     """The lmms-eval venv's python, installed from requirements-lmms.txt if missing or stale."""
     want = installed_from()
-    if not (PYTHON.exists() and STAMP.exists() and STAMP.read_text() == want):
-        if not PYTHON.exists():
-            run([sys.executable, "-m", "venv", VENV], ROOT, 300)
-        run([PYTHON, "-m", "pip", "install", "-q", "-r", "requirements-lmms.txt"], ROOT, 3600)
-        STAMP.write_text(want)
+    with one_install_at_a_time():
+        if not (PYTHON.exists() and STAMP.exists() and STAMP.read_text() == want):
+            if not PYTHON.exists():
+                run([sys.executable, "-m", "venv", VENV], ROOT, 300)
+            run([PYTHON, "-m", "pip", "install", "-q", "-r", "requirements-lmms.txt"], ROOT, 3600)
+            STAMP.write_text(want)
     return PYTHON
 
 
