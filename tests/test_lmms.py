@@ -112,3 +112,37 @@ def test_lmms_eval_answers_equal_evaluate_on_the_pocket_suite(lmms_python, pages
     assert len(expected) == ITEMS
     assert answers == expected
     assert results["results"]["arr_coc_pocket"]["exact_match,none"] == pytest.approx(exact_match)
+
+
+ROWS_SCRIPT = """
+import json, sys
+from arr_coc.engines.lmms import ARRCOC, parse_settings
+rows = [parse_settings(p, dict(pretrained="pocket", batch_size=1, **s)).row for p, s in json.loads(sys.argv[1])]
+model = ARRCOC.__new__(ARRCOC)  # its settings only: no model loads
+model.args = parse_settings("arr", dict(pretrained="pocket", budget=16))
+request = model.request({"max_new_tokens": 7, "temperature": 0, "do_sample": False})
+try:
+    model.request({"temperature": 0.7})
+    refused = None
+except ValueError as e:
+    refused = str(e)
+print(json.dumps({"rows": rows, "request": [request.strategy, request.budget, request.max_new_tokens],
+                  "refused": refused}))
+"""
+
+
+def test_model_args_name_evaluates_rows_and_refuse_what_it_cannot_run(lmms_python, tmp_path):
+    asked = [["arr", {}], ["arr", {"strategy": "grid"}], ["arr:logpolar", {}], ["full", {}], ["fastv", {"budget": 64}],
+             ["arr-no-gestalt:topk", {}], ["arr+refix:topk", {"refixate": 0.9}]]
+    done = run([lmms_python, "-c", ROWS_SCRIPT, json.dumps(asked)], tmp_path, 300)
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["rows"] == ["arr:topk", "arr:grid", "arr:logpolar", "full", "fastv", "arr-no-gestalt:topk",
+                             "arr+refix:topk"]
+    assert found["request"] == ["topk", 16, 7]
+    assert "decodes greedily" in found["refused"]
+    for pipeline, why in (("nonsense", "'nonsense' is none of evaluate's rows"),
+                          ("arr+refix:topk", "is not one of evaluate's rows here")):
+        bad = subprocess.run([lmms_python, "-c", f"from arr_coc.engines.lmms import parse_settings\n"
+                              f"parse_settings({pipeline!r}, dict(pretrained='pocket'))"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and why in bad.stderr, bad.stderr[-2000:]
