@@ -1,7 +1,8 @@
 """
 lmms-eval's `--model arr_coc` (arr_coc/engines/lmms.py) in its own venv gives, item for item, the answers
 `python -m arr_coc.evaluate` gives on the same items: 6 pocket-suite pages (made by arr_coc.eval.data), the pocket
-model, ARR under topk at one budget, through the local task lmms_tasks/arr_coc_pocket.
+model, ARR under topk at one budget, through the local task lmms_tasks/arr_coc_pocket. And its --model_args name
+evaluate's rows, read by evaluate's parser, with sampling and rows it cannot run refused.
 
 The venv (.venv-lmms/, gitignored) is made here when missing, or when the files it was installed from changed
 (requirements-lmms.txt, requirements.txt, pyproject.toml: a stamp inside it holds their hash), with
