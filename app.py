@@ -165,20 +165,37 @@ def output_table(label: str, headers: list[str], elem_id: str | None = None,
                         column_widths=widths, elem_id=elem_id)
 
 
-def examples(image: gr.Image, question: gr.Textbox) -> gr.Examples:
+def examples(image: gr.Image, question: gr.Textbox, cleared: list, reset=None) -> gr.Examples:
     """
     The examples, labelled: the fine-print pages the offline pocket model answers come first, with their expected
     answers; the photos and other scenes are said to need real Qwen-VL weights. A click fills the question, then
     shows the example's file in the image box as a plain value: an example loaded into the image box itself is
     gradio's update of it, which re-creates the box for the session without image_input's upload check. The file
     is looked up by the clicked row's index (show_example), never taken from the client, and both events are
-    private: no client can name a file for the server to hand back.
+    private: no client can name a file for the server to hand back. The click also empties the tab's results
+    (`cleared`: reset() gives their values, else none), so an earlier example's answers and maps do not stay
+    under the new one, and scrolls the page to the image box.
     """
     gr.Markdown(EXAMPLES_NOTE)
     listed = gr.Examples([[q] for _, q in EXAMPLES], inputs=question, cache_examples=False,
                          example_labels=EXAMPLE_LABELS, examples_per_page=len(EXAMPLES), api_visibility="private")
-    listed.dataset.click(show_example, listed.dataset, image, api_visibility="private", queue=False)
+    scroll = f"(x) => {{ document.getElementById('{image.elem_id}')?.scrollIntoView({{block: 'start'}}); return x; }}"
+    listed.dataset.click(show_example, listed.dataset, image, api_visibility="private", queue=False, js=scroll)
+    empty = reset or (lambda: [None] * len(cleared) if len(cleared) > 1 else None)
+    listed.dataset.click(empty, None, cleared, api_visibility="private", queue=False,  # its own name: reset's
+                         api_name=f"{image.elem_id.replace('-', '_')}_example_clears")  # own stays the endpoint's
     return listed
+
+
+def checked_uploads(image: gr.Image, status: gr.Markdown | None) -> None:
+    """
+    An upload is read at once (image_input's read_upload, the event's preprocess): a file that is no image (a
+    text file named .png) is refused with its one-line toast and the box emptied, not left as a collapsed box
+    until the tab's button; a good one's size goes to the status line.
+    """
+    read = image.upload(ui.upload_summary if status else lambda image: None, image, status,
+                        api_visibility="private")  # queued: gradio toasts a queued event's error, not another's
+    read.failure(lambda: None, None, image, api_visibility="private", queue=False)
 
 
 def show_example(example: tuple[int, list]) -> str:
@@ -214,7 +231,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
             with gr.Row():
                 run = gr.Button("Compare", variant="primary", elem_id="compare-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
-            status = gr.Markdown(label="Status", elem_id="compare-status")
+            status = gr.Markdown(label="Status", elem_id="compare-status", elem_classes="status-line")
         with gr.Column(scale=2):
             with gr.Row():
                 with gr.Column():
@@ -233,7 +250,9 @@ def compare_tab(model: ARRCOCQwen) -> None:
             weights = output_image("Balancer weights, and what each scorer gave the saccades", "arr-weights",
                                    height=None)
     kept = gr.State(time_to_live=3600)  # the last ARR answer's drawing data (CPU): freed an hour after
-    examples(image, question)
+    examples(image, question, [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic,
+                               base_cells, kept])
+    checked_uploads(image, status)
 
     event = gr.on([run.click, question.submit], bind(model, handlers.compare, gpu_seconds=GPU_SECONDS["compare"]),
                   [image, question, baseline, tokens, strategy, cells, numbered, refixate],
@@ -260,13 +279,13 @@ def microscope_tab(model: ARRCOCQwen) -> None:
                                    label="Ablation (applied on Analyse)", info=ablations.describe(),
                                    elem_id="microscope-ablation")
             budget = gr.Slider(1, 4 * model.pipeline.gestalt_max_tokens, value=config.budget, step=1,
-                               label="Saccade budget (re-selects instantly)")
+                               label="Saccade budget (re-selects instantly)", elem_id="microscope-budget")
             tensions = tension_controls()
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
             reducer = gr.Dropdown([handlers.NO_REDUCER, *REDUCERS], value=handlers.NO_REDUCER,
                                   label="Draw a reducer's kept cells over the relevance", elem_id="microscope-reducer",
                                   info="as many visual tokens as ARR reads at the budget (runs the reducer)")
-            summary = gr.Markdown(label="Selection", elem_id="microscope-summary")
+            summary = gr.Markdown(label="Selection", elem_id="microscope-summary", elem_classes="status-line")
         with gr.Column(scale=2):
             heatmap = output_image("Relevance and numbered saccades", "microscope-heatmap")
             mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "microscope-mosaic", height=None)
@@ -279,7 +298,8 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     channels = output_image("The 13 texture channels (all on a 0..1 scale)", "microscope-channels", None)
     gr.Markdown(ui.channels_markdown())
     kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
-    examples(image, question)
+    examples(image, question, [kept, channels, scorers, heatmap, summary, saccades, mosaic, reduced, curves, verdict])
+    checked_uploads(image, summary)
 
     analysed = run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
                          [image, question, strategy, budget, cells, numbered, ablation, *tensions],
@@ -323,7 +343,7 @@ def faithfulness_panel() -> tuple[gr.Image, gr.Textbox, gr.Button, gr.Markdown]:
                                 max_length=MAX_ANSWER_CHARS, scale=3, elem_id="faithfulness-answer")
             measure = gr.Button("Measure (~30 forward passes)", scale=1, elem_id="faithfulness-run")
         curves = output_image("Faithfulness curves", "faithfulness-plot", height=None)
-        verdict = gr.Markdown(label="Summary", elem_id="faithfulness-summary")
+        verdict = gr.Markdown(label="Summary", elem_id="faithfulness-summary", elem_classes="status-line")
     return curves, answer, measure, verdict
 
 
@@ -344,15 +364,17 @@ def conversation_tab(model: ARRCOCQwen) -> None:
             with gr.Row():
                 ask = gr.Button("Ask", variant="primary", elem_id="chat-ask")
                 reset = gr.Button("New image", elem_id="chat-new")
-            status = gr.Markdown("Ask a first question about the image.", label="Status", elem_id="chat-status")
+            status = gr.Markdown("Ask a first question about the image.", label="Status", elem_id="chat-status",
+                                 elem_classes="status-line")
         with gr.Column(scale=2):
-            turns = output_table("Turns", ui.TURN_HEADERS, "chat-turns", ui.TURN_WIDTHS)
             with gr.Row():
                 heatmap = output_image("This turn's relevance and numbered saccades", "chat-heatmap")
                 moved = output_image("How the saccades moved from the turn before: new (green), kept (cyan), dropped "
                                      "(red)", "chat-moves")
+    turns = output_table("Turns", ui.TURN_HEADERS, "chat-turns", ui.TURN_WIDTHS)  # the page's width: no word split
     chat = gr.State(time_to_live=3600)  # the conversations (CPU between turns): freed an hour after the last turn
-    examples(image, question)
+    examples(image, question, [chat, status, turns, heatmap, moved], handlers.new_conversation)
+    checked_uploads(image, None)
     gr.on([ask.click, question.submit], bind(model, handlers.converse, gpu_seconds=GPU_SECONDS["converse"]),
           [chat, image, question, baseline, tokens, budget, fresh, numbered], [chat, status, turns, heatmap, moved],
           api_name="converse", concurrency_id=GPU)
@@ -378,7 +400,8 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
             with gr.Row():
                 run = gr.Button("Compare checkpoints", variant="primary", elem_id="ab-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="ab-stop")
-            summary = gr.Markdown(label="Agreement", elem_id="ab-summary")  # also the tab's status while running
+            summary = gr.Markdown(label="Agreement", elem_id="ab-summary",  # also the tab's status while running
+                                  elem_classes="status-line")
         with gr.Column(scale=2):
             with gr.Row():
                 with gr.Column():
@@ -388,11 +411,12 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
                     heat_b = output_image("B: relevance and saccades", "ab-heatmap-b")
                     text_b = gr.Textbox(label="B's answer", lines=2, elem_id="ab-answer-b")
             difference = output_image("Difference B − A", "ab-difference")
-    examples(image, question)
+    examples(image, question, [heat_a, heat_b, difference, text_a, text_b, summary])
 
     event = run.click(bind(model, handlers.ab, CHECKPOINTS, gpu_seconds=GPU_SECONDS["ab"]),
                       [image, question, choice_a, files_a, choice_b, files_b, strategy, tokens, cells],
                       [heat_a, heat_b, difference, text_a, text_b, summary], api_name="ab", concurrency_id=GPU)
+    checked_uploads(image, summary)
     stop.click(None, cancels=[event]).then(handlers.stopped, summary, summary, api_visibility="private",
                                            concurrency_limit=None)  # as Compare's Stop
 
@@ -485,7 +509,8 @@ def main(args: argparse.Namespace) -> None:
     # max_file_size: the server itself refuses a larger upload, whatever the client; UploadCap: the uploads kept
     # stay under --upload-cache-mb
     cap = Middleware(uploads.UploadCap, blocks=demo, max_bytes=args.upload_cache_mb * 2**20)
-    demo.launch(server_name=HOST, server_port=args.port, share=args.share, show_error=True,
+    demo.launch(server_name=HOST, server_port=args.port, share=args.share, show_error=True, theme=ui.THEME,
+                css=ui.CSS, head=ui.HEAD,
                 max_file_size=f"{ui.MAX_UPLOAD_MB}mb", app_kwargs=dict(middleware=[cap]))
     # gradio's own clean-up at shutdown waits for every connection to close, which an open page never does
     delete_files_created_by_app(demo, age=None)  # every upload and drawing; the examples stay

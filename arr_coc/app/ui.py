@@ -42,9 +42,28 @@ log = logging.getLogger("arr_coc.app")
 POCKET_EXAMPLE = "pocket_"  # an example image named so is a fine-print page the offline pocket model answers
 MAX_UPLOAD_MB = 50  # the server refuses a larger upload (HTTP 413); a 64-megapixel JPEG or an ARR checkpoint is less
 STATS_HEADERS = ["metric", "value"]
+# The page's look. gradio's default font is Source Sans Pro at 400 and 600, but the 600 file it ships (5 KB) holds a
+# few glyphs only: a heading then mixed fonts ("A" in one, "RR-COC microscope" in the fallback). 400 and 700 are
+# whole files; a browser shows 600 text (headings, bold) with the 700 face.
+THEME = gr.themes.Default(font=[gr.themes.LocalFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif",
+                                "system-ui", "sans-serif"])
+CSS = """
+.status-line > [data-testid="status-tracker"] { display: none !important; }  /* its Error pill hid the text */
+#chat-turns * { overflow-wrap: normal !important; word-break: normal !important; hyphens: none !important; }
+"""
+# Enter in a slider's number box ends the edit as leaving the box does: the slider's release event (the
+# Microscope's budget re-selects on it), where gradio's number box only listens for leaving
+HEAD = """<script>
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && e.target.matches && e.target.matches('input[type="number"][data-testid="number-input"]')) {
+    e.target.blur();
+  }
+}, true);
+</script>"""
 TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "TTFT ms: base", "TTFT ms: ARR",
                 "prefilled: base", "prefilled: ARR", "context: base", "context: ARR", "ARR cells: new / kept / dropped"]
-TURN_WIDTHS = ["5%", "15%", "15%", "15%", "6%", "6%", "7%", "7%", "7%", "7%", "10%"]  # the texts get the room
+# the table is the page's width and its words are never split (CSS): each column fits its header's longest word
+TURN_WIDTHS = ["5%", "15%", "12%", "12%", "7%", "7%", "8%", "8%", "7%", "7%", "12%"]
 SACCADE_HEADERS = ["rank", "row", "col", "score", "fed"]  # rank 1 = most relevant; fed: its place in the LLM's input
 FALLBACKS = {
     "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (a busy "
@@ -177,6 +196,11 @@ def quietly(preprocess, payload):
         return preprocess(payload)
     except gr.Error as e:
         raise user_error(e.message) from None
+
+
+def upload_summary(image: Image.Image | None) -> str:
+    """The status line once an upload is read (read_upload, its preprocess, refuses a bad one before this runs)."""
+    return "" if image is None else f"Image: {image.width} x {image.height} px, ready."
 
 
 def upload_name(payload) -> str:
