@@ -445,6 +445,12 @@ def job_of(result: dict) -> Job:
     return result["row"], result.get("budget")
 
 
+def pending_total(items: Iterable[Item], done: set[tuple], jobs: list[Job], process: Process) -> int | None:
+    """How many items `pending` yields, for the progress bar: counted where the items are a list (synthetic scenes,
+    a JSONL set); None for a streamed dataset, whose length is unknown until it is read."""
+    return sum(1 for _ in pending(items, done, jobs, process)) if isinstance(items, list) else None
+
+
 def pending(items: Iterable[Item], done: set[tuple], jobs: list[Job], process: Process) -> Iterable[Item]:
     """This process's share of the items (by index) that still lack a job's result."""
     for item in items:
@@ -517,7 +523,7 @@ def evaluate_items(model: ARRCOCQwen, source: Source, jobs: list[Job], done: set
     skipped: dict[Job, list] = {}
     with torch.no_grad():
         for item in tqdm(pending(source.items, done, jobs, process), desc="evaluate", unit="item",
-                         disable=not process.is_main):
+                         total=pending_total(source.items, done, jobs, process), disable=not process.is_main):
             todo = [job for job in jobs if (item.index, *job) not in done]
             results, skips = evaluate_item(model, source, item, todo, metric, args)
             folder.append(results)

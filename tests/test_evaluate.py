@@ -707,3 +707,16 @@ def test_families_draw_the_pocket_pages_on_the_named_layout_families(capsys):
         with pytest.raises(SystemExit):
             evaluate.parse_args(["--model", "pocket", "--families", "held-out", *flags])
         assert named in capsys.readouterr().err
+
+
+def test_the_progress_bar_knows_how_many_items_remain():
+    """evaluate's bar has its total (it said '13item [21:49, ...]'): this process's items still lacking a job on a list
+    of items; unknown (None) for a streamed dataset."""
+    from types import SimpleNamespace
+
+    items = [SimpleNamespace(index=i) for i in range(5)]
+    jobs = [("full", None)]
+    one = SimpleNamespace(world_size=1, rank=0)
+    assert evaluate.pending_total(items, {(1, "full", None), (3, "full", None)}, jobs, one) == 3
+    assert evaluate.pending_total(items, set(), jobs, SimpleNamespace(world_size=2, rank=1)) == 2  # items 1 and 3
+    assert evaluate.pending_total(iter(items), set(), jobs, one) is None
