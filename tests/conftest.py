@@ -251,3 +251,28 @@ def text_bomb_png(path: Path, inflated: int = 500 << 20, before_pixels: bool = T
     at = png.index(b"IDAT" if before_pixels else b"IEND") - 4  # a chunk starts with its length
     path.write_bytes(png[:at] + chunk + png[at:])
     return path
+
+
+# ----------------------------------------------------------------------------- the real browser (tests/test_browser.py,
+# tests/app/test_page.py)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+BROWSER = [pytest.mark.browser,  # a module's pytestmark: skipped without Debian's Chromium
+           pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs {CHROMIUM} (apt-get install chromium)")]
+
+
+@contextmanager
+def chromium_page(url: str):
+    """A 1400 x 1000 page of headless Chromium (Playwright) at `url`; closed after."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        try:
+            yield page
+        finally:
+            browser.close()

@@ -17,21 +17,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import BROWSER, chromium_page
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the invoice number?"
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 120_000
 SHOTS = ROOT / ("docs" if os.environ.get("UPDATE_SCREENSHOTS") == "1" else "out") / "screenshots"
 MAX_SHOT_BYTES = 300_000
 MIN_SHOWN_PX = 150  # a drawing shown smaller than this (in either side) has collapsed
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs {CHROMIUM} (apt-get install chromium)")]
+pytestmark = BROWSER
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +45,8 @@ def portrait(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture
 def page(app_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url)
+    with chromium_page(app_url) as page:
         yield page
-        browser.close()
 
 
 def screenshot(page, name: str, last: str) -> Path:

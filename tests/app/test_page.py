@@ -7,31 +7,20 @@ scrolled to the image nor cleared the last answers, and the Conversation table s
     apt-get install -y chromium   # skipped without /usr/bin/chromium
 """
 
-from pathlib import Path
-
 import pytest
+from conftest import BROWSER, chromium_page
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 120_000
 EXAMPLE = "What is the value of PAGE? → 6407"
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs {CHROMIUM} (apt-get install chromium)")]
+pytestmark = BROWSER
 
 
 @pytest.fixture
 def page(app_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url)
+    with chromium_page(app_url) as page:
         page.locator("#compare-image").wait_for(timeout=TIMEOUT_MS)
         yield page
-        browser.close()
 
 
 def fonts_of(page, selector: str) -> list[str]:
