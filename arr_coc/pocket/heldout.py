@@ -86,10 +86,17 @@ def exact_match(model, tokenizer, processor, items, device, batch: int = 8,
                 process: distributed.Process | None = None) -> float:
     """Share of items whose every answer token (and <|im_end|>) is the argmax under teacher forcing; under
     torchrun each process takes its shard of the items and the counts are summed."""
+    correct, n = summed_count(model, tokenizer, processor, items, device, batch, process)
+    return correct / max(n, 1)
+
+
+def summed_count(model, tokenizer, processor, items, device, batch: int = 8,
+                 process: distributed.Process | None = None) -> tuple[int, int]:
+    """correct_count over every process's shard of the items (torchrun), summed: (answered exactly, items)."""
     correct, n = correct_count(model, tokenizer, processor, process.shard(items) if process else items, device, batch)
     if process is not None and process.distributed:
         correct, n = process.sum(torch.tensor([correct, n], dtype=torch.float64)).tolist()
-    return correct / max(n, 1)
+    return int(correct), int(n)
 
 
 def correct_count(model, tokenizer, processor, items, device, batch: int = 8) -> tuple[int, int]:
@@ -149,12 +156,8 @@ def evaluate_families(model, tokenizer, processor, device, pages: int, sizes=(89
                     continue
                 for view in ("full", "gestalt"):
                     shown = [(gestalt_view(im), q, a) for im, q, a in items] if view == "gestalt" else list(items)
-                    mine = process.shard(shown) if process else shown
-                    correct, n = correct_count(model, tokenizer, processor, mine, device,
-                                               batch=4 if size > 1000 and view == "full" else 16)
-                    if process is not None and process.distributed:
-                        correct, n = process.sum(torch.tensor([correct, n], dtype=torch.float64)).tolist()
-                    result[group][str(size)][view][kind] = [int(correct), int(n)]
+                    result[group][str(size)][view][kind] = list(summed_count(
+                        model, tokenizer, processor, shown, device, 4 if size > 1000 and view == "full" else 16, process))
     model.train()
     return result
 

@@ -41,7 +41,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from arr_coc.synth.fineprint import (BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, Box, Canvas, Glyph,
-                                     Mark, Page, PageStyle, Question, _free, _grow, draw_shape, make_page)
+                                     Mark, Page, PageStyle, Question, _grow, draw_shape, make_page)
 
 CELL = 28  # px a merged token covers (Qwen2-VL): ink_cells counts these
 DENSE_SHARE = 0.30  # a dense family inks at least this share of a page's cells (at 1792^2 px area)
