@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,7 @@ from PIL import Image
 
 from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
+from arr_coc.flags import config_parser, device_flag, flag, parse_config
 from arr_coc.pipelines import FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
 from arr_coc.relevance.ablation import ABLATIONS
 
@@ -57,43 +58,58 @@ CHECK_TOLERANCE = 0.15  # --check fails on ARR's TTFT or decode more than this m
 CHECKED = (("ttft_ms", "TTFT"), ("decode_ms_per_token", "decode ms/token"))  # what --check compares
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help='hub id, folder or "tiny" (ignored with --random-weights)')
-    p.add_argument("--random-weights", action="store_true", help="full-size architecture of --family, random weights")
-    p.add_argument("--family", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
-                   help="with --random-weights: Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-2B")
-    p.add_argument("--device", type=cli.device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
-                   help="weights' dtype (default: bf16 on Ampere+, fp16 on older GPUs such as the T4, fp32 on CPU)")
-    p.add_argument("--sizes", type=cli.int_list(56, 8192), default=[448, 896, 1344, 1792],
-                   help="comma-separated sides of the square test images in px")
-    cli.add_max_cells(p)
-    p.add_argument("--new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
-                   help="tokens generated per answer (EOS is suppressed)")
-    p.add_argument("--repeats", type=cli.bounded_int(1, 10_000), default=3, help="timed runs per measurement (median reported)")
-    p.add_argument("--layer-repeats", type=cli.bounded_int(1, 100_000), default=50, help="timed runs of the relevance layer")
-    p.add_argument("--pipelines", type=cli.comma_list(CHOICES), default=",".join(PIPELINES),
-                   help="comma-separated pipelines to time, or ARR under an ablation (arr-no-gestalt, ...)")
-    p.add_argument("--engines", type=cli.comma_list(ENGINES), default="fast,hf",
-                   help="comma-separated engines: fast (static cache + CUDA graphs) and hf (stock generate)")
-    p.add_argument("--budgets", type=cli.int_list(1, cli.MAX_CELLS), default=None,
-                   help="also time ARR and the baselines that read its visual tokens at these saccade budgets (fast "
-                        "engine), comma-separated")
-    p.add_argument("--conversation", type=cli.bounded_int(2, 64), default=None, metavar="N",
-                   help="also time N questions in one conversation (arr and full, fast engine) against each asked "
-                        "afresh")
-    p.add_argument("--no-compile", action="store_true",
-                   help="capture the decode step and the vision tower uncompiled (as before Inductor fused them), "
-                        "for a before/after")
-    p.add_argument("--json", type=cli.output_file, default=None, help="write all numbers here (a file path)")
-    p.add_argument("--check", type=baseline_file, default=None, metavar="BASELINE.json",
-                   help=f"compare ARR's TTFT and decode (fast engine) with this saved run (--json) on the same kind of "
-                        f"card; exit 1 if either is more than {CHECK_TOLERANCE:.0%}% slower")
-    p.add_argument("--profile", type=cli.output_folder, default=None, metavar="DIR",
-                   help="after every timing, profile one ARR answer (fast engine) at each size with torch.profiler: "
-                        "a gzipped Chrome trace and a table of the busiest kernels per size, in this folder")
-    args = p.parse_args(argv)
+def baseline_file(path: str) -> dict:
+    """--check's argument: a saved bench report (--json), read and checked at parse time."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read the baseline {path}: {e}") from None
+    if not isinstance(report, dict) or not {"device", "sizes"} <= report.keys():
+        raise argparse.ArgumentTypeError(f"{path} is not a bench report (written by --json)")
+    return report
+
+
+@dataclass
+class BenchConfig:
+    """bench's flags, each field one (arr_coc.flags.flag: its help and parse-time check)."""
+    model: str | None = cli.model_flag(use="the VLM to time (ignored with --random-weights)",
+                                       then=f"Default: {DEFAULT_MODEL}")
+    random_weights: bool = flag(False, "full-size architecture of --family, random weights")
+    family: str = flag("qwen2_vl", "with --random-weights: Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-2B",
+                       cli.one_of(("qwen2_vl", "qwen2_5_vl", "qwen3_vl")))
+    device: str | None = device_flag()
+    dtype: str | None = flag(None, "weights' dtype (default: bf16 on Ampere+, fp16 on older GPUs such as the T4, fp32 "
+                                   "on CPU)", cli.one_of(("bfloat16", "float16", "float32")))
+    sizes: list[int] = flag([448, 896, 1344, 1792], "comma-separated sides of the square test images in px",
+                            cli.int_list(56, 8192))
+    max_cells: int = cli.max_cells_flag()
+    new_tokens: int = flag(64, "tokens generated per answer (EOS is suppressed)", cli.new_tokens)
+    repeats: int = flag(3, "timed runs per measurement (median reported)", cli.bounded_int(1, 10_000))
+    layer_repeats: int = flag(50, "timed runs of the relevance layer", cli.bounded_int(1, 100_000))
+    pipelines: str = flag(",".join(PIPELINES), "comma-separated pipelines to time, or ARR under an ablation "
+                                               "(arr-no-gestalt, ...)", cli.comma_list(CHOICES))
+    engines: str = flag("fast,hf", "comma-separated engines: fast (static cache + CUDA graphs) and hf (stock "
+                                   "generate)", cli.comma_list(ENGINES))
+    budgets: list[int] | None = flag(None, "also time ARR and the baselines that read its visual tokens at these "
+                                           "saccade budgets (fast engine), comma-separated",
+                                     cli.int_list(1, cli.MAX_CELLS))
+    conversation: int | None = flag(None, "also time N questions in one conversation (arr and full, fast engine) "
+                                          "against each asked afresh", cli.bounded_int(2, 64), metavar="N")
+    no_compile: bool = flag(False, "capture the decode step and the vision tower uncompiled (as before Inductor fused "
+                                   "them), for a before/after")
+    json: str | None = flag(None, "write all numbers here (a file path)", cli.output_file)
+    check: dict | None = flag(None, "compare ARR's TTFT and decode (fast engine) with this saved run (--json) on the "
+                                    f"same kind of card; exit 1 if either is more than {CHECK_TOLERANCE:.0%} slower",
+                              baseline_file, metavar="BASELINE.json")
+    profile: str | None = flag(None, "after every timing, profile one ARR answer (fast engine) at each size with "
+                                     "torch.profiler: a gzipped Chrome trace and a table of the busiest kernels per "
+                                     "size, in this folder", cli.output_folder, metavar="DIR")
+
+
+def parse_args(argv=None) -> BenchConfig:
+    p = config_parser(BenchConfig, __doc__)
+    args = parse_config(BenchConfig, argv, p)
+    args.model = args.model or DEFAULT_MODEL
     if on_cpu(args.device) and (args.random_weights or args.model not in tiny_models()):
         flag = "--random-weights" if args.random_weights else "--model"
         p.error(f"argument {flag}: no GPU, and on a CPU only the offline tiny and pocket models are benched (a full-size "
@@ -352,17 +368,6 @@ def ratios(results: dict) -> dict:
                     gflops=sum(a["gflops"].values()) / max(sum(r["gflops"].values()), 1e-9),
                     peak_memory=a["peak_memory_mb"] / r["peak_memory_mb"])
     return out
-
-
-def baseline_file(path: str) -> dict:
-    """--check's argument: a saved bench report (--json), read and checked at parse time."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise argparse.ArgumentTypeError(f"cannot read the baseline {path}: {e}") from None
-    if not isinstance(report, dict) or not {"device", "sizes"} <= report.keys():
-        raise argparse.ArgumentTypeError(f"{path} is not a bench report (written by --json)")
-    return report
 
 
 def regressions(baseline: dict, report: dict, tolerance: float = CHECK_TOLERANCE) -> list[str]:

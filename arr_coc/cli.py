@@ -37,13 +37,12 @@ from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
 from arr_coc.errors import InputError, check_text
 from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
-from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, int_list,  # noqa: F401
-                           names, one_of)  # (re-exported: the commands write cli.bounded_int)
+from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, device, flag,  # noqa: F401
+                           int_list, names, one_of)  # (re-exported: the commands write cli.bounded_int)
 from arr_coc.hub import hub_out_of_reach
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
-MAX_NEW_TOKENS = (1, settings.MAX_NEW_TOKENS)  # bounds of --max-new-tokens, as ARRCOCQwen.answer accepts them
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # a hub repo id: name or owner/name
 OFFLINE_HINT = "--model pocket runs the shipped offline model (HF_HUB_OFFLINE=1: the local cache alone, no hub)"
 
@@ -69,29 +68,6 @@ def question(text: str) -> str:
         return check_text(text, "question")  # bytes that are no UTF-8 reach argv as lone surrogates
     except InputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def device(text: str) -> str:
-    """
-    An argparse type: "cpu", "cuda" or "cuda:N", refused unless this machine has it. Torch loads only to ask
-    about CUDA, so --device cpu and no --device stay torch-free at parse time.
-    """
-    name = text.strip().lower()
-    kind, colon, index = name.partition(":")
-    if name == "cpu":
-        return name
-    if kind != "cuda" or (colon and not index.isdigit()):
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; choose cpu, cuda or cuda:N")
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise argparse.ArgumentTypeError(f"no CUDA GPU on this machine (torch {torch.__version__} finds none) for "
-                                         f"{text!r}; use --device cpu, or leave --device out")
-    if colon and int(index) >= count:
-        raise argparse.ArgumentTypeError(f"no {text!r} on this machine: it has {count} CUDA GPU(s), cuda:0 .. "
-                                         f"cuda:{count - 1}")
-    return name
 
 
 def blocking_file(path: Path) -> Path | None:
@@ -214,16 +190,25 @@ def model_name(text: str) -> str:
     return text
 
 
-def add_model(p: argparse.ArgumentParser) -> None:
-    """--model, the same flag for run and evaluate; default_model resolves it after parsing."""
-    p.add_argument("--model", type=model_name, default=None,
-                   help="the VLM: a Qwen-VL hub id or folder, 'pocket' (the offline model shipped in "
-                        "models/pocket-qwen2-vl, trained here on synthetic fine-print scenes) or a tiny random model "
-                        f"('tiny', 'tiny-qwen2.5-vl', 'tiny-qwen3-vl'). Default: {DEFAULT_MODEL}; where the hub "
-                        "cannot be reached and the cache lacks it, the pocket model, with a note")
+MODELS = ("a Qwen-VL hub id or folder, 'pocket' (the offline model shipped in models/pocket-qwen2-vl, trained here "
+          "on synthetic fine-print scenes) or a tiny random model ('tiny', 'tiny-qwen2.5-vl', 'tiny-qwen3-vl')")
+FALLBACK = (f"Default: {DEFAULT_MODEL}; where the hub cannot be reached and the cache lacks it, the pocket model, "
+            "with a note")  # --model left out: default_model
 
 
-def default_model(args: argparse.Namespace) -> None:
+def model_flag(default: str | None = None, use: str = "the VLM", then: str = FALLBACK):
+    """--model, one flag for every command: `use` says what the command does with it, `then` its default."""
+    return flag(default, f"{use}: {MODELS}. {then}", model_name)
+
+
+def checkpoint_flag():
+    """--checkpoint, one flag for the app, run and evaluate (arr_coc.relevance.layer.choose_checkpoint reads it)."""
+    return flag(None, "ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
+                      "untrained layer (default: the first checkpoint under checkpoints/ made for the model, else the "
+                      "prior; the app's rule)")
+
+
+def default_model(args) -> None:
     """After parsing: --model left out is DEFAULT_MODEL, and only then may it fall back to the pocket model offline
     (args.fallback); a model asked for by name is loaded or refused."""
     args.fallback = args.model is None
@@ -238,21 +223,26 @@ def budget(text: str) -> int | str:
 budget.__name__ = "budget"
 
 
-def add_budget(p: argparse.ArgumentParser, default: int | str, group=None) -> None:
-    """--budget, --min-budget and --max-budget, the same flags for run, evaluate and train; --budget in `group`
-    when given (evaluate's, where --budgets excludes it)."""
-    (group or p).add_argument("--budget", type=budget, default=default,
-                              help="saccades per image (at most the candidate grid's cells), or 'auto': the adaptive "
-                                   "budget, K from the relevance map's concentration between --min-budget and "
-                                   "--max-budget (a spread-out map gets more saccades than a peaked one; the "
-                                   "reducers keep as many tokens)")
-    p.add_argument("--min-budget", type=bounded_int(1, MAX_CELLS), default=ARRCOCConfig.min_budget,
-                   help="with --budget auto: the fewest saccades per image")
-    p.add_argument("--max-budget", type=bounded_int(1, MAX_CELLS), default=ARRCOCConfig.max_budget,
-                   help="with --budget auto: the most saccades per image (capped by the candidate grid's cells)")
+def budget_flag(group: str | None = None):
+    """--budget, one flag for run, evaluate and train (`group`: evaluate's, where --budgets excludes it)."""
+    return flag(ARRCOCConfig.budget, "saccades per image (at most the candidate grid's cells), or 'auto': the adaptive "
+                                     "budget, K from the relevance map's concentration between --min-budget and "
+                                     "--max-budget (a spread-out map gets more saccades than a peaked one; the "
+                                     "reducers keep as many tokens)", budget, group=group)
 
 
-def check_budget(p: argparse.ArgumentParser, args: argparse.Namespace, max_cells: int | None = None) -> None:
+def min_budget_flag():
+    """--min-budget, beside budget_flag."""
+    return flag(ARRCOCConfig.min_budget, "with --budget auto: the fewest saccades per image", bounded_int(1, MAX_CELLS))
+
+
+def max_budget_flag():
+    """--max-budget, beside budget_flag."""
+    return flag(ARRCOCConfig.max_budget, "with --budget auto: the most saccades per image (capped by the candidate "
+                                         "grid's cells)", bounded_int(1, MAX_CELLS))
+
+
+def check_budget(p: argparse.ArgumentParser, args, max_cells: int | None = None) -> None:
     """Refuse a fixed --budget over --max-cells, and adaptive bounds the wrong way round."""
     if max_cells is not None and args.budget != AUTO and args.budget > max_cells:
         p.error(f"argument --budget: {args.budget} exceeds --max-cells {max_cells}")
@@ -260,23 +250,25 @@ def check_budget(p: argparse.ArgumentParser, args: argparse.Namespace, max_cells
         p.error(f"argument --min-budget: {args.min_budget} exceeds --max-budget {args.max_budget}")
 
 
-def budget_settings(args: argparse.Namespace) -> TensionSettings:
+def budget_settings(args) -> TensionSettings:
     """The adaptive budget's bounds from the flags, as ARR's tension settings."""
     return TensionSettings(min_budget=args.min_budget, max_budget=args.max_budget)
 
 
-def add_max_cells(p: argparse.ArgumentParser) -> None:
-    """--max-cells, the same flag for run and evaluate."""
-    p.add_argument("--max-cells", type=bounded_int(MIN_CELLS, MAX_CELLS), default=PipelineConfig.max_cells,
-                   help="cap on the native-resolution candidate grid (cells of 28 px); the `full` baseline uses "
-                        "the same cap")
+new_tokens = bounded_int(1, settings.MAX_NEW_TOKENS)  # --max-new-tokens, --new-tokens: as ARRCOCQwen.answer takes them
 
 
-def add_fastv_layer(p: argparse.ArgumentParser) -> None:
-    """--fastv-layer, the same flag for run and evaluate."""
-    p.add_argument("--fastv-layer", type=bounded_int(1, 1000), default=PipelineConfig.fastv_layer,
-                   help="the fastv baseline's K: LLM layers below it read every image token, layers from it on only "
-                        "the top ones by the last prompt token's attention at layer K-1 (FastV's 2)")
+def max_cells_flag():
+    """--max-cells, one flag for run, evaluate and bench."""
+    return flag(PipelineConfig.max_cells, "cap on the native-resolution candidate grid (cells of 28 px); the `full` "
+                                          "baseline uses the same cap", bounded_int(MIN_CELLS, MAX_CELLS))
+
+
+def fastv_layer_flag():
+    """--fastv-layer, one flag for run and evaluate."""
+    return flag(PipelineConfig.fastv_layer, "the fastv baseline's K: LLM layers below it read every image token, "
+                                            "layers from it on only the top ones by the last prompt token's attention "
+                                            "at layer K-1 (FastV's 2)", bounded_int(1, 1000))
 
 
 def llm_layers(model: str) -> int | None:
@@ -303,7 +295,7 @@ def llm_layers(model: str) -> int | None:
     return layers if isinstance(layers, int) else None
 
 
-def check_fastv_layer(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_fastv_layer(p: argparse.ArgumentParser, args) -> None:
     """After default_model: refuse a --fastv-layer the model's LLM does not have (K in [1, layers - 1]), where its
     depth is known before it loads (llm_layers); otherwise the model's own check refuses it once loaded."""
     layers = llm_layers(args.model)
@@ -312,13 +304,21 @@ def check_fastv_layer(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
                 f"{layers - 1}, got {args.fastv_layer}")
 
 
-def add_refixate(p: argparse.ArgumentParser) -> None:
-    """--refixate and --refixate-budget, the same flags for run and evaluate."""
-    p.add_argument("--refixate", type=bounded_float(0.0, 1.0), default=None, metavar="TAU",
-                   help="ARR looks a second time when its answer's confidence (its least probable token's "
-                        "probability) is below TAU, in [0, 1] (default: off)")
-    p.add_argument("--refixate-budget", type=bounded_int(1, MAX_CELLS), default=None,
-                   help="saccades of the second look (default: half of --budget, cells not read in the first)")
+def refixate_flag():
+    """--refixate, one flag for run and evaluate."""
+    return flag(None, "ARR looks a second time when its answer's confidence (its least probable token's probability) "
+                      "is below TAU, in [0, 1] (default: off)", bounded_float(0.0, 1.0), metavar="TAU")
+
+
+def refixate_budget_flag():
+    """--refixate-budget, beside refixate_flag."""
+    return flag(None, "saccades of the second look (default: half of --budget, cells not read in the first)",
+                bounded_int(1, MAX_CELLS))
+
+
+def faithfulness_steps_flag():
+    """--faithfulness-steps, one flag for run and evaluate."""
+    return flag(10, "points per faithfulness curve, minus one", bounded_int(1, 100))
 
 
 def log(message: str) -> None:
@@ -399,7 +399,7 @@ def hub_model(name: str) -> bool:
     return name not in TINY_MODELS and name != POCKET and not Path(name).exists() and bool(HUB_ID.fullmatch(name))
 
 
-def request(args: argparse.Namespace, **row):
+def request(args, **row):
     """
     The one Request (arr_coc.pipelines.answer) of a command's flags: every flag whose name is a Request field's
     (--max-new-tokens, --strategy, --budget, --max-cells, --fastv-layer, --refixate, --refixate-budget,

@@ -70,15 +70,17 @@ import argparse
 import json
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from arr_coc import cli, pipelines
-from arr_coc.config import BASELINES, DEFAULT_BUDGET, STRATEGIES
+from arr_coc.config import BASELINES, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.rows import REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
+from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import AUTO
 
@@ -112,9 +114,70 @@ def check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"that id, pass --schema ({', '.join(SCHEMAS)})")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+@dataclass
+class EvalConfig:
+    """evaluate's flags, each field one (arr_coc.flags.flag), in --help's order: the model, the items, the rows and
+    how they run, where it runs and writes."""
+    model: str | None = cli.model_flag()
+    checkpoint: str | None = cli.checkpoint_flag()
+    dataset: str | None = flag(None, "a hub dataset id, a folder of parquet files, a parquet file, or a folder with "
+                                     "data.jsonl (default: --synthetic scenes)", dataset)
+    split: str = flag("validation", "the dataset's split")
+    config: str | None = flag(None, "the hub dataset's configuration name (e.g. DocVQA)")
+    schema: str | None = flag(None, "the dataset's columns and metric (default: told by the dataset's id or folder "
+                                    "name)", cli.one_of(SCHEMAS))
+    metric: str | None = flag(None, "score answers by this (default: the schema's)", cli.one_of(METRICS))
+    limit: int | None = flag(None, "evaluate the first N items only", cli.bounded_int(1, 10**9))
+    synthetic: int = flag(16, "without --dataset: this many synthetic scenes", cli.bounded_int(1, 100_000))
+    kinds: str = flag(",".join(SCENE_KINDS[:5]), f"synthetic scene kinds, comma-separated, of {','.join(SCENE_KINDS)} "
+                                                "(fine_print, box_word and shape_colour are the pocket model's suite)",
+                      cli.comma_list(SCENE_KINDS))
+    size: int = flag(896, "synthetic scene side in px", cli.bounded_int(64, 8192))
+    held_out_layouts: bool = flag(False, "the pocket suite's pages (fine_print, box_word, shape_colour) in the layouts "
+                                         "pocket training never draws: rotated clutter, boxes in rows, print under the "
+                                         "shapes (fineprint.LAYOUTS)")
+    families: tuple[str, ...] = flag((), "the pocket suite's pages drawn by these layout families (comma-separated "
+                                         "names, or 'held-out' / 'trained'; synth/families.py), each page about "
+                                         "--size^2 px in its own aspect", families_flag, shown="–")
+    seed: int = seed_flag(1234, "the synthetic scenes and the random removal order")
+    baselines: str = flag(",".join(BASELINES), f"baselines to run, comma-separated (\"\" for none): "
+                                              f"{pipelines.describe(BASELINES)}",
+                          cli.comma_list(BASELINES, allow_empty=True))
+    strategies: str = flag(",".join(STRATEGIES), "ARR strategies to run, comma-separated (\"\" for none)",
+                           cli.comma_list(STRATEGIES, allow_empty=True))
+    ablations: str = flag("", f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default "
+                              "none): " + ablations.describe(), cli.ablation_list, shown="none")
+    budget: int | str = cli.budget_flag(group="budget")
+    min_budget: int = cli.min_budget_flag()
+    max_budget: int = cli.max_budget_flag()
+    budgets: list[int] | None = flag(None, "a budget sweep: saccade counts, comma-separated (e.g. 64,128,273,529,1024); "
+                                           "every row but full, gestalt and arr-auto-budget runs at each, reading ARR's "
+                                           "visual tokens at that budget (fixed budgets: not with --budget, auto "
+                                           "included)", cli.int_list(1, cli.MAX_CELLS), group="budget")
+    max_new_tokens: int | None = flag(None, "answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: "
+                                            "docvqa 32, textvqa 128, chartqa 16; 16 for JSONL sets and synthetic "
+                                            "scenes)", cli.new_tokens)
+    max_cells: int = cli.max_cells_flag()
+    fastv_layer: int = cli.fastv_layer_flag()
+    refixate: float | None = cli.refixate_flag()
+    refixate_budget: int | None = cli.refixate_budget_flag()
+    faithfulness: bool = flag(False, "for every ARR strategy row (not the ablations), also measure the deletion / "
+                                     "random / insertion curves of the reference answer (3 x (steps + 1) "
+                                     "teacher-forced forwards per item)")
+    faithfulness_steps: int = cli.faithfulness_steps_flag()
+    conversation: bool = flag(False, "ask each pocket-suite page up to --turns of its questions, in one conversation "
+                                     "and each alone, and report accuracy by turn (synthetic pages of fine_print, "
+                                     "box_word, shape_colour)")
+    turns: int = flag(4, "with --conversation: at most this many questions a page", cli.bounded_int(2, 16))
+    device: str | None = device_flag(torchrun=True)
+    out: str | None = flag(None, "results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is "
+                                 "resumed", cli.output_folder)
+    fallback: bool = False  # not a flag: --model left out, so the pocket model may stand in offline (default_model)
+
+
+def parse_args(argv=None) -> EvalConfig:
     p = build_parser()
-    args = p.parse_args(argv)
+    args = parse_config(EvalConfig, argv, p)
     cli.default_model(args)
     check(p, args)
     args.out = args.out or cli.default_folder(p, "--out", f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -122,80 +185,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command's flags, in --help's order: the model, the items, the rows, where it runs and writes."""
-    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_model(p)
-    p.add_argument("--checkpoint", default=None,
-                   help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
-                        "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
-                        "else the prior; the app's rule)")
-    add_item_flags(p)
-    add_row_flags(p)
-    p.add_argument("--device", type=cli.device, default=None,
-                   help="cpu, cuda or cuda:N (default: cuda when available; cuda:LOCAL_RANK under torchrun)")
-    p.add_argument("--out", type=cli.output_folder, default=None,
-                   help="results folder (default: a fresh runs/eval-YYYYmmdd-HHMMSS); an existing one is resumed")
-    return p
-
-
-def add_item_flags(p: argparse.ArgumentParser) -> None:
-    """What the rows are evaluated on: a dataset, or synthetic scenes."""
-    p.add_argument("--dataset", type=dataset, default=None,
-                   help="a hub dataset id, a folder of parquet files, a parquet file, or a folder with data.jsonl "
-                        "(default: --synthetic scenes)")
-    p.add_argument("--split", default="validation", help="the dataset's split")
-    p.add_argument("--config", default=None, help="the hub dataset's configuration name (e.g. DocVQA)")
-    p.add_argument("--schema", choices=SCHEMAS, default=None,
-                   help="the dataset's columns and metric (default: told by the dataset's id or folder name)")
-    p.add_argument("--metric", choices=METRICS, default=None, help="score answers by this (default: the schema's)")
-    p.add_argument("--limit", type=cli.bounded_int(1, 10**9), default=None, help="evaluate the first N items only")
-    p.add_argument("--synthetic", type=cli.bounded_int(1, 100_000), default=16,
-                   help="without --dataset: this many synthetic scenes")
-    p.add_argument("--kinds", type=cli.comma_list(SCENE_KINDS), default=",".join(SCENE_KINDS[:5]),
-                   help=f"synthetic scene kinds, comma-separated, of {','.join(SCENE_KINDS)} (fine_print, box_word "
-                        "and shape_colour are the pocket model's suite)")
-    p.add_argument("--size", type=cli.bounded_int(64, 8192), default=896, help="synthetic scene side in px")
-    p.add_argument("--held-out-layouts", action="store_true",
-                   help="the pocket suite's pages (fine_print, box_word, shape_colour) in the layouts pocket training "
-                        "never draws: rotated clutter, boxes in rows, print under the shapes (fineprint.LAYOUTS)")
-    p.add_argument("--families", type=families_flag, default=(),
-                   help="the pocket suite's pages drawn by these layout families (comma-separated names, or "
-                        "'held-out' / 'trained'; synth/families.py), each page about --size^2 px in its own aspect")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic scenes and the random removal order")
-
-
-def add_row_flags(p: argparse.ArgumentParser) -> None:
-    """The rows (baselines, ARR strategies, ablations) and how they run: budgets, answer length, second looks,
-    faithfulness, conversations."""
-    p.add_argument("--baselines", type=cli.comma_list(BASELINES, allow_empty=True), default=",".join(BASELINES),
-                   help=f"baselines to run, comma-separated (\"\" for none): {pipelines.describe(BASELINES)}")
-    p.add_argument("--strategies", type=cli.comma_list(STRATEGIES, allow_empty=True), default=",".join(STRATEGIES),
-                   help="ARR strategies to run, comma-separated (\"\" for none)")
-    p.add_argument("--ablations", type=cli.ablation_list, default="",
-                   help=f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default none): "
-                        + ablations.describe())
-    budgets = p.add_mutually_exclusive_group()
-    cli.add_budget(p, DEFAULT_BUDGET, budgets)
-    budgets.add_argument("--budgets", type=cli.int_list(1, cli.MAX_CELLS), default=None,
-                         help="a budget sweep: saccade counts, comma-separated (e.g. 64,128,273,529,1024); every row "
-                              "but full, gestalt and arr-auto-budget runs at each, reading ARR's visual tokens at that "
-                              "budget (fixed budgets: not with --budget, auto included)")
-    p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=None,
-                   help="answer length limit (default: the schema's, lmms-eval's for Qwen2-VL: docvqa 32, textvqa 128, "
-                        "chartqa 16; 16 for JSONL sets and synthetic scenes)")
-    cli.add_max_cells(p)
-    cli.add_fastv_layer(p)
-    cli.add_refixate(p)
-    p.add_argument("--faithfulness", action="store_true",
-                   help="for every ARR strategy row (not the ablations), also measure the deletion / random / "
-                        "insertion curves of the reference answer (3 x (steps + 1) teacher-forced forwards per item)")
-    p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
-                   help="points per faithfulness curve, minus one")
-    p.add_argument("--conversation", action="store_true",
-                   help="ask each pocket-suite page up to --turns of its questions, in one conversation and each "
-                        "alone, and report accuracy by turn (synthetic pages of fine_print, box_word, shape_colour)")
-    p.add_argument("--turns", type=cli.bounded_int(2, 16), default=4,
-                   help="with --conversation: at most this many questions a page")
+    """The command's flags, EvalConfig's fields (lmms-eval's engine reads its model_args through it too)."""
+    return config_parser(EvalConfig, __doc__)
 
 
 def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -1,15 +1,20 @@
 """
-argparse types and a parser whose errors are one line: what every command, at any layer, builds its flags from.
-A bad flag is refused at parse time, before torch or a model loads. Standard library only.
+argparse types, a parser whose errors are one line, and flag(): a command's config is a dataclass whose fields are
+its flags (help, type, parse-time check in the field), read by config_parser and printed by flag_rows into
+docs/commands.md. What every command, at any layer, builds its flags from. A bad flag is refused at parse time,
+before torch or a model loads. Standard library only (torch loads only to ask whether --device cuda is there).
 
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--budget", type=bounded_int(1, 16384), default=273, help="number of saccades")
-    p.add_argument("--kinds", type=comma_list(("a", "b")), default="a", help="which kinds")  # names(args.kinds)
+    @dataclass
+    class Config:
+        budget: int = flag(273, "number of saccades", bounded_int(1, 16384))
+        kinds: str = flag("a", "which kinds", comma_list(("a", "b")))  # names(cfg.kinds)
+    cfg = parse_config(Config, argv)  # --budget 300 --kinds a,b
 """
 
 import argparse
 import math
 import sys
+from dataclasses import MISSING, field, fields
 from pathlib import Path
 
 
@@ -97,9 +102,127 @@ def one_of(choices):
             raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {', '.join(choices)}")
         return text
     parse.__name__ = "choice"
+    parse.choices = tuple(choices)  # named in the help (config_parser)
     return parse
 
 
 def names(text: str) -> list[str]:
     """A comma_list value -> its names ("" -> [])."""
     return [n for n in text.split(",") if n]
+
+
+def device(text: str) -> str:
+    """
+    An argparse type: "cpu", "cuda" or "cuda:N", refused unless this machine has it. Torch loads only to ask
+    about CUDA, so --device cpu and no --device stay torch-free at parse time.
+    """
+    name = text.strip().lower()
+    kind, colon, index = name.partition(":")
+    if name == "cpu":
+        return name
+    if kind != "cuda" or (colon and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; choose cpu, cuda or cuda:N")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"no CUDA GPU on this machine (torch {torch.__version__} finds none) for "
+                                         f"{text!r}; use --device cpu, or leave --device out")
+    if colon and int(index) >= count:
+        raise argparse.ArgumentTypeError(f"no {text!r} on this machine: it has {count} CUDA GPU(s), cuda:0 .. "
+                                         f"cuda:{count - 1}")
+    return name
+
+
+# ----------------------------------------------------------------------------- a command's config is its flags
+
+
+def flag(default=None, help: str = "", type=None, *, metavar: str | None = None, required: bool = False,
+         append: bool = False, group: str | None = None, shown: str | None = None):
+    """
+    A field of a command's config dataclass that is also its flag --field-name: its help text, its argparse type
+    (a parse-time check: bounded_int, one_of, ...; str when None), and how the flag reads: `metavar`, `required`,
+    `append` (given several times, a list), `group` (flags of one group exclude each other), `shown` (the default
+    as docs/commands.md prints it, where the value itself depends on the machine). A False default is an on/off
+    switch. A field without help is the command's own, never a flag.
+    """
+    meta = dict(help=help, type=type, metavar=metavar, required=required, append=append, group=group, shown=shown)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def flag_fields(config) -> list:
+    """The fields of a config dataclass that are flags, in --help's order."""
+    return [f for f in fields(config) if "help" in f.metadata]
+
+
+def flag_help(f) -> str:
+    """A flag's help, the names its type takes (one_of, comma_list) after it."""
+    choices = getattr(f.metadata["type"], "choices", None)
+    return f.metadata["help"] + (f" ({', '.join(map(str, choices))})" if choices else "")
+
+
+def default_of(f):
+    """A field's default value (a fresh list where it has a factory)."""
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def config_parser(config, description: str | None = None) -> ArgumentParser:
+    """The one-line-error parser of a config dataclass's flags (flag_fields), in their order."""
+    p = ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    groups = {}
+    for f in flag_fields(config):
+        meta, name = f.metadata, "--" + f.name.replace("_", "-")
+        if meta["group"] and meta["group"] not in groups:
+            groups[meta["group"]] = p.add_mutually_exclusive_group()
+        to = groups[meta["group"]] if meta["group"] else p
+        help = flag_help(f).replace("%", "%%")  # argparse formats help with %
+        if default_of(f) is False:
+            to.add_argument(name, action="store_true", help=help)
+            continue
+        extra = dict(metavar=meta["metavar"]) if meta["metavar"] else {}
+        to.add_argument(name, type=meta["type"] or str, default=default_of(f), required=meta["required"],
+                        action="append" if meta["append"] else "store", help=help, **extra)
+    return p
+
+
+def parse_config(config, argv=None, parser: ArgumentParser | None = None):
+    """The config dataclass `config` of the command line argv (sys.argv when None), refused in one line if bad."""
+    parser = parser or config_parser(config)
+    return config(**vars(parser.parse_args(argv)))
+
+
+def flag_rows(config) -> list[tuple[str, str, str]]:
+    """docs/commands.md's rows of a config's flags: (flag and its metavar, default, what), as --help reads them."""
+    rows = []
+    for f in flag_fields(config):
+        meta, name, value = f.metadata, "--" + f.name.replace("_", "-"), default_of(f)
+        switch = value is False
+        usage = name if switch else f"{name} {meta['metavar'] or f.name.upper()}"
+        if meta["shown"] is not None:
+            shown = meta["shown"]
+        elif meta["required"]:
+            shown = "required"
+        elif switch:
+            shown = "off"
+        elif value is None:
+            shown = "–"
+        else:
+            shown = f"`{','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}`"
+        rows.append((f"`{usage}`", shown, flag_help(f)))
+    return rows
+
+
+# ----------------------------------------------------------------------------- the flags every command shares
+
+
+def device_flag(torchrun: bool = False):
+    """--device, one flag for every command that loads a model (`torchrun`: one that runs under it too)."""
+    return flag(None, "cpu, cuda or cuda:N (default: cuda when available"
+                      + ("; under torchrun each process takes cuda:LOCAL_RANK)" if torchrun else ")"), device)
+
+
+def seed_flag(default: int, what: str):
+    """--seed, one flag for every command that draws or shuffles: `what` it seeds."""
+    return flag(default, f"seed of {what}", bounded_int(0, 2**32 - 1))

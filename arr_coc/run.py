@@ -51,56 +51,59 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from arr_coc import cli, pipelines
-from arr_coc.config import DEFAULT_BUDGET, MAX_QUESTION_CHARS, PIPELINES, STRATEGIES
+from arr_coc.config import MAX_QUESTION_CHARS, PIPELINES, STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import open_image
+from arr_coc.flags import config_parser, device_flag, flag, parse_config
 from arr_coc.relevance import ablation as ablations
 from arr_coc.settings import MAX_IMAGE_PIXELS
 
 WARMUP_SIDE = 448  # px: the copy of the image every pipeline warms up on before the timed runs
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_model(p)
-    p.add_argument("--image", required=True, type=cli.image_file,
-                   help="path of the image to look at (PNG, JPEG, ...: a format PIL reads; not a PDF)")
-    p.add_argument("--question", required=True, type=cli.question, action="append",
-                   help=f"the question to ask about the image (at most {MAX_QUESTION_CHARS} characters); given "
-                        "several times, they are asked in one conversation, in order")
-    p.add_argument("--fresh-cells", action="store_true",
-                   help="with several --question: ARR's follow-ups read only cells no earlier turn read")
-    p.add_argument("--checkpoint", default=None,
-                   help="ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
-                        "untrained layer (default: the first checkpoint under checkpoints/ made for the model, "
-                        "else the prior; the app's rule)")
-    p.add_argument("--strategy", default="topk", choices=STRATEGIES, help="saccade allocation strategy")
-    cli.add_budget(p, DEFAULT_BUDGET)
-    p.add_argument("--pipelines", type=cli.comma_list(PIPELINES), default=None,
-                   help=f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()}); default: all "
-                        "(all but fastv with several --question)")
-    p.add_argument("--ablations", type=cli.ablation_list, default="",
-                   help="also run ARR under these ablations, comma-separated, or \"all\" (default none): "
-                        + ablations.describe())
-    p.add_argument("--max-new-tokens", type=cli.bounded_int(*cli.MAX_NEW_TOKENS), default=64,
-                   help="answer length limit")
-    cli.add_max_cells(p)
-    cli.add_fastv_layer(p)
-    cli.add_refixate(p)
-    p.add_argument("--device", type=cli.device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--faithfulness", action="store_true",
-                   help="also measure the deletion / random / insertion curves of ARR's answer (needs the arr pipeline)")
-    p.add_argument("--faithfulness-steps", type=cli.bounded_int(1, 100), default=10,
-                   help="points per faithfulness curve, minus one")
-    p.add_argument("--answer", default=None, type=cli.nonblank,
-                   help="with --faithfulness: score this answer instead of ARR's own (e.g. the reference answer)")
-    p.add_argument("--json", type=cli.output_file, default=None, help="write the results here as JSON (a file path)")
-    p.add_argument("--save-dir", type=cli.output_folder, default=None,
-                   help="write heatmap, channel and scorer PNGs into this folder")
-    args = p.parse_args(argv)
+@dataclass
+class RunConfig:
+    """run's flags, each field one (arr_coc.flags.flag: its help and parse-time check)."""
+    model: str | None = cli.model_flag()
+    image: str = flag(None, "path of the image to look at (PNG, JPEG, ...: a format PIL reads; not a PDF)",
+                      cli.image_file, required=True)
+    question: list[str] = flag(None, f"the question to ask about the image (at most {MAX_QUESTION_CHARS} characters); "
+                                     "given several times, they are asked in one conversation, in order",
+                               cli.question, required=True, append=True)
+    fresh_cells: bool = flag(False, "with several --question: ARR's follow-ups read only cells no earlier turn read")
+    checkpoint: str | None = cli.checkpoint_flag()
+    strategy: str = flag("topk", "saccade allocation strategy", cli.one_of(STRATEGIES))
+    budget: int | str = cli.budget_flag()
+    min_budget: int = cli.min_budget_flag()
+    max_budget: int = cli.max_budget_flag()
+    pipelines: str | None = flag(None, f"comma-separated subset of {','.join(PIPELINES)} ({pipelines.describe()}); "
+                                       "default: all (all but fastv with several --question)",
+                                 cli.comma_list(PIPELINES))
+    ablations: str = flag("", "also run ARR under these ablations, comma-separated, or \"all\" (default none): "
+                              + ablations.describe(), cli.ablation_list, shown="none")
+    max_new_tokens: int = flag(64, "answer length limit", cli.new_tokens)
+    max_cells: int = cli.max_cells_flag()
+    fastv_layer: int = cli.fastv_layer_flag()
+    refixate: float | None = cli.refixate_flag()
+    refixate_budget: int | None = cli.refixate_budget_flag()
+    device: str | None = device_flag()
+    faithfulness: bool = flag(False, "also measure the deletion / random / insertion curves of ARR's answer (needs the "
+                                     "arr pipeline)")
+    faithfulness_steps: int = cli.faithfulness_steps_flag()
+    answer: str | None = flag(None, "with --faithfulness: score this answer instead of ARR's own (e.g. the reference "
+                                    "answer)", cli.nonblank)
+    json: str | None = flag(None, "write the results here as JSON (a file path)", cli.output_file)
+    save_dir: str | None = flag(None, "write heatmap, channel and scorer PNGs into this folder", cli.output_folder)
+    fallback: bool = False  # not a flag: --model left out, so the pocket model may stand in offline (default_model)
+
+
+def parse_args(argv=None) -> RunConfig:
+    p = config_parser(RunConfig, __doc__)
+    args = parse_config(RunConfig, argv, p)
     cli.default_model(args)
     cli.check_fastv_layer(p, args)  # where the model's depth is known before it loads
     conversation = len(args.question) > 1

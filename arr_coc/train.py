@@ -44,22 +44,21 @@ stderr.
 
 from __future__ import annotations  # type hints name torch and the model without importing them
 
-import argparse
 import json
 import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from arr_coc import cli, distributed
-from arr_coc.config import DEFAULT_BUDGET
-from arr_coc.relevance.config import AUTO, SACCADE_ORDERS, ARRCOCConfig
+from arr_coc.relevance.config import AUTO, SACCADE_ORDERS
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
+from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
     import torch
@@ -71,15 +70,9 @@ if TYPE_CHECKING:  # torch and the model load inside the functions, after the fl
     Observed = tuple[Sample, Observation, torch.Tensor]  # a sample, the frozen VLM's view of it, its box's coverage
 
 
-def flag(default, help: str, type=None):
-    """A TrainConfig field that is also a command-line flag: its help text and its argparse type."""
-    return field(default=default, metadata=dict(help=help, type=type))
-
-
 @dataclass
 class TrainConfig:
-    model: str = flag("tiny", "VLM to train against (Qwen-VL hub id or folder, 'pocket' (the shipped offline model), or "
-                           "a tiny model such as 'tiny' or 'tiny-qwen2.5-vl'); it stays frozen", cli.model_name)
+    model: str = cli.model_flag("tiny", use="the VLM to train against, frozen", then="Default: tiny")
     data: str | None = flag(None, "JSONL dataset folder (arr_coc.eval.data format); default: synthetic scenes")
     kinds: str = flag("text_vs_distractor,distractor_query", "synthetic scene kinds, comma-separated",
                       cli.comma_list(SCENE_KINDS))
@@ -97,11 +90,9 @@ class TrainConfig:
                                   "(--lm-weight), as on data without target boxes would", cli.bounded_float(0.0))
     lm_weight: float = flag(0.0, "weight of the answer loss through the frozen VLM (straight-through estimator)",
                             cli.bounded_float(0.0))
-    budget: int | str = flag(DEFAULT_BUDGET, "saccades per sample for the answer loss, or 'auto': the adaptive budget "
-                                             "(K from the relevance map's concentration, trained by --token-cost)",
-                             cli.budget)
-    min_budget: int = flag(ARRCOCConfig.min_budget, "with --budget auto: the fewest saccades per sample", cli.bounded_int(1, cli.MAX_CELLS))
-    max_budget: int = flag(ARRCOCConfig.max_budget, "with --budget auto: the most saccades per sample", cli.bounded_int(1, cli.MAX_CELLS))
+    budget: int | str = cli.budget_flag()  # the answer loss's saccades; auto: trained by --token-cost
+    min_budget: int = cli.min_budget_flag()
+    max_budget: int = cli.max_budget_flag()
     token_cost: float = flag(0.0, "with --budget auto: the price of the budget, token_cost * K_soft / --max-budget "
                                   "added to the loss (0: none)", cli.bounded_float(0.0))
     saccade_order: str | None = flag(None, "feed the saccades to the LLM in this order, in training and wherever the "
@@ -111,9 +102,8 @@ class TrainConfig:
     init: str | None = flag(None, "start from this checkpoint (a name under checkpoints/, a folder or a hub id) "
                                   "instead of the untrained prior")
     eval_every: int = flag(50, "steps between held-out evaluations", cli.bounded_int(1, 10_000_000))
-    seed: int = flag(0, "seed of data order and synthetic scenes", int)
-    device: str | None = flag(None, "cpu, cuda or cuda:N (default: cuda when available; under torchrun each process "
-                                    "takes cuda:LOCAL_RANK)", cli.device)
+    seed: int = seed_flag(0, "data order and synthetic scenes")
+    device: str | None = device_flag(torchrun=True)
     out: str | None = flag(None, "checkpoint folder to write (default: a fresh runs/arr-YYYYmmdd-HHMMSS), checked "
                                  "writable before anything loads; an existing non-empty folder needs --overwrite",
                            cli.output_folder)
@@ -456,14 +446,8 @@ def parse_args(argv=None) -> TrainConfig:
     anything loads. Under torchrun every process checks --out before any writes: rank 0 writes only after
     training, which every process joins first.
     """
-    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in fields(TrainConfig):
-        name = f"--{f.name.replace('_', '-')}"
-        if f.default is False:
-            p.add_argument(name, action="store_true", help=f.metadata["help"])
-        else:
-            p.add_argument(name, type=f.metadata["type"] or str, default=f.default, help=f.metadata["help"])
-    cfg = TrainConfig(**vars(p.parse_args(argv)))
+    p = config_parser(TrainConfig, __doc__)
+    cfg = parse_config(TrainConfig, argv, p)
     if cfg.resume and not cfg.out:
         p.error("argument --resume: needs --out, the folder of the run to continue")
     cfg.out = cfg.out or cli.default_folder(p, "--out", fresh_out())
