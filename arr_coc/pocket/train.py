@@ -44,7 +44,7 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,8 @@ from torch import nn
 
 from arr_coc import distributed
 from arr_coc.checkpoints import POCKET_FOLDER
-from arr_coc.flags import ArgumentParser, bounded_float, bounded_int, int_list, one_of
+from arr_coc.flags import (bounded_float, bounded_int, config_parser, device_flag, flag, int_list, parse_config,
+                           seed_flag)
 from arr_coc.intervals import interval_text
 from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss
 from arr_coc.pocket.data import CURRICULUM, IGNORE, MAX_PAGES, PASS_MARK, PageStream, model_inputs
@@ -65,39 +66,80 @@ from arr_coc.pocket.reading import MergerOutputHook, ReadingHead
 from arr_coc.synth.fineprint import LAYOUTS, PAGE_KINDS
 
 
+def llm_width(text: str) -> int:
+    """--llm-width: a width the LLM can grow to (grow_language adds whole groups of heads), or an argparse error."""
+    width, step = bounded_int(1, 4096)(text), LLM_HEAD_DIM * (PocketConfig.heads // PocketConfig.kv_heads)
+    if width % step:
+        raise argparse.ArgumentTypeError(f"{width} is not a multiple of {step} (whole groups of "
+                                         f"{PocketConfig.heads // PocketConfig.kv_heads} heads of {LLM_HEAD_DIM})")
+    return width
+
+
+def exported_folder(path: str) -> str:
+    """--init: a folder that `--export` wrote (its config and training state), or an argparse error."""
+    if not all((Path(path) / name).is_file() for name in ("config.json", "training_state.json")):
+        raise argparse.ArgumentTypeError(f"{path} is not an exported pocket folder (config.json, training_state.json)")
+    return path
+
+
 @dataclass
 class TrainConfig:
-    """One training run (resumable)."""
-    out: str = "runs/pocket"  # run folder: weights, optimizer, state.json (resume point)
-    seed: int = 0  # the data stream's seed
-    steps: int = 10**9  # stop after this many steps in total ...
-    minutes: float = 8.0  # ... or after this many minutes of this run, whichever comes first
-    lr: float = 1e-3  # peak AdamW learning rate
-    warmup: int = 300  # linear warm-up steps (after a resume too: the optimizer may be fresh)
-    cooldown: float = 0.0  # decay the lr linearly to 5% over the run's last this many minutes (0: none)
-    weight_decay: float = 0.05  # AdamW weight decay (matrices only)
-    image_tokens: int = 8192  # image tokens per batch: B = image_tokens // tokens per page (bucketed sizes) ...
-    max_pages: int = MAX_PAGES  # ... but at most this many pages (the first stage's pages are small)
-    workers: int = 14  # page-drawing processes (per training process)
-    eval_every: int = 300  # check the stage (held-out pages of its own) every this many steps
-    eval_pages: int = 32  # held-out pages per kind and size (stage checks and the suite at the end of a run)
-    eval_sizes: tuple[int, ...] = (896, 1792)  # held-out square page sides
-    eval_layouts: bool = False  # the end-of-run check also scores the layouts training never draws (LAYOUTS)
-    device: str = "cuda"  # where to train (under torchrun on CUDA, each process its own GPU)
-    stage: int | None = None  # start at this curriculum stage (None: where the resumed state stands)
-    init: str = str(POCKET_FOLDER)  # with resume and no run in `out` yet: continue from this exported folder
-    vit_depth: int | None = None  # grow the ViT to this many blocks, every output kept (pocket.model.grow_vision)
-    vit_mlp_ratio: int | None = None  # grow its blocks' MLPs to this many times its width, every output kept
-    llm_width: int | None = None  # grow the LLM (and the merged tokens) to this width, every output kept
-    profile: int = 0  # profile this many steps of a stage, after profile_after (rank 0 prints torch.profiler's table)
-    profile_after: int = 20  # with profile: the stage's steps before the profiled ones (start-up, autotuning)
-    read_ink_weight: float = 1.0  # weight of a drawn character's cell slot in the reading loss (empty slots: 1)
-    read_token_patches: float = 0.0  # weight of the merged tokens naming their 2 x 2 patches' characters (0: off)
-    binding_weight: float = 1.0  # weight of the binding head's losses (its own and the aligned names'); 0: a run
-    # without them, the same-run ablation of the head (pointing stays)
-    pointing_weight: float = 1.0  # weight of the pointing loss (arr_coc.pocket.pointing); 0: its same-run ablation
-    point_digits: float = 0.0  # weight of the same head pointing at each fine_print digit as it is written (0: off)
-    pages_by_area: bool = False  # draw page widths in proportion to their square: as many pages of every size
+    """One training run (resumable); each field with help is a flag of `python -m arr_coc.pocket.train`, in --help's
+    order: the run, the recipe, profiling and export."""
+    out: str = flag("runs/pocket", "run folder (weights, optimizer, state.json)")
+    resume: bool = flag(False, "continue the run in --out, else from the shipped models/pocket-qwen2-vl, else start "
+                               "fresh")
+    minutes: float = flag(8.0, "stop after this many minutes (or at --steps, whichever comes first)",
+                          bounded_float(0, above=True))
+    steps: int = flag(10**9, "stop at this total step count (0 with --export: export the run in --out)",
+                      bounded_int(0, 10**9))
+    lr: float = flag(1e-3, "peak learning rate (AdamW)", bounded_float(0, 1, above=True))
+    warmup: int = flag(300, "linear warm-up steps from this run's start (few when resuming the optimizer's state)",
+                       bounded_int(1, 10**6))
+    cooldown: float = flag(0.0, "decay the lr to 5% over the run's last this many minutes (before an export)",
+                           bounded_float(0))
+    weight_decay: float = 0.05  # AdamW weight decay (matrices only); not a flag
+    image_tokens: int = flag(8192, "image tokens per batch: B = image tokens // tokens per page (bucketed sizes), at "
+                                   "most --max-pages", bounded_int(64, 2**20))
+    workers: int = flag(14, "page-drawing worker processes (per training process)", bounded_int(0, 256))
+    eval_every: int = flag(300, "stage check interval (steps)", bounded_int(1, 10**9))
+    max_pages: int = flag(MAX_PAGES, "at most this many pages a batch", bounded_int(1, 4096))
+    eval_pages: int = flag(32, "held-out pages per kind and size (stage checks and the suite at the end of a run)",
+                           bounded_int(1, 10**5))
+    eval_sizes: tuple[int, ...] = flag((896, 1792), "held-out square page sides, comma-separated",
+                                       int_list(112, 4096))
+    eval_layouts: bool = flag(False, "the end-of-run check also scores pages in the layouts training never draws")
+    seed: int = seed_flag(0, "the training data stream")
+    device: str | None = device_flag(torchrun=True)
+    stage: int | None = flag(None, f"start at this curriculum stage, 0 to {len(CURRICULUM) - 1} (default: where the "
+                                   "resumed run stands)", bounded_int(0, len(CURRICULUM) - 1))
+    init: str = flag(str(POCKET_FOLDER), "with --resume and no run in --out yet: continue from this exported folder",
+                     exported_folder, shown="`models/pocket-qwen2-vl`")
+    read_ink_weight: float = flag(1.0, "weight of a drawn character's slot in the merged tokens' reading loss (empty "
+                                       "slots: 1)", bounded_float(0, above=True))
+    read_token_patches: float = flag(0.0, "weight of the merged tokens naming their 2 x 2 patches' characters, the "
+                                          "patch head's targets, in the reading loss (0: off)", bounded_float(0))
+    binding_weight: float = flag(1.0, "weight of the binding head's losses (0: a run without them, pointing kept: the "
+                                      "head's same-run ablation)", bounded_float(0))
+    pointing_weight: float = flag(1.0, "weight of the pointing loss (0: a run without it, the binding head kept: its "
+                                       "same-run ablation)", bounded_float(0))
+    point_digits: float = flag(0.0, "weight of the pointing head's loss at each fine_print digit: its attention on the "
+                                    "cell that holds the digit being written (0: off)", bounded_float(0))
+    pages_by_area: bool = flag(False, "draw page widths in proportion to their square, so that every page size gets "
+                                      "about as many pages (default: widths uniform, small pages most)")
+    vit_depth: int | None = flag(None, "grow the ViT to this many blocks before training (new ones start as the "
+                                       "identity)", bounded_int(1, 64))
+    vit_mlp_ratio: int | None = flag(None, "grow the ViT blocks' MLPs to this many times the width (new units start "
+                                           "silent)", bounded_int(1, 32))
+    llm_width: int | None = flag(None, "grow the LLM and the visual tokens to this width before training: whole groups "
+                                       "of 2 heads of 64, so a multiple of 128 (new heads and units start silent)",
+                                 llm_width)
+    profile: int = flag(0, "profile this many steps of a stage after --profile-after (rank 0 prints the table)",
+                        bounded_int(0, 1000))
+    profile_after: int = flag(20, "with --profile: the steps of a stage before the profiled ones (start-up, "
+                                  "autotuning)", bounded_int(0, 10**9))
+    export: str | None = flag(None, "after training, write the hub folder here")
+    tokenizer_only: bool = flag(False, "only build the tokenizer into --export")
 
 
 # -----------------------------------------------------------------------------
@@ -245,7 +287,7 @@ def make_optimizer(model, cfg: TrainConfig, head=None, binding=None):
     decay = [p for p in params if p.ndim >= 2]
     rest = [p for p in params if p.ndim < 2]
     return torch.optim.AdamW([dict(params=decay, weight_decay=cfg.weight_decay), dict(params=rest, weight_decay=0.0)],
-                             lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device.startswith("cuda"))
+                             lr=cfg.lr, betas=(0.9, 0.95), fused=params[0].is_cuda)
 
 
 def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, init: Path = POCKET_FOLDER,
@@ -528,116 +570,22 @@ def export(run: Path, out: Path):
     return out
 
 
-def llm_width(text: str) -> int:
-    """--llm-width: a width the LLM can grow to (grow_language adds whole groups of heads), or an argparse error."""
-    width, step = bounded_int(1, 4096)(text), LLM_HEAD_DIM * (PocketConfig.heads // PocketConfig.kv_heads)
-    if width % step:
-        raise argparse.ArgumentTypeError(f"{width} is not a multiple of {step} (whole groups of "
-                                         f"{PocketConfig.heads // PocketConfig.kv_heads} heads of {LLM_HEAD_DIM})")
-    return width
-
-
-def exported_folder(path: str) -> str:
-    """--init: a folder that `--export` wrote (its config and training state), or an argparse error."""
-    if not all((Path(path) / name).is_file() for name in ("config.json", "training_state.json")):
-        raise argparse.ArgumentTypeError(f"{path} is not an exported pocket folder (config.json, training_state.json)")
-    return path
-
-
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.steps == 0 and args.export and not (Path(args.out) / "state.json").is_file():
-        parser.error(f"--steps 0 --export: {args.out} holds no run (state.json) to export")
-    if args.tokenizer_only:
-        build_tokenizer().save_pretrained(args.export or POCKET_FOLDER)
+    parser = config_parser(TrainConfig, __doc__)
+    cfg = parse_config(TrainConfig, argv, parser)
+    if cfg.steps == 0 and cfg.export and not (Path(cfg.out) / "state.json").is_file():
+        parser.error(f"--steps 0 --export: {cfg.out} holds no run (state.json) to export")
+    if cfg.tokenizer_only:
+        build_tokenizer().save_pretrained(cfg.export or POCKET_FOLDER)
         return
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
     cfg.eval_sizes = tuple(cfg.eval_sizes)
     process = distributed.start(cfg.device)
-    if args.steps > 0 or not (Path(args.out) / "state.json").is_file():
-        state = train(cfg, args.resume, process)
+    if cfg.steps > 0 or not (Path(cfg.out) / "state.json").is_file():
+        state = train(cfg, cfg.resume, process)
         process.log(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all")
-    if args.export and process.is_main:
-        print(f"exported to {export(Path(args.out), Path(args.export))}")
+    if cfg.export and process.is_main:
+        print(f"exported to {export(Path(cfg.out), Path(cfg.export))}")
     distributed.finish(process)
-
-
-def build_parser() -> ArgumentParser:
-    """The trainer's flags, in --help's order: the run, the recipe, profiling and export."""
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=TrainConfig.out, help="run folder (weights, optimizer, state.json)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --out, else from the shipped models/pocket-qwen2-vl, else start fresh")
-    parser.add_argument("--minutes", type=bounded_float(0, above=True), default=TrainConfig.minutes,
-                        help="stop after this many minutes")
-    parser.add_argument("--steps", type=bounded_int(0, TrainConfig.steps), default=TrainConfig.steps,
-                        help="stop at this total step count (0 with --export: export the run in --out)")
-    parser.add_argument("--lr", type=bounded_float(0, 1, above=True), default=TrainConfig.lr,
-                        help="peak learning rate")
-    parser.add_argument("--warmup", type=bounded_int(1, 10**6), default=TrainConfig.warmup,
-                        help="linear warm-up steps from this run's start (few when resuming the optimizer's state)")
-    parser.add_argument("--cooldown", type=bounded_float(0), default=TrainConfig.cooldown,
-                        help="decay the lr to 5%% over the run's last this many minutes (before an export)")
-    parser.add_argument("--image-tokens", type=bounded_int(64, 2**20), default=TrainConfig.image_tokens,
-                        help="image tokens per batch")
-    parser.add_argument("--workers", type=bounded_int(0, 256), default=TrainConfig.workers,
-                        help="page-drawing worker processes")
-    parser.add_argument("--eval-every", type=bounded_int(1, 10**9), default=TrainConfig.eval_every,
-                        help="stage check interval (steps)")
-    parser.add_argument("--max-pages", type=bounded_int(1, 4096), default=TrainConfig.max_pages,
-                        help="at most this many pages a batch")
-    parser.add_argument("--eval-pages", type=bounded_int(1, 10**5), default=TrainConfig.eval_pages,
-                        help="held-out pages per kind and size")
-    parser.add_argument("--eval-sizes", type=int_list(112, 4096), default=list(TrainConfig.eval_sizes),
-                        help="held-out square page sides, comma-separated")
-    parser.add_argument("--eval-layouts", action="store_true",
-                        help="the end-of-run check also scores pages in the layouts training never draws")
-    parser.add_argument("--seed", type=bounded_int(0, 2**31 - 1), default=TrainConfig.seed,
-                        help="the training data stream's seed")
-    parser.add_argument("--device", type=one_of(("cuda", "cpu")),
-                        default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
-    parser.add_argument("--stage", type=int, default=None, choices=range(len(CURRICULUM)),
-                        help="start at this curriculum stage (default: where the resumed run stands)")
-    parser.add_argument("--init", type=exported_folder, default=TrainConfig.init,
-                        help="with --resume and no run in --out yet: continue from this exported folder")
-    add_recipe_flags(parser)
-    parser.add_argument("--profile", type=bounded_int(0, 1000), default=TrainConfig.profile,
-                        help="profile this many steps of a stage after --profile-after (rank 0 prints the table)")
-    parser.add_argument("--profile-after", type=bounded_int(0, 10**9), default=TrainConfig.profile_after,
-                        help="with --profile: the steps of a stage before the profiled ones (start-up, autotuning)")
-    parser.add_argument("--export", default=None, help="after training, write the hub folder here")
-    parser.add_argument("--tokenizer-only", action="store_true", help="only build the tokenizer into --export")
-    return parser
-
-
-def add_recipe_flags(parser: ArgumentParser) -> None:
-    """The recipe: the reading, binding and pointing losses' weights, how page sizes are drawn, and how far the
-    model grows before training."""
-    parser.add_argument("--read-ink-weight", type=bounded_float(0, above=True), default=TrainConfig.read_ink_weight,
-                        help="weight of a drawn character's slot in the merged tokens' reading loss (empty slots: 1)")
-    parser.add_argument("--read-token-patches", type=bounded_float(0), default=TrainConfig.read_token_patches,
-                        help="weight of the merged tokens naming their 2 x 2 patches' characters, the patch head's "
-                             "targets, in the reading loss (0: off)")
-    parser.add_argument("--binding-weight", type=bounded_float(0), default=TrainConfig.binding_weight,
-                        help="weight of the binding head's losses (0: a run without them, pointing kept: the head's "
-                             "same-run ablation)")
-    parser.add_argument("--pointing-weight", type=bounded_float(0), default=TrainConfig.pointing_weight,
-                        help="weight of the pointing loss (0: a run without it, the binding head kept: its same-run "
-                             "ablation)")
-    parser.add_argument("--point-digits", type=bounded_float(0), default=TrainConfig.point_digits,
-                        help="weight of the pointing head's loss at each fine_print digit: its attention on the cell "
-                             "that holds the digit being written (0: off)")
-    parser.add_argument("--pages-by-area", action="store_true",
-                        help="draw page widths in proportion to their square, so that every page size gets about as "
-                             "many pages (default: widths uniform, small pages most)")
-    parser.add_argument("--vit-depth", type=bounded_int(1, 64), default=None,
-                        help="grow the ViT to this many blocks before training (new ones start as the identity)")
-    parser.add_argument("--vit-mlp-ratio", type=bounded_int(1, 32), default=None,
-                        help="grow the ViT blocks' MLPs to this many times the width (new units start silent)")
-    parser.add_argument("--llm-width", type=llm_width, default=None,
-                        help="grow the LLM and the visual tokens to this width before training: whole groups of 2 "
-                             "heads of 64, so a multiple of 128 (new heads and units start silent)")
 
 
 if __name__ == "__main__":
