@@ -24,8 +24,6 @@ from arr_coc import pipelines
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer, Parts, Request, follow_up
 from arr_coc.pipelines.arr import Observation
-from arr_coc.vlm.base import History
-from arr_coc.vlm.decoder import KVCache
 
 
 @dataclass
@@ -98,7 +96,7 @@ class Conversation:
         if self.answers:
             last = self.answers[-1]
             last.observation = None if last.observation is None else observation_to(last.observation, device)
-            last.history = None if last.history is None else history_to(last.history, device)
+            last.history = None if last.history is None else last.history.to(device)
         return self
 
     def moves(self) -> list[Moves]:
@@ -113,8 +111,3 @@ def observation_to(o: Observation, device) -> Observation:
     return replace(o, gestalt=gestalt, question_embeds=o.question_embeds.to(device), prior=o.prior.to(device),
                    highres=o.highres.to(device), textures=o.textures.to(device))
 
-
-def history_to(h: History, device) -> History:
-    """A conversation's context with its keys, values and token ids on `device`."""
-    cache = KVCache([t.to(device) for t in h.cache.keys], [t.to(device) for t in h.cache.values], h.cache.position)
-    return replace(h, cache=cache, ids=h.ids.to(device))

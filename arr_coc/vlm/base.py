@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from arr_coc.vlm.decoder import KVCache
 from arr_coc.vlm.positions import ImageBlock
 
 
@@ -72,9 +71,24 @@ class VisionAttention:
 
 
 @dataclass
+class SavedCache:
+    """The LLM's keys and values of a conversation so far: every token read, and where the next one goes."""
+    keys: list[torch.Tensor]  # per layer [1, Hkv, n, hd]
+    values: list[torch.Tensor]  # per layer [1, Hkv, n, hd]
+    position: int  # the M-RoPE position of the next token (the last answer's last one), t = h = w for text
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2]
+
+    def to(self, device) -> "SavedCache":
+        return SavedCache([t.to(device) for t in self.keys], [t.to(device) for t in self.values], self.position)
+
+
+@dataclass
 class History:
     """A conversation after a turn (Generation.history): what the next turn's prompt continues."""
-    cache: KVCache  # the LLM's keys and values of `ids`, and where the next token goes
+    cache: SavedCache  # the LLM's keys and values of `ids`, and where the next token goes
     ids: torch.Tensor  # [1, n] every token read so far, turns in order (the last answer's last token excluded)
     last: int  # the last answer's last token, not yet read: the next turn begins with it (or, at an EOS, with the
     # chat template's end of turn)
@@ -83,6 +97,10 @@ class History:
     def length(self) -> int:
         """Tokens in the conversation's context so far."""
         return self.ids.shape[1]
+
+    def to(self, device) -> "History":
+        """The same conversation with its keys, values and token ids on `device` (the app keeps it on the CPU)."""
+        return History(self.cache.to(device), self.ids.to(device), self.last)
 
 
 @dataclass

@@ -3,28 +3,31 @@ Decoder: an explicit forward of the Qwen-VL language model (Qwen2-VL, Qwen2.5-VL
 cache, for every pipeline, and the one training forward (teacher forcing).
 
 Stock `generate` spends ~18 ms per token on an H100 in kernel launches and Python, 15x off what memory
-bandwidth allows. This module owns the loop instead:
+bandwidth allows. This module owns the loop instead: one `forward` over the LLM's layers, whose arguments make
+each pass the engine runs (the static cache it writes is `cache.KVCache`, one object for every layer):
 
-- prefill: one forward over the whole prompt (embeddings + 3-row M-RoPE ids), writing a pre-allocated cache;
-- decode: one captured CUDA graph per cache size, replayed per token; the graph advances its own state
-  (token, cache slot, rope position, attention mask), so a step is one launch plus one read of the token.
+- prefill (`cache`, `slots`): one forward over the whole prompt (embeddings + 3-row M-RoPE ids);
+- decode (`masks`: each layer reads the whole cache through its own): one captured CUDA graph per cache size,
+  replayed per token; the graph advances its own state (`cache.DecodeState`: token, cache slot, rope position,
+  attention mask), so a step is one launch plus one read of the token.
   Before capture the step is compiled (torch.compile, Inductor: norms, rotary, SwiGLU, residual adds and
   cache writes fused into a few Triton kernels, eager's roundings kept by `emulate_precision_casts`), once for
   every cache size (the cache length is a dynamic dimension); the compile is paid when the first decode graph
   is captured, i.e. at warm-up. Where Inductor cannot run, the step is captured uncompiled, with a warning.
   On CUDA each layer's q/k/v projections, and its gate/up projections, run as one matmul each (`fuse`: the
   weights re-laid in place, no copy): at batch 1 the small k and v matmuls cost a launch each, as a large one;
-- the prior: the LLM up to one middle layer, reading the question's attention to the gestalt tokens there;
-- FastV (Chen et al. 2024), when a `Pruning` is passed: layers < K prefill the whole prompt; at layer K - 1 the
-  last prompt token's attention to every image token ranks them; layers >= K prefill only the top N (in their
-  order, at their own M-RoPE positions and cache slots). Decoding goes on from that mixed cache: each layer's
-  own mask (`DecodeState.mask[i]`) hides the slots its prefill never wrote, so layers < K read the whole prompt
-  and layers >= K the shortened one. A pruned prefill runs eagerly (unpadded); its decode steps are graphed.
-- conversations, when a `KVCache` is passed: a follow-up turn's tokens are prefilled after the earlier turns'
-  keys and values (restored into the shared cache, each new token attending to them and causally to its own
-  turn), graphed per turn-length bucket and cache size as the prefill is; decoding goes on as for any prompt.
-  `keep=True` hands back a copy of the cache after the turn, which the conversation holds (the shared buffers
-  serve every request in between).
+- the prior (`stop`): the LLM up to one middle layer, reading the question's attention to the gestalt tokens there;
+- FastV (Chen et al. 2024; `pruning`): layers < K prefill the whole prompt; at layer K - 1 the last prompt
+  token's attention to every image token ranks them; layers >= K prefill only the top N (in their order, at
+  their own M-RoPE positions and cache slots). Decoding goes on from that mixed cache: each layer's own mask
+  (`KVCache.mask[i]`) hides the slots its prefill never wrote, so layers < K read the whole prompt and layers
+  >= K the shortened one. A pruned prefill runs eagerly (unpadded); its decode steps are graphed.
+- conversations, when a saved cache (`history`) is passed: a follow-up turn's tokens are prefilled after the
+  earlier turns' keys and values (restored into the shared cache, each new token attending to them and causally
+  to its own turn: `masks` again), graphed per turn-length bucket and cache size as the prefill is; decoding goes
+  on as for any prompt. `keep=True` hands back a copy of the cache after the turn, which the conversation holds
+  (the shared buffers serve every request in between);
+- teacher forcing (no cache): the training forward, differentiable, logits at chosen positions (`at`).
 
 Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
 its DeepStack visual features come as one dense tensor `deepstack` [k, 1, L, D] (zeros outside image tokens),
@@ -41,8 +44,10 @@ and the fused matmuls are written here, and tests pin prefill logits, decode tok
 
     decoder = Decoder(model)                        # model: e.g. Qwen2VLForConditionalGeneration
     ids, probs, safe_mode, _ = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
-    ids, probs, safe_mode, cache = decoder.generate(embeds, position_ids, 64, [151645], keep=True)   # turn 1
-    ids, probs, safe_mode, cache = decoder.generate(more, more_ids, 64, [151645], history=cache, keep=True)  # turn 2
+    ids, probs, safe_mode, saved = decoder.generate(embeds, position_ids, 64, [151645], keep=True)   # turn 1
+    # saved: (keys, values, position); the VLM keeps it as History.cache (base.SavedCache), which turn 2 passes
+    ids, probs, safe_mode, saved = decoder.generate(more, more_ids, 64, [151645], history=cache, keep=True)
+    logits = decoder.forward(embeds, position_ids, deepstack, at=positions)   # teacher forcing [B, P, V]
 """
 
 import threading
@@ -56,6 +61,7 @@ import torch.nn.functional as F
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb
 
 from arr_coc.graphs import CUDAGraphed, capture, cuda_graphs_allowed
+from arr_coc.vlm.cache import DecodeState, KVCache
 
 BUCKET = 64  # prompts are padded to a multiple of this on CUDA: one prefill graph per bucket
 CACHE_STEP = 1024  # cache sizes are multiples of this: one decode graph per size
@@ -118,18 +124,6 @@ def probability(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class DecodeState:
-    """The buffers one decode graph reads and advances in place (one set per cache size)."""
-    keys: list[torch.Tensor]  # per layer [1, Hkv, cap, hd]
-    values: list[torch.Tensor]  # per layer [1, Hkv, cap, hd]
-    token: torch.Tensor  # [1, 1] the last token, input of the next step
-    slot: torch.Tensor  # [1] cache slot the next token is written to
-    rope: torch.Tensor  # [1] M-RoPE position of the next token (t = h = w for text)
-    mask: torch.Tensor  # [layers, 1, 1, 1, cap] additive, per layer: 0 for the slots it wrote, -inf for the rest
-    logit_bias: torch.Tensor  # [V] added before argmax: -inf on EOS while min_new_tokens is not reached
-
-
-@dataclass
 class FusedProjections:
     """One layer's projections that read the same input, each set as one weight: the stock modules' own weights
     are views into it (Decoder.fuse), so nothing is copied and the stock forward reads the same numbers."""
@@ -155,25 +149,22 @@ def share_weights(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.T
 
 
 @dataclass
-class KVCache:
-    """A conversation's keys and values after a turn: every token so far but the last generated one (not yet
-    read), and where that one goes. The conversation's own copy; a follow-up restores it into the shared cache."""
-    keys: list[torch.Tensor]  # per layer [1, Hkv, n, hd]
-    values: list[torch.Tensor]  # per layer [1, Hkv, n, hd]
-    position: int  # the M-RoPE position of the next token (the last generated one), t = h = w for text
-
-    @property
-    def length(self) -> int:
-        return self.keys[0].shape[2]
-
-
-@dataclass
 class Pruning:
     """FastV's pruning of one prefill. The prefill fills in `kept`."""
     layer: int  # K: layers < K read the whole prompt, layer K - 1's attention ranks the candidates
     candidates: torch.Tensor  # [M] sequence indices of the tokens that may be dropped (the image tokens), ascending
     keep: int  # N: how many candidates layers >= K read (the top N by attention, in sequence order)
     kept: torch.Tensor | None = None  # [L'] after the prefill: the sequence indices layers >= K hold, ascending
+
+    def choose(self, attention: torch.Tensor) -> torch.Tensor:
+        """Layer K - 1's statistic [L] -> the sequence indices layers >= K read [L'] ascending (the original order):
+        every token but the candidates, and the top `keep` of those. Sets `kept`."""
+        top = attention[self.candidates].topk(self.keep).indices  # [N] into the candidates
+        keep = torch.ones(attention.shape[0], dtype=torch.bool, device=attention.device)  # [L]
+        keep[self.candidates] = False
+        keep[self.candidates[top]] = True
+        self.kept = keep.nonzero()[:, 0]
+        return self.kept
 
     def kept_candidates(self) -> torch.Tensor:
         """After the prefill: which candidates were kept, as indices into `candidates` -> [N] ascending."""
@@ -202,6 +193,7 @@ class Decoder:
         self.safe = False  # safe mode: an fp32 residual stream, eagerly (a redo after fp16 overflow)
         self.states: OrderedDict[int, DecodeState] = OrderedDict()  # cache size -> its buffers, least recent first
         self.decode_graphs: dict[int, tuple] = {}  # cache size -> its captured decode step
+        self.check = None  # called before each layer when set (the app's Stop raises there); not inside a compiled step
         self.compile_step = True  # compile the decode step before capturing it (off: ~40 kernels a layer)
         self.compiled_step = None  # torch.compile(self._step), made at the first capture
         self.compile_seconds = 0.0  # time spent capturing compiled decode steps (the compile is paid by the first)
@@ -249,11 +241,45 @@ class Decoder:
         """The stock M-RoPE tables (cos, sin) [1, L, hd], in the weights' dtype even when x is an fp32 stream."""
         return self.lm.rotary_emb(x[..., :1].to(self.dtype), position_ids)
 
-    def _layer(self, layer, x, cos, sin, state: DecodeState | None = None, slots=None, mask=None):
+    def forward(self, x, position_ids, deepstack=None, at=None, *, cache: KVCache | None = None, slots=None,
+                masks=None, stop: int | None = None, pruning: Pruning | None = None) -> torch.Tensor:
+        """
+        The one loop over the LLM's layers, for every pass the engine runs: x [B, L, D] embeddings at M-RoPE
+        position_ids [3, B, L] -> fp32 logits [B, L, V], or at `at` [B, P] only [B, P, V] (a 150k vocabulary makes
+        all L of them costly). With no cache it is the training forward (teacher forcing), differentiable.
+        - deepstack: Qwen3-VL's features [k, B, L, D] (zeros outside image tokens), added after layers 0..k-1.
+        - cache, slots [L]: each layer writes its keys and values there. masks None: attention is causal over x
+          itself (a prompt's prefill); masks [layers, 1, 1, L, size]: each layer reads the whole cache through its
+          own (a decode step, a follow-up turn's prefill).
+        - stop = i: the prior pass, which returns the hidden state entering layer i [B, L, D] (no logits).
+        - pruning: FastV. Layer K - 1's input ranks the candidates (last_token_attention of the last token); layers
+          >= K read only the kept tokens, at their own positions and cache slots (pruning.kept is set).
+        Before each layer `check` runs, if set (the app's Stop), except inside a compiled step.
+        """
+        cos, sin = self._rope(x, position_ids)
+        x = x.float() if self.safe else x
+        for i, layer in enumerate(self.lm.layers):
+            if not torch.compiler.is_compiling() and self.check is not None:
+                self.check()
+            if i == stop:
+                return x
+            if pruning is not None and i == pruning.layer - 1:
+                attention = self.last_token_attention(layer, x, cos, sin, x.shape[1] - 1)  # [L]
+            x = self._layer(layer, x, cos, sin, cache, slots, None if masks is None else masks[i])
+            x = self._add_deepstack(x, deepstack, i)
+            if pruning is not None and i == pruning.layer - 1:
+                kept = pruning.choose(attention)  # [L'] ascending: the original order
+                x, cos, sin, slots = x[:, kept], cos[..., kept, :], sin[..., kept, :], slots[kept]  # [1, L', ...]
+                deepstack = None if deepstack is None else deepstack[:, :, kept]  # [k, 1, L', D]
+        if at is not None:
+            x = x.gather(1, at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, D]
+        return self._logits(x)
+
+    def _layer(self, layer, x, cos, sin, cache: KVCache | None = None, slots=None, mask=None):
         """
         One decoder layer, x [1, L, D] (in the weights' dtype, or fp32 in safe mode: the residual stream then
-        never overflows fp16). With a state, K/V are written at `slots` and attention reads the cache:
-        causally over the L tokens themselves (prefill), or over the whole cache through `mask` (decode).
+        never overflows fp16). With a cache, K/V are written at `slots` and attention reads it: causally over
+        the L tokens themselves (mask None), or over the whole cache through `mask`.
         """
         attn = layer.self_attn
         h = layer.input_layernorm(x).to(self.dtype)
@@ -268,10 +294,8 @@ class Decoder:
             q, k = self._heads(attn, q, k)
         v = v.view(B, L, -1, hd).transpose(1, 2)  # [1, Hkv, L, hd]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if state is not None:  # prefill: attends over its own K/V (written at `slots`); decode: over the cache
-            keys, values = state.keys[attn.layer_idx], state.values[attn.layer_idx]
-            keys.index_copy_(2, slots, k)
-            values.index_copy_(2, slots, v)
+        if cache is not None:  # prefill: attends over its own K/V (written at `slots`); decode: over the cache
+            keys, values = cache.write(attn.layer_idx, slots, k, v)
             if mask is not None:
                 k, v = keys, values
         o = _attend(q, k, v, attn.scaling, causal=mask is None, mask=mask)  # [1, H, L, hd]
@@ -315,18 +339,29 @@ class Decoder:
             return self.model.lm_head((h / SAFE_LOGIT_SCALE).to(self.dtype)).float() * SAFE_LOGIT_SCALE
         return self.model.lm_head(h.to(self.dtype)).float()
 
+    def _fp32_heads(self, layer, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's queries and keys of its input x [1, L, D], post-RoPE, recomputed in fp32 (whatever attention
+        kernel the layer runs), grouped KV heads repeated -> [1, H, L, hd] each."""
+        q, k = self._qk(layer.self_attn, layer.input_layernorm(x).to(self.dtype))  # [1, H, L, hd], [1, Hkv, L, hd]
+        q, k = apply_rotary_pos_emb(q.float(), k.float(), cos.float(), sin.float())
+        return q, k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+
+    def last_token_attention(self, layer, x, cos, sin, last: int) -> torch.Tensor:
+        """
+        FastV's statistic: the attention of token `last` to every token 0..last in `layer` (x [1, L, D] its input),
+        averaged over heads -> [last + 1], sums to 1.
+        """
+        q, k = self._fp32_heads(layer, x[:, :last + 1], cos[..., :last + 1, :], sin[..., :last + 1, :])
+        scores = (q[:, :, -1:] @ k.transpose(-1, -2)) * layer.self_attn.scaling  # [1, H, 1, L]: the last row sees all
+        return scores.softmax(-1).mean(dim=(0, 1, 2))  # [L]
+
+    # ----------------------------------------------------------------------------- the passes (forward's callers)
+
     def _prefill(self, embeds, position_ids, last, cap: int, deepstack=None):
-        """
-        embeds [1, L, D], position_ids [3, 1, L], last [1] index of the prompt's last token, deepstack None or
-        [k, 1, L, D] -> logits [1, V].
-        """
-        state = self.states[cap]
-        cos, sin = self._rope(embeds, position_ids)
+        """A prompt into the cache of size cap: embeds [1, L, D], position_ids [3, 1, L], last [1] index of the
+        prompt's last real token, deepstack None or [k, 1, L, D] -> its logits [1, V]. Tensors only: graphed."""
         slots = torch.arange(embeds.shape[1], device=embeds.device)
-        x = embeds.float() if self.safe else embeds
-        for i, layer in enumerate(self.lm.layers):
-            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
-        return self._logits(x[:, last])[:, 0]  # [1, V]: only the last real token's logits are needed
+        return self.forward(embeds, position_ids, deepstack, last.view(1, 1), cache=self.states[cap], slots=slots)[:, 0]
 
     def _extend(self, embeds, position_ids, start, last, cap: int, deepstack=None):
         """
@@ -334,85 +369,32 @@ class Decoder:
         attending to the slots before `start` (the earlier turns, already in the cache) and causally to its own
         turn -> logits of the token at `last` [1] [1, V]. Tensors only, so it can be captured as a graph.
         """
-        state, L = self.states[cap], embeds.shape[1]
-        cos, sin = self._rope(embeds, position_ids)
+        L, layers = embeds.shape[1], len(self.lm.layers)
         slots = start + torch.arange(L, device=embeds.device)  # [L]
         seen = torch.arange(cap, device=embeds.device) <= slots.unsqueeze(1)  # [L, cap]: earlier turns and causal
         mask = torch.zeros(L, cap, dtype=self.dtype, device=embeds.device).masked_fill(~seen, float("-inf"))
-        x = embeds.float() if self.safe else embeds
-        for i, layer in enumerate(self.lm.layers):
-            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots, mask[None, None]), deepstack, i)
-        return self._logits(x[:, last])[:, 0]  # [1, V]
-
-    def last_token_attention(self, layer, x, cos, sin, last: int) -> torch.Tensor:
-        """
-        FastV's statistic: the attention of token `last` to every token 0..last in `layer` (x [1, L, D] its input),
-        post-RoPE, recomputed in fp32 (so it works whatever attention kernel the layer runs) and averaged over
-        heads, grouped KV heads repeated -> [last + 1], sums to 1.
-        """
-        attn = layer.self_attn
-        h = layer.input_layernorm(x[:, :last + 1]).to(self.dtype)
-        q, k = self._qk(attn, h)  # [1, H, L, hd], [1, Hkv, L, hd]
-        q, k = apply_rotary_pos_emb(q.float(), k.float(), cos[..., :last + 1, :].float(), sin[..., :last + 1, :].float())
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [1, H, L, hd]
-        scores = (q[:, :, -1:] @ k.transpose(-1, -2)) * attn.scaling  # [1, H, 1, L]: the last row sees every token
-        return scores.softmax(-1).mean(dim=(0, 1, 2))  # [L]
+        masks = mask.expand(layers, 1, 1, L, cap)  # the same for every layer
+        return self.forward(embeds, position_ids, deepstack, last.view(1, 1), cache=self.states[cap], slots=slots,
+                            masks=masks)[:, 0]
 
     def _prefill_pruned(self, embeds, position_ids, cap: int, pruning: Pruning, deepstack=None):
-        """
-        FastV's prefill (unpadded): layers < K over the whole prompt embeds [1, L, D]; layer K - 1's statistic
-        keeps the top pruning.keep candidates; layers >= K over the shortened sequence, each token at its own
-        M-RoPE position and cache slot (DeepStack of dropped tokens dropped with them) -> logits [1, V].
-        Sets pruning.kept (start() masks the other prompt slots in layers >= K).
-        """
-        state, K, L = self.states[cap], pruning.layer, embeds.shape[1]
-        cos, sin = self._rope(embeds, position_ids)  # [1, L, hd]
-        slots = torch.arange(L, device=embeds.device)
-        x = embeds.float() if self.safe else embeds
-        for i, layer in enumerate(self.lm.layers[:K]):
-            if i == K - 1:
-                attention = self.last_token_attention(layer, x, cos, sin, L - 1)  # [L]
-            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, slots), deepstack, i)
-        top = attention[pruning.candidates].topk(pruning.keep).indices  # [N] into the candidates
-        keep = torch.ones(L, dtype=torch.bool, device=embeds.device)  # [L]
-        keep[pruning.candidates] = False
-        keep[pruning.candidates[top]] = True
-        kept = keep.nonzero()[:, 0]  # [L'] ascending: the original order
-        x, cos, sin = x[:, kept], cos[..., kept, :], sin[..., kept, :]  # [1, L', D], [1, L', hd]
-        deepstack = None if deepstack is None else deepstack[:, :, kept]  # [k, 1, L', D]
-        for i, layer in enumerate(self.lm.layers[K:], start=K):
-            x = self._add_deepstack(self._layer(layer, x, cos, sin, state, kept), deepstack, i)
-        pruning.kept = kept
-        return self._logits(x[:, -1])  # [1, V]: the last prompt token is text, always kept
-
-    def forward(self, embeds, position_ids, deepstack=None, at=None) -> torch.Tensor:
-        """
-        The whole LM over embeds [B, L, D] without a cache -> logits [B, L, V] (fp32), differentiable: the
-        training forward (teacher forcing), with DeepStack where the family has it. With `at` [B, P] only
-        those positions' logits [B, P, V] are computed (a 150k vocabulary makes all L of them costly).
-        """
-        cos, sin = self._rope(embeds, position_ids)
-        x = embeds
-        for i, layer in enumerate(self.lm.layers):
-            x = self._add_deepstack(self._layer(layer, x, cos, sin), deepstack, i)
-        if at is not None:
-            x = x.gather(1, at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, D]
-        return self._logits(x)
+        """FastV's prefill (unpadded, eager): forward's `pruning` over embeds [1, L, D] -> the logits of the last
+        prompt token (text: always kept) [1, V]. Sets pruning.kept; start() masks the dropped slots in layers >= K."""
+        L = embeds.shape[1]
+        last = torch.tensor([[L - len(pruning.candidates) + pruning.keep - 1]], device=embeds.device)  # in [L']
+        return self.forward(embeds, position_ids, deepstack, last, cache=self.states[cap],
+                            slots=torch.arange(L, device=embeds.device), pruning=pruning)[:, 0]
 
     def _step(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """
         One decode step that advances its own state, so a captured graph can be replayed per token -> (the next
         token [1, 1], this step's logits [1, V], the next token's probability [1]). It reads state.token: the
-        previous token (or one forced in).
+        previous token (or one forced in). Each layer its own mask: a pruned prefill left slots empty in some.
         """
         state.mask.index_fill_(-1, state.slot, 0.0)
         x = self.lm.embed_tokens(state.token)  # [1, 1, D]
-        x = x.float() if self.safe else x
         position_ids = state.rope.view(1, 1, 1).expand(3, 1, 1)
-        cos, sin = self._rope(x, position_ids)
-        for i, layer in enumerate(self.lm.layers):  # each layer its own mask: a pruned prefill left slots empty in some
-            x = self._layer(layer, x, cos, sin, state, state.slot, state.mask[i])
-        logits = self._logits(x[:, -1])  # [1, V]
+        logits = self.forward(x, position_ids, cache=state, slots=state.slot, masks=state.mask)[:, -1]  # [1, V]
         token = greedy(logits, state.logit_bias)  # [1, 1]
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))  # -1: the step overflowed
         state.slot.add_(1)
@@ -424,17 +406,11 @@ class Decoder:
         The LLM up to layer `index` over [prompt + gestalt + question] (plus DeepStack, if any), then that layer's
         attention, recomputed in fp32 and averaged over heads, weighted over query rows -> [L] attention mass per key.
         """
+        x = self.forward(embeds, position_ids, deepstack, stop=index)  # [1, L, D] entering layer `index`
         cos, sin = self._rope(embeds, position_ids)
-        x = embeds
-        for i, layer in enumerate(self.lm.layers[:index]):
-            x = self._add_deepstack(self._layer(layer, x, cos, sin), deepstack, i)
         layer = self.lm.layers[index]
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q, k = self._qk(attn, h)
-        q, k = apply_rotary_pos_emb(q.float(), k.float(), cos.float(), sin.float())
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [1, H, L, hd]
-        return _weighted_attention(q, k, attn.scaling, query_weights.float())  # [L]
+        q, k = self._fp32_heads(layer, x, cos, sin)  # [1, H, L, hd] each
+        return _weighted_attention(q, k, layer.self_attn.scaling, query_weights.float())  # [L]
 
     # ----------------------------------------------------------------------------- entry points
 
@@ -477,16 +453,8 @@ class Decoder:
                     del self.graphed_prefill.graphs[key]
                 for key in [key for key in self.graphed_extend.graphs if key[4] == old]:  # cap is argument 4
                     del self.graphed_extend.graphs[key]
-            c, dev = self.config, self.device
-            hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-            shape = (1, c.num_key_value_heads, cap, hd)
-            self.states[cap] = DecodeState(
-                keys=[torch.zeros(shape, dtype=dtype, device=dev) for _ in range(c.num_hidden_layers)],
-                values=[torch.zeros(shape, dtype=dtype, device=dev) for _ in range(c.num_hidden_layers)],
-                token=torch.zeros(1, 1, dtype=torch.long, device=dev), slot=torch.zeros(1, dtype=torch.long, device=dev),
-                rope=torch.zeros(1, dtype=torch.long, device=dev),
-                mask=torch.full((c.num_hidden_layers, 1, 1, 1, cap), float("-inf"), dtype=dtype, device=dev),
-                logit_bias=torch.zeros(self.model.lm_head.out_features, device=dev))
+            self.states[cap] = DecodeState.allocate(self.config, cap, dtype, self.device,
+                                                    self.model.lm_head.out_features)
         return self.states[cap]
 
     def _decode_step(self, cap: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -538,15 +506,15 @@ class Decoder:
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: list[int],
                  streamer=None, min_new_tokens: int = 0, deepstack=None, pruning: Pruning | None = None,
-                 history: KVCache | None = None,
-                 keep: bool = False) -> tuple[torch.Tensor, torch.Tensor, bool, KVCache | None]:
+                 history=None, keep: bool = False) -> tuple[torch.Tensor, torch.Tensor, bool, tuple | None]:
         """
         Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, each new
-        token's probability [T] under the model's softmax, safe_mode, the cache after it if `keep`).
+        token's probability [T] under the model's softmax, safe_mode, if `keep` the cache after it as (keys, values,
+        the next token's M-RoPE position): every token so far but the last generated one, not yet read).
         deepstack: None, or Qwen3-VL's DeepStack features over the prompt [k, 1, L, D] (zeros outside image tokens).
         pruning: None, or FastV's (the prefill sets pruning.kept).
-        history: a conversation's cache after its earlier turns; the prompt is then the next turn's tokens only,
-        at positions after them. keep: return a copy of the cache after this turn (the next turn's history).
+        history: a conversation's saved cache after its earlier turns (its keys, values, length: base.SavedCache);
+        the prompt is then the next turn's tokens only, at positions after them. keep: return a copy of the cache after this turn (the next turn's history).
         If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
         token is shown, so a streamer never sees garbage. One generation at a time (self.lock): a streamer that
         raises (the app's Stop) ends the loop at that token.
@@ -563,8 +531,7 @@ class Decoder:
                 # masked slots still enter attention as 0 x value: inf/NaN left in the cache would poison every
                 # later step (and request), so the overflowed run's cache is wiped before the redo
                 for state in self.states.values():
-                    for t in state.keys + state.values:
-                        t.zero_()
+                    state.wipe()
                 self.safe = True
                 try:  # the tokens streamed before the overflow were finite: stream only what comes after them
                     ids, probs, kept = self._generate(*args, streamed=overflow.streamed)
@@ -573,7 +540,7 @@ class Decoder:
                     self.safe = False
 
     def start(self, embeds, position_ids, max_new_tokens: int, deepstack=None, suppress: list[int] = (),
-              pruning: Pruning | None = None, history: KVCache | None = None):
+              pruning: Pruning | None = None, history=None):
         """
         Prefill a prompt into a cache big enough for max_new_tokens more and set the decode state to continue
         after it -> (cache size, logits of the prompt's last token [1, V]). `suppress`: token ids kept off the
@@ -590,8 +557,7 @@ class Decoder:
         state.logit_bias.zero_()
         state.logit_bias[torch.tensor(list(suppress), dtype=torch.long, device=self.device)] = float("-inf")
         if history is not None:
-            for cache, kept in zip(state.keys + state.values, history.keys + history.values):
-                cache[:, :, :H].copy_(kept)
+            state.restore(history.keys, history.values)
             extend = self.graphed_extend if self.use_graphs else self._extend
             start = torch.tensor([H], device=self.device)
             logits = extend(padded, padded_ids, start, last, cap, padded_deepstack)  # [1, V]
@@ -602,13 +568,11 @@ class Decoder:
         token = greedy(logits, state.logit_bias)  # [1, 1]
         # the decode state starts after the real prompt: padded slots are masked out and overwritten
         state.token.copy_(torch.where(torch.isfinite(logits).all(), token, NON_FINITE))
-        state.slot.fill_(L)
         state.rope.copy_(position_ids[:, 0, -1].max().view(1) + 1)
-        state.mask.fill_(float("-inf"))
-        state.mask[..., :L] = 0.0
-        if pruning is not None:  # layers >= K wrote only the prompt slots the pruning kept
-            state.mask[pruning.layer:, ..., :L] = float("-inf")
-            state.mask[pruning.layer:, ..., pruning.kept] = 0.0
+        if pruning is None:
+            state.written(L)
+        else:  # layers >= K wrote only the prompt slots the pruning kept
+            state.written(L, pruning.layer, pruning.kept)
         return cap, logits
 
     def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
@@ -636,9 +600,7 @@ class Decoder:
             token, _, prob = self._decode_step(cap)
         if streamer is not None:
             streamer.end()
-        n = int(state.slot)  # the tokens in the cache: the prompt and every new one but the last
-        kept = KVCache([t[:, :, :n].clone() for t in state.keys], [t[:, :, :n].clone() for t in state.values],
-                       int(state.rope)) if keep else None
+        kept = (*state.saved(), int(state.rope)) if keep else None  # the prompt and every new token but the last
         return torch.tensor([new], device=self.device), torch.cat(probs).float(), kept
 
 

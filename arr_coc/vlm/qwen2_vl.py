@@ -22,7 +22,8 @@ from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.vlm.attention import AttentionProbe
-from arr_coc.vlm.base import VLM, Generation, History, Prompt, StockInputs, VisionAttention, VisualTokens
+from arr_coc.vlm.base import (VLM, Generation, History, Prompt, SavedCache, StockInputs, VisionAttention,
+                              VisualTokens)
 from arr_coc.vlm.decoder import Decoder, Pruning
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from arr_coc.vlm.views import MERGE, view_tensor
@@ -371,7 +372,7 @@ class QwenVL(VLM):
             ids, probs, safe_mode, cache = self.decoder.generate(
                 inputs.embeds, inputs.position_ids, max_new_tokens, self.eos_token_ids, streamer, min_new_tokens,
                 inputs.deepstack, pruning, None if earlier is None else earlier.cache, keep)
-            history = None if cache is None else History(cache, torch.cat(
+            history = None if cache is None else History(SavedCache(*cache), torch.cat(
                 [inputs.ids.new_zeros(1, 0) if earlier is None else earlier.ids, inputs.ids, ids[:, :-1]], dim=1),
                 int(ids[0, -1]))
             return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates(), probs, history)
