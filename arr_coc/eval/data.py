@@ -515,19 +515,24 @@ def load_jsonl(path: str | Path) -> list[Sample]:
 # CLI
 
 
+@dataclass
+class DataConfig:
+    """`python -m arr_coc.eval.data`'s flags, each field one (arr_coc.flags.flag)."""
+    out: str = flags.flag(None, "output folder (created if needed)", required=True)
+    n: int = flags.flag(100, "number of samples to write", flags.bounded_int(0, 10_000_000))
+    kinds: str = flags.flag("text_vs_distractor,distractor_query", "comma-separated scene kinds, cycled in order; any "
+                            f"of: {','.join(SCENE_KINDS)}", flags.comma_list(SCENE_KINDS))
+    seed: int = flags.seed_flag(0, "the dataset: the same seed gives the same dataset")
+    size: int = flags.flag(896, "image side in pixels (the pipelines read it at its native resolution, capped at "
+                                "max_cells)", flags.bounded_int(64, 8192))
+    families: tuple[str, ...] = flags.flag((), "draw the pocket kinds on these layout families (comma-separated names, "
+                                               f"or 'trained' / 'held-out'); any of: {','.join(FAMILIES)}",
+                                           families_flag, shown="–")
+
+
 def main(argv: Sequence[str] | None = None) -> Path:
-    parser = flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="output folder (created if needed)")
-    parser.add_argument("--n", type=flags.bounded_int(0, 10_000_000), default=100, help="number of samples to write")
-    parser.add_argument("--kinds", type=flags.comma_list(SCENE_KINDS), default="text_vs_distractor,distractor_query",
-                        help=f"comma-separated scene kinds, cycled in order; any of: {','.join(SCENE_KINDS)}")
-    parser.add_argument("--seed", type=int, default=0, help="dataset seed; the same seed gives the same dataset")
-    parser.add_argument("--size", type=flags.bounded_int(64, 8192), default=896,
-                        help="image side in pixels (the pipelines read it at its native resolution, capped at max_cells)")
-    parser.add_argument("--families", type=families_flag, default=(),
-                        help="draw the pocket kinds on these layout families (comma-separated names, or 'trained' / "
-                             f"'held-out'); any of: {','.join(FAMILIES)}")
-    args = parser.parse_args(argv)
+    parser = flags.config_parser(DataConfig, __doc__)
+    args = flags.parse_config(DataConfig, argv, parser)
     if args.families and not set(flags.names(args.kinds)) <= set(PAGE_KINDS):
         parser.error(f"argument --families: layout families draw the pocket kinds ({','.join(PAGE_KINDS)}) only")
     if blocker := next((p for p in (Path(args.out), *Path(args.out).parents) if p.is_file()), None):

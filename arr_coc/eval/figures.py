@@ -118,17 +118,21 @@ def bench_file(path: str) -> dict:
         raise argparse.ArgumentTypeError(f"cannot read {path} as a bench JSON ({type(e).__name__})") from None
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--curve", type=curve_spec, action="append", required=True,
-                   help="NAME=ROW@FOLDER[,FOLDER...]: one curve, from an evaluate row's results in those folders")
-    p.add_argument("--bench", type=bench_file, required=True,
-                   help="a bench --json of a run with --budgets: the TTFT of each method at each budget")
-    p.add_argument("--size", type=flags.bounded_int(56, 8192), required=True,
-                   help="the page side of the sweep, and the bench size whose TTFT is used")
-    p.add_argument("--title", default="", help="a line over both figures (the model, the pages, the devices)")
-    p.add_argument("--out", required=True, help="write the two PNGs into this folder (made if missing)")
-    return p.parse_args(argv)
+@dataclass
+class FiguresConfig:
+    """`python -m arr_coc.eval.figures`'s flags, each field one (arr_coc.flags.flag)."""
+    curve: list[tuple] = flags.flag(None, "NAME=ROW@FOLDER[,FOLDER...]: one curve, from an evaluate row's results in "
+                                          "those folders", curve_spec, required=True, append=True)
+    bench: dict = flags.flag(None, "a bench --json of a run with --budgets: the TTFT of each method at each budget",
+                             bench_file, required=True)
+    size: int = flags.flag(None, "the page side of the sweep, and the bench size whose TTFT is used",
+                           flags.bounded_int(56, 8192), required=True)
+    title: str = flags.flag("", "a line over both figures (the model, the pages, the devices)")
+    out: str = flags.flag(None, "write the two PNGs into this folder (made if missing)", required=True)
+
+
+def parse_args(argv=None) -> FiguresConfig:
+    return flags.parse_config(FiguresConfig, argv, flags.config_parser(FiguresConfig, __doc__))
 
 
 def main(argv=None) -> list[Path]:

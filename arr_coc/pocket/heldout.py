@@ -7,19 +7,21 @@ produces the answer); under torchrun each process scores its shard.
     unseen = evaluate_heldout(model, tokenizer, image_processor(), device, 96, (896,), style=LAYOUTS)  # new layouts
     by_group = evaluate_families(model, tokenizer, image_processor(), device, pages=96, sizes=(896, 1792))
 
-    python -m arr_coc.pocket.heldout --model models/pocket-qwen2-vl --pages 96 --sizes 896 1792 --out f.json
+    python -m arr_coc.pocket.heldout --model models/pocket-qwen2-vl --pages 96 --sizes 896,1792 --out f.json
 """
 
 from __future__ import annotations
 
 import os
 import random
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from arr_coc import distributed
+from arr_coc.flags import bounded_int, config_parser, device_flag, flag, int_list, parse_config
 from arr_coc.pocket.data import CURRICULUM, GESTALT_TOKENS, IGNORE, collate, model_inputs
 from arr_coc.synth.families import FAMILIES, HELD_OUT, TRAINED, family_size, make_family_page
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
@@ -162,9 +164,20 @@ def evaluate_families(model, tokenizer, processor, device, pages: int, sizes=(89
     return result
 
 
+@dataclass
+class HeldoutConfig:
+    """`python -m arr_coc.pocket.heldout`'s flags, each field one (arr_coc.flags.flag)."""
+    model: str = flag("models/pocket-qwen2-vl", "an exported pocket folder")
+    pages: int = flag(96, "pages a kind, size and family group", bounded_int(1, 10**5))
+    sizes: list[int] = flag([896, 1792], "page areas (about size^2 px), comma-separated", int_list(112, 8192))
+    device: str | None = device_flag(torchrun=True)
+    workers: int | None = flag(None, "page-drawing processes (default: the CPU count, at most 16)",
+                               bounded_int(0, 256))
+    out: str | None = flag(None, "write the counts here as JSON")
+
+
 def main(argv=None) -> dict:
     """Score an exported pocket folder on the layout-family groups; print one line a row, write JSON."""
-    import argparse
     import json
 
     from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
@@ -172,14 +185,9 @@ def main(argv=None) -> dict:
     from arr_coc.pocket.model import image_processor
     from arr_coc.intervals import interval_text
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="models/pocket-qwen2-vl", help="an exported pocket folder")
-    parser.add_argument("--pages", type=int, default=96, help="pages a kind, size and family group")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[896, 1792], help="page areas (about size^2 px)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
-    parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="page-drawing processes")
-    parser.add_argument("--out", default=None, help="write the counts here as JSON")
-    args = parser.parse_args(argv)
+    args = parse_config(HeldoutConfig, argv, config_parser(HeldoutConfig, __doc__))
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.workers = min(16, os.cpu_count() or 1) if args.workers is None else args.workers
     device = torch.device(args.device)
     model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32).to(device)
     result = evaluate_families(model, AutoTokenizer.from_pretrained(args.model), image_processor(), device,
