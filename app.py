@@ -19,41 +19,19 @@ the VLM). On a ZeroGPU Space
 (arr_coc/zerogpu.py).
 """
 
-import argparse
 import os
 
 from arr_coc import cli
-from arr_coc.config import DEFAULT_MODEL
+from arr_coc.app import options
+from arr_coc.app.options import CACHE_AGE_S
 
-CACHE_AGE_S = 3600  # uploads and drawings leave gradio's cache an hour after they were written (--cache-age)
 CACHE_CHECK_S = 600  # how often the cache is swept for them (more often where --cache-age is shorter)
-UPLOAD_CACHE_MB = 1024  # the uploads gradio's cache keeps, at most: the oldest go first (--upload-cache-mb)
 HOST = os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")  # where the app serves
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.ArgumentParser(description="ARR-COC microscope: the Gradio app.")  # a bad flag: one line, exit 2
-    p.add_argument("--model", default=os.environ.get("ARR_COC_MODEL", DEFAULT_MODEL),
-                   help="Qwen2-VL, Qwen2.5-VL or Qwen3-VL hub id or folder, or an offline model ('pocket', the "
-                        "pocket Qwen2-VL of models/; 'tiny', 'tiny-qwen2.5-vl', 'tiny-qwen3-vl'); one that cannot be "
-                        "loaded falls back to pocket with a banner (default: $ARR_COC_MODEL or %(default)s)")
-    p.add_argument("--checkpoint", default=None,
-                   help="ARR checkpoint: a name under checkpoints/, a folder or a hub repo id (default: the first "
-                        "checkpoint under checkpoints/ that fits the model, else the untrained prior)")
-    p.add_argument("--port", type=cli.bounded_int(1, 65535), default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
-                   help="port to serve on, a free one (default: $GRADIO_SERVER_PORT or 7860)")
-    p.add_argument("--share", action="store_true",
-                   help="also serve on a public gradio.live link (off by default: anyone with it can use your GPU)")
-    p.add_argument("--cache-age", type=cli.bounded_int(1, 7 * 86400), default=CACHE_AGE_S, metavar="SECONDS",
-                   help="delete uploads and drawn images from gradio's cache ($GRADIO_TEMP_DIR) this long after they "
-                        "were written, and all of them when the app stops (default: %(default)s)")
-    p.add_argument("--upload-cache-mb", type=cli.bounded_int(1, 1024 * 1024), default=UPLOAD_CACHE_MB, metavar="MB",
-                   help="keep at most this many MB of uploads in gradio's cache: each upload first deletes the oldest "
-                        "ones past it (anyone can upload, with no session; default: %(default)s)")
-    args = p.parse_args(argv)
-    if not port_free(HOST, args.port):  # gradio would find it taken only after the model loaded
-        p.error(f"argument --port: {args.port} is in use on {HOST}")
-    return args
+def parse_args(argv: list[str] | None = None) -> options.AppConfig:
+    """The app's flags (arr_coc.app.options.AppConfig); a port in use on HOST is refused at once."""
+    return options.parse_args(argv, HOST, port_free)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -445,7 +423,7 @@ def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str], cache_age: 
 # ----------------------------------------------------------------------------- start-up
 
 
-def load(args: argparse.Namespace) -> tuple[ARRCOCQwen, str, list[str]]:
+def load(args: options.AppConfig) -> tuple[ARRCOCQwen, str, list[str]]:
     """The model and its ARR layer, saying in the console what start-up does; -> model, layer name, page notices."""
     model = load_model(args.model)
     if model.notice:
@@ -497,7 +475,7 @@ def configure_logging() -> None:
     hub_logging.get_logger().propagate = False
 
 
-def main(args: argparse.Namespace) -> None:
+def main(args: options.AppConfig) -> None:
     configure_logging()
     model, layer_name, notices = load(args)  # at start-up, before any request, as ZeroGPU expects
     warm_up(model)
