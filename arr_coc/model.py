@@ -56,21 +56,18 @@ WARMUP_QUESTION = "What is in this image?"  # the warm-up captures the prompt-le
 
 class StopCheck:
     """
-    A forward pre-hook on every vision block and LLM layer of a VLM (on their first norm, which the stock forward and
-    the fast engine's both call): once the stop of the request under way (watching) is set, the next block raises
-    Stopped. Stop so frees the model within one block, not after the whole vision encode and prefill (a 1700x2200
-    page's full baseline ran on for 30 s on a CPU); decoding still ends at its next token (StopStreamer).
+    The VLM's block check (VLM.set_block_check: before every vision block and LLM layer that runs eagerly, the fast
+    engine's loops and the stock forward's alike): once the stop of the request under way (watching) is set, the
+    next block raises Stopped. Stop so frees the model within one block, not after the whole vision encode and
+    prefill (a 1700x2200 page's full baseline ran on for 30 s on a CPU); decoding still ends at its next token
+    (StopStreamer).
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, vlm: VLM):
         self.event: threading.Event | None = None  # the stop of the request that holds the model, if any
-        for name, module in model.named_modules():
-            if name.endswith((".norm1", ".input_layernorm")) and (".blocks." in name or ".layers." in name):
-                module.register_forward_pre_hook(self)
+        vlm.set_block_check(self)
 
-    def __call__(self, module, args) -> None:
-        if torch.compiler.is_compiling():  # inside a compiled decode step: the streamer stops it between tokens
-            return
+    def __call__(self) -> None:
         if self.event is not None and self.event.is_set():
             raise Stopped("stopped by the user")
 
@@ -95,7 +92,7 @@ class ARRCOCQwen:
         # one request at a time on the VLM: its decode caches and every CUDA graph's static buffers are shared, so two
         # overlapping requests (two app users, or a stopped one still winding down) would corrupt each other
         self.lock = threading.RLock()
-        self.stop_check = StopCheck(vlm.model)  # a stopped request frees the model at its next block
+        self.stop_check = StopCheck(vlm)  # a stopped request frees the model at its next block
 
     def busy(self) -> bool:
         """Whether another thread's request holds the VLM now (in the app: a stopped one, finishing its block)."""

@@ -26,7 +26,7 @@ VIEW = "native"  # the view FastV prunes: the one `full` reads whole
 
 def check_layer(parts: Parts, layer: int) -> int:
     """K must leave at least one layer below it (the statistic's) and one above it (the pruned ones)."""
-    layers = len(parts.vlm.language_model.layers)
+    layers = parts.vlm.num_layers
     if not 1 <= int(layer) < layers:
         raise InputError(f"FastV's layer K must be between 1 and {layers - 1} for this model ({layers} LLM layers), "
                          f"got {layer}")

@@ -42,7 +42,7 @@ def answer_view(parts: Parts, pipeline: str, view_name: str, image, question: st
     else:
         inputs = vlm.stock_inputs(question, view)
         before = watch.ms["vision"]
-        with timed_module(vlm.visual, watch, "vision"):  # vision runs inside the stock prefill
+        with timed_module(vlm.vision_tower, watch, "vision"):  # vision runs inside the stock prefill
             generation, new_tokens = generate(vlm, inputs, watch, request)
         watch.ms["prefill"] -= watch.ms["vision"] - before  # prefill excl. the vision tower inside it
     tokens = token_counts(inputs.length, n if view_name == "gestalt" else 0, 0, total_visual=n)

@@ -21,6 +21,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -132,6 +133,13 @@ class StockInputs:
 
 
 @dataclass
+class CompileSeconds:
+    """Seconds spent compiling (Inductor) before CUDA-graph captures, so far: paid at warm-up."""
+    decode: float  # the decode step's compile (the first capture pays it)
+    vision: float  # the vision tower's compiles
+
+
+@dataclass
 class Generation:
     """What one greedy generation returns."""
     ids: torch.Tensor  # [1, T] the new token ids (EOS included when reached)
@@ -146,6 +154,7 @@ class VLM(ABC):
     name: str  # what it was loaded from (hub id, folder, tiny model name)
     family: str  # the config's model_type, e.g. "qwen2_vl"
     hidden_size: int  # the LLM's width D
+    num_layers: int  # the LLM's decoder layers (FastV's K and the prior's layer are counted in them)
     engine: str  # "fast" (our decoder) or "hf" (transformers' generate)
     tokenizer: object  # the family's tokenizer (streamers decode with it)
 
@@ -162,6 +171,25 @@ class VLM(ABC):
     @abstractmethod
     def min_pixels(self) -> int:
         """The image processor's lower bound on a view's area, in px (stock reads small images at least this big)."""
+
+    @property
+    @abstractmethod
+    def vision_tower(self) -> torch.nn.Module:
+        """The vision hook: the tower's module, whose forward is every vision pass (stock generate()'s inside its
+        prefill too), e.g. to time it with forward hooks."""
+
+    @abstractmethod
+    def set_block_check(self, check: Callable[[], None] | None) -> None:
+        """Call check() (None: nothing) before every vision block and LLM layer that runs eagerly, the stock forward's
+        included; what it raises ends the pass there (the app's Stop). A CUDA-graph replay or compiled step runs none."""
+
+    @abstractmethod
+    def set_compile(self, on: bool) -> None:
+        """Whether the decode step and the vision tower are compiled (Inductor) before their CUDA-graph capture."""
+
+    @abstractmethod
+    def compile_seconds(self) -> CompileSeconds:
+        """Time spent compiling so far."""
 
     @abstractmethod
     def encode_view(self, view) -> VisualTokens:

@@ -13,6 +13,8 @@ layout (`get_rope_index`'s, for any subset of cells), and one layer's attention 
     gestalt = vlm.encode_view(views.tensor("gestalt"))       # VisualTokens [Ng, D]
 """
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -22,7 +24,7 @@ from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.graphs import CUDAGraphed
 from arr_coc.vlm.attention import AttentionProbe
-from arr_coc.vlm.base import (VLM, Generation, History, Prompt, SavedCache, StockInputs, VisionAttention,
+from arr_coc.vlm.base import (VLM, CompileSeconds, Generation, History, Prompt, SavedCache, StockInputs, VisionAttention,
                               VisualTokens)
 from arr_coc.vlm.decoder import Decoder, Pruning
 from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
@@ -86,6 +88,7 @@ class QwenVL(VLM):
         cfg = model.config
         self.image_token_id = cfg.image_token_id
         self.hidden_size = cfg.text_config.hidden_size
+        self.num_layers = cfg.text_config.num_hidden_layers
         self.family = cfg.model_type
         eos = model.generation_config.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
@@ -94,6 +97,7 @@ class QwenVL(VLM):
         # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs, compiled by
         # Inductor first (norms, rotary, GELU fused; one compile for every patch count, paid at warm-up)
         self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool, compile=True)
+        self.check = None  # called before each vision block (set_block_check); the decoder holds it for its layers
 
     @property
     def device(self) -> torch.device:
@@ -121,6 +125,32 @@ class QwenVL(VLM):
     def language_model(self):
         return self.model.model.language_model
 
+    @property
+    def vision_tower(self) -> torch.nn.Module:
+        return self.visual
+
+    def set_block_check(self, check) -> None:
+        """check() before every vision block (here and in stock generate()) and LLM layer (the decoder's loop)."""
+        self.check = self.decoder.check = check
+
+    def set_compile(self, on: bool) -> None:
+        self.decoder.compile_step = self.graphed_vision.compile = on
+
+    def compile_seconds(self) -> CompileSeconds:
+        return CompileSeconds(self.decoder.compile_seconds, self.graphed_vision.compile_seconds)
+
+    @contextmanager
+    def stock_checks(self):
+        """While stock generate() runs its own blocks and layers: the block check before each (pre-hooks)."""
+        check = self.check
+        modules = [] if check is None else [*self.visual.blocks, *self.language_model.layers]
+        hooks = [m.register_forward_pre_hook(lambda *_: check()) for m in modules]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+
     # --- vision ---
 
     def image_inputs(self, view: Image.Image | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,12 +177,14 @@ class QwenVL(VLM):
             x = self._vision_block(block, x, cos, sin, probe if i == last else None)
         return visual.merger(x)  # [N/4, D]
 
-    @staticmethod
-    def _vision_block(block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend=None) -> torch.Tensor:
+    def _vision_block(self, block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend=None) -> torch.Tensor:
         """
         One ViT block over one attention sequence x [N, E] (the stock block without cu_seqlens) -> [N, E].
         attend(q, k, v) [1, heads, N, hd] -> [1, heads, N, hd] replaces full attention (Qwen2.5-VL's windows).
+        The block check runs first, when set (not inside a compiled tower).
         """
+        if not torch.compiler.is_compiling() and self.check is not None:
+            self.check()
         attn, N = block.attn, x.shape[0]
         q, k, v = attn.qkv(block.norm1(x)).reshape(N, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
         q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # [N, heads, hd] each
@@ -389,18 +421,19 @@ class QwenVL(VLM):
             kwargs = dict(input_ids=inputs.input_ids, pixel_values=inputs.pixel_values,
                           image_grid_thw=inputs.image_grid_thw, mm_token_type_ids=inputs.mm_token_type_ids)
         length = inputs.length
-        out = self.model.generate(**kwargs, attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
-                                  max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=False,
-                                  streamer=streamer, eos_token_id=self.eos_token_ids,
-                                  pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
-                                  return_dict_in_generate=True)
+        with self.stock_checks():
+            out = self.model.generate(**kwargs, attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
+                                      max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=False,
+                                      streamer=streamer, eos_token_id=self.eos_token_ids,
+                                      pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
+                                      return_dict_in_generate=True)
         ids = out.sequences[:, length:] if isinstance(inputs, StockInputs) else out.sequences  # [1, T]
         logits = torch.cat(out.logits).float()  # [T, V] the raw logits of each step
         return Generation(ids, probs=logits.softmax(-1).gather(1, ids[0, :, None].to(logits.device))[:, 0])
 
     def pruning(self, inputs: Prompt | StockInputs, layer: int, keep: int) -> Pruning:
         """FastV's Pruning of a prompt: K = layer, the image tokens the candidates, keep N of them (checked)."""
-        layers, ids = len(self.language_model.layers), getattr(inputs, "ids", None)
+        layers, ids = self.num_layers, getattr(inputs, "ids", None)
         if not 1 <= layer < layers:
             raise ValueError(f"FastV's layer K must be between 1 and {layers - 1} (this LLM has {layers}), got {layer}")
         candidates = (inputs.input_ids if ids is None else ids)[0].eq(self.image_token_id).nonzero()[:, 0]  # [M]
