@@ -1,0 +1,270 @@
+"""
+ARR-COC inside vLLM: ArrCocQwen2VL, the architecture arr_coc/engines/vllm_plugin.py registers, runs each image of an
+OpenAI chat request through the project's own ARR (arr_coc.pipelines.arr on the project's VLM) and hands vLLM's
+Qwen2-VL language model the gestalt and the saccades; vLLM batches, schedules and generates over its paged KV cache.
+
+    .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model models/pocket-qwen2-vl --dtype float32 \\
+        --enforce-eager --hf-overrides '{"architectures": ["ArrCocQwen2VLForConditionalGeneration"]}'
+
+Where each step runs:
+  the front end (ArrProcessor, vLLM's multimodal processor): the question (the text after the image in the chat
+      prompt) joins the item's processor kwargs, so it is part of vLLM's multimodal hash: the processor cache, the
+      encoder cache and the prefix cache never give one question's cells to another; the image's prompt slot
+      becomes [gestalt pads] <|vision_end|><|vision_start|> [budget pads], ARR's own two blocks (vLLM sizes an
+      image's tokens before encoding: ARR's fixed budget is what makes that possible).
+  the model runner, when the request joins the batch (get_mrope_input_positions, vLLM's M-RoPE hook): the gestalt,
+      the prior pass, the relevance layer and the selection of exactly the budget's cells (Looker.look), and the
+      prompt's M-RoPE positions with the saccades at their true (row, col) (arr_coc.vlm.positions).
+  vLLM's encoder step (embed_multimodal): the selected cells encoded at their true rotary places (sparse), after
+      the gestalt tokens.
+Positions are computed when the request is added, from the selection itself, rather than repaired after
+embedding (SupportsMultiModalPruning.recompute_mrope_positions, as EVS does): that hook runs only where
+--video-pruning-rate is set, and only for chunks that gather image embeddings, so a prompt whose image a prefix-cache
+hit skipped would keep unrepaired positions; get_mrope_input_positions runs for every request, cached or not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import BatchFeature
+from vllm.model_executor.models.qwen2_vl import (Qwen2VLDummyInputsBuilder, Qwen2VLForConditionalGeneration,
+                                                 Qwen2VLMultiModalProcessor, Qwen2VLProcessingInfo)
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.inputs import MultiModalFieldConfig
+from vllm.multimodal.parse import ImageProcessorItems, ImageSize
+from vllm.multimodal.processing.processor import PromptReplacement, PromptUpdateDetails
+
+from arr_coc.engines.vllm_plugin import (STRATEGIES, ServerSettings, check_strategy, checkpoint_folder,
+                                         default_budget, log_look, server_settings)
+from arr_coc.settings import PipelineConfig
+from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
+from arr_coc.vlm.views import fit_grid, to_rgb
+
+GESTALT = PipelineConfig().gestalt_max_tokens  # at most this many gestalt tokens (16 x 16 at 448 px)
+VISION_END, VISION_START, IMAGE_PAD, END_OF_TURN = "<|vision_end|>", "<|vision_start|>", "<|image_pad|>", "<|im_end|>"
+FULL_LOOKS = 8  # looks kept whole (views, gestalt, selection) between a request's positions and its encoding
+CELLS_KEPT = 65536  # selections kept (grids and cells: a few KB each) for a later request's positions
+
+
+SERVERS: dict[int, tuple] = {}  # id(hf_config) -> server(hf_config): read once a process
+
+
+def server(hf_config) -> tuple[ServerSettings, str | None, int]:
+    """The server's settings, its checkpoint folder and its budget (the most saccades a request may ask for)."""
+    if id(hf_config) not in SERVERS:
+        settings = server_settings(hf_config)
+        folder = checkpoint_folder(settings, hf_config.model_type, hf_config.text_config.hidden_size)
+        SERVERS[id(hf_config)] = (settings, folder, default_budget(settings, folder))
+    return SERVERS[id(hf_config)]
+
+
+def question_in(prompt: str) -> str:
+    """The question of a chat prompt: the user's text after the image, up to the end of the turn."""
+    if VISION_END not in prompt:
+        raise ValueError("ARR-COC reads one image and the question after it; this prompt has no image")
+    question = prompt.rsplit(VISION_END, 1)[1].split(END_OF_TURN, 1)[0].strip()
+    if not question:
+        raise ValueError("ARR-COC chooses its cells for a question: put the question after the image")
+    return question
+
+
+class ArrInfo(Qwen2VLProcessingInfo):
+    """Qwen2-VL's processing info, for ARR's fixed token count: gestalt + 2 + budget tokens an image, one image."""
+
+    def get_supported_mm_limits(self):
+        return {"image": 1}
+
+    def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
+        return {"image": GESTALT + 2 + server(self.get_hf_config())[2]}
+
+    def get_image_size_with_most_features(self) -> ImageSize:
+        return ImageSize(width=448, height=448)  # any image gives at most GESTALT + budget tokens
+
+
+class ArrDummyInputs(Qwen2VLDummyInputsBuilder):
+    """vLLM's start-up profiling input: an image and a question after it, as a chat prompt has them."""
+
+    def get_dummy_text(self, mm_counts) -> str:
+        return f"{VISION_START}{IMAGE_PAD}{VISION_END}What is shown?" * mm_counts.get("image", 0)
+
+    def get_dummy_mm_data(self, seq_len, mm_counts, mm_options):
+        return {"image": self._get_dummy_images(width=448, height=448, num_images=mm_counts.get("image", 0),
+                                                overrides=mm_options.get("image"))}
+
+
+def request_settings(hf_config, kwargs) -> tuple[int, str | None, int]:
+    """(budget, strategy, max_cells) of one request: mm_processor_kwargs arr_budget / arr_strategy over the server's."""
+    settings, _, budget = server(hf_config)
+    asked = int(kwargs.get("arr_budget") or budget)
+    if not 1 <= asked <= budget:
+        raise ValueError(f"arr_budget must be between 1 and the server's budget {budget}, got {asked}")
+    strategy = kwargs.get("arr_strategy") or settings.strategy
+    check_strategy(strategy)
+    return asked, strategy, settings.max_cells
+
+
+class ArrProcessor(Qwen2VLMultiModalProcessor):
+    """Each image -> its pixels, its question and its layout (gestalt grid, budget, strategy, max cells), and a
+    prompt slot of ARR's two blocks. The question is a processor kwarg, so it is hashed with the image."""
+
+    def apply(self, inputs, timing_ctx):
+        prompt = self.info.get_tokenizer().decode(inputs.prompt, skip_special_tokens=False)
+        kwargs = {**inputs.hf_processor_mm_kwargs, "arr_question": question_in(prompt)}
+        return super().apply(_with_kwargs(inputs, kwargs), timing_ctx)
+
+    def _apply_hf_processor_main(self, mm_items, hf_kwargs) -> BatchFeature:
+        budget, strategy, max_cells = request_settings(self.info.get_hf_config(), hf_kwargs)
+        question = str(hf_kwargs["arr_question"]).encode()
+        out = {"arr_image": [], "arr_layout": [], "arr_question": [], "arr_key": []}
+        items = mm_items.get_items("image", ImageProcessorItems) if "image" in mm_items else []
+        for i in range(len(items)):
+            rgb = np.asarray(to_rgb(items.get(i)))  # [H, W, 3] uint8
+            gh, gw = fit_grid(rgb.shape[1], rgb.shape[0], GESTALT)
+            layout = torch.tensor([gh, gw, budget, STRATEGIES.index(strategy) if strategy else -1, max_cells])
+            key = hashlib.sha256(rgb.tobytes() + question + str(layout.tolist()).encode()).digest()
+            out["arr_image"].append(torch.from_numpy(rgb.copy()))
+            out["arr_layout"].append(layout)
+            out["arr_question"].append(torch.frombuffer(bytearray(question), dtype=torch.uint8))
+            out["arr_key"].append(torch.frombuffer(bytearray(key), dtype=torch.uint8))
+        return BatchFeature(out)
+
+    def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
+        return {name: MultiModalFieldConfig.batched("image", keep_on_cpu=True)
+                for name in ("arr_image", "arr_layout", "arr_question", "arr_key")}
+
+    def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
+        vocab = self.info.get_tokenizer().get_vocab()
+        pad, end, start = vocab[IMAGE_PAD], vocab[VISION_END], vocab[VISION_START]
+
+        def slot(item_idx: int):
+            gh, gw, budget = out_mm_kwargs["image"][item_idx]["arr_layout"].data[:3].tolist()
+            return PromptUpdateDetails.select_token_id([pad] * (gh * gw) + [end, start] + [pad] * budget, pad)
+
+        return [PromptReplacement(modality="image", target=[pad], replacement=slot)]
+
+
+def _with_kwargs(inputs, kwargs):
+    from dataclasses import replace
+
+    return replace(inputs, hf_processor_mm_kwargs=kwargs)
+
+
+@dataclass
+class Look:
+    """ARR's look at one image for one question: its scene (views, gestalt, prior, maps) and its selection."""
+    scene: object  # arr_coc.pipelines.arr.Scene
+    out: object  # arr_coc.relevance.layer.ARRCOCOutput: the cells, in the order the LLM reads them
+
+
+@dataclass
+class Cells:
+    """What positions need of a look: the two blocks' grids and the saccades' cells."""
+    gestalt_grid: tuple[int, int]  # (gh, gw)
+    candidate_grid: tuple[int, int]  # (GH, GW)
+    cells: torch.Tensor  # [K, 2] (row, col) on the candidate grid, in feed order
+
+
+def field(item, name: str) -> torch.Tensor:
+    """One field of an item (a MultiModalKwargsItem's element, or the tensor itself)."""
+    value = item[name]
+    return getattr(value, "data", value)
+
+
+class Looker:
+    """The project's own ARR (its façade, VLM and checkpoint, loaded on first use) looking at items."""
+
+    def __init__(self, model_path: str, settings: ServerSettings, device: str):
+        self.model_path, self.settings, self.device = model_path, settings, device
+        self.model = None
+        self.looks: OrderedDict[bytes, Look] = OrderedDict()
+        self.cells: OrderedDict[bytes, Cells] = OrderedDict()
+
+    def load(self):
+        if self.model is None:
+            from arr_coc.cli import load_model
+
+            self.model, _ = load_model(self.model_path, self.settings.checkpoint, self.device, quiet=True)
+        return self.model
+
+    def look(self, item) -> Look:
+        """The item's look: kept, or made now (gestalt, prior pass, relevance, the budget's cells)."""
+        from arr_coc.pipelines import arr
+        from arr_coc.pipelines.request import Request
+
+        key = bytes(field(item, "arr_key").tolist())
+        if key in self.looks:
+            self.looks.move_to_end(key)
+            return self.looks[key]
+        model = self.load()
+        gh, gw, budget, strategy, max_cells = field(item, "arr_layout").tolist()
+        strategy = STRATEGIES[strategy] if strategy >= 0 else None
+        question = model.check_question(bytes(field(item, "arr_question").tolist()).decode())
+        views = model.views(field(item, "arr_image").numpy(), max_cells)
+        if views.gestalt_grid != (gh, gw):
+            raise RuntimeError(f"the front end sized a {gh}x{gw} gestalt; the model's views make {views.gestalt_grid}")
+        request = Request(budget=budget, strategy=strategy, max_cells=max_cells)
+        with torch.no_grad():
+            scene = arr.prepare(model.parts, views, question, request)
+            out = scene.select(model.layer, budget, strategy)
+        look = self.looks[key] = Look(scene, out)
+        self.looks.popitem(last=False) if len(self.looks) > FULL_LOOKS else None
+        self.cells[key] = Cells((gh, gw), views.candidate_grid, out.positions[0].cpu().long())
+        self.cells.popitem(last=False) if len(self.cells) > CELLS_KEPT else None
+        log_look({"question": question, "budget": budget, "strategy": strategy, "gestalt_grid": [gh, gw],
+                  "candidate_grid": list(views.candidate_grid), "cells": out.positions[0].tolist()})
+        return look
+
+    def cells_of(self, item) -> Cells:
+        key = bytes(field(item, "arr_key").tolist())
+        if key not in self.cells:
+            self.look(item)
+        self.cells.move_to_end(key)
+        return self.cells[key]
+
+    def tokens(self, item) -> torch.Tensor:
+        """The LLM's visual tokens of an item: the gestalt's, then the selected cells' encoded at their true places."""
+        from arr_coc.pipelines import arr
+
+        look = self.look(item)
+        observation = look.scene.observation
+        with torch.no_grad():
+            saccades = arr.encode_saccades(self.model.vlm, observation, look.out.positions[0])  # [K, D]
+        return torch.cat([observation.gestalt.features, saccades.features])  # [Ng + K, D]
+
+
+@MULTIMODAL_REGISTRY.register_processor(ArrProcessor, info=ArrInfo, dummy_inputs=ArrDummyInputs)
+class ArrCocQwen2VL(Qwen2VLForConditionalGeneration):
+    """Qwen2-VL in vLLM with ARR-COC's eyes: images read as gestalt + the budget's saccades at their true places."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        settings = server(self.config)[0]
+        device = str(vllm_config.device_config.device or "cpu")
+        self.looker = Looker(vllm_config.model_config.model, settings, device)
+        self.llm_dtype = vllm_config.model_config.dtype
+
+    def get_mrope_input_positions(self, input_tokens, mm_features):
+        """The prompt's M-RoPE positions, as the project's ARR prompt has them: the gestalt block in raster order and
+        the saccade block at the selected cells' true places (the selection is made here, when the request joins)."""
+        blocks = []
+        for feature in sorted(mm_features, key=lambda f: f.mm_position.offset):
+            if feature.modality != "image":
+                raise ValueError(f"ARR-COC reads images, not {feature.modality}")
+            cells = self.looker.cells_of(feature.data)
+            blocks += [raster_block(cells.gestalt_grid), ImageBlock(cells.candidate_grid, cells.cells)]
+        ids = torch.tensor([list(input_tokens)], dtype=torch.long)
+        positions = mrope_position_ids(ids, self.config.image_token_id, blocks)[:, 0]  # [3, L]
+        return positions, int(positions.max()) + 1 - len(input_tokens)
+
+    def embed_multimodal(self, **kwargs):
+        """Each image's visual tokens [Ng + K, D], in the order of its prompt slot's pads."""
+        if kwargs.get("arr_key") is None:
+            return []
+        names = ("arr_image", "arr_layout", "arr_question", "arr_key")
+        items = [{name: kwargs[name][i] for name in names} for i in range(len(kwargs["arr_key"]))]
+        return tuple(self.looker.tokens(item).to(self.llm_dtype) for item in items)
