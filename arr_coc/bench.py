@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -165,10 +165,11 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
     """
     import torch
 
+    from arr_coc.pipelines import arr
     from arr_coc.relevance.texture import generate_texture_array
 
     device = model.vlm.device
-    o = model.observe(image, "Where is the red disc?", max_cells=max_cells)
+    o = arr.observe(model.parts, model.views(image, max_cells), "Where is the red disc?")
     grid, layer = o.views.candidate_grid, model.layer
 
     @torch.no_grad()
@@ -180,7 +181,7 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
     @torch.no_grad()
     def as_served():
         observation = replace(o, textures=model.texture(o.highres, grid))
-        return layer.select(model.score(observation), grid)
+        return layer.select(arr.score(observation, layer.graphed_score), grid)
 
     return dict(grid=list(grid), texture_eager_ms=median_ms(lambda: generate_texture_array(o.highres, grid), repeats, device),
                 layer_eager_ms=median_ms(eager, repeats, device), layer_ms=median_ms(as_served, repeats, device))
@@ -225,12 +226,12 @@ def bench_pipeline(model, image: Image.Image, row: str, engine: str, new_tokens:
     runs = [model.answer(image, "Describe the image in detail.", pipeline, max_new_tokens=new_tokens,
                          max_cells=max_cells, ablation=ablation or None, budget=budget)
             for _ in range(repeats + 2)][2:]  # two warm-up runs
-    timings = {k: statistics.median(r.timings_ms[k] for r in runs) for k in runs[0].timings_ms}
-    return dict(pipeline=row, engine=engine, tokens=runs[0].tokens, timings_ms=timings,
+    timings = {k: statistics.median(asdict(r.timings)[k] for r in runs) for k in asdict(runs[0].timings)}
+    return dict(pipeline=row, engine=engine, tokens=asdict(runs[0].tokens), timings_ms=timings,
                 ttft_ms=statistics.median(r.ttft_ms for r in runs), new_tokens=runs[0].new_tokens,
                 decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
                 peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid),
-                gflops=runs[0].gflops)
+                gflops=asdict(runs[0].compute))
 
 
 def bench_transformers(vlm, image: Image.Image, question: str, new_tokens: int, repeats: int, max_cells: int) -> dict:

@@ -401,14 +401,14 @@ def hub_model(name: str) -> bool:
 
 def request(args, **row):
     """
-    The one Request (arr_coc.pipelines.answer) of a command's flags: every flag whose name is a Request field's
+    The one Request (arr_coc.pipelines.request) of a command's flags: every flag whose name is a Request field's
     (--max-new-tokens, --strategy, --budget, --max-cells, --fastv-layer, --refixate, --refixate-budget,
     --fresh-cells: those the command has), the adaptive budget's bounds (budget_settings) as its tensions, and a
     row's own settings (`row`, by their Request names: its strategy, budget, ablation, ...) over them.
     """
     from dataclasses import fields, replace
 
-    from arr_coc.pipelines.answer import Request  # torch: only once the flags are parsed
+    from arr_coc.pipelines.request import Request  # torch: only once the flags are parsed
 
     flags = {f.name: getattr(args, f.name) for f in fields(Request) if hasattr(args, f.name)}
     return replace(Request(**flags, tensions=budget_settings(args)), **row)

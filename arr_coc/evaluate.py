@@ -288,9 +288,9 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
         score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
         swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
         result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text,
-                      answers=item.answers, score=score(a.text), visual_tokens=a.tokens["total_visual"],
-                      gflops=round(sum(a.gflops.values()), 1), ttft_ms=round(a.ttft_ms, 2),
-                      total_ms=round(a.timings_ms["total"], 2), confidence=a.confidence)
+                      answers=item.answers, score=score(a.text), visual_tokens=a.tokens.total_visual,
+                      gflops=round(a.compute.total, 1), ttft_ms=round(a.ttft_ms, 2),
+                      total_ms=round(a.timings.total, 2), confidence=a.confidence)
         if a.fixations:  # whether the second look fired, and the first answer as it was before it
             result.update(refixated=a.refixated, confidences=[f.confidence for f in a.fixations],
                           first_prediction=a.fixations[0].text, first_score=score(a.fixations[0].text))

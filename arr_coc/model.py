@@ -7,44 +7,46 @@ the texture array, the settings: ARRCOCQwen.parts), never the façade itself.
 
     model = ARRCOCQwen.from_pretrained("tiny")               # or "Qwen/Qwen2-VL-2B-Instruct", a folder
     answer = model.answer(image, "What does the sign say?", pipeline="arr")
-    answer.text, answer.tokens, answer.timings_ms, answer.saccades
+    answer.text, answer.tokens, answer.timings, answer.saccades
+    for text_or_answer in model.stream(image, "What does the sign say?", "full"): ...   # the text as it grows
+    views = model.views(image)                               # made once for a request that runs several pipelines
+    answer = model.answer(views, "What does the sign say?", "full")
     chat = Conversation("arr", image)                        # several questions about one image, in a row
     first = model.answer(None, "What does the sign say?", conversation=chat)
     second = model.answer(None, "And the date under it?", conversation=chat, fresh_cells=True)
+    with model.serving():                                    # the lock, Stop and OOM for a pipeline's own steps
+        scene = arr.prepare(model.parts, views, "What does the sign say?", Request())
 
-The Answer (arr_coc.pipelines.answer) and ARR's Saccade, Observation and Scene (arr_coc.pipelines.arr) are importable
-from here.
+Each pipeline is a generator of its tokens and then its Answer (arr_coc.pipelines.steps): answer runs one to its end,
+stream hands on its text as it grows, in the caller's thread. The Answer (arr_coc.pipelines.answer), the Request
+(arr_coc.pipelines.request) and ARR's Saccade, Observation and Scene (arr_coc.pipelines.arr) are importable from here.
 """
 
 import gc
-import queue
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 import torch
 from PIL import Image
-from transformers import TextIteratorStreamer
 
 from arr_coc import pipelines
 from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
 from arr_coc.settings import MAX_QUESTION_TOKENS
 from arr_coc.errors import InputError, OutOfMemory, Stopped, check_text
 from arr_coc.graphs import CUDAGraphed
-from arr_coc.pipelines import arr, check_pipeline
-from arr_coc.pipelines.answer import (MAX_QUESTION_CHARS, Answer, Parts, Request, ablation_named,  # noqa: F401
-                                      check_question, check_request, check_stop, views_for, with_settings)
+from arr_coc.pipelines import check_pipeline
+from arr_coc.pipelines.answer import Answer
 from arr_coc.pipelines.arr import Observation, Saccade, Scene  # noqa: F401
 from arr_coc.pipelines.conversation import Conversation
-from arr_coc.relevance import ablation as ablations
+from arr_coc.pipelines.request import (MAX_QUESTION_CHARS, Parts, Request, check_question,  # noqa: F401
+                                       check_request, check_stop, with_settings)
+from arr_coc.pipelines.steps import finished, views_of
 from arr_coc.relevance.config import ARRCOCConfig
-from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
-from arr_coc.relevance.config import TensionSettings
+from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.relevance.texture import generate_texture_array
-from arr_coc.timing import Stopwatch
 from arr_coc.vlm.base import VLM
 from arr_coc.vlm.families import load_vlm
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
@@ -90,8 +92,9 @@ class ARRCOCQwen:
         self.layer = layer or self.prior_layer()
         self.texture = CUDAGraphed(generate_texture_array)  # launch-bound at batch 1: replayed as one graph
         # one request at a time on the VLM: its decode caches and every CUDA graph's static buffers are shared, so two
-        # overlapping requests (two app users, or a stopped one still winding down) would corrupt each other
-        self.lock = threading.RLock()
+        # overlapping requests (two app users, or a stopped one still winding down) would corrupt each other. Not
+        # reentrant: a stream holds it across its yields, and gradio resumes and closes a generator from any thread
+        self.lock = threading.Lock()
         self.stop_check = StopCheck(vlm)  # a stopped request frees the model at its next block
 
     def busy(self) -> bool:
@@ -174,76 +177,22 @@ class ARRCOCQwen:
                              "shorten it")
         return question
 
-    # --- ARR: scoring and selection (the arr pipeline's own steps, for the app and training) ---
-
     def views(self, image, max_cells: int | None = None) -> Views:
-        """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap)."""
-        return views_for(self.vlm, self.pipeline, image, max_cells)
+        """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap): a request
+        that runs several pipelines on one image makes them once and passes them to each as its image."""
+        return views_of(self.parts, image, max_cells)
 
-    @torch.no_grad()
-    def observe(self, image, question: str, watch: Stopwatch | None = None, max_cells: int | None = None) -> Observation:
-        """Gestalt encode, the gestalt-guided attention prior and the texture array: all that ARR reads."""
-        question = self.check_question(question)
-        return arr.observe(self.parts, image, question, watch or Stopwatch(self.vlm.device), max_cells)
-
-    @torch.no_grad()
-    def prepare(self, image, question: str, request: Request | None = None, *, watch: Stopwatch | None = None,
-                **settings) -> Scene:
+    @contextmanager
+    def serving(self, pipeline: str = "arr", stop: threading.Event | None = None):
         """
-        Observe, then score with an ARR layer (under an ablation's prior and weights): everything up to selection.
-        The request's (its settings by name over it, as in answer) layer (default: this model's), max_cells and
-        ablation (an Ablation or its name) are read; selection is select's.
+        The model held for one request (self.lock: requests take turns), `stop` watched at every vision block and LLM
+        layer (StopCheck), and CUDA OOM made OutOfMemory once the memory is freed: around answer and stream, and
+        around a pipeline's own steps called with self.parts (the app's Microscope: arr.prepare).
         """
-        watch = watch or Stopwatch(self.vlm.device)
-        request = with_settings(request, settings)
-        chosen = ablation_named(request.ablation)
-        with self.lock:
-            observation = self.observe(image, question, watch, request.max_cells)
-            with watch.section("selection"):
-                maps = arr.score(observation, (request.layer or self.layer).graphed_score, chosen)
-        return Scene(observation, maps, chosen)
-
-    def score(self, observation: Observation, scorer: Callable[..., ScoreMaps] | None = None) -> ScoreMaps:
-        """
-        Run an ARR layer's scorers and balancer over an observation. `scorer` is called like the layer: by
-        default this model's layer.graphed_score (under no_grad on CUDA, a CUDA graph replay per input shape;
-        eager and differentiable when gradients are on); training passes its DDP-wrapped layer.
-        """
-        return arr.score(observation, scorer or self.layer.graphed_score)
-
-    def select(self, scene: Scene, strategy: str | None = None, budget: int | str | None = None,
-               layer: ARRCOCLayer | None = None, tensions: TensionSettings | None = None) -> ARRCOCOutput:
-        """Re-select saccades from a prepared scene (no VLM work), as many and in the order its ablation says;
-        budget "auto" is the adaptive budget, tensions fix ARR's tensions by hand (arr_coc.relevance.tensions)."""
-        return arr.select(layer or self.layer, scene.maps, scene.views.candidate_grid, len(scene.observation.gestalt),
-                          budget, strategy, scene.ablation or ablations.NO_ABLATION, tensions)
-
-    # --- answering ---
-
-    def answer(self, image, question: str, pipeline: str = "arr", request: Request | None = None, *,
-               conversation: Conversation | None = None, **settings) -> Answer:
-        """
-        Answer one question with one pipeline, as `request` (arr_coc.pipelines.answer.Request; None: the defaults)
-        with `settings` over it: any of its fields by name (max_new_tokens=32, budget="auto", ablation="no-gestalt",
-        refixate=0.5, ...; InputError naming one it does not have), so a Request's fields are listed once, there.
-        CUDA OOM becomes OutOfMemory after the memory is freed. Requests take turns on the VLM (self.lock); setting
-        the request's `stop` ends it at its next generated token (Stopped). An ablation (arr_coc.relevance.ablation,
-        an Ablation or its name) and a second look (refixate) are ARR's: other pipelines refuse them. conversation:
-        ask the question as its next turn (arr_coc.pipelines.conversation): its image and pipeline are the ones it
-        was made with (`image` and `pipeline` are then not read).
-        """
-        request = with_settings(request, settings)
-        if conversation is not None:
-            pipeline = conversation.pipeline
-        check_pipeline(pipeline, request)
-        question = self.check_question(question)
-        request = check_request(request)
         try:
-            with self.lock, self.stop_check.watching(request.stop):
-                check_stop(request.stop)  # stopped while it waited for the VLM: nothing to run
-                if conversation is not None:
-                    return conversation.ask(self.parts, question, request)
-                return pipelines.load(pipeline).answer(self.parts, image, question, request)
+            with self.lock, self.stop_check.watching(stop):
+                check_stop(stop)  # stopped while it waited for the VLM: nothing to run
+                yield
         except torch.cuda.OutOfMemoryError:
             gc.collect()
             if torch.cuda.is_available():
@@ -251,39 +200,71 @@ class ARRCOCQwen:
             raise OutOfMemory(f"CUDA ran out of memory in the {pipeline} pipeline. The memory was freed: "
                               "try fewer new tokens, a smaller budget or max cells, or the gestalt baseline.") from None
 
+    def steps(self, image, question: str, pipeline: str, request: Request, conversation: Conversation | None = None):
+        """
+        A request checked and dispatched -> (its pipeline's name, the request, the pipeline's steps: a generator of
+        its tokens and then its Answer, not started). `image`: an image, or its Views already made (self.views); the
+        views are made here otherwise, once (none for a conversation's later turns, which read the first's).
+        """
+        if conversation is not None:
+            pipeline = conversation.pipeline
+        check_pipeline(pipeline, request)
+        question = self.check_question(question)
+        request = check_request(request)
+        first = conversation is None or not conversation.answers
+        if first and not isinstance(image, Views):
+            image = self.views(conversation.image if image is None and conversation else image, request.max_cells)
+        if conversation is not None:
+            return pipeline, request, conversation.ask(self.parts, image if first else None, question, request)
+        return pipeline, request, pipelines.load(pipeline).answer(self.parts, image, question, request)
+
+    # --- answering ---
+
+    def answer(self, image, question: str, pipeline: str = "arr", request: Request | None = None, *,
+               conversation: Conversation | None = None, **settings) -> Answer:
+        """
+        Answer one question with one pipeline, as `request` (arr_coc.pipelines.request.Request; None: the defaults)
+        with `settings` over it: any of its fields by name (max_new_tokens=32, budget="auto", ablation="no-gestalt",
+        refixate=0.5, ...; InputError naming one it does not have), so a Request's fields are listed once, there.
+        `image`: an image, or its views (self.views). CUDA OOM becomes OutOfMemory after the memory is freed. Requests
+        take turns on the VLM (self.lock); setting the request's `stop` ends it at its next vision block, LLM layer or
+        token (Stopped). An ablation (arr_coc.relevance.ablation, an Ablation or its name) and a second look
+        (refixate) are ARR's: other pipelines refuse them. conversation: ask the question as its next turn
+        (arr_coc.pipelines.conversation): its image and pipeline are the ones it was made with (`image` may be its
+        views for the first turn; `pipeline` is not read).
+        """
+        pipeline, request, steps = self.steps(image, question, pipeline, with_settings(request, settings), conversation)
+        with self.serving(pipeline, request.stop):
+            return finished(steps)
+
     def stream(self, image, question: str, pipeline: str = "arr", request: Request | None = None, *,
                conversation: Conversation | None = None, **settings):
         """
-        Yield the answer text as it grows, then the finished Answer (generation runs in a thread); the request and its
-        settings as answer takes them. Closing this generator early (the app's Stop) sets the request's `stop` (one
-        is made if it has none), so the request ends at its next vision block, LLM layer or token (StopCheck).
+        Yield the answer text as it grows (again, unchanged, at a tick: the pipeline's stages and a quiet engine yield
+        one at least every steps.TICK_S), then the finished Answer; the request and its settings as answer takes them.
+        All in the caller's thread but the engine's own loop (steps.engine_tokens). Closing this generator early (the
+        app's Stop) sets the request's `stop` (one is made if it has none), so the request ends at its next vision
+        block, LLM layer or token (StopCheck), and lets go of the model.
         """
-        streamer = TextIteratorStreamer(self.vlm.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=600)
-        result: queue.Queue = queue.Queue()
         request = with_settings(request, settings)
-        stop = request.stop or threading.Event()
-        request = replace(request, streamer=streamer, stop=stop)
-
-        def run():
+        request = replace(request, live=True, stop=request.stop or threading.Event())
+        pipeline, request, steps = self.steps(image, question, pipeline, request, conversation)
+        ids, text, answered = [], "", False
+        with self.serving(pipeline, request.stop):
             try:
-                result.put(self.answer(image, question, pipeline, request, conversation=conversation))
-            except BaseException as e:  # re-raised in the caller's thread
-                result.put(e)
-                streamer.end()
+                for item in steps:
+                    answered = isinstance(item, Answer)
+                    if not answered:
+                        ids += [] if item is None else [item]
+                        text = grown(self.vlm.tokenizer, ids, text)
+                    yield item if answered else text
+            finally:  # closed before the end: the request stops at its next block or token before the model is let go
+                if not answered:
+                    request.stop.set()
+                steps.close()
 
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        text = ""
-        try:
-            for chunk in streamer:
-                text += chunk
-                yield text
-        except GeneratorExit:  # closed before the end: the generation stops at its next token
-            stop.set()
-            raise
-        thread.join()
-        outcome = result.get()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        yield outcome
 
+def grown(tokenizer, ids: list[int], text: str) -> str:
+    """The text of `ids` so far (special tokens left out), or `text` while the last token ends in part of a character."""
+    new = tokenizer.decode(ids, skip_special_tokens=True)
+    return text if new.endswith("\ufffd") else new

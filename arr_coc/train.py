@@ -211,9 +211,11 @@ def observe_all(model: ARRCOCQwen, samples: list[Sample], show: bool = True) -> 
     """The frozen VLM's view of each sample, and its target box as cell coverage: computed once."""
     from tqdm.auto import tqdm
 
+    from arr_coc.pipelines import arr
+
     observed = []
     for sample in tqdm(samples, desc="observe", unit="sample", disable=not show):
-        observation = model.observe(sample.image, sample.question)
+        observation = arr.observe(model.parts, model.views(sample.image), model.check_question(sample.question))
         observed.append((sample, observation, observation.views.box_coverage(sample.box).to(model.vlm.device)))
     return observed
 
@@ -237,9 +239,11 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., ScoreMaps], batch: list[
     """
     import torch
 
+    from arr_coc.pipelines import arr
+
     loss = torch.zeros((), device=model.vlm.device)
     for sample, observation, coverage in batch:
-        maps = model.score(observation, scorer)
+        maps = arr.score(observation, scorer)
         if cfg.box_weight > 0:
             loss = loss + cfg.box_weight * relevance_loss(maps.relevance[0], coverage, cfg.temperature) / len(batch)
         if cfg.lm_weight > 0 or cfg.token_cost > 0:
@@ -275,10 +279,12 @@ def evaluate(model: ARRCOCQwen, data: list[Observed], kinds: list[str], cfg: Tra
     """
     import torch
 
+    from arr_coc.pipelines import arr
+
     sums = torch.zeros(len(kinds), 4, dtype=torch.float64)  # [kinds, (samples, relevance loss, box precision, K)]
     with torch.no_grad():
         for sample, observation, coverage in data:
-            maps = model.score(observation)
+            maps = arr.score(observation, model.layer.graphed_score)
             out = select(model, maps, observation, cfg)
             loss = float(relevance_loss(maps.relevance[0], coverage, cfg.temperature))
             precision = box_recall_precision(coverage, out.indices[0])[1]

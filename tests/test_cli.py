@@ -141,7 +141,7 @@ def test_a_file_that_is_no_image_is_refused_at_parse_time(tmp_path, capsys):
 
 
 def test_the_question_limit_is_the_pipelines_own():
-    from arr_coc.pipelines.answer import MAX_QUESTION_CHARS, check_question
+    from arr_coc.pipelines.request import MAX_QUESTION_CHARS, check_question
 
     assert cli.question("x" * MAX_QUESTION_CHARS) and check_question("x" * MAX_QUESTION_CHARS)
     with pytest.raises(Exception, match=f"over the limit of {MAX_QUESTION_CHARS}"):
@@ -197,7 +197,7 @@ def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from arr_coc.pipelines.answer import Request
+    from arr_coc.pipelines.request import Request
     from arr_coc.relevance.config import TensionSettings
 
     args = run.parse_args([*RUN, "--max-new-tokens", "8", "--strategy", "grid", "--budget", "40", "--max-cells",

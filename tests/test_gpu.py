@@ -8,6 +8,8 @@ from conftest import answers_by_engine, scene_image
 
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen
+from arr_coc.pipelines import arr
+from arr_coc.pipelines.request import Request
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 pytestmark = pytest.mark.gpu
@@ -38,9 +40,9 @@ def cuda_model(request):
 def test_arr_runs_in_half_precision_on_cuda(cuda_model):
     # a scene with structure, not noise: noise is a busy image, which falls back to grid (ARRCOCConfig.void_structure)
     a = cuda_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4)
-    assert a.tokens["saccade"] == 273 and a.arr.fallback == [None]  # ARR's own selection, no fallback
+    assert a.tokens.saccade == 273 and a.arr.fallback == [None]  # ARR's own selection, no fallback
     assert torch.isfinite(a.arr.relevance).all() and torch.isfinite(a.arr.weights).all()
-    assert a.peak_memory_mb > 0 and all(a.timings_ms[k] > 0 for k in ("vision", "selection", "prefill"))
+    assert a.peak_memory_mb > 0 and all(getattr(a.timings, k) > 0 for k in ("vision", "selection", "prefill"))
 
 
 def test_zero_saccades_match_the_stock_gestalt_answer_on_cuda(cuda_model):
@@ -63,7 +65,7 @@ def test_a_real_cuda_oom_is_reported_freed_and_survived(cuda_model, monkeypatch)
         cuda_model.answer(image(), QUESTION, "arr", max_new_tokens=2)
     monkeypatch.setattr(vlm, "encode_cells", real)
     assert torch.cuda.memory_allocated() <= before + (64 << 20)
-    assert cuda_model.answer(image(), QUESTION, "arr", max_new_tokens=2).tokens["saccade"] == 273
+    assert cuda_model.answer(image(), QUESTION, "arr", max_new_tokens=2).tokens.saccade == 273
 
 
 def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
@@ -73,11 +75,11 @@ def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
     for seed in (0, 1):  # the second image replays the graph captured for the first
         rng = np.random.default_rng(seed)
         pil = Image.fromarray(rng.integers(0, 255, (448, 448, 3), dtype=np.uint8))
-        o = cuda_model.observe(pil, QUESTION)
+        o = arr.observe(cuda_model.parts, cuda_model.views(pil), QUESTION)
         eager_textures = generate_texture_array(o.highres, o.views.candidate_grid)
         torch.testing.assert_close(o.textures, eager_textures, atol=1e-5, rtol=1e-5)
         with torch.no_grad():
-            replayed = cuda_model.score(o)
+            replayed = arr.score(o, cuda_model.layer.graphed_score)
         with torch.enable_grad():  # gradients on: the eager path
             eager = layer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), o.prior)
         torch.testing.assert_close(replayed.relevance, eager.relevance.detach(), atol=1e-4, rtol=1e-4)
@@ -93,10 +95,10 @@ def test_the_served_selection_replays_one_graph_and_picks_as_the_eager_one(cuda_
     layer.graphed_topk.graphs.clear()
     scenes = (scene_image(), scene_image().transpose(Image.Transpose.FLIP_LEFT_RIGHT))
     for scene in scenes:  # two scenes of one candidate grid: the second replays the graph the first captured
-        o = cuda_model.observe(scene, QUESTION)
+        o = arr.observe(cuda_model.parts, cuda_model.views(scene), QUESTION)
         grid = o.views.candidate_grid
         with torch.no_grad():
-            maps = cuda_model.score(o)
+            maps = arr.score(o, cuda_model.layer.graphed_score)
             replayed = layer.select(maps, grid)
         with torch.enable_grad():  # gradients on: _topk runs eagerly
             eager = layer.select(maps, grid)
@@ -140,9 +142,9 @@ def test_every_family_answers_in_half_precision_through_fused_compiled_graphs(na
     uncompiled one."""
     model = ARRCOCQwen.from_pretrained(name, device="cuda", dtype=dtype)
     a = model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4)
-    assert a.tokens["saccade"] == 273 and torch.isfinite(a.arr.relevance).all()
+    assert a.tokens.saccade == 273 and torch.isfinite(a.arr.relevance).all()
     vlm = model.vlm
-    assert vlm.decoder.fused is not None and vlm.decoder.decode_graphs and vlm.graphed_vision.graphs
+    assert vlm.decoder.fused is not None and vlm.decoder.decode_graphs and vlm.vision.graphed.graphs
     compiled_and_uncompiled_steps_agree(model)
 
 

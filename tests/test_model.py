@@ -1,6 +1,7 @@
 """ARRCOCQwen end to end on the tiny model: pipelines, the fixed budget, shared weights, failures."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from PIL import Image
 
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.model import ARRCOCQwen, Request
+from arr_coc.pipelines import arr
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import ARRCOCConfig
@@ -19,11 +21,11 @@ from conftest import QUESTION, scene_image
 
 def test_arr_answer_carries_every_diagnostic(arr_model):
     a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3)
-    assert a.tokens["saccade"] == 273 and a.tokens["gestalt"] == 256 and a.tokens["total_visual"] == 529
-    assert a.tokens["text"] > 10 and 1 <= a.new_tokens <= 3
-    assert set(a.timings_ms) == {"vision", "selection", "prefill", "decode", "total"}
-    assert all(v > 0 for k, v in a.timings_ms.items() if k != "decode")
-    assert a.timings_ms["total"] >= a.timings_ms["vision"] + a.timings_ms["selection"] + a.timings_ms["prefill"]
+    assert a.tokens.saccade == 273 and a.tokens.gestalt == 256 and a.tokens.total_visual == 529
+    assert a.tokens.text > 10 and 1 <= a.new_tokens <= 3
+    assert set(asdict(a.timings)) == {"vision", "selection", "prefill", "decode", "total"}
+    assert all(v > 0 for k, v in asdict(a.timings).items() if k != "decode")
+    assert a.timings.total >= a.timings.vision + a.timings.selection + a.timings.prefill
     assert a.peak_memory_mb > 0 and len(a.saccades) == 273
     assert [s.rank for s in a.saccades] == list(range(1, 274))
     assert all(x.score >= y.score for x, y in zip(a.saccades, a.saccades[1:]))
@@ -45,20 +47,20 @@ def test_arr_prefers_the_detailed_half(arr_model):
 @pytest.mark.parametrize("pipeline, visual", [("full", 256), ("gestalt", 256), ("budget", 529)])  # full: native 448^2
 def test_baselines_use_their_views(arr_model, pipeline, visual):
     a = arr_model.answer(scene_image(), QUESTION, pipeline, max_new_tokens=2)
-    assert a.tokens["total_visual"] == visual and a.tokens["saccade"] == 0 and a.arr is None
-    assert a.timings_ms["vision"] > 0 and a.timings_ms["selection"] == 0
+    assert a.tokens.total_visual == visual and a.tokens.saccade == 0 and a.arr is None
+    assert a.timings.vision > 0 and a.timings.selection == 0
 
 
 def test_zero_budget_arr_answers_like_the_gestalt_baseline(arr_model):
     arr = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4, budget=0)
     stock = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=4)
-    assert arr.tokens["saccade"] == 0 and arr.text == stock.text
+    assert arr.tokens.saccade == 0 and arr.text == stock.text
 
 
 @pytest.mark.parametrize("size", [(1, 1), (28, 28), (4000, 300), (3000, 3000)])
 def test_exactly_273_saccades_for_any_size(arr_model, size):
     a = arr_model.answer(Image.new("RGB", size, (90, 60, 30)), QUESTION, "arr", max_new_tokens=1)
-    assert a.tokens["saccade"] == 273 and len({(s.row, s.col) for s in a.saccades}) == 273
+    assert a.tokens.saccade == 273 and len({(s.row, s.col) for s in a.saccades}) == 273
 
 
 @pytest.mark.parametrize("mode", ["L", "RGBA", "P", "I;16"])
@@ -66,7 +68,7 @@ def test_odd_image_modes_answer(arr_model, mode):
     image = scene_image(224, 168).convert("L" if mode == "I;16" else mode)
     if mode == "I;16":
         image = Image.fromarray(np.asarray(image, dtype=np.uint16) * 257)
-    assert arr_model.answer(image, QUESTION, "arr", max_new_tokens=1).tokens["saccade"] == 273
+    assert arr_model.answer(image, QUESTION, "arr", max_new_tokens=1).tokens.saccade == 273
 
 
 def test_both_pipelines_run_the_same_weights(arr_model):
@@ -95,10 +97,10 @@ def test_both_pipelines_run_the_same_weights(arr_model):
 def test_fp16_arr_path_gives_finite_logits():
     model = ARRCOCQwen.from_pretrained("tiny", dtype=torch.float16)
     assert model.vlm.model.model.language_model.dtype == torch.float16 and model.vlm.visual.dtype == torch.float32
-    scene = model.prepare(scene_image(), QUESTION)
+    scene = arr.prepare(model.parts, model.views(scene_image()), QUESTION, Request())
     assert torch.isfinite(scene.maps.relevance).all()
     vlm = model.vlm
-    out = model.select(scene)
+    out = scene.select(model.layer)
     with torch.no_grad():
         saccades = encode_saccades(vlm, scene.observation, out.positions[0])
         prompt = arr_prompt(vlm, scene.observation, saccades)
@@ -107,12 +109,12 @@ def test_fp16_arr_path_gives_finite_logits():
 
 
 def test_reselection_needs_no_vlm(arr_model):
-    scene = arr_model.prepare(scene_image(), QUESTION)
+    scene = arr.prepare(arr_model.parts, arr_model.views(scene_image()), QUESTION, Request())
     calls = []
     hook = arr_model.vlm.model.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
         for strategy in ("topk", "logpolar", "grid", "random"):
-            assert arr_model.select(scene, strategy, 100).indices.shape == (1, 100)
+            assert scene.select(arr_model.layer, 100, strategy).indices.shape == (1, 100)
     finally:
         hook.remove()
     assert not calls
@@ -142,8 +144,8 @@ def test_shipped_checkpoints_select_273_cells_on_any_native_grid(arr_model, chec
     assert not {"gestalt_max_tokens", "budget_tokens", "prior_layer_fraction"} & config.keys()  # PipelineConfig's
     layer = arr_model.load_layer(str(checkpoint))
     image = scene_image(*size)
-    scene = arr_model.prepare(image, QUESTION, layer=layer)
-    out = arr_model.select(scene, layer=layer)
+    scene = arr.prepare(arr_model.parts, arr_model.views(image), QUESTION, Request(layer=layer))
+    out = scene.select(layer)
     assert scene.views.candidate_grid == out.grid == grid  # the native grid: 64x64 at 1792², non-square when wide
     cells = out.positions[0].tolist()
     assert len(cells) == len(set(map(tuple, cells))) == 273
@@ -156,13 +158,13 @@ def test_non_finite_relevance_falls_back_to_grid_and_says_so(arr_model):
     with torch.no_grad():
         broken.balancer.head[1].bias.fill_(float("nan"))
     a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, layer=broken)
-    assert a.arr.fallback == ["non_finite"] and a.tokens["saccade"] == 273
+    assert a.arr.fallback == ["non_finite"] and a.tokens.saccade == 273
     assert a.to_json()["fallback"] == "non_finite"
 
 
 def test_a_flat_image_is_a_semantic_void(arr_model):
     a = arr_model.answer(Image.new("RGB", (448, 448), (128, 128, 128)), "What is here?", "arr", max_new_tokens=1)
-    assert a.arr.fallback == ["semantic_void"] and a.tokens["saccade"] == 273
+    assert a.arr.fallback == ["semantic_void"] and a.tokens.saccade == 273
 
 
 @pytest.mark.parametrize("image, question, message", [
@@ -188,7 +190,7 @@ def test_a_request_is_passed_whole_or_its_settings_by_name_over_it(arr_model):
                             max_new_tokens=2, budget=40, ablation="raster")
     streamed = list(arr_model.stream(scene_image(), QUESTION, "arr", Request(budget=40), max_new_tokens=2,
                                      ablation="raster"))[-1]
-    assert whole.ablation == "raster" and whole.tokens["saccade"] == 40
+    assert whole.ablation == "raster" and whole.tokens.saccade == 40
     for a in (named, over, streamed):
         assert (a.text, a.tokens, a.ablation) == (whole.text, whole.tokens, whole.ablation)
         assert [(s.row, s.col) for s in a.saccades] == [(s.row, s.col) for s in whole.saccades]
@@ -208,7 +210,7 @@ def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
     monkeypatch.setattr(arr_model.vlm, "generate", oom)
     with pytest.raises(OutOfMemory, match="memory was freed"):
         arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
-    assert arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1).tokens["saccade"] == 273
+    assert arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1).tokens.saccade == 273
 
 
 def test_stream_ends_with_the_answer_a_plain_call_gives(arr_model):

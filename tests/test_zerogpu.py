@@ -129,6 +129,6 @@ def test_nothing_is_compiled_captured_or_fused_on_zerogpu(on_zerogpu, monkeypatc
     model = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.bfloat16)
     answer = model.answer(scene_image(), "What does the gray text say?", "arr", max_new_tokens=4)
     vlm = model.vlm
-    assert answer.tokens["saccade"] == 273
+    assert answer.tokens.saccade == 273
     assert vlm.decoder.fused is None and vlm.decoder.compiled_step is None and not vlm.decoder.decode_graphs
-    assert not vlm.graphed_vision.graphs and vlm.graphed_vision.compiled is None
+    assert not vlm.vision.graphed.graphs and vlm.vision.graphed.compiled is None

@@ -18,14 +18,14 @@ Per-user state (gr.State, kept up to an hour) is a Kept, or the Conversation tab
 a GPU tensor (a Chat's conversations move to the device for a turn and back).
 
 A handler that runs several pipelines on one image (Compare, Checkpoint A/B, Faithfulness, a conversation's first
-turn) makes its views once (ARRCOCQwen.views) and hands them to each in its Request (Request.views), with their
-own RGB image as the image: the upload and the resized views serve every pipeline.
+turn) makes its views once (ARRCOCQwen.views) and hands them to each as its image: the upload and the resized views
+serve every pipeline. A streaming handler iterates the model's stream in its own thread: the stream yields at every
+stage and tick (pipelines.steps.TICK_S), so gradio can close it at once on Stop, which stops the request.
 """
 
 import copy
+import functools
 import hashlib
-import queue
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,7 +41,7 @@ from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc import pipelines
 from arr_coc.pipelines import arr
-from arr_coc.pipelines.answer import Request
+from arr_coc.pipelines.request import Request, check_request
 from arr_coc.pipelines.conversation import Conversation, moves
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import AUTO, NO_SETTINGS
@@ -51,7 +51,6 @@ from arr_coc.vlm.views import to_rgb
 NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
-TICK_S = 0.25  # a streaming handler yields at least this often, so Stop takes effect at once (see ticking)
 FINISHING = "Waiting for the model: it is finishing the request that was stopped…"  # until that one frees it
 
 
@@ -137,10 +136,32 @@ def compare_outputs(status: str, base_text: str = "", base: Answer | None = None
             base_cells, kept)
 
 
-def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_new_tokens: int, strategy: str,
-                  max_cells: int, numbered: int, refixate: float = 0.0, stop: threading.Event | None = None):
+def reporting(status_at: int, outputs: int):
+    """
+    A streaming handler that passes on its steps' output tuples; if a step fails, it puts "Failed: why" in its status
+    output (the other outputs keep what they show), then raises the error for the user.
+    """
+    def handler_of(steps):
+        @functools.wraps(steps)
+        def handler(*args, **kwargs):
+            try:
+                yield from steps(*args, **kwargs)
+            except Exception as e:
+                error = ui.as_user_error(e)
+                failed = [gr.skip()] * outputs
+                failed[status_at] = f"**Failed**: {error.message}"
+                yield tuple(failed)
+                raise error from None
+        return handler
+    return handler_of
+
+
+@reporting(status_at=0, outputs=11)
+def compare(model: ARRCOCQwen, image, question: str, baseline: str, max_new_tokens: int, strategy: str,
+            max_cells: int, numbered: int, refixate: float = 0.0):
     """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`; 0: off);
-    then their stats and ARR's drawings. Setting `stop` ends the generation under way at its next token."""
+    then their stats and ARR's drawings; "Failed: why" in the status line if a step fails. Closing it (Stop, gradio
+    closes the event's generator) stops the generation under way at once."""
     image = ui.check_inputs(image, question)
     model.check_question(question)  # its tokens too, before the status line says it runs
     start = time.perf_counter()
@@ -148,28 +169,21 @@ def compare_steps(model: ARRCOCQwen, image, question: str, baseline: str, max_ne
     yield from wait_for_model(model, compare_outputs(FINISHING))
     yield compare_outputs(running)
     views = model.views(image, int(max_cells))  # one cap, one set of views, for both
-    request = Request(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells), stop=stop, views=views)
-    image = views.image
-    for base in model.stream(image, question, baseline, request=request):  # the text as it grows, then the Answer
+    request = Request(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))
+    for base in model.stream(views, question, baseline, request=request):  # the text as it grows, then the Answer
         if isinstance(base, str):
             yield compare_outputs(running, base)
     running, cells = f"{RUNNING} **ARR-COC**…", baseline_cells(base)
     yield compare_outputs(running, ui.answer_text(base), base, base_cells=cells)
     tau = float(refixate) if refixate and float(refixate) > 0 else None  # the slider's 0 is off
-    for ours in model.stream(image, question, "arr", request=replace(request, strategy=strategy, refixate=tau)):
+    for ours in model.stream(views, question, "arr", request=replace(request, strategy=strategy, refixate=tau)):
         if isinstance(ours, str):
             yield compare_outputs(running, ui.answer_text(base), base, ours, base_cells=cells)
     yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
                           ui.answer_text(ours), ours, numbered, cells)
 
 
-def compare(model: ARRCOCQwen, image: Image.Image | None, question: str, baseline: str, max_new_tokens: int,
-            strategy: str, max_cells: int, numbered: int, refixate: float = 0.0):
-    """compare_steps, whose status line says "Failed: why" if a step fails; Stop (gradio closes this generator)
-    ends the model's generation at once."""
-    stop = threading.Event()
-    yield from reporting(ticking(compare_steps(model, image, question, baseline, max_new_tokens, strategy, max_cells,
-                                               numbered, refixate, stop), stop), status_at=0, outputs=11)
+compare_steps = compare.__wrapped__  # the steps alone, their errors raised as they are
 
 
 def wait_for_model(model: ARRCOCQwen, waiting: tuple):
@@ -182,63 +196,6 @@ def wait_for_model(model: ARRCOCQwen, waiting: tuple):
         yield waiting
         with model.lock:  # free once the stopped request has ended
             pass
-
-
-def ticking(steps, stop: threading.Event | None = None):
-    """
-    Pass on a streaming event's output tuples, computed in a thread; while no new one comes (vision and prefill
-    stream no text for seconds), repeat the last every TICK_S. Gradio can cancel a streaming event only between
-    two outputs, and ignores a new click until the cancelled one ends: so Stop takes effect within a tick.
-    On Stop (this generator closed), `stop` is set: the steps' generation under way (given the same event) ends at
-    its next token, and the thread stops at its next step. The next request waits for the model (ARRCOCQwen.lock)
-    only as long as that token takes.
-    """
-    items, stop, end = queue.Queue(), stop or threading.Event(), object()
-
-    def run():
-        try:
-            for item in steps:
-                items.put(item)
-                if stop.is_set():
-                    steps.close()
-                    return
-            items.put(end)
-        except BaseException as e:  # re-raised in the event's thread
-            items.put(e)
-
-    threading.Thread(target=run, daemon=True).start()
-    last = None
-    try:
-        while True:
-            try:
-                item = items.get(timeout=TICK_S)
-            except queue.Empty:
-                if last is not None:
-                    yield last
-                continue
-            if item is end:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            last = item
-            yield item
-    finally:
-        stop.set()
-
-
-def reporting(steps, status_at: int, outputs: int):
-    """
-    Pass on a streaming event's output tuples; if it fails, put "Failed: why" in its status output (the other
-    outputs keep what they show), then raise the error for the user.
-    """
-    try:
-        yield from steps
-    except Exception as e:
-        error = ui.as_user_error(e)
-        failed = [gr.skip()] * outputs
-        failed[status_at] = f"**Failed**: {error.message}"
-        yield tuple(failed)
-        raise error from None
 
 
 def stopped(status: str | None) -> str | None:
@@ -287,8 +244,11 @@ def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, stra
     image = ui.check_inputs(image, question)
     request = microscope_request(budget, (auto, override, explore, diversify, particularize), strategy=strategy,
                                  max_cells=int(max_cells), ablation=ablation)
-    scene = model.prepare(image, question, request)
-    out = model.select(scene)  # textures, scorer maps and weights do not depend on the selection
+    question, views = model.check_question(question), model.views(image, int(max_cells))
+    with model.serving():
+        scene = arr.prepare(model.parts, views, question, check_request(request))
+    out = arr.select(model.layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt),
+                     ablation=scene.ablation)  # textures, scorer maps and weights do not depend on the selection
     kept = kept_scene(scene)
     return (kept, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),
             *selection_outputs(model, kept, request, numbered))
@@ -339,11 +299,11 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
     views = model.views(image, int(max_cells))  # made once: the budget's bound and ARR's views
     gh, gw = views.candidate_grid  # the budget slider allows the largest grid
     progress(0.05, desc="ARR's answer and selection")
-    with model.lock:  # the curves' forward passes use the VLM too: no other request in between
-        request = Request(max_new_tokens=FAITHFULNESS_ANSWER_TOKENS, strategy=strategy,
-                          budget=min(int(budget), gh * gw), max_cells=int(max_cells), views=views)
-        arr = model.answer(views.image, question, "arr", request=request)
-        progress(0.3, desc="about 30 teacher-forced forward passes")
+    request = Request(max_new_tokens=FAITHFULNESS_ANSWER_TOKENS, strategy=strategy, budget=min(int(budget), gh * gw),
+                      max_cells=int(max_cells))
+    arr = model.answer(views, question, "arr", request=request)
+    progress(0.3, desc="about 30 teacher-forced forward passes")
+    with model.serving():  # the curves' forward passes use the VLM too
         curves = faithfulness_curves(model.parts, arr.observation, arr.arr, typed or arr.text)
     chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
     return chart, ui.faithfulness_summary(curves)
@@ -352,33 +312,25 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
 # ----------------------------------------------------------------------------- Checkpoint A/B
 
 
+@reporting(status_at=5, outputs=6)
 def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question: str, choice_a: str,
        files_a: list[str] | None, choice_b: str, files_b: list[str] | None, strategy: str, max_new_tokens: int,
        max_cells: int):
-    """ab_steps, whose summary (the tab's status) says "Failed: why" if a step fails; Stop as Compare's."""
-    stop = threading.Event()
-    yield from reporting(ticking(ab_steps(model, checkpoints, image, question, choice_a, files_a, choice_b, files_b,
-                                          strategy, max_new_tokens, max_cells, stop), stop), status_at=5, outputs=6)
-
-
-def ab_steps(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question: str, choice_a: str,
-             files_a: list[str] | None, choice_b: str, files_b: list[str] | None, strategy: str,
-             max_new_tokens: int, max_cells: int, stop: threading.Event | None = None):
-    """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both.
-    Setting `stop` ends the generation under way at its next token."""
+    """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both. The
+    summary (the tab's status) says "Failed: why" if a step fails; Stop as Compare's."""
     image = ui.check_inputs(image, question)
     model.check_question(question)  # its tokens too, before any checkpoint loads
     layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
     yield from wait_for_model(model, (*[gr.skip()] * 5, FINISHING))
-    yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **A**…"
     views = model.views(image, int(max_cells))  # identical views, made once: only the layers differ
-    request = Request(max_new_tokens=int(max_new_tokens), strategy=strategy, max_cells=int(max_cells), stop=stop,
-                      views=views)
-    image = views.image
-    a = model.answer(image, question, "arr", request=replace(request, layer=layer_a))
-    yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **B**…"
-    b = model.answer(image, question, "arr", request=replace(request, layer=layer_b))
+    request = Request(max_new_tokens=int(max_new_tokens), strategy=strategy, max_cells=int(max_cells))
+    answers = []
+    for name, layer in (("A", layer_a), ("B", layer_b)):
+        for answer in model.stream(views, question, "arr", request=replace(request, layer=layer)):
+            yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **{name}**…"
+        answers.append(answer)
+    a, b = answers
     yield (viz.heatmap_overlay(a.views.image, a.arr.relevance[0], a.saccades),
            viz.heatmap_overlay(b.views.image, b.arr.relevance[0], b.saccades),
            viz.difference_map(a.arr.relevance[0], b.arr.relevance[0], a.saccades, b.saccades),
@@ -422,7 +374,7 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     numbered saccades this turn, how they moved from the turn before: new, kept, dropped). The turn is taken on a
     fork of the session's Chat (Chat.fork): a refused or cancelled turn leaves the conversation as it was.
     """
-    image = to_rgb(ui.check_inputs(image, question))  # RGB: the views made of it for turn 1 are its own (views_for)
+    image = to_rgb(ui.check_inputs(image, question))  # RGB: the one the conversation keeps and hashes
     digest = hashlib.sha1(image.tobytes()).hexdigest()
     if chat is None or chat.digest != digest:  # a first question, or another image loaded into the box
         chat = Chat(Conversation("arr", image), Conversation(baseline, image), [], digest)
@@ -433,11 +385,11 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     try:
         views = None if chat.arr.answers else model.views(chat.arr.image)  # turn 1 reads the image: once for both
         gh, gw = (views or chat.arr.answers[0].views).candidate_grid  # the slider allows the largest grid
-        request = Request(max_new_tokens=int(max_new_tokens), views=views)
-        a = model.answer(None, question, request=replace(request, budget=min(int(budget), gh * gw),
-                                                         fresh_cells=bool(fresh_cells)),
+        request = Request(max_new_tokens=int(max_new_tokens))
+        a = model.answer(views, question, request=replace(request, budget=min(int(budget), gh * gw),
+                                                          fresh_cells=bool(fresh_cells)),
                          conversation=chat.arr)
-        b = model.answer(None, question, request=request, conversation=chat.baseline)
+        b = model.answer(views, question, request=request, conversation=chat.baseline)
         image, grid = a.views.image, a.views.candidate_grid
         ranked = a.arr.in_order("relevance")
         heatmap = viz.heatmap_overlay(image, a.arr.relevance[0], ranked.positions[0], numbered=int(numbered))

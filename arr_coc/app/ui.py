@@ -15,6 +15,7 @@ import logging
 import math
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import gradio as gr
@@ -34,7 +35,6 @@ from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARR
 from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
 from arr_coc.relevance.texture import CHANNELS
 from arr_coc.settings import MAX_IMAGE_PIXELS  # the commands' limit too
-from arr_coc.timing import TIMING_KEYS
 from arr_coc.vlm.views import PIPELINE, to_rgb
 
 log = logging.getLogger("arr_coc.app")
@@ -304,24 +304,24 @@ def stats_rows(answer: Answer) -> list[list]:
     The image and the grids it was read at, token counts, the latency split, time to first token, decode speed
     and memory of one answer, as [metric, value] rows.
     """
-    tokens, ms, views = answer.tokens, answer.timings_ms, answer.views
+    tokens, ms, views = answer.tokens, answer.timings, answer.views
     grids = [["native grid (full)", grid_text(views.native_grid, views.cell)]]
     if answer.arr is not None:
         grids.append(["candidate grid", grid_text(views.candidate_grid, views.cell)])
     return [
         ["image", f"{views.image.width} x {views.image.height} px"],
         *grids,
-        ["visual tokens: gestalt", tokens["gestalt"]],
-        ["visual tokens: saccade", tokens["saccade"]],
-        ["visual tokens: total", tokens["total_visual"]],
-        ["text tokens", tokens["text"]],
-        *[[f"{part} ms", round(ms[part], 1)] for part in TIMING_KEYS],
+        ["visual tokens: gestalt", tokens.gestalt],
+        ["visual tokens: saccade", tokens.saccade],
+        ["visual tokens: total", tokens.total_visual],
+        ["text tokens", tokens.text],
+        *[[f"{part} ms", round(value, 1)] for part, value in asdict(ms).items()],
         ["TTFT ms", round(answer.ttft_ms, 1)],
         ["new tokens", answer.new_tokens],
         ["ms/token (decode)", round(answer.decode_ms_per_token, 2)],
         ["tokens/s (decode)", round(answer.tokens_per_s, 1)],
-        ["GFLOPs: vision", round(answer.gflops.get("vision", 0.0))],
-        ["GFLOPs: prefill", round(answer.gflops.get("prefill", 0.0))],
+        ["GFLOPs: vision", round(answer.compute.vision)],
+        ["GFLOPs: prefill", round(answer.compute.prefill)],
         ["peak memory MB", memory_text(answer.peak_memory_mb)],
         *([["safe mode", "fp16 overflowed: redone with an fp32 residual stream"]] if answer.safe_mode else []),
         *([["confidence (least probable token)", round(answer.confidence, 4)]] if answer.confidence is not None else []),
@@ -338,9 +338,10 @@ def fixation_rows(answer: Answer) -> list[list]:
              else f"not needed: confidence {first:.4f} >= tau {answer.refixate}")
     rows = [["second look", fired]]
     for i, look in enumerate(answer.fixations, start=1):
-        rows += [[f"look {i}: saccades", look.saccades], [f"look {i}: total ms", round(look.timings_ms["total"], 1)],
+        t = look.timings
+        rows += [[f"look {i}: saccades", look.saccades], [f"look {i}: total ms", round(t.total, 1)],
                  [f"look {i}: ms (vision / selection / prefill / decode)",
-                  " / ".join(f"{look.timings_ms[k]:.1f}" for k in ("vision", "selection", "prefill", "decode"))],
+                  " / ".join(f"{v:.1f}" for v in (t.vision, t.selection, t.prefill, t.decode))],
                  [f"look {i}: confidence", round(look.confidence, 4)], [f"look {i}: answer", look.text]]
     return rows
 

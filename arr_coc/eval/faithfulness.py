@@ -32,7 +32,7 @@ from arr_coc.errors import InputError
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
 
 if TYPE_CHECKING:
-    from arr_coc.pipelines.answer import Parts
+    from arr_coc.pipelines.request import Parts
     from arr_coc.pipelines.arr import Observation
     from arr_coc.relevance.layer import ARRCOCOutput
 

@@ -1,9 +1,9 @@
 """
 The pipelines: one file each, behind one function
 
-    answer(parts, image, question, request) -> Answer          # arr_coc.pipelines.answer
+    answer(parts, views, question, request) -> its tokens as they come, then its Answer   # a generator (steps.py)
 
-where `parts` (answer.Parts) holds the shared VLM, ARR layer, texture array and settings: the façade above
+where `parts` (request.Parts) holds the shared VLM, ARR layer, texture array and settings: the façade above
 (arr_coc.model.ARRCOCQwen) builds it and hands it down, and no pipeline imports the façade. The registry below names
 them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer: a new pipeline is one file and one
 line here, and check_pipeline refuses a request a pipeline cannot run. This module imports nothing heavy, so the
@@ -11,7 +11,7 @@ commands check their flags before torch loads.
 
     from arr_coc import pipelines
     pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", "visionzip", "fastv")
-    pipelines.load("full").answer(parts, image, "What is here?", Request())
+    finished(pipelines.load("full").answer(parts, views_of(parts, image), "What is here?", Request()))   # steps.py
 """
 
 import importlib
@@ -48,14 +48,14 @@ def describe(names: tuple[str, ...] = PIPELINES) -> str:
 
 def load(name: str) -> ModuleType:
     """The module of a registered pipeline (imported on first use): it defines
-    answer(parts, image, question, request)."""
+    answer(parts, views, question, request), a generator of its tokens and then its Answer."""
     if name not in REGISTRY:
         raise KeyError(f"unknown pipeline {name!r}: one of {', '.join(PIPELINES)}")
     return importlib.import_module(REGISTRY[name][0])
 
 
 def check_pipeline(pipeline: str, request) -> None:
-    """A pipeline of the registry, and one that can do what the request (an answer.Request) asks: an ablation or a
+    """A pipeline of the registry, and one that can do what the request (a request.Request) asks: an ablation or a
     second look is ARR's. InputError otherwise."""
     if pipeline not in REGISTRY:
         raise InputError(f"pipeline must be one of {tuple(REGISTRY)}, got {pipeline!r}")

@@ -19,20 +19,23 @@ In a conversation (arr_coc.pipelines.conversation) each follow-up question is re
 
 ARR's own types live here: Observation (what it reads), Scene (an observation scored), Saccade and Fixation (a
 second look's round), and so does its visual-token count (arr_visual_tokens: the gestalt plus K, with the adaptive
-budget's K observed and scored), which the baselines and reducers read to match it. This module imports
-arr_coc.pipelines.answer (the shared Request, Answer and steps); answer imports nothing of it.
+budget's K observed and scored), which the baselines and reducers read to match it. This module imports the shared
+request, answer and steps (arr_coc.pipelines.request, .answer, .steps); none of them imports it.
 
-observe / score / select are also the façade's own steps (ARRCOCQwen: the app re-selects a scored scene;
-training scores observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
+observe / prepare / score / select are also what the app, training and the bench call (with ARRCOCQwen.parts: the
+app re-selects a scored scene; training scores observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
 faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
 the prior and the weights in score, the saccade count and order in select, the gestalt block in arr_prompt.
 
-    answer = pipelines.load("arr").answer(parts, image, "What does the sign say?", Request(budget=273))   # Parts
-    raster = Request(ablation=ABLATIONS["raster"])   # a name is made its Ablation by answer.check_request
-    answer = pipelines.load("arr").answer(parts, image, "What does the sign say?", raster)
-    answer = pipelines.load("arr").answer(parts, image, "What does the sign say?", Request(refixate=0.5))
-    first = pipelines.load("arr").answer(parts, image, "What does the sign say?", Request(converse=True))
-    second = pipelines.load("arr").follow_up(parts, first, "And the date?", Request(), read=None)
+    views = views_of(parts, image)                          # steps.views_of; parts: ARRCOCQwen(...).parts
+    answer = finished(answer(parts, views, "What does the sign say?", Request(budget=273)))   # tokens, then the Answer
+    raster = Request(ablation=ABLATIONS["raster"])   # a name is made its Ablation by request.check_request
+    answer = finished(answer(parts, views, "What does the sign say?", raster))
+    answer = finished(answer(parts, views, "What does the sign say?", Request(refixate=0.5)))
+    first = finished(answer(parts, views, "What does the sign say?", Request(converse=True)))
+    second = finished(follow_up(parts, first, "And the date?", Request(), read=None))
+    scene = prepare(parts, views, "What does the sign say?", Request(budget=40))   # up to selection: the Microscope
+    out = select(layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt), 40)
 """
 
 from dataclasses import dataclass, field, replace
@@ -40,8 +43,9 @@ from typing import Callable
 
 import torch
 
-from arr_coc.pipelines.answer import (Answer, Parts, Request, answer_confidence, continue_prompt, finish, generate,
-                                      latency_split, start_watch, token_counts, views_for)
+from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confidence
+from arr_coc.pipelines.request import Parts, Request, ablation_named
+from arr_coc.pipelines.steps import continue_prompt, finish, generate, start_watch
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
@@ -89,6 +93,13 @@ class Scene:
     def views(self) -> Views:
         return self.observation.views
 
+    def select(self, layer: ARRCOCLayer, budget: int | str | None = None, strategy: str | None = None,
+               tensions: TensionSettings | None = None) -> ARRCOCOutput:
+        """Saccades re-selected from this scene (no VLM work), as many and in the order its ablation says; budget
+        "auto" is the adaptive budget, tensions fix ARR's tensions by hand (arr_coc.relevance.tensions)."""
+        return select(layer, self.maps, self.views.candidate_grid, len(self.observation.gestalt), budget, strategy,
+                      self.ablation or NO_ABLATION, tensions)
+
 
 @dataclass
 class Fixation:
@@ -96,7 +107,7 @@ class Fixation:
     saccades: int  # visual tokens this round added (K1, then K2)
     text: str  # the answer generated after this round
     confidence: float  # that answer's confidence (answer_confidence)
-    timings_ms: dict  # this round's own {vision, selection, prefill, decode, total}
+    timings: Timings  # this round's own latency split
     arr: ARRCOCOutput = field(repr=False)  # this round's selection (relevance map, positions)
 
 
@@ -109,13 +120,12 @@ def question_prior(parts: Parts, question: str, gestalt: VisualTokens, views,
 
 
 @torch.no_grad()
-def observe(parts: Parts, image, question: str, watch: Stopwatch, max_cells: int | None = None,
-            views: Views | None = None) -> Observation:
-    """Views (`views`, already made: as views_for takes them), the gestalt's tokens, the question's gaze on them (the
-    prior) and the texture array: all ARR reads."""
+def observe(parts: Parts, views: Views, question: str, watch: Stopwatch | None = None) -> Observation:
+    """An image's views (steps.views_of), the gestalt's tokens, the question's gaze on them (the prior) and the texture
+    array: all ARR reads."""
     vlm = parts.vlm
+    watch = watch or Stopwatch(vlm.device)
     with watch.section("vision"):
-        views = views_for(vlm, parts.pipeline, image, max_cells, views)
         gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
     with watch.section("selection"):
         prior = question_prior(parts, question, gestalt, views)  # [1, GH, GW]
@@ -126,8 +136,9 @@ def observe(parts: Parts, image, question: str, watch: Stopwatch, max_cells: int
 
 def score(observation: Observation, scorer: Callable[..., ScoreMaps], ablation: Ablation = NO_ABLATION,
           seen: VisualTokens | None = None) -> ScoreMaps:
-    """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward),
-    under an ablation's prior and weights. `seen`: saccades already read, which join the gestalt as the
+    """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward: its
+    graphed_score, a CUDA graph per input shape under no_grad; training passes its DDP-wrapped layer), under an
+    ablation's prior and weights. `seen`: saccades already read, which join the gestalt as the
     scorers' visual context (a second fixation)."""
     o = observation
     context = o.gestalt.features if seen is None else torch.cat([o.gestalt.features, seen.features])  # [Ng (+ K1), D]
@@ -166,10 +177,22 @@ def adaptive_budget(parts: Parts, views: Views, request: Request, question: str 
     if question is None:
         raise ValueError("the adaptive budget depends on the question: arr_visual_tokens needs it")
     layer = request.layer or parts.layer
-    observation = observe(parts, views.image, question, Stopwatch(parts.vlm.device), request.max_cells, views)
+    observation = observe(parts, views, question)
     maps = score(observation, layer.graphed_score)
     return select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, request.strategy,
                   settings=request.tensions).budgets[0]
+
+
+@torch.no_grad()
+def prepare(parts: Parts, views: Views, question: str, request: Request, watch: Stopwatch | None = None) -> Scene:
+    """Observe, then score with the request's layer (default: the parts') under its ablation (an Ablation or its
+    name): everything up to selection, kept so that a new strategy or budget re-selects at once (select)."""
+    watch = watch or Stopwatch(parts.vlm.device)
+    ablation = ablation_named(request.ablation)
+    observation = observe(parts, views, question, watch)
+    with watch.section("selection"):
+        maps = score(observation, (request.layer or parts.layer).graphed_score, ablation)
+    return Scene(observation, maps, ablation)
 
 
 def tension_settings(settings: TensionSettings | None, ablation: Ablation) -> TensionSettings:
@@ -238,14 +261,6 @@ def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: 
     return out, saccades
 
 
-def replay(streamer, generation: Generation) -> None:
-    """Hand a finished generation's tokens to a streamer as generate() would have (the prompt first, empty)."""
-    if streamer is not None:
-        for value in (torch.zeros(1, 0, dtype=torch.long), *generation.ids[0].cpu().view(-1, 1)):
-            streamer.put(value)
-        streamer.end()
-
-
 def block_tokens(n: int) -> int:
     """An image block's tokens in the prompt: its n tokens with its start and end (none for n = 0)."""
     return n + 2 if n else 0
@@ -260,25 +275,24 @@ def round_gflops(vlm: VLM, parts: Parts, vision_cells: list[int], prompt: Prompt
                       parts.pipeline.prior_layer_fraction)
 
 
-def round_ms(watch: Stopwatch, before: dict, start: float) -> dict:
+def round_ms(watch: Stopwatch, before: dict, start: float) -> Timings:
     """The latency split of the round that began at `start`, when watch.ms read `before`."""
-    return latency_split({**{k: v - before.get(k, 0.0) for k, v in watch.ms.items()},
-                          "total": (watch.now() - start) * 1000})
+    return Timings.of({**{k: v - before.get(k, 0.0) for k, v in watch.ms.items()}, "total": (watch.now() - start) * 1000})
 
 
 def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
-                request: Request, watch: Stopwatch) -> tuple[Fixation, VisualTokens, Prompt, Generation, int, dict]:
+                request: Request, watch: Stopwatch):
     """
     The second fixation, from relevance down (refixate), then the answer read anew over the gestalt and both
-    rounds' saccades -> (its Fixation, every saccade [K + K2, D], the prompt, its generation, new tokens, its
-    compute), the user's streamer receiving the answer.
+    rounds' saccades, its tokens yielded as they come -> (its Fixation, every saccade [K + K2, D], the prompt, its
+    generation, new tokens, its compute) as the generator's value.
     """
     vlm, ablation = parts.vlm, request.ablation or NO_ABLATION
     before, start = dict(watch.ms), watch.now()
     second, more = refixate(parts, observation, first, saccades, request, watch)
     everything = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
     prompt = arr_prompt(vlm, observation, everything, gestalt=ablation.gestalt)
-    generation, new_tokens = generate(vlm, prompt, watch, request)
+    generation, new_tokens = yield from generate(vlm, prompt, watch, request)
     n_gestalt, K, K2 = len(observation.gestalt), first.indices.shape[1], second.indices.shape[1]
     gflops = round_gflops(vlm, parts, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2)
     look = Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation), round_ms(watch, before, start),
@@ -287,22 +301,24 @@ def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, sac
 
 
 @torch.no_grad()
-def answer(parts: Parts, image, question: str, request: Request) -> Answer:
-    """One ARR answer, the image walking down once (the module docstring's diagram); under request.refixate,
-    a second fixation when the first answer's confidence is below tau (the user's streamer then gets only the
-    final answer)."""
+def answer(parts: Parts, views: Views, question: str, request: Request):
+    """One ARR answer, the image walking down once (the module docstring's diagram): its tokens as they come, then
+    its Answer. Under request.refixate, a second fixation when the first answer's confidence is below tau (only the
+    final answer's tokens are yielded)."""
     vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
-    observation = observe(parts, image, question, watch, request.max_cells, request.views)  # views -> VLM; textures
+    observation = observe(parts, views, question, watch)  # VLM: gestalt, prior; textures
+    yield None
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)
-        out = select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), request.budget,
-                     request.strategy, ablation, request.tensions)
+        out = select(layer, maps, views.candidate_grid, len(observation.gestalt), request.budget, request.strategy,
+                     ablation, request.tensions)
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
+    yield None
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question
-    refixing = request.refixate is not None  # then the first answer may not be the last: nothing streamed yet
-    generation, new_tokens = generate(vlm, prompt, watch, replace(request, streamer=None) if refixing else request)
+    refixing = request.refixate is not None  # then the first answer may not be the last: nothing yielded yet
+    generation, new_tokens = yield from generate(vlm, prompt, watch, request, silent=refixing)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     read_gestalt = n_gestalt if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
     gflops = round_gflops(vlm, parts, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
@@ -311,28 +327,28 @@ def answer(parts: Parts, image, question: str, request: Request) -> Answer:
         fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
                                   round_ms(watch, {}, start), out))
         if fixations[0].confidence >= request.refixate or not second_look_budget(request, out):
-            replay(request.streamer, generation)
+            yield from generation.ids[0].tolist()  # the first answer is the last
         else:  # look again: K2 cells not yet read, then the answer over gestalt + both rounds' saccades
-            look, saccades, prompt, generation, new_tokens, more = second_look(parts, observation, out, saccades,
-                                                                                request, watch)
+            look, saccades, prompt, generation, new_tokens, more = yield from second_look(
+                parts, observation, out, saccades, request, watch)
             fixations.append(look)
             gflops = {k: gflops[k] + more[k] for k in gflops}
             rows += saccade_list(observation, look.arr, round=2)
     K = sum(f.saccades for f in fixations) if fixations else K
-    return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, read_gestalt, K), watch, start,
-                  observation.views, gflops, arr=out, saccades=rows, observation=observation,
-                  ablation=None if ablation is NO_ABLATION else ablation.name, fixations=fixations,
-                  refixate=request.refixate)
+    yield finish(vlm, "arr", generation, new_tokens, TokenCounts.of_prompt(prompt.length, read_gestalt, K), watch,
+                 start, views, gflops, arr=out, saccades=rows, observation=observation,
+                 ablation=None if ablation is NO_ABLATION else ablation.name, fixations=fixations,
+                 refixate=request.refixate)
 
 
 @torch.no_grad()
-def follow_up(parts: Parts, last: Answer, question: str, request: Request,
-              read: torch.Tensor | None = None) -> Answer:
+def follow_up(parts: Parts, last: Answer, question: str, request: Request, read: torch.Tensor | None = None):
     """
     A conversation's next question, read anew (the module docstring's second diagram): the first turn's views,
     gestalt tokens and texture array, the prior pass and the scorers on this question, its cells (none of
     `read` [GH, GW], the cells earlier turns read, with Request.fresh_cells) encoded at their true places as a
-    new image block, and the question, after the conversation so far (only this turn is prefilled).
+    new image block, and the question, after the conversation so far (only this turn is prefilled). Yields its
+    tokens, then its Answer.
     """
     vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
@@ -347,10 +363,11 @@ def follow_up(parts: Parts, last: Answer, question: str, request: Request,
                      ablation, request.tensions, exclude)
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
+    yield None
     prompt = continue_prompt(vlm, last, question, [] if saccades is None else [saccades], request)
-    generation, new_tokens = generate(vlm, prompt, watch, request)
+    generation, new_tokens = yield from generate(vlm, prompt, watch, request)
     K = out.indices.shape[1]
     gflops = round_gflops(vlm, parts, [K] if K else [], prompt, 0, len(first.gestalt), 0, K)
-    return finish(vlm, "arr", generation, new_tokens, token_counts(prompt.length, 0, K), watch, start, views, gflops,
-                  arr=out, saccades=saccade_list(observation, out), observation=observation,
-                  ablation=None if ablation is NO_ABLATION else ablation.name)
+    yield finish(vlm, "arr", generation, new_tokens, TokenCounts.of_prompt(prompt.length, 0, K), watch, start, views,
+                 gflops, arr=out, saccades=saccade_list(observation, out), observation=observation,
+                 ablation=None if ablation is NO_ABLATION else ablation.name)

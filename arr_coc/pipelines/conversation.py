@@ -8,22 +8,26 @@ own tokens (arr_coc.vlm.decoder).
   block at their true places, before the question. With Request.fresh_cells a turn reads only cells no earlier
   turn read.
 - Every other pipeline reads its image once, in turn 1; later turns add the question alone, as the stock chat
-  template builds a conversation (answer.follow_up). FastV cannot hold one: its layers' caches differ in length.
+  template builds a conversation (steps.follow_up). FastV cannot hold one: its layers' caches differ in length.
 
-    chat = Conversation("arr", image)
-    first = chat.ask(parts, "What is the value of KEY?", Request())          # parts: arr_coc.pipelines.answer.Parts
-    second = chat.ask(parts, "What colour is the box around HAMMER?", Request(fresh_cells=True))
+    chat = Conversation("arr", image)              # parts: arr_coc.pipelines.request.Parts; views: steps.views_of
+    first = finished(chat.ask(parts, views_of(parts, image), "What is the value of KEY?", Request()))
+    second = finished(chat.ask(parts, None, "What colour is the box around HAMMER?", Request(fresh_cells=True)))
     second.turn, second.prefilled, second.context, chat.moves()[-1].new
 """
 
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from arr_coc import pipelines
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import Answer, Parts, Request, follow_up
+from arr_coc.pipelines.answer import Answer
 from arr_coc.pipelines.arr import Observation
+from arr_coc.pipelines.request import Parts, Request
+from arr_coc.pipelines.steps import follow_up
+from arr_coc.vlm.views import Views
 
 
 @dataclass
@@ -44,7 +48,7 @@ def moves(before: Answer, after: Answer) -> Moves:
 class Conversation:
     """One image, one pipeline, and the answers of its turns so far (the last one holds the LLM's context)."""
     pipeline: str  # a name in arr_coc.pipelines.PIPELINES
-    image: object  # the image every turn is about (PIL, a path or an array: what the pipelines take)
+    image: object  # the image every turn is about (PIL, a path or an array): its views are made for turn 1
     answers: list[Answer] = field(default_factory=list)  # one per turn, in order; Answer.turn is 1, 2, ...
 
     def __post_init__(self):
@@ -63,25 +67,30 @@ class Conversation:
                 cells[s.row, s.col] = True
         return cells.to(self.answers[-1].observation.highres.device)
 
-    def ask(self, parts: Parts, question: str, request: Request) -> Answer:
-        """The next turn: the pipeline's answer to `question` after the turns so far (turn 1: the image's first)."""
+    def ask(self, parts: Parts, views: Views | None, question: str, request: Request):
+        """The next turn: the pipeline's answer to `question` after the turns so far (turn 1: the image's first, read
+        from `views`, its views; later turns read none): its tokens as they come, then its Answer."""
         if parts.vlm.engine != "fast":
             raise InputError("conversations run on the fast engine (it keeps the earlier turns' keys and values); "
                              "the hf engine answers one question at a time")
         module = pipelines.load(self.pipeline)
         if not self.answers:
-            answer = module.answer(parts, self.image, question, replace(request, converse=True))
+            steps = module.answer(parts, views, question, replace(request, converse=True))
         elif request.refixate is not None:
             raise InputError("refixation (a second look) runs on a conversation's first turn only")
         elif hasattr(module, "follow_up"):  # ARR: reads each question anew
-            answer = module.follow_up(parts, self.answers[-1], question, request, self.read)
+            steps = module.follow_up(parts, self.answers[-1], question, request, self.read)
         else:
-            answer = follow_up(parts, self.pipeline, self.answers[-1], question, request)
+            steps = follow_up(parts, self.pipeline, self.answers[-1], question, request)
+        with closing(steps):  # closed early (Stop): the turn's steps too, at once
+            for answer in steps:
+                if not isinstance(answer, Answer):
+                    yield answer
         answer.turn = len(self.answers) + 1
         if self.answers:  # only the last turn's context is continued: the earlier caches go
             self.answers[-1].history = None
         self.answers.append(answer)
-        return answer
+        yield answer
 
     def to(self, device) -> "Conversation":
         """

@@ -5,14 +5,15 @@ cell whose nearest neighbour is farthest; each next pick is the cell whose dista
 is largest, until N. The kept tokens stay in raster order at their original M-RoPE positions (Qwen3-VL: with
 their own DeepStack features; the pruned ones' are dropped). N is what ARR's LLM reads at the same budget.
 
-    answer = pipelines.load("divprune").answer(parts, image, "What is here?", Request(budget=273))
+    answer = pipelines.load("divprune").answer(parts, views, "What is here?", Request(budget=273))
 """
 
 import torch
 import torch.nn.functional as F
 
-from arr_coc.pipelines.answer import Answer, Parts, Request
+from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.stock import answer_reduced
+from arr_coc.vlm.views import Views
 from arr_coc.vlm.base import VisualTokens
 
 ROW_CHUNK = 1024  # rows of the [K, K] distance matrix held at once for the first pick (16384 cells fit)
@@ -51,5 +52,5 @@ def encode_native(vlm, view) -> tuple[VisualTokens, None]:
     return vlm.encode_view(view), None  # [K, D]; nothing else to read
 
 
-def answer(parts: Parts, image, question: str, request: Request) -> Answer:
-    return answer_reduced(parts, "divprune", image, question, request, encode_native, keep_diverse)
+def answer(parts: Parts, views: Views, question: str, request: Request):
+    return answer_reduced(parts, "divprune", views, question, request, encode_native, keep_diverse)

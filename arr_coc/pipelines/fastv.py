@@ -11,15 +11,18 @@ the view's own tokens. Layers below K keep their full KV cache while decoding; l
 shortened one (arr_coc/vlm/decoder.py). Qwen3-VL's DeepStack features of the dropped tokens go with them.
 It runs on the fast engine only: its layers read two sequence lengths, which stock generate() cannot do.
 
-    answer = pipelines.load("fastv").answer(parts, image, "What is here?", Request(budget=273, fastv_layer=2))
+    answer = finished(pipelines.load("fastv").answer(parts, views, "What is here?", Request(budget=273, fastv_layer=2)))
     answer.kept                                          # [N, 2] the (row, col) of the kept tokens, native grid
 """
 
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import Answer, Parts, Request, finish, generate, start_watch, token_counts, views_for
+from arr_coc.pipelines.answer import TokenCounts
 from arr_coc.pipelines.arr import arr_visual_tokens
+from arr_coc.pipelines.request import Parts, Request
+from arr_coc.pipelines.steps import finish, generate, start_watch
+from arr_coc.vlm.views import Views
 
 VIEW = "native"  # the view FastV prunes: the one `full` reads whole
 
@@ -34,22 +37,21 @@ def check_layer(parts: Parts, layer: int) -> int:
 
 
 @torch.no_grad()
-def answer(parts: Parts, image, question: str, request: Request) -> Answer:
-    """One FastV answer: the module docstring's diagram."""
+def answer(parts: Parts, views: Views, question: str, request: Request):
+    """One FastV answer (the module docstring's diagram): its tokens as they come, then its Answer."""
     vlm = parts.vlm
     if vlm.engine != "fast":
         raise InputError("the fastv baseline runs on the fast engine only (its layers read two sequence lengths)")
     K = check_layer(parts, parts.pipeline.fastv_layer if request.fastv_layer is None else request.fastv_layer)
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
-        views = views_for(vlm, parts.pipeline, image, request.max_cells, request.views)
         tokens = vlm.encode_view(views.tensor(VIEW))  # [M, D] raster order
     M = len(tokens)
     N = min(M, arr_visual_tokens(parts, views, request, question))
     prompt = vlm.prompt(question, [tokens])
-    generation, new_tokens = generate(vlm, prompt, watch, request, prune=(K, N))  # the selection runs in the prefill
+    generation, new_tokens = yield from generate(vlm, prompt, watch, request, prune=(K, N))  # the selection runs in the prefill
     kept = tokens.positions[generation.kept.cpu()]  # [N, 2] (row, col) on the native grid, raster order
     read = prompt.length - M + N  # what layers >= K read
     gflops = vlm.gflops([M], read, pruned=(K, prompt.length))
-    return finish(vlm, "fastv", generation, new_tokens, token_counts(read, 0, 0, total_visual=N), watch, start,
-                  views, gflops, kept=kept)
+    yield finish(vlm, "fastv", generation, new_tokens, TokenCounts.of_prompt(read, 0, 0, total_visual=N), watch, start,
+                 views, gflops, kept=kept)

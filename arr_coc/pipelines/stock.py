@@ -16,19 +16,21 @@ from typing import Callable
 
 import torch
 
-from arr_coc.pipelines.answer import Answer, Parts, Request, finish, generate, start_watch, token_counts, views_for
+from arr_coc.pipelines.answer import TokenCounts
 from arr_coc.pipelines.arr import arr_visual_tokens
+from arr_coc.pipelines.request import Parts, Request
+from arr_coc.pipelines.steps import finish, generate, start_watch
 from arr_coc.timing import timed_module
-from arr_coc.vlm.views import fit_grid
+from arr_coc.vlm.views import Views, fit_grid
 
 
 @torch.no_grad()
-def answer_view(parts: Parts, pipeline: str, view_name: str, image, question: str, request: Request) -> Answer:
-    """Answer from the view `view_name` of arr_coc.vlm.views.Views ("native", "gestalt", "budget")."""
+def answer_view(parts: Parts, pipeline: str, view_name: str, views: Views, question: str, request: Request):
+    """Answer from the view `view_name` of the image's views ("native", "gestalt", "budget"): its tokens as they
+    come, then its Answer."""
     vlm = parts.vlm
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
-        views = views_for(vlm, parts.pipeline, image, request.max_cells, request.views)
         if view_name == "budget":  # about as many tokens as ARR reads at this budget (529 at the default 273)
             n_arr = arr_visual_tokens(parts, views, request, question)
             views = replace(views, budget_grid=fit_grid(views.image.width, views.image.height, n_arr))
@@ -37,37 +39,38 @@ def answer_view(parts: Parts, pipeline: str, view_name: str, image, question: st
     if vlm.engine == "fast":
         with watch.section("vision"):
             tokens = vlm.encode_view(view)  # [n, D]
+        yield None
         inputs = vlm.prompt(question, [tokens])
-        generation, new_tokens = generate(vlm, inputs, watch, request)
+        generation, new_tokens = yield from generate(vlm, inputs, watch, request)
     else:
         inputs = vlm.stock_inputs(question, view)
         before = watch.ms["vision"]
         with timed_module(vlm.vision_tower, watch, "vision"):  # vision runs inside the stock prefill
-            generation, new_tokens = generate(vlm, inputs, watch, request)
+            generation, new_tokens = yield from generate(vlm, inputs, watch, request)
         watch.ms["prefill"] -= watch.ms["vision"] - before  # prefill excl. the vision tower inside it
-    tokens = token_counts(inputs.length, n if view_name == "gestalt" else 0, 0, total_visual=n)
-    return finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views, vlm.gflops([n], inputs.length))
+    tokens = TokenCounts.of_prompt(inputs.length, n if view_name == "gestalt" else 0, 0, total_visual=n)
+    yield finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views, vlm.gflops([n], inputs.length))
 
 
 @torch.no_grad()
-def answer_reduced(parts: Parts, pipeline: str, image, question: str, request: Request,
-                   encode: Callable, reduce: Callable) -> Answer:
+def answer_reduced(parts: Parts, pipeline: str, views: Views, question: str, request: Request,
+                   encode: Callable, reduce: Callable):
     """
     A token reducer's answer: the whole native view through the vision tower (encode(vlm, view) -> VisualTokens
     and what reduce reads), then reduce(tokens, read, n) -> (n of them at their places, the places [C, 2] of
     merged ones or None), n = arr_visual_tokens (all of them when the view has fewer), one image block, the fast
-    engine's prompt.
+    engine's prompt. Yields its tokens as they come, then its Answer.
     """
     vlm = parts.vlm
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
-        views = views_for(vlm, parts.pipeline, image, request.max_cells, request.views)
         every, read = encode(vlm, views.tensor("native"))  # [K, D]
     with watch.section("selection"):
         n = min(arr_visual_tokens(parts, views, request, question), len(every))  # as many tokens as ARR reads
         kept, merged = reduce(every, read, n)  # [n, D]
+    yield None
     prompt = vlm.prompt(question, [kept])
-    generation, new_tokens = generate(vlm, prompt, watch, request)
-    tokens = token_counts(prompt.length, 0, 0, total_visual=len(kept))
-    return finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views,
+    generation, new_tokens = yield from generate(vlm, prompt, watch, request)
+    tokens = TokenCounts.of_prompt(prompt.length, 0, 0, total_visual=len(kept))
+    yield finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views,
                   vlm.gflops([len(every)], prompt.length), kept=kept.positions, merged=merged)

@@ -12,7 +12,7 @@ works: vision-side dominant and contextual tokens.
 Qwen2.5-VL: the last block is a full-attention block (window attention elsewhere). Qwen3-VL: the DeepStack
 features of the pruned and merged-away cells are dropped with them; a contextual token keeps its target's.
 
-    answer = pipelines.load("visionzip").answer(parts, image, "What is here?", Request(budget=273))
+    answer = pipelines.load("visionzip").answer(parts, views, "What is here?", Request(budget=273))
 """
 
 from dataclasses import replace
@@ -20,8 +20,9 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from arr_coc.pipelines.answer import Answer, Parts, Request
+from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.stock import answer_reduced
+from arr_coc.vlm.views import Views
 from arr_coc.vlm.base import VisionAttention, VisualTokens
 
 CONTEXTUAL_SHARE = 10  # one contextual token per this many kept tokens (C = max(1, round(N / 10)))
@@ -72,5 +73,5 @@ def encode_with_attention(vlm, view) -> tuple[VisualTokens, VisionAttention]:
     return vlm.encode_view_attention(view)  # [K, D], the last block's attention per cell
 
 
-def answer(parts: Parts, image, question: str, request: Request) -> Answer:
-    return answer_reduced(parts, "visionzip", image, question, request, encode_with_attention, keep_zipped)
+def answer(parts: Parts, views: Views, question: str, request: Request):
+    return answer_reduced(parts, "visionzip", views, question, request, encode_with_attention, keep_zipped)

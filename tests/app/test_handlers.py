@@ -62,8 +62,8 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
 
 
 def making_views(monkeypatch) -> list:
-    """Every make_views call the pipelines and ARRCOCQwen.views make from now on (through views_for), recorded."""
-    from arr_coc.pipelines import answer as answer_module
+    """Every make_views call the pipelines and ARRCOCQwen.views make from now on (through steps.views_of), recorded."""
+    from arr_coc.pipelines import steps as answer_module
 
     made, make = [], answer_module.make_views
     monkeypatch.setattr(answer_module, "make_views", lambda *args: made.append(args) or make(*args))
@@ -174,7 +174,7 @@ def test_under_the_adaptive_budget_the_reducer_keeps_as_many_tokens_as_arr_reads
     ours = answer(cat, QUESTION, "arr", max_new_tokens=1, budget="auto", max_cells=CELLS,
                   tensions=TensionSettings(explore=0.0, diversify=0.0, particularize=0.2))
     assert ours.arr.auto_budget and ours.arr.budgets[0] != 60
-    assert len(answers[0].kept) == ours.tokens["total_visual"] == len(ours.observation.gestalt) + ours.arr.budgets[0]
+    assert len(answers[0].kept) == ours.tokens.total_visual == len(ours.observation.gestalt) + ours.arr.budgets[0]
 
 
 def test_state_check_finds_device_objects(arr_model):
@@ -325,23 +325,31 @@ def test_faithfulness_refuses_a_long_answer_before_any_vlm_work(arr_model, monke
                               progress=lambda *a, **k: None)
 
 
-def test_a_slow_stream_still_answers_every_tick_and_stops_when_closed():
-    """Vision and prefill stream nothing for seconds: the handler repeats its last output, so Stop can cut in."""
-    steps_run = []
+def test_a_slow_generation_still_ticks_and_stops_when_closed(arr_model, monkeypatch):
+    """Prefill and a slow step stream nothing for seconds: the model's stream repeats its text at every tick
+    (steps.TICK_S, 0.25 s), so gradio can close the handler at once (Stop); closing it stops the engine at its next
+    token, and the model is free once close returns."""
+    from arr_coc.vlm.base import Generation
 
-    def slow():
-        for step in range(3):
-            steps_run.append(step)
-            yield f"step {step}"
-            time.sleep(1.0)  # a long stage with nothing to show
+    streamed = []
 
-    ticks = handlers.ticking(slow())
+    def slow(inputs, max_new_tokens, streamer=None, min_new_tokens=None, prune=None, keep=False):  # VLM.generate's
+        streamer.put(torch.zeros(1, 0, dtype=torch.long))
+        for t in (100, 101, 102):
+            time.sleep(1.0)  # a long step with nothing to show
+            streamer.put(torch.tensor([t]))
+            streamed.append(t)
+        streamer.end()
+        return Generation(torch.tensor([[100, 101, 102]]))
+
+    monkeypatch.setattr(arr_model.vlm, "generate", slow)
+    stream = arr_model.stream(CAT, QUESTION, "gestalt", max_new_tokens=3)
+    next(stream)  # the vision is done
     start = time.monotonic()
-    seen = [next(ticks) for _ in range(4)]  # the first output, then repeats while the next step works
-    assert seen == ["step 0"] * 4 and time.monotonic() - start < 1.0
-    ticks.close()  # Stop
-    time.sleep(2.5)
-    assert steps_run == [0, 1]  # the step under way ran out; no later step started
+    seen = [next(stream) for _ in range(3)]  # ticks while the engine sleeps
+    assert seen == ["", "", ""] and time.monotonic() - start < 1.0
+    stream.close()  # Stop
+    assert streamed == [] and not arr_model.busy()  # its first token was refused (Stopped); the model let go
 
 
 def test_the_kept_cells_panel_shows_only_for_a_reducer():

@@ -1,6 +1,6 @@
-"""What every pipeline shares (arr_coc.pipelines.answer), with its expectations written out: a request's checks (its
-settings by name, its ablation by name), views made once and read again only where they fit, the second look's
-default size, the token counts, the latency split and the answer's confidence."""
+"""What every pipeline shares (arr_coc.pipelines.request, .answer, .steps), with its expectations written out: a
+request's checks (its settings by name, its ablation by name), the views at their cap, the second look's default size,
+the token counts, the latency split and the answer's confidence."""
 
 from dataclasses import replace
 from types import SimpleNamespace
@@ -11,8 +11,9 @@ from PIL import Image
 
 from arr_coc.errors import InputError
 from arr_coc.pipelines import check_pipeline
-from arr_coc.pipelines.answer import (Request, answer_confidence, check_question, check_request, latency_split,
-                                      token_counts, views_for, with_settings)
+from arr_coc.pipelines.answer import TokenCounts, Timings, answer_confidence
+from arr_coc.pipelines.request import Request, check_question, check_request, with_settings
+from arr_coc.pipelines.steps import views_of
 from arr_coc.pipelines.arr import second_look_saccades
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION
 from arr_coc.settings import PipelineConfig
@@ -76,24 +77,17 @@ def test_a_pipeline_refuses_what_only_arr_does(pipeline, request_, message):
     check_pipeline("arr", request_)  # ARR takes each
 
 
-def test_views_made_once_are_read_again_only_for_their_own_image_at_their_own_settings():
-    """views_for hands back the views a request brings (Request.views) where it made them of this very image at these
-    settings; another image (even of the same pixels), cap, setting or VLM, or views it did not make, get new ones."""
-    vlm = SimpleNamespace(device=torch.device("cpu"), cell=28, min_pixels=None)
-    settings, image = PipelineConfig(), Image.new("RGB", (1792, 1344), (10, 20, 30))
-    views = views_for(vlm, settings, image, 4096)
-    assert views.image is image  # an RGB image is kept as it is: the one to pass with its views
-    assert views_for(vlm, settings, image, 4096, views) is views
-    assert views_for(vlm, settings, image, None, views) is views  # None: the settings' own cap, 4096
-    smaller = views_for(vlm, settings, image, 1024, views)
-    assert smaller is not views and smaller.candidate_grid != views.candidate_grid
-    for other in (views_for(vlm, settings, image.copy(), 4096, views),  # the same pixels, another image
-                  views_for(vlm, replace(settings, gestalt_max_tokens=64), image, 4096, views),
-                  views_for(SimpleNamespace(device=torch.device("cpu"), cell=32, min_pixels=None), settings, image,
-                            4096, views),
-                  views_for(vlm, settings, image, 4096, make_views(image, max_cells=4096))):  # not views_for's
-        assert other is not views
-    assert views_for(vlm, settings, image, 4096, None) is not views  # none brought: new ones
+def test_views_are_made_at_the_settings_cap_or_the_one_a_request_names():
+    """views_of: an RGB image kept as it is (the one the drawings read); the native grid at its 28 px cells under the
+    settings' cap (4096) or a request's max_cells; the candidate grid at least twice the gestalt's per side."""
+    parts = SimpleNamespace(vlm=SimpleNamespace(device=torch.device("cpu"), cell=28, min_pixels=None),
+                            pipeline=PipelineConfig())
+    image = Image.new("RGB", (1792, 1344), (10, 20, 30))
+    views = views_of(parts, image)
+    assert views.image is image
+    assert (views.gestalt_grid, views.native_grid, views.candidate_grid) == ((14, 18), (48, 64), (48, 64))
+    capped = views_of(parts, image, 1024)  # 27 x 36 native cells; the candidates twice the gestalt's 14 rows
+    assert (capped.gestalt_grid, capped.native_grid, capped.candidate_grid) == ((14, 18), (27, 36), (28, 36))
 
 
 def test_the_second_look_reads_half_the_first_unless_told():
@@ -103,12 +97,13 @@ def test_the_second_look_reads_half_the_first_unless_told():
 
 
 def test_token_counts_split_a_prompt_into_gestalt_saccades_and_text():
-    assert token_counts(400, 256, 100) == dict(gestalt=256, saccade=100, text=44, total_visual=356)
-    assert token_counts(600, 0, 0, total_visual=529) == dict(gestalt=0, saccade=0, text=71, total_visual=529)
+    assert TokenCounts.of_prompt(400, 256, 100) == TokenCounts(gestalt=256, saccade=100, text=44, total_visual=356)
+    assert TokenCounts.of_prompt(600, 0, 0, total_visual=529) == TokenCounts(gestalt=0, saccade=0, text=71,
+                                                                           total_visual=529)
 
 
 def test_the_latency_split_has_every_part_and_zero_for_the_missing():
-    assert latency_split({"vision": 3.5, "total": 9.0, "extra": 1.0}) == dict(vision=3.5, selection=0.0, prefill=0.0,
+    assert Timings.of({"vision": 3.5, "total": 9.0, "extra": 1.0}) == Timings(vision=3.5, selection=0.0, prefill=0.0,
                                                                               decode=0.0, total=9.0)
 
 

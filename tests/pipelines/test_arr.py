@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 from PIL import Image
 
-from arr_coc.pipelines.answer import Request
+from arr_coc.pipelines.request import Request
 from arr_coc.pipelines.arr import Saccade, block_tokens, saccade_list, second_look_budget
 from arr_coc.vlm.views import Views
 

@@ -43,8 +43,8 @@ def test_the_gestalt_is_encoded_once_and_each_turn_reads_its_own_question(arr_mo
     answers = [arr_model.answer(None, q, conversation=chat, max_new_tokens=3) for q in QUESTIONS]
     assert calls["encode_view"] == 1 and calls["prior_attention"] == list(QUESTIONS)
     assert [a.turn for a in answers] == [1, 2, 3] and chat.answers == answers
-    assert [a.tokens["gestalt"] for a in answers] == [answers[0].tokens["gestalt"], 0, 0]  # the gestalt block once
-    assert answers[0].tokens["gestalt"] > 0 and all(a.tokens["saccade"] == 273 for a in answers)
+    assert [a.tokens.gestalt for a in answers] == [answers[0].tokens.gestalt, 0, 0]  # the gestalt block once
+    assert answers[0].tokens.gestalt > 0 and all(a.tokens.saccade == 273 for a in answers)
 
 
 def test_each_turn_prefills_only_itself_and_the_context_adds_up(arr_model):
@@ -57,7 +57,7 @@ def test_each_turn_prefills_only_itself_and_the_context_adds_up(arr_model):
         for before, after in ((first, second), (second, third)):
             assert after.context == before.context - 1 + after.prefilled + after.new_tokens
         if pipeline == "full":  # the image once: later turns are their text alone
-            assert second.tokens["total_visual"] == 0 and second.prefilled < 40 < first.prefilled
+            assert second.tokens.total_visual == 0 and second.prefilled < 40 < first.prefilled
         assert second.to_json()["conversation"] == dict(turn=2, prefilled=second.prefilled, context=second.context)
 
 

@@ -76,13 +76,13 @@ def test_fastv_keeps_arr_token_count_of_unique_cells_in_raster_order(family):
     N = gh * gw + 40  # what ARR's LLM reads at budget 40
     cells = [tuple(c) for c in answer.kept.tolist()]
     nh, nw = answer.views.native_grid
-    assert nh * nw > N and answer.tokens["total_visual"] == N == len(set(cells)) == len(cells)
+    assert nh * nw > N and answer.tokens.total_visual == N == len(set(cells)) == len(cells)
     assert cells == sorted(cells) and all(0 <= r < nh and 0 <= c < nw for r, c in cells)  # the original order
     full = family.answer(photo(700, 500), QUESTION, "full", max_new_tokens=2)
-    assert answer.tokens["text"] == full.tokens["text"] and answer.gflops["vision"] == full.gflops["vision"]
-    assert answer.gflops["prefill"] < full.gflops["prefill"]
+    assert answer.tokens.text == full.tokens.text and answer.compute.vision == full.compute.vision
+    assert answer.compute.prefill < full.compute.prefill
     later = family.answer(photo(700, 500), QUESTION, "fastv", max_new_tokens=2, budget=40, fastv_layer=3)
-    assert answer.gflops["prefill"] < later.gflops["prefill"] < full.gflops["prefill"]  # K layers read every token
+    assert answer.compute.prefill < later.compute.prefill < full.compute.prefill  # K layers read every token
     with pytest.raises(InputError, match="between 1 and 3"):
         family.answer(photo(), QUESTION, "fastv", max_new_tokens=2, fastv_layer=len(vlm.language_model.layers))
 

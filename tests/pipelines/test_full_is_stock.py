@@ -65,7 +65,7 @@ def test_full_answers_the_shipped_example_as_stock_transformers(stock):
     image = Image.open(ROOT / "assets" / EXAMPLE["image"]).convert("RGB")
     ours = model.answer(image, EXAMPLE["question"], "full", max_new_tokens=8)
     assert ours.text == expected
-    assert ours.tokens["total_visual"] + ours.tokens["text"] == inputs["input_ids"].shape[1]  # 1024 + 28 = 1052
+    assert ours.tokens.total_visual + ours.tokens.text == inputs["input_ids"].shape[1]  # 1024 + 28 = 1052
     assert ours.confidence == pytest.approx(confidence, abs=2e-3)
 
 

@@ -17,7 +17,8 @@ from PIL import Image
 from transformers.vision_utils import get_vision_window_index
 
 from arr_coc.pipelines import divprune, visionzip
-from arr_coc.pipelines.answer import Request, views_for
+from arr_coc.pipelines.request import Request
+from arr_coc.pipelines.steps import views_of
 from arr_coc.pipelines.arr import arr_visual_tokens
 from arr_coc.vlm.base import VisualTokens
 from arr_coc.vlm.views import MERGE
@@ -36,7 +37,7 @@ def photo(w=400, h=300, seed=0):
 def reduced(model, image, name: str, request: Request):
     """The native view's every token, what the reducer kept of them, and N."""
     encode, reduce = ENCODE_REDUCE[name]
-    views = views_for(model.vlm, model.pipeline, image)
+    views = views_of(model.parts, image)
     with torch.no_grad():
         every, read = encode(model.vlm, views.tensor("native"))
         n = arr_visual_tokens(model.parts, views, request)
@@ -55,7 +56,7 @@ def test_a_reducer_keeps_exactly_n_unique_tokens_at_their_original_positions(fam
     vlm = family.vlm
     image = photo(1400, 900)  # 1600 native cells (Qwen3-VL: 1232) for N = the gestalt + 273 saccades
     every, kept, n = reduced(family, image, name, Request())
-    views = views_for(vlm, family.pipeline, image)
+    views = views_of(family.parts, image)
     assert n == views.gestalt_grid[0] * views.gestalt_grid[1] + family.layer.config.budget < len(every)
     cells = kept.positions[:, 0] * kept.grid[1] + kept.positions[:, 1]  # [N] raster indices
     assert len(kept) == n and len(cells.unique()) == n and kept.grid == every.grid
@@ -67,14 +68,14 @@ def test_a_reducer_keeps_exactly_n_unique_tokens_at_their_original_positions(fam
     if every.deepstack is not None:  # Qwen3-VL: the kept cells' own DeepStack features, the others' dropped
         assert torch.equal(kept.deepstack, every.deepstack[:, cells])
     answer = family.answer(image, QUESTION, name, max_new_tokens=2)
-    assert answer.tokens["total_visual"] == n and answer.pipeline == name
+    assert answer.tokens.total_visual == n and answer.pipeline == name
 
 
 @pytest.mark.parametrize("name", REDUCERS)
 def test_with_n_every_token_a_reducer_reproduces_full_logits(family, name):
     vlm = family.vlm
     image = photo(500, 400)
-    views = views_for(vlm, family.pipeline, image)
+    views = views_of(family.parts, image)
     K = views.native_grid[0] * views.native_grid[1]
     every, kept, n = reduced(family, image, name, Request(budget=K - views.gestalt_grid[0] * views.gestalt_grid[1]))
     assert n == K == len(kept)
@@ -118,7 +119,7 @@ def stock_last_block_received(vlm, view, monkeypatch) -> torch.Tensor:
 
 def test_visionzip_dominant_cells_are_the_top_cells_of_the_stock_last_block_attention(family, monkeypatch):
     vlm = family.vlm
-    views = views_for(vlm, family.pipeline, photo(700, 500))
+    views = views_of(family.parts, photo(700, 500))
     view = views.tensor("native")
     attn = vlm.visual.blocks[-1].attn  # tiny random weights attend almost evenly: sharpen the last block's softmax
     monkeypatch.setattr(attn, "scaling", attn.scaling * SHARPER)  # (both towers read it; restored after the test)

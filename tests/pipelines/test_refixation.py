@@ -41,7 +41,7 @@ def test_refixation_never_revisits_a_cell_and_adds_exactly_k2(arr_model, strateg
     second = [s for s in a.saccades if s.round == 2]
     assert a.refixated and len(first) == 273 and len(second) == K2
     assert not cells(first) & cells(second) and len(cells(second)) == K2
-    assert a.tokens["saccade"] == 273 + K2 and a.tokens["total_visual"] == 256 + 273 + K2
+    assert a.tokens.saccade == 273 + K2 and a.tokens.total_visual == 256 + 273 + K2
     assert [f.saccades for f in a.fixations] == [273, K2]
     assert a.fixations[1].arr.positions.shape == (1, K2, 2)
 
@@ -49,20 +49,20 @@ def test_refixation_never_revisits_a_cell_and_adds_exactly_k2(arr_model, strateg
 def test_it_fires_below_tau_and_not_at_or_above(arr_model):
     first = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=0.0)
     c = first.fixations[0].confidence
-    assert not first.refixated and len(first.fixations) == 1 and first.tokens["saccade"] == 273
+    assert not first.refixated and len(first.fixations) == 1 and first.tokens.saccade == 273
     at = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=c)  # not below: no second look
     above = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=math.nextafter(c, 1.0))
     assert not at.refixated and above.refixated
-    assert above.fixations[0].confidence == c and above.tokens["saccade"] == 273 + round(REFIXATE_SHARE * 273)
+    assert above.fixations[0].confidence == c and above.tokens.saccade == 273 + round(REFIXATE_SHARE * 273)
     j = above.to_json()["refixation"]
     assert j["fired"] is True and j["confidences"][0] == round(c, 6) and len(j["answers"]) == 2
     assert j["saccades"] == [273, 136] and all(t["total"] > 0 for t in j["timings_ms"])
     looks = above.fixations  # the request's split is the sum of the two looks'; its TTFT waits for the first answer
-    assert all(above.timings_ms[k] == pytest.approx(sum(f.timings_ms[k] for f in looks), rel=1e-6)
+    assert all(getattr(above.timings, k) == pytest.approx(sum(getattr(f.timings, k) for f in looks), rel=1e-6)
                for k in ("vision", "selection", "prefill", "decode"))
-    before_first_token = sum(above.timings_ms[k] for k in ("vision", "selection", "prefill"))
-    assert before_first_token + looks[0].timings_ms["decode"] <= above.ttft_ms + 1e-6 < above.timings_ms["total"]
-    assert above.decode_ms_per_token == looks[1].timings_ms["decode"] / max(above.new_tokens - 1, 1)
+    before_first_token = sum(getattr(above.timings, k) for k in ("vision", "selection", "prefill"))
+    assert before_first_token + looks[0].timings.decode <= above.ttft_ms + 1e-6 < above.timings.total
+    assert above.decode_ms_per_token == looks[1].timings.decode / max(above.new_tokens - 1, 1)
 
 
 def test_with_tau_off_the_answer_and_visual_tokens_are_the_single_walks(pocket):
@@ -71,13 +71,13 @@ def test_with_tau_off_the_answer_and_visual_tokens_are_the_single_walks(pocket):
     question = page.questions[0].question
     a = pocket.answer(page.image, question, "arr", max_new_tokens=8)
     with torch.no_grad():
-        observation = pocket.observe(page.image, question)
+        observation = arr.observe(pocket.parts, pocket.views(page.image), question)
         out = arr.select(pocket.layer, arr.score(observation, pocket.layer.graphed_score),
                          observation.views.candidate_grid, len(observation.gestalt))
         saccades = arr.encode_saccades(pocket.vlm, observation, out.positions[0])
         generation = pocket.vlm.generate(arr.arr_prompt(pocket.vlm, observation, saccades), 8)
     assert a.text == pocket.vlm.decode(generation.ids) and a.text.strip()
-    assert torch.equal(a.arr.positions, out.positions) and a.tokens["saccade"] == 273
+    assert torch.equal(a.arr.positions, out.positions) and a.tokens.saccade == 273
     assert a.confidence == answer_confidence(pocket.vlm, generation)
     assert a.fixations == [] and "refixation" not in a.to_json() and {s.round for s in a.saccades} == {1}
     never = pocket.answer(page.image, question, "arr", max_new_tokens=8, refixate=0.0)  # on, but it cannot fire
@@ -143,9 +143,9 @@ def test_after_an_adaptive_first_look_k2_is_a_share_of_its_k_capped_by_the_cells
     assert int((a.fixations[1].arr.kinds == COVERAGE).sum()) == round(0.25 * K2)
     assert not cells(s for s in a.saccades if s.round == 1) & cells(s for s in a.saccades if s.round == 2)
     capped = ask(800, 800)
-    assert [f.saccades for f in capped.fixations] == [800, 224] and capped.tokens["saccade"] == 1024
+    assert [f.saccades for f in capped.fixations] == [800, 224] and capped.tokens.saccade == 1024
     none_left = ask(1024, 1024)
-    assert not none_left.refixated and len(none_left.fixations) == 1 and none_left.tokens["saccade"] == 1024
+    assert not none_left.refixated and len(none_left.fixations) == 1 and none_left.tokens.saccade == 1024
 
 
 def test_the_user_streamer_gets_the_final_answer_once(pocket):

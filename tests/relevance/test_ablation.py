@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from arr_coc.errors import InputError
+from arr_coc.pipelines import arr
 from arr_coc.pipelines.arr import score, select
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION, PRIOR_WEIGHTS, SCORERS
 from arr_coc.relevance.balancing import standardise
@@ -23,7 +24,7 @@ BUDGET = 273
 def scene(arr_model):
     """The trained layer and one observation, scored and selected without any ablation."""
     layer = arr_model.load_layer(str(CHECKPOINT))
-    observation = arr_model.observe(scene_image(), QUESTION, Stopwatch(arr_model.vlm.device))
+    observation = arr.observe(arr_model.parts, arr_model.views(scene_image()), QUESTION, Stopwatch(arr_model.vlm.device))
     maps = score(observation, layer)
     return layer, observation, maps, select_cells(layer, observation, maps)
 
@@ -128,10 +129,10 @@ def test_no_gestalt_selects_budget_plus_gestalt_cells_from_the_same_map(scene):
 def test_every_ablation_reads_the_same_visual_tokens(arr_model, name):
     base = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
     a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, ablation=name)
-    assert a.tokens["total_visual"] == base.tokens["total_visual"] == BUDGET + 256
+    assert a.tokens.total_visual == base.tokens.total_visual == BUDGET + 256
     if name == "no-gestalt":  # one image block: 256 more saccades, no gestalt, 2 fewer block markers
-        assert a.tokens["gestalt"] == 0 and a.tokens["saccade"] == BUDGET + 256
-        assert a.tokens["text"] == base.tokens["text"] - 2
+        assert a.tokens.gestalt == 0 and a.tokens.saccade == BUDGET + 256
+        assert a.tokens.text == base.tokens.text - 2
     else:
         assert a.tokens == base.tokens
     assert a.ablation == a.to_json()["ablation"] == name and base.ablation is None

@@ -7,6 +7,8 @@ import torch
 from PIL import Image
 
 from arr_coc.eval.data import make_scene
+from arr_coc.pipelines import arr
+from arr_coc.pipelines.request import Request
 from arr_coc.relevance.concentration import normalised_entropy, top_mass_ratio
 from arr_coc.relevance.config import ARRCOCConfig
 
@@ -47,7 +49,7 @@ def test_top_mass_ratio_is_one_for_a_uniform_map_and_large_for_a_peak():
 def test_busy_images_fall_back_to_grid_and_documents_do_not(arr_model, name, image, busy):
     arr_model.layer, layer = arr_model.prior_layer(), arr_model.layer
     try:
-        out = arr_model.select(arr_model.prepare(image, "What does it say?"))
+        out = arr.prepare(arr_model.parts, arr_model.views(image), "What does it say?", Request()).select(arr_model.layer)
     finally:
         arr_model.layer = layer
     threshold = ARRCOCConfig().void_structure
@@ -67,7 +69,8 @@ def test_every_checkpoint_agrees_on_busyness(arr_model):
         for name in ("prior", "tiny-charts-documents", "tiny-text-vs-distractor"):
             folder = choose_checkpoint(name, arr_model.vlm.family, arr_model.vlm.hidden_size)
             arr_model.layer = arr_model.load_layer(folder) if folder else arr_model.prior_layer()
-            out = arr_model.select(arr_model.prepare(cat, "What colour are the cat's eyes?"))
+            out = arr.prepare(arr_model.parts, arr_model.views(cat), "What colour are the cat's eyes?", Request()).select(
+                arr_model.layer)
             assert out.fallback == [None], name
             structures.append(float(out.structure[0]))
     finally:

@@ -221,13 +221,13 @@ def test_every_pipeline_answers_the_same_with_both_engines(family, pipeline):
 def test_zero_saccades_answer_as_the_stock_gestalt_baseline(family):
     stock = answers_by_engine(family, photo(seed=4), QUESTION, "gestalt")["hf"]
     arr = family.answer(photo(seed=4), QUESTION, "arr", max_new_tokens=8, budget=0)
-    assert arr.tokens["saccade"] == 0 and arr.text == stock.text and arr.new_tokens == stock.new_tokens
+    assert arr.tokens.saccade == 0 and arr.text == stock.text and arr.new_tokens == stock.new_tokens
 
 
 def test_arr_answers_with_273_ordered_unique_saccades(family):
     answer = family.answer(photo(700, 500), QUESTION, "arr", max_new_tokens=4)
     cells = [(s.row, s.col) for s in answer.saccades]
-    assert answer.tokens["saccade"] == 273 and len(cells) == 273 == len(set(cells))
+    assert answer.tokens.saccade == 273 and len(cells) == 273 == len(set(cells))
     assert [s.rank for s in answer.saccades] == list(range(1, 274))
     scores = [s.score for s in answer.saccades]
     assert scores == sorted(scores, reverse=True)
@@ -270,5 +270,5 @@ def test_random_weights_build_the_family_adapter(family):
     recipe = TINY_MODELS[family.vlm.name]
     vlm = random_vlm(recipe.config(), "cpu", torch.float32, "random tiny")
     assert type(vlm) is type(family.vlm) and vlm.chat_template == recipe.chat_template and vlm.cell == family.vlm.cell
-    assert ARRCOCQwen(vlm).answer(photo(), QUESTION, "arr", max_new_tokens=2).tokens["saccade"] == 273
+    assert ARRCOCQwen(vlm).answer(photo(), QUESTION, "arr", max_new_tokens=2).tokens.saccade == 273
     assert FULL_SIZE[family.vlm.family][1]().model_type == family.vlm.family

@@ -1,0 +1,109 @@
+"""
+What a pipeline is given: the Parts (what of the model it reads: the VLM, the ARR layer, the texture array, the
+settings) and the Request (how to answer: the one list of a request's settings), with the request's checks. The
+façade takes a Request whole, or its fields by name over one (with_settings), and checks it here (check_request:
+an ablation named by a string becomes its Ablation there; which pipeline may take it is the registry's check,
+arr_coc.pipelines.check_pipeline).
+
+    request = check_request(with_settings(Request(max_new_tokens=32), dict(budget="auto", ablation="no-gestalt")))
+    parts = Parts(vlm, layer, CUDAGraphed(generate_texture_array), PipelineConfig())   # or ARRCOCQwen(...).parts
+"""
+
+import math
+import threading
+from dataclasses import dataclass, fields, replace
+from typing import Callable
+
+import torch
+
+from arr_coc.errors import InputError, Stopped
+from arr_coc.relevance import ablation as ablations
+from arr_coc.relevance.ablation import NO_ABLATION, Ablation
+from arr_coc.relevance.config import TensionSettings
+from arr_coc.relevance.layer import ARRCOCLayer
+from arr_coc.settings import MAX_NEW_TOKENS, MAX_QUESTION_CHARS, PipelineConfig
+from arr_coc.vlm.base import VLM
+
+
+@dataclass
+class Parts:
+    """What of the model a pipeline reads: ARRCOCQwen (arr_coc.model) builds it and hands it down (ARRCOCQwen.parts);
+    the pipelines know nothing of the façade above them."""
+    vlm: VLM  # the frozen Qwen-VL: one copy of the weights for every pipeline
+    layer: ARRCOCLayer  # the ARR layer a request scores with unless it names its own (Request.layer)
+    texture: Callable[..., torch.Tensor]  # the texture array (generate_texture_array, CUDA-graphed): [1, 3, H, W],
+    # (GH, GW) -> [1, 13, GH, GW]
+    pipeline: PipelineConfig  # views, caps, the prior's layer, FastV's K: never from a checkpoint
+
+
+@dataclass
+class Request:
+    """How to answer one question (every field optional; None: the model's own setting)."""
+    max_new_tokens: int = 64  # at most this many generated tokens
+    strategy: str | None = None  # ARR's allocation strategy (arr only; default: the layer's)
+    budget: int | str | None = None  # ARR's saccade count, or "auto": the adaptive budget (arr only; default: the layer's)
+    layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
+    live: bool = False  # hand each token over as the engine makes it (ARRCOCQwen.stream): the engine then runs in a
+    # thread of its own (steps.engine_tokens), whose tokens the pipeline yields as they come
+    max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's): where the
+    # request's views are made
+    ablation: Ablation | str | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None:
+    # nothing), or its name: check_request makes a name its Ablation
+    fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
+    tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
+    refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
+    refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
+    stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
+    converse: bool = False  # keep the conversation after the answer (Answer.history) for a follow-up question
+    fresh_cells: bool = False  # arr's follow-ups: select only cells no earlier turn of the conversation read
+
+
+def check_question(question) -> str:
+    if not isinstance(question, str) or not question.strip():
+        raise InputError("the question is empty: type a question about the image")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InputError(f"the question is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}")
+    return question.strip()
+
+
+def with_settings(request: Request | None, settings: dict) -> Request:
+    """`request` (None: Request()) with `settings` (Request field names -> values) over it; InputError naming a
+    setting a Request does not have (and TypeError for a request that is no Request, e.g. a number passed where
+    ARRCOCQwen.answer once took max_new_tokens)."""
+    if request is not None and not isinstance(request, Request):
+        raise TypeError(f"request must be a Request, got {type(request).__name__}: pass settings by name")
+    names = [f.name for f in fields(Request)]
+    unknown = [name for name in settings if name not in names]
+    if unknown:
+        raise InputError(f"unknown request setting{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: a "
+                         f"Request has {', '.join(names)}")
+    return replace(request or Request(), **settings)
+
+
+def ablation_named(ablation: Ablation | str | None) -> Ablation:
+    """An ablation as it is, or by name (None or "none": NO_ABLATION, nothing removed); InputError naming the
+    choices for an unknown name."""
+    if isinstance(ablation, Ablation):
+        return ablation
+    try:
+        return ablations.get(ablation)
+    except KeyError as e:
+        raise InputError(e.args[0]) from None
+
+
+def check_request(request: Request) -> Request:
+    """The request, its ablation an Ablation (None for none: NO_ABLATION's name, or the object), its bounds checked."""
+    ablation = ablation_named(request.ablation)
+    ablation = None if ablation is NO_ABLATION else ablation
+    if not 1 <= int(request.max_new_tokens) <= MAX_NEW_TOKENS:
+        raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
+    if request.refixate is not None and not (math.isfinite(request.refixate) and 0 <= request.refixate <= 1):
+        raise InputError(f"refixate (tau) is a confidence between 0 and 1, got {request.refixate}")
+    if request.refixate_budget is not None and int(request.refixate_budget) < 1:
+        raise InputError(f"refixate_budget (the second look's saccades) must be at least 1, got {request.refixate_budget}")
+    return request if ablation is request.ablation else replace(request, ablation=ablation)
+
+
+def check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise Stopped("stopped by the user")
