@@ -1,0 +1,220 @@
+"""
+ARR-COC served by vLLM (arr_coc/engines/vllm_plugin.py, vllm_model.py) in its own venv, on the pocket model, fp32,
+CPU, offline. One server for the module (started once: its start-up is ~1-2 min here), asked through the OpenAI client:
+
+    test_fine_print_answer_and_usage       assets/pocket_fine_print.png, "What is the value of PAGE?" -> 6407, its
+                                           prompt counting 256 gestalt + 273 saccade tokens + 30 text; a request's
+                                           own arr_budget (mm_processor_kwargs) 16 -> 256 + 16 + 30
+    test_plugin_equals_the_project_arr     6 pocket-suite pages (arr_coc.eval.data, seed 0): the plugin's cells (in
+                                           feed order), answer, answer length and confidence equal the project's
+                                           ARR (ARRCOCQwen.answer, as `python -m arr_coc.run --pipelines arr` calls it)
+    test_a_second_question_gets_its_own_cells   PAGE, then DATE on one image: DATE is looked at anew, its cells not
+                                           PAGE's, each its own answer; PAGE again is served from the caches
+
+    .venv/bin/python -m pytest -q tests/test_vllm.py
+
+The venv (.venv-vllm/, gitignored) is made here when missing or stale (a stamp holds the hash of the files it is
+installed from), in requirements-vllm.txt's two steps: ~6 GB and 5-12 minutes on this 2-core machine. If it cannot be
+made (no package index), the tests are skipped, saying why.
+"""
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.test_lmms import one_install_at_a_time, run
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".venv-vllm"
+PYTHON = VENV / "bin" / "python"
+STAMP = VENV / "installed-from.sha256"
+INSTALLED_FROM = ("requirements-vllm.txt", "requirements-vllm-torch.txt", "requirements.txt", "pyproject.toml")
+MODEL = ROOT / "models" / "pocket-qwen2-vl"
+ARCHITECTURE = "ArrCocQwen2VLForConditionalGeneration"
+FINE_PRINT = ROOT / "assets" / "pocket_fine_print.png"
+MAX_TOKENS = 64  # the project's default max_new_tokens (Request)
+
+
+def installed_from() -> str:
+    import hashlib
+
+    return hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in INSTALLED_FROM)).hexdigest()
+
+
+def build_venv() -> None:
+    """requirements-vllm.txt's two steps; a failure skips the module with pip's last lines."""
+    steps = [[sys.executable, "-m", "venv", VENV]] if not PYTHON.exists() else []
+    steps += [[PYTHON, "-m", "pip", "install", "-q", "-r", name]
+              for name in ("requirements-vllm.txt", "requirements-vllm-torch.txt")]
+    for step in steps:
+        done = subprocess.run([str(s) for s in step], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        if done.returncode:
+            pytest.skip(f"could not build .venv-vllm ({' '.join(map(str, step[-3:]))} exited {done.returncode}): "
+                        f"{done.stderr.strip().splitlines()[-1:]}")
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    want = installed_from()
+    with one_install_at_a_time():
+        if not (PYTHON.exists() and STAMP.exists() and STAMP.read_text() == want):
+            build_venv()
+            STAMP.write_text(want)
+    return PYTHON
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(python: Path, port: int, architecture: str | None, *extra: str) -> list[str]:
+    """The OpenAI-compatible server on the pocket model (fp32, eager), ARR-COC's architecture when given."""
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--dtype", "float32",
+               "--enforce-eager", "--port", str(port), "--host", "127.0.0.1", "--max-model-len", "4096",
+               "--gpu-memory-utilization", "0.1", *extra]
+    if architecture:
+        command += ["--hf-overrides", json.dumps({"architectures": [architecture]})]
+    return command
+
+
+def server_env(**more: str) -> dict:
+    """Offline, a 1 GiB KV cache (the CPU backend's own setting), the project's seeds unchanged."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **more}
+
+
+def wait_until_up(process: subprocess.Popen, port: int, log: Path, timeout: float = 900) -> None:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if process.poll() is not None:
+            raise AssertionError(f"the vLLM server exited {process.returncode}:\n{log.read_text()[-6000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(2)
+    raise AssertionError(f"the vLLM server was not up after {timeout} s:\n{log.read_text()[-6000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(vllm_python, tmp_path_factory):
+    """(the server's port, the file its plugin writes each look to): one ARR-COC server for the module."""
+    folder = tmp_path_factory.mktemp("vllm")
+    port, looks, log = free_port(), folder / "looks.jsonl", folder / "server.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(server_command(vllm_python, port, ARCHITECTURE, "--trust-request-mm-kwargs"),
+                                   cwd=folder, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=server_env(ARR_COC_VLLM_LOG=str(looks)))
+    try:
+        wait_until_up(process, port, log)
+        yield port, looks
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+ASK_SCRIPT = """
+import base64, json, math, sys
+from openai import OpenAI
+port, path, question, extra = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+url = "data:image/png;base64," + base64.b64encode(open(path, "rb").read()).decode()
+r = client.chat.completions.create(model=client.models.list().data[0].id, temperature=0, max_tokens=%d,
+    logprobs=True, extra_body=extra, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]}])
+probs = [math.exp(t.logprob) for t in r.choices[0].logprobs.content]
+print(json.dumps({"text": r.choices[0].message.content, "prompt_tokens": r.usage.prompt_tokens,
+                  "completion_tokens": r.usage.completion_tokens, "confidence": min(probs)}))
+""" % MAX_TOKENS
+
+
+def ask(python: Path, port: int, image: Path, question: str, **mm_kwargs) -> dict:
+    """One OpenAI-client chat request with an image, greedy -> its text, usage and least token probability."""
+    extra = {"mm_processor_kwargs": mm_kwargs} if mm_kwargs else {}
+    done = run([python, "-c", ASK_SCRIPT, port, image, question, json.dumps(extra)], ROOT, 300)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def looks_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_fine_print_answer_and_usage(vllm_python, server):
+    port, _ = server
+    answer = ask(vllm_python, port, FINE_PRINT, "What is the value of PAGE?")
+    assert answer["text"] == "6407"
+    assert answer["prompt_tokens"] == 256 + 273 + 30  # gestalt, saccades, text (run's table: 529 visual, 30 text)
+    smaller = ask(vllm_python, port, FINE_PRINT, "What is the value of PAGE?", arr_budget=16)
+    assert smaller["prompt_tokens"] == 256 + 16 + 30
+
+
+REFERENCE_SCRIPT = """
+import json, sys
+from pathlib import Path
+from arr_coc import cli
+from arr_coc.eval.data import open_image
+model, _ = cli.load_model("pocket", None, "cpu", quiet=True)
+rows = [json.loads(line) for line in (Path(sys.argv[1]) / "data.jsonl").read_text().splitlines()]
+for row in rows:
+    a = model.answer(open_image(str(Path(sys.argv[1]) / row["image"])), row["question"], "arr")
+    print(json.dumps({"text": a.text, "new_tokens": a.new_tokens, "confidence": a.confidence,
+                      "cells": a.arr.positions[0].tolist()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> Path:
+    """6 pocket-suite pages, 2 of each kind (arr_coc.eval.data, seed 0, 896 px)."""
+    folder = tmp_path_factory.mktemp("pages")
+    run([sys.executable, "-m", "arr_coc.eval.data", "--out", folder, "--n", 6, "--kinds",
+         "fine_print,box_word,shape_colour", "--seed", 0, "--size", 896], ROOT, 300)
+    return folder
+
+
+def test_plugin_equals_the_project_arr(vllm_python, server, pages):
+    port, looks = server
+    done = run([sys.executable, "-c", REFERENCE_SCRIPT, pages], ROOT, 900)
+    expected = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in (pages / "data.jsonl").read_text().splitlines()]
+    assert len(expected) == len(rows) == 6
+    for row, want in zip(rows, expected):
+        before = len(looks_of(looks))
+        got = ask(vllm_python, port, pages / row["image"], row["question"])
+        new = looks_of(looks)[before:]
+        assert len(new) == 1 and new[0]["question"] == row["question"]
+        assert new[0]["cells"] == want["cells"], row["image"]
+        assert (got["text"], got["completion_tokens"]) == (want["text"], want["new_tokens"]), row["image"]
+        assert got["confidence"] == pytest.approx(want["confidence"], rel=1e-3, abs=1e-4), row["image"]
+
+
+def look_for(looks: Path, question: str) -> dict:
+    """The plugin's look for a question about the fine-print page (the first: the image is the same every time)."""
+    return next(look for look in looks_of(looks) if look["question"] == question)
+
+
+def test_a_second_question_gets_its_own_cells(vllm_python, server):
+    port, looks = server
+    first = ask(vllm_python, port, FINE_PRINT, "What is the value of PAGE?")  # looked at now or by an earlier test
+    before = len(looks_of(looks))
+    second = ask(vllm_python, port, FINE_PRINT, "What is the value of DATE?")
+    assert [look["question"] for look in looks_of(looks)[before:]] == ["What is the value of DATE?"]
+    page, date = ({tuple(cell) for cell in look_for(looks, q)["cells"]} for q in ("What is the value of PAGE?",
+                                                                                  "What is the value of DATE?"))
+    assert len(page) == len(date) == 273 and page != date
+    assert (first["text"], second["text"]) == ("6407", "3949")
+    again = ask(vllm_python, port, FINE_PRINT, "What is the value of PAGE?")  # the same image and question: cached
+    assert len(looks_of(looks)) == before + 1 and again["text"] == "6407"
