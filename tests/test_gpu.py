@@ -125,7 +125,7 @@ def test_graphed_decode_equals_stock_generate(fp32_cuda_model, pipeline):
     assert answers["fast"].text == answers["hf"].text and answers["fast"].new_tokens == answers["hf"].new_tokens
     assert vlm.decoder.decode_graphs  # the fast answer replayed a captured decode step
     assert vlm.decoder.compile_step and vlm.decoder.compiled_step is not None  # ... compiled, not the fallback
-    assert vlm.graphed_vision.compile and vlm.graphed_vision.compiled is not None  # the vision tower too
+    assert vlm.vision.graphed.compile and vlm.vision.graphed.compiled is not None  # the vision tower too
 
 
 def test_the_compiled_decode_graph_steps_as_the_uncompiled_one(cuda_model):
@@ -175,7 +175,7 @@ def compiled_and_uncompiled_steps_agree(model):
 def test_the_compiled_vision_graph_encodes_as_the_uncompiled_one(cuda_model):
     """Half precision: the captured compiled vision tower and the captured uncompiled one give the same tokens for
     a gestalt and for 273 saccades (two patch counts, one compile), within half precision's tolerance."""
-    vlm, graphed = cuda_model.vlm, cuda_model.vlm.graphed_vision
+    vlm, graphed = cuda_model.vlm, cuda_model.vlm.vision.graphed
     view = cuda_model.views(big_image()).tensor("highres")
     cells = torch.randperm(64 * 48, generator=torch.Generator().manual_seed(0))[:273]
     cells = torch.stack([cells // 64, cells % 64], dim=1)  # [273, 2] (row, col) of the 48 x 64 cell grid
@@ -216,8 +216,8 @@ def test_graphed_arr_equals_eager(cuda_model):
     graph uncompiled: Inductor's fused roundings may swap near-tied saccades in half precision; the compiled graph
     has its own test above)."""
     vlm = cuda_model.vlm
-    vlm.graphed_vision.compile = False
-    vlm.graphed_vision.graphs.clear()
+    vlm.vision.graphed.compile = False
+    vlm.vision.graphed.graphs.clear()
     outputs = {}
     for graphs in (False, True):
         vlm.decoder.graphs_enabled = graphs
@@ -234,8 +234,8 @@ def test_graphed_arr_equals_eager(cuda_model):
             run = vlm.decoder.graphed_prefill if graphs else vlm.decoder._prefill
             logits = run(padded, padded_ids, torch.tensor([L - 1], device="cuda"), 2048)
         outputs[graphs] = (out.indices.cpu(), scene.observation.prior.float().cpu(), logits.float().cpu(), state)
-    vlm.decoder.graphs_enabled = vlm.graphed_vision.compile = True
-    vlm.graphed_vision.graphs.clear()
+    vlm.decoder.graphs_enabled = vlm.vision.graphed.compile = True
+    vlm.vision.graphed.graphs.clear()
     assert scene.views.candidate_grid == (48, 64)  # native resolution, not twice the gestalt
     assert torch.equal(outputs[False][0], outputs[True][0])
     torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=2e-2, rtol=0)
@@ -320,7 +320,7 @@ def test_warmup_captures_the_app_shapes_so_a_first_request_captures_nothing():
     assert model.warmup() > 0
     decoder = model.vlm.decoder
     counts = lambda: (len(decoder.graphed_prefill.graphs), len(decoder.graphed_prior.graphs),
-                      len(decoder.decode_graphs), len(model.vlm.graphed_vision.graphs))
+                      len(decoder.decode_graphs), len(model.vlm.vision.graphed.graphs))
     before = counts()
     model.answer(image(), WARMUP_QUESTION, "arr", max_new_tokens=4)  # a new image, the bucket of short questions
     assert counts() == before

@@ -167,7 +167,7 @@ def collate(tokenizer, images, conversations, readings=None, gestalt_first: bool
 def model_inputs(batch: dict, processor, image_token_id: int, device) -> dict:
     """A collated batch -> Qwen2VLForConditionalGeneration's inputs on `device` (pixel patches as the processor's;
     with a gestalt grid, each page's gestalt view, then the page)."""
-    from arr_coc.vlm.qwen2_vl import image_patches
+    from arr_coc.vlm.vision import image_patches
     from arr_coc.vlm.views import resize
 
     host_only = ("pages", "reading", "binding", "gestalt_grid")  # laid out below, or not the model's

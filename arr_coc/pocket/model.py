@@ -56,7 +56,7 @@ def build_tokenizer(vocab: int = PocketConfig.vocab):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from arr_coc.vlm.qwen2_vl import CHAT_TEMPLATE
+    from arr_coc.vlm.chat import CHAT_TEMPLATE
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([

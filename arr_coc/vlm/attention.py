@@ -1,13 +1,13 @@
 """
 The vision tower's last-block attention, read out explicitly: what VisionZip scores its cells with.
 
-AttentionProbe stands in for one ViT block's attention call (QwenVL._vision_block's `attend`): it computes the
+AttentionProbe stands in for one ViT block's attention call (QwenVision.block's `attend`, vision.py): it computes the
 softmax attention itself, chunked over queries so that a 16384-patch view fits, returns the same output as
 sdpa, and records what each patch receives (averaged over heads, summed over queries) and each patch's key
 (averaged over heads). VLM.encode_view_attention runs the tower with it at the last block.
 
     probe = AttentionProbe(scale=block.attn.scaling)
-    x = QwenVL._vision_block(block, x, cos, sin, attend=probe)     # as the stock block, plus the readout
+    x = vlm.vision.block(block, x, cos, sin, attend=probe)        # as the stock block, plus the readout
     probe.received, probe.keys                                       # [N], [N, hd]
 """
 

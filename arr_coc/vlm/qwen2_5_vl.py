@@ -12,23 +12,23 @@ are a block-diagonal mask built on the device (one sdpa call per block, nothing 
 can be captured as a CUDA graph); larger views run eagerly, one attention call per window as the stock does.
 
     vlm = load_vlm("tiny-qwen2.5-vl")   # or "Qwen/Qwen2.5-VL-3B-Instruct": FAMILIES picks this class
-    tokens = vlm.encode_cells(pixels, grid, positions)  # [K, D], windows of the full grid
+    tokens = vlm.vision.encode_patches(pixels, grid, positions)  # [K, D], windows of the full grid
 """
 
 import torch
 import torch.nn.functional as F
 
 from arr_coc.vlm.attention import AttentionProbe
-from arr_coc.vlm.qwen2_vl import GRAPHED_CELLS, QwenVL
+from arr_coc.vlm.qwen2_vl import QwenVL
+from arr_coc.vlm.vision import GRAPHED_CELLS, QwenVision
 from arr_coc.vlm.views import MERGE
 
 MASKED_PATCHES = 4 * GRAPHED_CELLS  # up to here windows are an [N, N] mask; beyond it a loop over windows
 WINDOW_ID_STRIDE = 2**20  # window id = window row * this + window column (grids are far narrower)
 
 
-class Qwen25VL(QwenVL):
-    """The Qwen2.5-VL adapter: QwenVL with the window-attention vision tower."""
-    hf_class = "Qwen2_5_VLForConditionalGeneration"
+class Qwen25Vision(QwenVision):
+    """Qwen2.5-VL's tower: QwenVision with window attention over the full grid's windows."""
 
     @property
     def window_cells(self) -> int:
@@ -47,7 +47,7 @@ class Qwen25VL(QwenVL):
         order = torch.argsort(key)  # [K]
         return order, window[order]
 
-    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor,
+    def forward(self, patches: torch.Tensor, patch_positions: torch.Tensor,
                         probe: AttentionProbe | None = None) -> torch.Tensor:
         """
         The vision tower over patches [N, 1176] at rotary (h, w) positions [N, 2], 4 per cell in 2x2 order
@@ -81,8 +81,14 @@ class Qwen25VL(QwenVL):
             raise ValueError(f"the last vision block ({last}) attends within windows: no whole-view attention to read")
         for i, block in enumerate(visual.blocks):
             attend = (probe if i == last else None) if i in full else attend_windows
-            x = self._vision_block(block, x, cos, sin, attend)
+            x = self.block(block, x, cos, sin, attend)
         if probe is not None:
             probe.reorder(patch_order)  # window order -> the caller's cell order
         merged = visual.merger(x)  # [K, D] in window order
         return torch.empty_like(merged).index_copy_(0, order, merged)  # [K, D] back in the caller's order
+
+
+class Qwen25VL(QwenVL):
+    """The Qwen2.5-VL adapter: QwenVL with the window-attention vision tower."""
+    hf_class = "Qwen2_5_VLForConditionalGeneration"
+    vision_class = Qwen25Vision

@@ -1,8 +1,9 @@
 """
 QwenVL: the VLM interface (base.py) over Qwen2-VL (transformers' Qwen2VLForConditionalGeneration), and the
-base the other families (qwen2_5_vl.py, qwen3_vl.py) override where they differ: patches, whole-view and
-sparse cell encoding, prompts, the "gestalt guides gaze" prior pass, teacher forcing, generation, and the
-family's chat template. families.py loads the right one.
+base the other families (qwen2_5_vl.py, qwen3_vl.py) override where they differ. It joins three parts: the
+vision tower (vision.py, `vlm.vision`: patches, whole-view and sparse cell encoding), the prompt layout (chat.py,
+`vlm.chat`: chat template, ids, embeddings, M-RoPE ids) and the engine (decoder.py, `vlm.decoder`), and runs
+the "gestalt guides gaze" prior pass, teacher forcing and generation over them. families.py loads the right one.
 
 Everything runs the frozen model's own modules. Three small pieces are re-implemented, each pinned to the
 stock code by a test: the pixel patch layout (the image processor's, but on the device), the position-id
@@ -18,58 +19,15 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
 from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
-from arr_coc.graphs import CUDAGraphed
-from arr_coc.vlm.attention import AttentionProbe
 from arr_coc.vlm.base import (VLM, CompileSeconds, Generation, History, Prompt, SavedCache, StockInputs, VisionAttention,
                               VisualTokens)
+from arr_coc.vlm.chat import CHAT_TEMPLATE, ChatLayout
 from arr_coc.vlm.decoder import Decoder, Pruning
-from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
-from arr_coc.vlm.views import MERGE, view_tensor
-
-GRAPHED_CELLS = 1024  # vision calls of at most this many cells replay as CUDA graphs (gestalt, saccades, budget)
-QUESTION_SLOT = "\x00question\x00"  # stands in for the question while the chat template is rendered
-ANSWER_SLOT = "\x00answer\x00"  # stands in for an earlier answer while a follow-up turn's template is rendered
-END_OF_TURN = "<|im_end|>"  # closes a teacher-forced answer, as the model closes its own
-
-# The Qwen2-VL chat template (as on the hub's Qwen2-VL-*-Instruct repos); Qwen2.5-VL's repos ship the same one.
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def image_patches(pixels: torch.Tensor, image_processor) -> tuple[torch.Tensor, torch.Tensor]:
-    """
-    Views [B, 3, H, W] in [0, 1] (one size, a multiple of patch x merge px) -> pixel patches [B*N, C*t*p*p] and
-    grid_thw [B, 3], laid out as the stock image processor lays them out (normalised, merge-window order, the
-    still image in both temporal frames), on the views' device. The adapters and pocket training share it.
-    """
-    ip, (B, C, H, W) = image_processor, pixels.shape
-    mean = torch.tensor(ip.image_mean, device=pixels.device).view(1, 3, 1, 1)
-    std = torch.tensor(ip.image_std, device=pixels.device).view(1, 3, 1, 1)
-    x = (pixels - mean) / std  # [B, 3, H, W]
-    p, m, t = ip.patch_size, ip.merge_size, ip.temporal_patch_size
-    gh, gw = H // p, W // p
-    x = x.reshape(B, C, gh // m, m, p, gw // m, m, p).permute(0, 2, 5, 3, 6, 1, 4, 7)  # [B, gh/m, gw/m, m, m, C, p, p]
-    x = x.unsqueeze(6).expand(*x.shape[:6], t, p, p)  # [B, gh/m, gw/m, m, m, C, t, p, p]
-    grid_thw = torch.tensor([[1, gh, gw]] * B, device=pixels.device)  # [B, 3]
-    return x.reshape(B * gh * gw, C * t * p * p), grid_thw
+from arr_coc.vlm.vision import QwenVision
+from arr_coc.vlm.views import MERGE
 
 
 class QwenVL(VLM):
@@ -77,6 +35,7 @@ class QwenVL(VLM):
     hf_class = "Qwen2VLForConditionalGeneration"  # the transformers class this adapter wraps
     stock_generate_takes_embeds = True  # whether stock generate() runs our embeddings as they are (the hf engine's ARR)
     default_chat_template = CHAT_TEMPLATE  # the family's template, for a folder that ships none
+    vision_class = QwenVision  # the family's vision tower (vision.py; Qwen2.5-VL's windows, Qwen3-VL's DeepStack)
 
     def __init__(self, model, tokenizer, image_processor, name: str, engine: str = "fast"):
         if engine not in ENGINES:
@@ -94,10 +53,10 @@ class QwenVL(VLM):
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
         self.chat_template = getattr(tokenizer, "chat_template", None) or self.default_chat_template  # the folder's own
         self.decoder = Decoder(model)
-        # launch-bound at batch 1: fixed shapes (the gestalt, the 273 saccades) replay as CUDA graphs, compiled by
-        # Inductor first (norms, rotary, GELU fused; one compile for every patch count, paid at warm-up)
-        self.graphed_vision = CUDAGraphed(self._vision_forward, pool=self.decoder.pool, compile=True)
-        self.check = None  # called before each vision block (set_block_check); the decoder holds it for its layers
+        self.chat = ChatLayout(tokenizer, self.chat_template, self.image_token_id, self.eos_token_ids,
+                               model.get_input_embeddings(), lambda: self.device)
+        self.vision = self.vision_class(self.visual, image_processor, self.decoder.pool, lambda: self.decoder.use_graphs)
+        self.check = None  # called before each block and layer when set (set_block_check)
 
     @property
     def device(self) -> torch.device:
@@ -131,13 +90,13 @@ class QwenVL(VLM):
 
     def set_block_check(self, check) -> None:
         """check() before every vision block (here and in stock generate()) and LLM layer (the decoder's loop)."""
-        self.check = self.decoder.check = check
+        self.check = self.decoder.check = self.vision.check = check
 
     def set_compile(self, on: bool) -> None:
-        self.decoder.compile_step = self.graphed_vision.compile = on
+        self.decoder.compile_step = self.vision.graphed.compile = on
 
     def compile_seconds(self) -> CompileSeconds:
-        return CompileSeconds(self.decoder.compile_seconds, self.graphed_vision.compile_seconds)
+        return CompileSeconds(self.decoder.compile_seconds, self.vision.graphed.compile_seconds)
 
     @contextmanager
     def stock_checks(self):
@@ -151,187 +110,33 @@ class QwenVL(VLM):
             for hook in hooks:
                 hook.remove()
 
-    # --- vision ---
-
-    def image_inputs(self, view: Image.Image | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """
-        A view (PIL, or [1, 3, H, W] in [0, 1]; a multiple of 28 px) -> pixel patches [N, 1176] and grid_thw [1, 3],
-        exactly as the model's image processor lays them out, but computed on the device (tests pin the two).
-        """
-        pixels = view if isinstance(view, torch.Tensor) else view_tensor(view, self.device)
-        return image_patches(pixels.to(self.device, torch.float32), self.image_processor)
-
-    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor,
-                        probe: AttentionProbe | None = None) -> torch.Tensor:
-        """
-        The vision tower's own blocks over one attention sequence of patches [N, 1176] at rotary (h, w)
-        positions [N, 2] -> merged tokens [N/4, D]. Unlike the stock forward it reads nothing back to the host,
-        so it can be captured as a CUDA graph. Tests pin it to the stock tower. A probe, when given, computes
-        the last block's attention (encode_view_attention).
-        """
-        visual = self.visual
-        x = visual.patch_embed(patches)  # [N, E]
-        cos, sin = visual.rotary_pos_emb(x, patch_positions)
-        last = len(visual.blocks) - 1
-        for i, block in enumerate(visual.blocks):
-            x = self._vision_block(block, x, cos, sin, probe if i == last else None)
-        return visual.merger(x)  # [N/4, D]
-
-    def _vision_block(self, block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend=None) -> torch.Tensor:
-        """
-        One ViT block over one attention sequence x [N, E] (the stock block without cu_seqlens) -> [N, E].
-        attend(q, k, v) [1, heads, N, hd] -> [1, heads, N, hd] replaces full attention (Qwen2.5-VL's windows).
-        The block check runs first, when set (not inside a compiled tower).
-        """
-        if not torch.compiler.is_compiling() and self.check is not None:
-            self.check()
-        attn, N = block.attn, x.shape[0]
-        q, k, v = attn.qkv(block.norm1(x)).reshape(N, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-        q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # [N, heads, hd] each
-        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, N, hd]
-        o = attend(q, k, v) if attend else F.scaled_dot_product_attention(q, k, v, scale=attn.scaling)
-        x = x + attn.proj(o[0].transpose(0, 1).reshape(N, -1))
-        return x + block.mlp(block.norm2(x))
-
-    @torch.no_grad()
-    def encode_patches(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> VisualTokens:
-        """
-        Encode the cells at `positions` [K, 2] (row, col) of a view's (rows, cols) cell grid, each a 2x2 group
-        of patches, at their true (h, w) rotary positions, as one attention sequence -> [K, D] in that order.
-        pixel_values are the view's stock patches, 4 per cell in raster cell order. All cells in raster order
-        is the stock encoding of the view; a subset is the sparse saccade encoding.
-        """
-        small = len(positions) <= GRAPHED_CELLS  # big views are compute-bound: graphs would only cost memory
-        vision = self.graphed_vision if small and self.decoder.use_graphs else self._vision_forward
-        return self._visual_tokens(vision(*self._vision_inputs(pixel_values, grid, positions)), grid, positions)
-
-    @staticmethod
-    def _visual_tokens(out, grid: tuple[int, int], positions: torch.Tensor) -> VisualTokens:
-        """_vision_forward's output at cells [K, 2] of a grid -> VisualTokens (Qwen3-VL's: tokens and DeepStack)."""
-        features, deepstack = out if isinstance(out, tuple) else (out, None)
-        return VisualTokens(features, tuple(grid), positions.cpu().long(), deepstack)
-
-    def _vision_inputs(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> tuple:
-        """_vision_forward's arguments for the cells at `positions` [K, 2]: their patches and rotary positions."""
-        cells = (positions[:, 0] * grid[1] + positions[:, 1]).to(pixel_values.device)  # [K]
-        rows = (cells.unsqueeze(1) * 4 + torch.arange(4, device=cells.device)).flatten()  # [4K] patch rows
-        inner = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]], device=cells.device)  # 2x2 patch offsets
-        patch_positions = (positions.to(cells.device).unsqueeze(1) * MERGE + inner).reshape(-1, 2)  # [4K, 2]
-        return pixel_values[rows].to(self.visual.dtype), patch_positions
+    # --- vision (vision.py) ---
 
     def encode_cells(self, view: Image.Image | torch.Tensor, positions: torch.Tensor) -> VisualTokens:
-        """The cells at `positions` [K, 2] of a view (PIL or [1, 3, H, W]), each at its true place -> [K, D]."""
-        pixels, grid_thw = self.image_inputs(view)
-        grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
-        return self.encode_patches(pixels, grid, positions)
+        return self.vision.encode_cells(view, positions)
 
     def encode_view(self, view: Image.Image | torch.Tensor) -> VisualTokens:
-        """A whole view through the vision tower -> merged tokens [rows * cols, D] in raster order."""
-        pixels, grid_thw = self.image_inputs(view)
-        grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
-        return self.encode_patches(pixels, grid, raster_block(grid).positions)
+        return self.vision.encode_view(view)
 
-    @torch.no_grad()
     def encode_view_attention(self, view: Image.Image | torch.Tensor) -> tuple[VisualTokens, VisionAttention]:
-        """
-        encode_view (eager), with the last block's softmax attention computed explicitly, chunked over queries
-        (arr_coc.vlm.attention) -> the tokens and, per cell, the attention it receives and its key.
-        """
-        pixels, grid_thw = self.image_inputs(view)
-        grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
-        positions = raster_block(grid).positions
-        probe = AttentionProbe(self.visual.blocks[-1].attn.scaling)
-        out = self._vision_forward(*self._vision_inputs(pixels, grid, positions), probe=probe)
-        return self._visual_tokens(out, grid, positions), VisionAttention(*probe.per_cell())
+        return self.vision.encode_view_attention(view)
 
-    # --- text ---
-
-    def prompt_ids(self, question: str, block_sizes: list[int], follows: int | None = None) -> torch.Tensor:
-        """
-        Chat-template ids for len(block_sizes) images then the question, each image pad expanded -> [1, L].
-        The question is user text: special tokens typed in it stay plain characters (no injected turns or pads).
-        follows: the user turn after an answer whose last token this is (not yet read), as the template renders a
-        conversation: that token unless it is an EOS (the template's end of turn closes the answer), the end of
-        turn, then the user turn (no system prompt: it began the conversation).
-        """
-        content = [{"type": "image"} for _ in block_sizes] + [{"type": "text", "text": QUESTION_SLOT}]
-        messages = [{"role": "user", "content": content}]
-        if follows is not None:
-            messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": ANSWER_SLOT}] + messages
-        text = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                                  add_generation_prompt=True)
-        if follows is not None:
-            text = text.split(ANSWER_SLOT)[1]  # from the end of the answer's turn
-        before, after = text.split(QUESTION_SLOT)
-        ids = [] if follows is None or follows in self.eos_token_ids else [follows]
-        ids += self.tokenizer(before, add_special_tokens=False)["input_ids"]
-        ids += self.question_ids(question)
-        ids += self.tokenizer(after, add_special_tokens=False)["input_ids"]
-        out, sizes = [], iter(block_sizes)
-        for t in ids:
-            out.extend([t] * next(sizes) if t == self.image_token_id else [t])
-        return torch.tensor([out], device=self.device)
+    # --- prompts (chat.py) ---
 
     def question_ids(self, question: str) -> list[int]:
-        return self.tokenizer(question, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return self.chat.question_ids(question)
 
     def question_embeds(self, question: str) -> torch.Tensor:
-        """The question's own token embeddings [1, Lq, D] (the participatory scorer's query)."""
-        ids = torch.tensor([self.question_ids(question)], device=self.device)
-        return self.model.get_input_embeddings()(ids)
-
-    def position_ids(self, input_ids: torch.Tensor, blocks: list[ImageBlock]) -> torch.Tensor:
-        """[1, L] ids -> [3, 1, L] M-RoPE ids, each image block at its cells' true places (get_rope_index's layout)."""
-        return mrope_position_ids(input_ids, self.image_token_id, blocks)
+        return self.chat.question_embeds(question)
 
     def prompt(self, question: str, images: list[VisualTokens], answer: str | None = None,
                history: History | None = None) -> Prompt:
-        """
-        The chat prompt for image blocks (each VisualTokens: its features and where they sit) then the question,
-        and optionally an answer to teacher-force: ids, embeddings, M-RoPE ids and DeepStack features. Every
-        pipeline builds its LLM input here, so no caller lays out a family's internals itself. With a history: a
-        conversation's next turn, the new tokens only (prompt_ids' `follows`), their positions after the
-        conversation's (each image block at its true places, as get_rope_index lays out a second image).
-        """
-        ids = self.prompt_ids(question, [len(tokens) for tokens in images], None if history is None else history.last)
-        answer_start = ids.shape[1]
-        if answer is not None:
-            # the answer is user text, as the question is: a special token typed in it stays plain characters
-            target = self.question_ids(answer) + self.tokenizer(END_OF_TURN, add_special_tokens=False)["input_ids"]
-            ids = torch.cat([ids, torch.tensor([target], device=ids.device)], dim=1)
-        embeds = self.embed(ids, [tokens.features for tokens in images])  # [1, L, D]
-        position_ids = self.position_ids(ids, [tokens.block for tokens in images])  # [3, 1, L] from 0
-        if history is not None:
-            position_ids = position_ids + history.cache.position  # the turn goes on where the conversation stands
-        return Prompt(ids, embeds, position_ids, answer_start, self._deepstack_layout(ids, images, embeds), history)
-
-    def embed(self, input_ids: torch.Tensor, image_features: list[torch.Tensor]) -> torch.Tensor:
-        """Token embeddings with each image block's pads replaced by its features, in order -> [1, L, D]."""
-        embeds = self.model.get_input_embeddings()(input_ids)  # [1, L, D]
-        if image_features:
-            features = torch.cat(image_features, dim=0).to(embeds.dtype)  # [n_image_tokens, D]
-            mask = (input_ids == self.image_token_id).unsqueeze(-1)
-            embeds = embeds.masked_scatter(mask, features)
-        return embeds
-
-    def _deepstack_layout(self, input_ids: torch.Tensor, images: list[VisualTokens], embeds: torch.Tensor):
-        """
-        Each image block's DeepStack features at its tokens, zeros elsewhere -> [k, 1, L, D]; None for a family
-        without DeepStack or a prompt without images.
-        """
-        if not images or all(tokens.deepstack is None for tokens in images):
-            return None
-        if any(tokens.deepstack is None for tokens in images):
-            raise ValueError("every image block of a DeepStack model needs its DeepStack features: pass the "
-                             "VisualTokens that encode_view/encode_cells returned")
-        levels = torch.cat([tokens.deepstack for tokens in images], dim=1).to(embeds.dtype)  # [k, n_image, D]
-        mask = (input_ids == self.image_token_id).unsqueeze(-1)  # [1, L, 1]
-        return torch.stack([torch.zeros_like(embeds).masked_scatter(mask, level) for level in levels])
+        return self.chat.prompt(question, images, answer, history)
 
     def stock_inputs(self, question: str, view: Image.Image | torch.Tensor) -> StockInputs:
         """transformers' own inputs for one view and a question (the stock baselines under the hf engine)."""
-        pixels, grid_thw = self.image_inputs(view)
-        ids = self.prompt_ids(question, [int(grid_thw.prod()) // MERGE**2])
+        pixels, grid_thw = self.vision.image_inputs(view)
+        ids = self.chat.prompt_ids(question, [int(grid_thw.prod()) // MERGE**2])
         return StockInputs(ids, pixels, grid_thw, (ids == self.image_token_id).int())
 
     # --- teacher forcing: the one scorer of training and faithfulness ---

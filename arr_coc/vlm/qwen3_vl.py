@@ -24,6 +24,7 @@ from transformers.vision_utils import get_vision_interpolation_indices_and_weigh
 
 from arr_coc.vlm.attention import AttentionProbe
 from arr_coc.vlm.qwen2_vl import QwenVL
+from arr_coc.vlm.vision import QwenVision
 from arr_coc.vlm.views import MERGE
 
 
@@ -152,17 +153,12 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 """
 
 
-class Qwen3VL(QwenVL):
-    """The Qwen3-VL adapter: QwenVL with 32 px cells, the interpolated pos_embed and DeepStack features."""
-    hf_class = "Qwen3VLForConditionalGeneration"
-    stock_generate_takes_embeds = False  # it would drop their DeepStack features
-    default_chat_template = CHAT_TEMPLATE  # no default system prompt, unlike Qwen2-VL's
+class Qwen3Vision(QwenVision):
+    """Qwen3-VL's tower: QwenVision with the interpolated pos_embed and DeepStack features."""
 
-    # --- vision ---
-
-    def _vision_inputs(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> tuple:
+    def inputs(self, pixel_values: torch.Tensor, grid: tuple[int, int], positions: torch.Tensor) -> tuple:
         """The base inputs plus each patch's pos_embed taps [4K, 4] and weights [4K, 4] on the view's patch grid."""
-        patches, patch_positions = super()._vision_inputs(pixel_values, grid, positions)
+        patches, patch_positions = super().inputs(pixel_values, grid, positions)
         visual = self.visual
         grid_thw = torch.tensor([[1, grid[0] * MERGE, grid[1] * MERGE]], device=patches.device)
         # the stock interpolation of the whole grid, one row per patch in merge-block order (as pixel_values)...
@@ -174,7 +170,7 @@ class Qwen3VL(QwenVL):
         rows = ((h // MERGE) * grid[1] + w // MERGE) * MERGE**2 + (h % MERGE) * MERGE + w % MERGE  # [4K]
         return patches, patch_positions, taps[rows], weights[rows]
 
-    def _vision_forward(self, patches: torch.Tensor, patch_positions: torch.Tensor, taps: torch.Tensor,
+    def forward(self, patches: torch.Tensor, patch_positions: torch.Tensor, taps: torch.Tensor,
                         weights: torch.Tensor, probe: AttentionProbe | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """
         The stock Qwen3-VL tower over one attention sequence of patches [N, 1536] at rotary (h, w) positions
@@ -188,7 +184,15 @@ class Qwen3VL(QwenVL):
         cos, sin = visual.rotary_pos_emb(x, patch_positions)
         deepstack, last = [], len(visual.blocks) - 1
         for i, block in enumerate(visual.blocks):
-            x = self._vision_block(block, x, cos, sin, probe if i == last else None)
+            x = self.block(block, x, cos, sin, probe if i == last else None)
             if i in visual.deepstack_visual_indexes:
                 deepstack.append(visual.deepstack_merger_list[visual.deepstack_visual_indexes.index(i)](x))  # [N/4, D]
         return visual.merger(x), torch.stack(deepstack)  # [N/4, D], [k, N/4, D]
+
+
+class Qwen3VL(QwenVL):
+    """The Qwen3-VL adapter: QwenVL with 32 px cells, the interpolated pos_embed and DeepStack features."""
+    hf_class = "Qwen3VLForConditionalGeneration"
+    stock_generate_takes_embeds = False  # it would drop their DeepStack features
+    default_chat_template = CHAT_TEMPLATE  # no default system prompt, unlike Qwen2-VL's
+    vision_class = Qwen3Vision

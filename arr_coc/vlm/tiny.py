@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from arr_coc.settings import TINY_LLM_LAYERS
-from arr_coc.vlm.qwen2_vl import CHAT_TEMPLATE as QWEN2_VL_CHAT_TEMPLATE  # Qwen2.5-VL ships the same
+from arr_coc.vlm.chat import CHAT_TEMPLATE as QWEN2_VL_CHAT_TEMPLATE  # Qwen2.5-VL ships the same
 from arr_coc.vlm.qwen3_vl import CHAT_TEMPLATE as QWEN3_VL_CHAT_TEMPLATE
 
 TINY_VERSION = 1  # bump when the recipe below changes, so caches rebuild

@@ -105,7 +105,7 @@ def stock_last_block_received(vlm, view, monkeypatch) -> torch.Tensor:
 
     monkeypatch.setattr(modeling, "eager_attention_forward", recording_eager)
     monkeypatch.setattr(visual.config, "_attn_implementation", "eager")
-    pixels, grid_thw = vlm.image_inputs(view)
+    pixels, grid_thw = vlm.vision.image_inputs(view)
     with torch.no_grad():
         visual(pixels, grid_thw=grid_thw)
     (weights,) = recorded  # the last block attends over the whole view: one sequence

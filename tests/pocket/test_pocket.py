@@ -90,7 +90,7 @@ def test_a_training_batch_is_what_the_stock_processor_gives(stock):
 def test_with_the_gestalt_first_each_conversation_shows_its_gestalt_view_then_its_page(stock):
     """The patches go gestalt 1, page 1, gestalt 2, page 2 ..., as the prompts' image blocks: the gestalt is ARR's
     own view of the page (views.resize to fit_grid(256)), the page the stock processor's."""
-    from arr_coc.vlm.qwen2_vl import image_patches
+    from arr_coc.vlm.vision import image_patches
     from arr_coc.vlm.views import resize
 
     _, tokenizer, processor = stock

@@ -47,14 +47,14 @@ def test_the_family_loads_its_adapter_cell_and_chat_template(family):
     vlm = family.vlm
     adapter, hf_class, cell, text = STOCK[vlm.family]
     assert (type(vlm).__name__, type(vlm.model).__name__, vlm.cell) == (adapter, hf_class, cell)
-    assert vlm.tokenizer.decode(vlm.prompt_ids("Why?", [3])[0]) == text
+    assert vlm.tokenizer.decode(vlm.chat.prompt_ids("Why?", [3])[0]) == text
 
 
 def test_device_patches_equal_the_image_processor(family):
     vlm = family.vlm
     view = views_of(vlm, photo(333, 517)).highres
     stock = vlm.image_processor(images=[view], do_resize=False, return_tensors="pt")
-    pixels, grid = vlm.image_inputs(view)
+    pixels, grid = vlm.vision.image_inputs(view)
     assert torch.equal(grid.cpu(), stock["image_grid_thw"])
     torch.testing.assert_close(pixels.cpu(), stock["pixel_values"], atol=1e-5, rtol=0)
 
@@ -63,7 +63,7 @@ def test_the_sparse_encoder_on_every_cell_equals_the_stock_tower(family):
     vlm = family.vlm
     views = views_of(vlm, photo(1400, 900))  # native, non-square, not twice the gestalt
     assert views.candidate_grid == views.native_grid and views.candidate_grid[0] != views.candidate_grid[1]
-    pixels, grid = vlm.image_inputs(views.highres)
+    pixels, grid = vlm.vision.image_inputs(views.highres)
     with torch.no_grad():
         stock = vlm.visual(pixels, grid_thw=grid)
         every = vlm.encode_cells(views.highres, raster_block(views.candidate_grid).positions)
@@ -89,17 +89,17 @@ def test_the_compiled_vision_tower_equals_the_stock_tower_at_every_length(family
 
     vlm = family.vlm
     view = views_of(vlm, photo(700, 500)).tensor("gestalt")
-    pixels, grid_thw = vlm.image_inputs(view)
+    pixels, grid_thw = vlm.vision.image_inputs(view)
     grid = (int(grid_thw[0, 1]) // 2, int(grid_thw[0, 2]) // 2)
     every = raster_block(grid).positions
     some = every[torch.randperm(len(every), generator=torch.Generator().manual_seed(0))[:len(every) // 3]]
-    compiled = vlm.graphed_vision.compiled_fn()
+    compiled = vlm.vision.graphed.compiled_fn()
     before = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         stock = vlm.visual(pixels, grid_thw=grid_thw)
-        whole = vlm._visual_tokens(compiled(*vlm._vision_inputs(pixels, grid, every)), grid, every)
-        subset = vlm._visual_tokens(compiled(*vlm._vision_inputs(pixels, grid, some)), grid, some)
-        eager = vlm._visual_tokens(vlm._vision_forward(*vlm._vision_inputs(pixels, grid, some)), grid, some)
+        whole = vlm.vision.tokens(compiled(*vlm.vision.inputs(pixels, grid, every)), grid, every)
+        subset = vlm.vision.tokens(compiled(*vlm.vision.inputs(pixels, grid, some)), grid, some)
+        eager = vlm.vision.tokens(vlm.vision.forward(*vlm.vision.inputs(pixels, grid, some)), grid, some)
     assert counters["stats"]["unique_graphs"] - before == 1  # one compile for both lengths
     assert stock.pooler_output.std() > 1e-3 and len(some) != len(every)
     torch.testing.assert_close(whole.features, stock.pooler_output, atol=1e-5, rtol=0)
@@ -128,7 +128,7 @@ def test_position_ids_follow_get_rope_index_for_one_block(family, view):
     views = views_of(vlm, photo(1400, 500))
     ids, pixels, thw, mm = stock_inputs(vlm, views.tensor(view), QUESTION)
     stock, _ = vlm.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=thw)
-    assert torch.equal(vlm.position_ids(ids, [raster_block(views.grid(view))]), stock)
+    assert torch.equal(vlm.chat.position_ids(ids, [raster_block(views.grid(view))]), stock)
 
 
 def test_zero_saccades_reproduce_the_stock_logits(family):

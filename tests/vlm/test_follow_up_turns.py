@@ -47,9 +47,9 @@ def test_the_follow_up_turn_is_the_chat_templates_next_user_turn(family):
     turn = "<|im_end|>\n<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * 2 + \
            "<|vision_end|>Why?<|im_end|>\n<|im_start|>assistant\n"
     word = vlm.tokenizer("Hello", add_special_tokens=False)["input_ids"][0]
-    assert vlm.tokenizer.decode(vlm.prompt_ids("Why?", [2], follows=word)[0]) == vlm.tokenizer.decode([word]) + turn
+    assert vlm.tokenizer.decode(vlm.chat.prompt_ids("Why?", [2], follows=word)[0]) == vlm.tokenizer.decode([word]) + turn
     for eos in vlm.eos_token_ids:
-        assert vlm.tokenizer.decode(vlm.prompt_ids("Why?", [2], follows=eos)[0]) == turn
+        assert vlm.tokenizer.decode(vlm.chat.prompt_ids("Why?", [2], follows=eos)[0]) == turn
 
 
 def test_a_second_turn_with_a_new_image_equals_stock_over_the_whole_conversation(family):

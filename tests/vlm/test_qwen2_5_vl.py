@@ -58,14 +58,14 @@ def stock_tower_on_cells(vlm, pixels, grid, cells, window_index, cu_window_seqle
 def test_the_tiny_has_the_families_windows(model):
     """(its class, cell and chat template, as every family's: tests/vlm/test_families.py)"""
     vlm = model.vlm
-    assert vlm.window_cells == 4 and list(vlm.visual.fullatt_block_indexes) == [1, 3]
+    assert vlm.vision.window_cells == 4 and list(vlm.visual.fullatt_block_indexes) == [1, 3]
 
 
 def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
     """A folder laid out as Qwen/Qwen2.5-VL-3B-Instruct ships it (flat config with the legacy rope_scaling), at toy sizes."""
     import transformers
 
-    from arr_coc.vlm.qwen2_vl import CHAT_TEMPLATE
+    from arr_coc.vlm.chat import CHAT_TEMPLATE
     from arr_coc.vlm.tiny import tiny_qwen2_5_vl_config, tokenizer_folder
 
     torch.manual_seed(0)
@@ -97,7 +97,7 @@ def test_a_hub_shaped_folder_loads_with_its_own_files(tmp_path):
     (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": own}))
     vlm = load_vlm(str(tmp_path), device="cpu")
     assert type(vlm) is qwen2_5_vl.Qwen25VL and vlm.chat_template == own
-    text = vlm.tokenizer.decode(vlm.prompt_ids("Why?", [3])[0])
+    text = vlm.tokenizer.decode(vlm.chat.prompt_ids("Why?", [3])[0])
     assert text.startswith("<|im_start|>system\nYou are a folder's own assistant.<|im_end|>")
     assert vlm.model.config.text_config.rope_parameters["mrope_section"] == [2, 3, 3]
     assert vlm.image_processor.patch_size == 14 and vlm.image_processor.merge_size == 2
@@ -127,10 +127,10 @@ def test_sparse_encoder_on_every_cell_equals_the_stock_tower(model, monkeypatch,
     views = make_views(photo(1200, 700))
     assert views.candidate_grid == views.native_grid == (25, 43)
     monkeypatch.setattr(qwen2_5_vl, "MASKED_PATCHES", 10**9 if attention == "mask" else 0)
-    pixels, grid = vlm.image_inputs(views.tensor("highres"))
+    pixels, grid = vlm.vision.image_inputs(views.tensor("highres"))
     with torch.no_grad():
         stock = vlm.visual(pixels, grid_thw=grid).pooler_output
-        sparse = vlm.encode_patches(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions).features
+        sparse = vlm.vision.encode_patches(pixels, views.candidate_grid, raster_block(views.candidate_grid).positions).features
     torch.testing.assert_close(sparse, stock, atol=1e-5, rtol=0)
     assert stock.std() > 1e-3  # not a vacuous comparison
 
@@ -141,13 +141,13 @@ CELLS = [(5, 6), (4, 7), (9, 1), (24, 42), (0, 0), (3, 3), (6, 5), (21, 40)]  # 
 def test_a_sparse_set_is_encoded_with_the_full_grids_windows_in_any_order(model):
     vlm = model.vlm
     views = make_views(photo(1200, 700))
-    pixels, _ = vlm.image_inputs(views.tensor("highres"))
+    pixels, _ = vlm.vision.image_inputs(views.tensor("highres"))
     grid = views.candidate_grid
     cells = torch.tensor(CELLS)
     shuffle = torch.randperm(len(CELLS), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours = vlm.encode_patches(pixels, grid, cells).features  # [K, D]
-        shuffled = vlm.encode_patches(pixels, grid, cells[shuffle]).features
+        ours = vlm.vision.encode_patches(pixels, grid, cells).features  # [K, D]
+        shuffled = vlm.vision.encode_patches(pixels, grid, cells[shuffle]).features
         window_index, cu = stock_windows(CELLS)
         stock = stock_tower_on_cells(vlm, pixels, grid, CELLS, window_index, cu)
         # wrong windows: the same cells, all in one window (plain global attention everywhere)
@@ -163,11 +163,11 @@ def test_windowed_blocks_see_only_their_window(model, monkeypatch):
     vlm = model.vlm
     monkeypatch.setattr(vlm.visual, "fullatt_block_indexes", [])
     views = make_views(photo(1200, 700))
-    pixels, _ = vlm.image_inputs(views.tensor("highres"))
+    pixels, _ = vlm.vision.image_inputs(views.tensor("highres"))
     grid = views.candidate_grid
     a, same, other = [5, 6], [4, 7], [9, 1]  # windows (1, 1), (1, 1), (2, 0)
     with torch.no_grad():
-        encode = lambda cells: vlm.encode_patches(pixels, grid, torch.tensor(cells)).features[0]  # the token of a
+        encode = lambda cells: vlm.vision.encode_patches(pixels, grid, torch.tensor(cells)).features[0]  # the token of a
         both, without_same, without_other = encode([a, same, other]), encode([a, other]), encode([a, same])
     torch.testing.assert_close(without_other, both, atol=1e-6, rtol=0)
     assert (without_same - both).abs().max() > 1e-4
@@ -184,7 +184,7 @@ def test_windowed_blocks_see_only_their_window(model, monkeypatch):
 def test_graphed_vision_equals_eager_on_cuda(dtype):
     vlm = load_vlm(TINY, device="cuda", dtype=dtype)
     views = make_views(photo(1200, 700), device="cuda")
-    pixels, _ = vlm.image_inputs(views.tensor("highres"))
+    pixels, _ = vlm.vision.image_inputs(views.tensor("highres"))
     grid = views.candidate_grid
     generator = torch.Generator().manual_seed(0)
     for _ in range(2):  # the second set replays the graph captured for the first (273 cells: one shape)
@@ -192,13 +192,13 @@ def test_graphed_vision_equals_eager_on_cuda(dtype):
         positions = torch.stack([cells // grid[1], cells % grid[1]], dim=-1).cuda()  # [273, 2]
         with torch.no_grad():
             vlm.decoder.graphs_enabled = False
-            eager = vlm.encode_patches(pixels, grid, positions).features
+            eager = vlm.vision.encode_patches(pixels, grid, positions).features
             vlm.decoder.graphs_enabled = True
-            graphed = vlm.encode_patches(pixels, grid, positions).features
+            graphed = vlm.vision.encode_patches(pixels, grid, positions).features
         torch.testing.assert_close(graphed, eager, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=0)
-    assert len(vlm.graphed_vision.graphs) == 1
+    assert len(vlm.vision.graphed.graphs) == 1
     with torch.no_grad():  # and the graphed gestalt is the stock tower's encoding
-        pixels, thw = vlm.image_inputs(views.tensor("gestalt"))
+        pixels, thw = vlm.vision.image_inputs(views.tensor("gestalt"))
         stock = vlm.visual(pixels, grid_thw=thw).pooler_output
         ours = vlm.encode_view(views.tensor("gestalt")).features
     scale = float(stock.abs().max())
@@ -212,4 +212,4 @@ def test_graphed_arr_answer_equals_stock_generate_on_cuda():
     model = ARRCOCQwen.from_pretrained(TINY, device="cuda", dtype=torch.float32)
     answers = answers_by_engine(model, photo(700, 500), QUESTION, "arr")
     assert answers["fast"].text == answers["hf"].text and answers["fast"].tokens["saccade"] == 273
-    assert model.vlm.graphed_vision.graphs and model.vlm.decoder.decode_graphs  # the fast answer replayed graphs
+    assert model.vlm.vision.graphed.graphs and model.vlm.decoder.decode_graphs  # the fast answer replayed graphs

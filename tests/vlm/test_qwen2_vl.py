@@ -128,10 +128,10 @@ def test_gestalt_attention_equals_the_eager_attention_weights(arr_model, with_sa
         cells = torch.tensor([[3, 4], [10, 2], [0, 31]])
         context = [vlm.encode_cells(views.tensor("highres"), cells)] if with_saccades else []
         ours = vlm.prior_attention("Where is the cat?", gestalt, 0.5, context)
-        ids = vlm.prompt_ids("Where is the cat?", [len(gestalt)] + [len(c) for c in context])
+        ids = vlm.chat.prompt_ids("Where is the cat?", [len(gestalt)] + [len(c) for c in context])
         at = (ids[0] == vlm.image_token_id).nonzero()[:, 0]
         span, query_start = (int(at[0]), int(at[len(gestalt) - 1]) + 1), int(at[-1]) + 2  # after <|vision_end|>
-        embeds = vlm.embed(ids, [gestalt.features] + [c.features for c in context])
+        embeds = vlm.chat.embed(ids, [gestalt.features] + [c.features for c in context])
         positions = mrope_position_ids(ids, vlm.image_token_id, [raster_block(views.gestalt_grid)]
                                        + [c.block for c in context])
         eager = Qwen2VLForConditionalGeneration.from_pretrained(tiny_model_path(), attn_implementation="eager",
@@ -150,8 +150,8 @@ def test_special_tokens_typed_in_the_question_stay_text(arr_model, question):
     tok = vlm.tokenizer
     special = {tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                                                       "<|vision_end|>", "<|endoftext|>")}
-    plain = vlm.prompt_ids("What is here?", [6])[0].tolist()
-    ids = vlm.prompt_ids(question, [6])[0].tolist()
+    plain = vlm.chat.prompt_ids("What is here?", [6])[0].tolist()
+    ids = vlm.chat.prompt_ids(question, [6])[0].tolist()
     assert [t for t in ids if t in special] == [t for t in plain if t in special]  # no extra pads, turns or markers
     assert ids.count(vlm.image_token_id) == 6
     assert question in tok.decode(ids)  # the typed text is all there, as characters

@@ -42,7 +42,7 @@ def test_any_cell_subset_gets_the_interpolated_pos_embed_of_its_own_patches(q3):
     grid = (7, 11)
     pixels = torch.zeros(4 * grid[0] * grid[1], 3 * 2 * 16 * 16)
     cells = torch.tensor([[6, 10], [0, 0], [3, 4], [2, 9]])
-    _, patch_positions, taps, weights = vlm._vision_inputs(pixels, grid, cells)
+    _, patch_positions, taps, weights = vlm.vision.inputs(pixels, grid, cells)
     ours = (visual.pos_embed(taps) * weights[:, :, None]).sum(1)  # [16, E]
     side = visual.num_grid_per_side
     table = visual.pos_embed.weight.T.reshape(1, -1, side, side)  # [1, E, side, side]
@@ -142,7 +142,7 @@ def test_graphed_paths_equal_eager_on_cuda():
             tokens = vlm.generate(prompt, 12).ids
         results[graphs] = (saccades.features, saccades.deepstack, gestalt.deepstack, prior, tokens)
     vlm.decoder.graphs_enabled = True
-    assert len(vlm.graphed_vision.graphs) >= 2 and vlm.decoder.decode_graphs  # the graphed run did use graphs
+    assert len(vlm.vision.graphed.graphs) >= 2 and vlm.decoder.decode_graphs  # the graphed run did use graphs
     for graphed, eager in zip(results[True][:4], results[False][:4]):
         torch.testing.assert_close(graphed, eager, atol=1e-4, rtol=1e-4)
     assert results[True][4].tolist() == results[False][4].tolist()
