@@ -99,7 +99,8 @@ class BenchConfig:
                                    "them), for a before/after")
     json: str | None = flag(None, "write all numbers here (a file path)", cli.output_file)
     check: dict | None = flag(None, "compare ARR's TTFT and decode (fast engine) with this saved run (--json) on the "
-                                    f"same kind of card; exit 1 if either is more than {CHECK_TOLERANCE:.0%} slower",
+                                    f"same kind of card; exit 1 if either is more than {CHECK_TOLERANCE:.0%} slower "
+                                    "(or if the two runs share no such row)",
                               baseline_file, metavar="BASELINE.json")
     profile: str | None = flag(None, "after every timing, profile one ARR answer (fast engine) at each size with "
                                      "torch.profiler: a gzipped Chrome trace and a table of the busiest kernels per "

@@ -40,7 +40,7 @@ LAYERS = (
     ("5. research", ("arr_coc.eval", "arr_coc.pocket"), False),
     ("6. the façade", ("arr_coc.config", "arr_coc.model"), True),
     ("7. the app, the commands", ("app", "arr_coc.app", "arr_coc.cli", "arr_coc.run", "arr_coc.train",
-                                  "arr_coc.evaluate", "arr_coc.bench", "arr_coc.engines"), True),
+                                  "arr_coc.evaluate", "arr_coc.bench", "arr_coc.engines", "arr_coc.commands"), True),
 )
 EXCEPTIONS = {  # (importer, imported): why; the only imports allowed besides the table's
     ("arr_coc.graphs", "arr_coc.zerogpu"): "graphs asks it whether CUDA graphs may be captured: none on ZeroGPU",

@@ -29,7 +29,6 @@ of the asked colour, grey boxes holding words. Every character drawn is in pocke
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ from typing import Callable
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+from arr_coc import flags
 
 from arr_coc.synth.fineprint import (BOX_WORDS, COLOURS, FILLER, KEYS, PAGE_KINDS, SHAPES, SPEC, Box, Canvas, Glyph,
                                      Mark, Page, PageStyle, Question, _grow, draw_shape, make_page)
@@ -653,17 +654,25 @@ def ink_cells(image: Image.Image, cell: int = CELL, min_pixels: int = 8) -> int:
     return int((counts >= min_pixels).sum())
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="ledger", choices=list(FAMILIES), help="which layout family")
-    parser.add_argument("--kind", default="fine_print", choices=PAGE_KINDS, help="which questions the page carries")
-    parser.add_argument("--seed", type=int, default=0, help="the page's seed")
-    parser.add_argument("--size", type=int, default=896, help="the page's area is about size^2 px, in its aspect")
-    parser.add_argument("--out", default="page.png", help="where to write the PNG")
-    args = parser.parse_args()
+@dataclass
+class FamilyPageConfig:
+    """`python -m arr_coc.synth.families`'s flags, each field one (arr_coc.flags.flag)."""
+    family: str = flags.flag("ledger", "which layout family", flags.one_of(tuple(FAMILIES)))
+    kind: str = flags.flag("fine_print", "which questions the page carries", flags.one_of(PAGE_KINDS))
+    seed: int = flags.seed_flag(0, "the page")
+    size: int = flags.flag(896, "the page's area is about size^2 px, in its aspect", flags.bounded_int(64, 8192))
+    out: str = flags.flag("page.png", "where to write the PNG")
+
+
+def main(argv=None) -> None:
+    args = flags.parse_config(FamilyPageConfig, argv, flags.config_parser(FamilyPageConfig, __doc__))
     w, h = family_size(args.family, args.seed, args.size)
     page = make_family_page(args.family, args.kind, args.seed, w, h)
     page.image.save(args.out)
     print(f"{args.family} {w}x{h}: {ink_cells(page.image)} of {(w // CELL) * (h // CELL)} cells inked")
     for q in page.questions:
         print(f"{q.question}  ->  {q.answer}  at {list(q.box)}")
+
+
+if __name__ == "__main__":
+    main()

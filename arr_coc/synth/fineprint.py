@@ -27,12 +27,13 @@ styles first (larger glyphs, fewer fields, less clutter).
 
 from __future__ import annotations
 
-import argparse
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from PIL import Image, ImageDraw, ImageFont
+
+from arr_coc import flags
 
 Box = tuple[int, int, int, int]
 
@@ -406,14 +407,22 @@ def make_page(kind: str, seed: int, width: int, height: int | None = None, style
     raise ValueError(f"no {kind} target fits on a {width}x{height} page")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", default="fine_print", choices=PAGE_KINDS, help="which kind of page to draw")
-    parser.add_argument("--seed", type=int, default=0, help="the page's seed")
-    parser.add_argument("--size", type=int, default=896, help="page side in px (square)")
-    parser.add_argument("--out", default="page.png", help="where to write the PNG")
-    args = parser.parse_args()
+@dataclass
+class PageConfig:
+    """`python -m arr_coc.synth.fineprint`'s flags, each field one (arr_coc.flags.flag)."""
+    kind: str = flags.flag("fine_print", "which kind of page to draw", flags.one_of(PAGE_KINDS))
+    seed: int = flags.seed_flag(0, "the page")
+    size: int = flags.flag(896, "page side in px (square)", flags.bounded_int(64, 8192))
+    out: str = flags.flag("page.png", "where to write the PNG")
+
+
+def main(argv=None) -> None:
+    args = flags.parse_config(PageConfig, argv, flags.config_parser(PageConfig, __doc__))
     page = make_page(args.kind, args.seed, args.size)
     page.image.save(args.out)
     for q in page.questions:
         print(f"{q.question}  ->  {q.answer}  at {list(q.box)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""
+The commands' flags are defined once, as config dataclass fields, and docs/commands.md's flag tables are what those
+dataclasses generate (arr_coc.commands.docs), so the page cannot drift from the code.
+
+    .venv/bin/python -m pytest tests/test_commands_docs.py -q
+"""
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from arr_coc import flags
+from arr_coc.commands import docs
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = {"model", "checkpoint", "budget", "min_budget", "max_budget", "max_cells", "fastv_layer", "refixate",
+          "refixate_budget", "faithfulness_steps",  # each defined once in arr_coc/cli.py (cli.model_flag, ...)
+          "device", "seed"}  # ... and these in arr_coc/flags.py (device_flag, seed_flag), for commands at any layer
+OWN = {("arr_coc/pocket/heldout.py", "model"): "an exported pocket folder that stock transformers loads, not a VLM "
+                                               "for the façade: its own flag"}
+
+
+def test_the_page_holds_exactly_the_tables_the_configs_generate():
+    page = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    assert page.count(docs.BEGIN) == 1 and page.count(docs.END) == 1
+    block = page[page.index(docs.BEGIN):page.index(docs.END) + len(docs.END)]
+    assert block == docs.tables(), "docs/commands.md's flag tables are stale: run python -m arr_coc.commands.docs --write"
+
+
+def test_a_configs_rows_and_parser_read_its_fields():
+    @dataclass
+    class Config:
+        budget: int = flags.flag(273, "saccades, at most 5%", flags.bounded_int(1, 10))
+        on: bool = flags.flag(False, "a switch")
+        image: str = flags.flag(None, "an image", required=True)
+        order: str | None = flags.flag(None, "feed order", flags.one_of(("raster", "relevance")), metavar="ORDER")
+        sizes: list[int] = flags.flag([448, 896], "sides", flags.int_list(1, 4096))
+        internal: bool = False  # no help: not a flag
+
+    assert flags.flag_rows(Config) == [
+        ("`--budget BUDGET`", "`273`", "saccades, at most 5%"), ("`--on`", "off", "a switch"),
+        ("`--image IMAGE`", "required", "an image"), ("`--order ORDER`", "–", "feed order (raster, relevance)"),
+        ("`--sizes SIZES`", "`448,896`", "sides")]
+    cfg = flags.parse_config(Config, ["--image", "a.png", "--on", "--order", "raster", "--sizes", "1,2"])
+    assert cfg == Config(budget=273, on=True, image="a.png", order="raster", sizes=[1, 2])
+    assert Config().sizes is not Config().sizes  # a list default is each config's own
+
+
+def definitions(path: Path) -> list[tuple[str, int]]:
+    """The flags a source defines itself: (name, line) of each `name: ... = flag(...)` field and each
+    add_argument("--name", ...)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call) and isinstance(node.target, ast.Name):
+            func = node.value.func
+            if getattr(func, "id", getattr(func, "attr", None)) == "flag":
+                found.append((node.target.id, node.lineno))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args \
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--"):
+            found.append((node.args[0].value[2:].replace("-", "_"), node.lineno))
+    return found
+
+
+def test_each_shared_flag_is_defined_once():
+    sources = [ROOT / "app.py", *sorted((ROOT / "arr_coc").rglob("*.py"))]
+    again = [f"{path.relative_to(ROOT)}:{line} defines --{name}" for path in sources
+             for name, line in definitions(path)
+             if name in SHARED and (str(path.relative_to(ROOT)), name) not in OWN]
+    assert not again, "use the shared field (cli.model_flag, flags.device_flag, ...): " + "; ".join(again)
