@@ -2,8 +2,10 @@
 A request's path, pinned by a probe (issue 50): a forward hook on the vision tower's first module (its patch
 embedding) records, each time a request reaches it, the thread it runs in and the project's functions on the stack.
 `run`'s ARR request and the app's Compare button reach the vision tower in the caller's own thread, every step a
-layer at or below the one before it (tests/test_imports.py's LAYERS), and Compare within 8 calls: the handler, its
-steps, the façade's stream, the pipeline, its step (ARR's observe or encode_saccades) and the VLM's encode.
+layer at or below the one before it (tests/test_imports.py's LAYERS), and Compare within 8 calls: from the handler
+the button calls to the function that runs the tower's blocks (the last frame, which calls its patch embedding, is
+the tower itself): the handler, its steps, the façade's stream, the pipeline, its step (ARR's observe or
+encode_saccades), the VLM's encode and the engine's way into its tower.
 
     .venv/bin/python -m pytest -q tests/test_request_path.py
 """
@@ -82,7 +84,7 @@ def test_the_compare_button_reaches_the_vision_tower_within_eight_calls(arr_mode
     pipelines = {module for _, frames in probe.seen for module, _ in frames if module.startswith("arr_coc.pipelines.")}
     assert {"arr_coc.pipelines.arr", "arr_coc.pipelines.stock"} <= pipelines  # both answers were probed
     for thread, frames in probe.seen:
-        walk = frames[[m for m, _ in frames].index("arr_coc.app.handlers"):]  # from the handler the button calls
+        walk = frames[[m for m, _ in frames].index("arr_coc.app.handlers"):-1]  # from the handler to the tower
         assert thread is threading.main_thread()
         assert len(walk) <= MAX_CALLS, f"{len(walk)} calls to the vision tower: {walk}"
         layers = walk_down(walk)
