@@ -13,7 +13,7 @@ from PIL import Image
 
 from arr_coc.errors import InputError
 from arr_coc.eval.metrics import box_recall_precision
-from arr_coc.pipelines import answer as answer_module
+from arr_coc.pipelines import steps as answer_module
 from arr_coc.pipelines.conversation import Conversation
 from arr_coc.synth.fineprint import make_page
 
