@@ -14,6 +14,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     second = vlm.generate(more, 64)                                      # continues turn 1's cache (+ its History)
     pruned = vlm.generate(prompt, 64, prune=(2, 529))                    # FastV: layers >= 2 read 529 image tokens
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
+    looks = vlm.answer_attention(vlm.prompt(question, [tokens], answer="a cat"), layers=[2])   # [1, H, A, n_image]
     stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
     vlm.gflops(vision_cells=[256, 273], prefill_tokens=580, prior_tokens=300)
     tokens, attention = vlm.encode_view_attention(view)               # + the ViT's last-block attention per cell
@@ -226,6 +227,12 @@ class VLM(ABC):
     @abstractmethod
     def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:
         """Each prompt's teacher-forced answer, mean log-probability per token -> [len(prompts)]; differentiable."""
+
+    @abstractmethod
+    def answer_attention(self, prompt: Prompt, layers: list[int]) -> torch.Tensor:
+        """Where a teacher-forced answer looks: the attention of the A rows that predict its tokens (answer_start - 1
+        .. L - 2) to the prompt's n image tokens, per head, at each of `layers` (computed explicitly in fp32, the rows
+        chunked; the layers above the highest never run) -> [len(layers), H, A, n_image]; not differentiable."""
 
     @abstractmethod
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,

@@ -28,6 +28,7 @@ each pass the engine runs (the static cache it writes is `cache.KVCache`, one ob
   on as for any prompt. `keep=True` hands back a copy of the cache after the turn, which the conversation holds
   (the shared buffers serve every request in between);
 - teacher forcing (no cache): the training forward, differentiable, logits at chosen positions (`at`).
+- the teacher's probe (`probe`): answer rows' attention to the image tokens per head at chosen layers, in fp32.
 
 Qwen3-VL's text model also runs here: its per-head q/k RMSNorms are applied when the attention has them, and
 its DeepStack visual features come as one dense tensor `deepstack` [k, 1, L, D] (zeros outside image tokens),
@@ -48,13 +49,14 @@ and the fused matmuls are written here, and tests pin prefill logits, decode tok
     # saved: (keys, values, position); the VLM keeps it as History.cache (base.SavedCache), which turn 2 passes
     ids, probs, safe_mode, saved = decoder.generate(more, more_ids, 64, [151645], history=cache, keep=True)
     logits = decoder.forward(embeds, position_ids, deepstack, at=positions)   # teacher forcing [B, P, V]
+    attention = decoder.answer_attention(embeds, position_ids, rows, keys, layers=[2, 3])   # [2, H, A, n]
 """
 
 import threading
 import time
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +99,32 @@ def _weighted_attention(q, k, scale: float, weights, chunk: int = PRIOR_CHUNK):
         scores = scores.masked_fill(keys > rows[:, None], float("-inf"))  # causal: row r reads keys <= r
         mass += weights[start:start + chunk] @ scores.softmax(-1).mean(dim=(0, 1))  # [c] @ [c, L]
     return mass
+
+
+def rows_attention(q, k, rows: torch.Tensor, keys: torch.Tensor, chunk: int = PRIOR_CHUNK) -> torch.Tensor:
+    """
+    Causal softmax attention of the query rows `rows` [A] over every key, read at the keys `keys` [n]: q and k
+    [1, H, L, hd] fp32 (scaled already) -> [H, A, n]. Row r reads keys <= r, as the causal prefill does; the rows go
+    `chunk` at a time, so the scores held are [H, chunk, L].
+    """
+    positions = torch.arange(k.shape[2], device=k.device)  # [L]
+    out = []
+    for start in range(0, len(rows), chunk):
+        at = rows[start:start + chunk]  # [c]
+        scores = q[0][:, at] @ k[0].transpose(-1, -2)  # [H, c, L]
+        scores = scores.masked_fill(positions > at[:, None], float("-inf"))
+        out.append(scores.softmax(-1)[..., keys])  # [H, c, n]
+    return torch.cat(out, dim=1)
+
+
+@dataclass
+class AttentionProbe:
+    """What the one loop reads on its way (Decoder.forward's `probe`): at each of `layers`, the attention of the query
+    rows `rows` to the keys `keys`, per head, recomputed in fp32 (whatever kernel the layer runs) -> `read`."""
+    layers: tuple[int, ...]  # the layers to read, ascending
+    rows: torch.Tensor  # [A] sequence indices of the query rows
+    keys: torch.Tensor  # [n] sequence indices of the keys read
+    read: list[torch.Tensor] = field(default_factory=list)  # one [H, A, n] per layer of `layers`, filled in order
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -242,7 +270,8 @@ class Decoder:
         return self.lm.rotary_emb(x[..., :1].to(self.dtype), position_ids)
 
     def forward(self, x, position_ids, deepstack=None, at=None, *, cache: KVCache | None = None, slots=None,
-                masks=None, stop: int | None = None, pruning: Pruning | None = None) -> torch.Tensor:
+                masks=None, stop: int | None = None, pruning: Pruning | None = None,
+                probe: AttentionProbe | None = None) -> torch.Tensor:
         """
         The one loop over the LLM's layers, for every pass the engine runs: x [B, L, D] embeddings at M-RoPE
         position_ids [3, B, L] -> fp32 logits [B, L, V], or at `at` [B, P] only [B, P, V] (a 150k vocabulary makes
@@ -251,7 +280,9 @@ class Decoder:
         - cache, slots [L]: each layer writes its keys and values there. masks None: attention is causal over x
           itself (a prompt's prefill); masks [layers, 1, 1, L, size]: each layer reads the whole cache through its
           own (a decode step, a follow-up turn's prefill).
-        - stop = i: the prior pass, which returns the hidden state entering layer i [B, L, D] (no logits).
+        - stop = i: the prior pass, which returns the hidden state entering layer i [B, L, D] (no logits); i = the
+          number of layers: the last layer's output, before the final norm.
+        - probe: attention rows to read at some layers (an AttentionProbe; B = 1, no cache): the teacher's.
         - pruning: FastV. Layer K - 1's input ranks the candidates (last_token_attention of the last token); layers
           >= K read only the kept tokens, at their own positions and cache slots (pruning.kept is set).
         Before each layer `check` runs, if set (the app's Stop), except inside a compiled step.
@@ -265,12 +296,17 @@ class Decoder:
                 return x
             if pruning is not None and i == pruning.layer - 1:
                 attention = self.last_token_attention(layer, x, cos, sin, x.shape[1] - 1)  # [L]
+            if probe is not None and i in probe.layers:
+                q, k = self._fp32_heads(layer, x, cos, sin)  # [1, H, L, hd] each
+                probe.read.append(rows_attention(q * layer.self_attn.scaling, k, probe.rows, probe.keys))  # [H, A, n]
             x = self._layer(layer, x, cos, sin, cache, slots, None if masks is None else masks[i])
             x = self._add_deepstack(x, deepstack, i)
             if pruning is not None and i == pruning.layer - 1:
                 kept = pruning.choose(attention)  # [L'] ascending: the original order
                 x, cos, sin, slots = x[:, kept], cos[..., kept, :], sin[..., kept, :], slots[kept]  # [1, L', ...]
                 deepstack = None if deepstack is None else deepstack[:, :, kept]  # [k, 1, L', D]
+        if stop is not None:  # stop = the number of layers: every layer ran
+            return x
         if at is not None:
             x = x.gather(1, at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, P, D]
         return self._logits(x)
@@ -352,8 +388,8 @@ class Decoder:
         averaged over heads -> [last + 1], sums to 1.
         """
         q, k = self._fp32_heads(layer, x[:, :last + 1], cos[..., :last + 1, :], sin[..., :last + 1, :])
-        scores = (q[:, :, -1:] @ k.transpose(-1, -2)) * layer.self_attn.scaling  # [1, H, 1, L]: the last row sees all
-        return scores.softmax(-1).mean(dim=(0, 1, 2))  # [L]
+        every = torch.arange(last + 1, device=x.device)  # [L]: the last row sees all
+        return rows_attention(q * layer.self_attn.scaling, k, every[-1:], every)[:, 0].mean(0)  # [L]
 
     # ----------------------------------------------------------------------------- the passes (forward's callers)
 
@@ -426,6 +462,22 @@ class Decoder:
         if deepstack is not None:
             deepstack = torch.cat([deepstack, deepstack.new_zeros(*deepstack.shape[:2], extra, deepstack.shape[3])], dim=2)
         return embeds, torch.cat([position_ids, tail], dim=2), deepstack
+
+    @torch.no_grad()
+    def answer_attention(self, embeds, position_ids, rows: torch.Tensor, keys: torch.Tensor, layers: list[int],
+                         deepstack=None) -> torch.Tensor:
+        """
+        The attention of the query rows `rows` [A] to the keys `keys` [n], per head, at each of `layers` (a forward
+        up to the highest of them, none above, eager) -> [len(layers), H, A, n] fp32, in the order `layers` is given.
+        """
+        order = sorted(set(layers))
+        if not order or order[0] < 0 or order[-1] >= len(self.lm.layers):
+            raise ValueError(f"layers must be in 0..{len(self.lm.layers) - 1}, got {list(layers)}")
+        probe = AttentionProbe(tuple(order), rows, keys)
+        with self.lock:  # the check and the weights are shared with generation: one pass at a time
+            self.forward(embeds, position_ids, deepstack, stop=order[-1] + 1, probe=probe)
+        read = torch.stack(probe.read)  # [len(order), H, A, n]
+        return read[[order.index(layer) for layer in layers]]
 
     @torch.no_grad()
     def prior_attention(self, embeds, position_ids, query: tuple[int, int], layer_fraction: float,

@@ -167,6 +167,19 @@ class QwenVL(VLM):
             scores.append((logp * real).sum(1) / real.sum(1))
         return torch.cat(scores)
 
+    @torch.no_grad()
+    def answer_attention(self, prompt: Prompt, layers: list[int]) -> torch.Tensor:
+        """
+        The teacher's reading (distill/teacher.py): the attention of the rows that predict the prompt's teacher-forced
+        answer tokens (answer_start - 1 .. L - 2: the last prompt token, then each answer token but the last) to
+        every image token of the prompt, per head, at each of `layers` -> [len(layers), H, A, n_image] fp32.
+        """
+        if prompt.answer_start >= prompt.length:
+            raise ValueError("answer_attention needs a prompt with a teacher-forced answer (VLM.prompt(..., answer=))")
+        rows = torch.arange(prompt.answer_start - 1, prompt.length - 1, device=self.device)  # [A]
+        keys = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]  # [n_image]
+        return self.decoder.answer_attention(prompt.embeds, prompt.position_ids, rows, keys, layers, prompt.deepstack)
+
     # --- the participatory prior ---
 
     @torch.no_grad()
