@@ -259,6 +259,7 @@ class ArrCocQwen2VL(Qwen2VLForConditionalGeneration):
             blocks += [raster_block(cells.gestalt_grid), ImageBlock(cells.candidate_grid, cells.cells)]
         ids = torch.tensor([list(input_tokens)], dtype=torch.long)
         positions = mrope_position_ids(ids, self.config.image_token_id, blocks)[:, 0]  # [3, L]
+        log_look({"prompt_ids": ids[0].tolist(), "positions": positions.tolist()}) if blocks else None
         return positions, int(positions.max()) + 1 - len(input_tokens)
 
     def embed_multimodal(self, **kwargs):

@@ -1,0 +1,170 @@
+"""
+Serving numbers: requests per second and time to first token (p50, p99) at several concurrencies, ARR-COC through
+the vLLM plugin against stock Qwen2-VL on vLLM at its native view, each on its own server with the same settings.
+Run it in the vLLM venv (requirements-vllm.txt) on pages made by arr_coc.eval.data:
+
+    .venv/bin/python -m arr_coc.eval.data --out out/pages-1792 --n 24 --kinds fine_print --size 1792 --seed 1
+    .venv-vllm/bin/python -m arr_coc.engines.vllm_bench --data out/pages-1792 --concurrency 1,4,8 --requests 8
+
+Each concurrency level sends its own `--requests` pages (so no level reads another's from a cache), streamed, greedy,
+at most --max-tokens tokens; a warm-up request first. A markdown table goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from arr_coc.engines.vllm_plugin import ARCHITECTURE
+
+STOCK = "Qwen2VLForConditionalGeneration"  # vLLM's own Qwen2-VL: the native view (its processor's smart_resize)
+
+
+@dataclass
+class Level:
+    """One concurrency level's measurements."""
+    architecture: str  # the served architecture
+    concurrency: int  # requests in flight at once
+    requests: int  # requests sent
+    per_second: float  # requests finished per second of wall time
+    ttft_p50_ms: float  # median time to first token
+    ttft_p99_ms: float  # 99th percentile time to first token (nearest rank)
+    prompt_tokens: float  # mean prompt tokens a request
+
+
+def server_command(model: str, port: int, architecture: str, max_model_len: int) -> list[str]:
+    """The OpenAI-compatible server: fp32, eager, prefix caching off (every request pays its prefill), one setting
+    list for both architectures."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
+            "--enforce-eager", "--port", str(port), "--host", "127.0.0.1", "--max-model-len", str(max_model_len),
+            "--gpu-memory-utilization", "0.1", "--no-enable-prefix-caching",
+            "--hf-overrides", json.dumps({"architectures": [architecture]})]
+
+
+@contextmanager
+def serving(command: list[str], port: int, log: Path, timeout: float = 900):
+    """A server started in its own session, up (/health) before the block, stopped after it."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        start = time.monotonic()
+        while True:
+            if process.poll() is not None or time.monotonic() - start > timeout:
+                raise RuntimeError(f"the server did not come up; its log: {log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                time.sleep(2)
+        yield
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=120)
+
+
+async def one(client, model: str, page: dict, max_tokens: int) -> tuple[float, int]:
+    """One streamed chat request -> (seconds to its first content token, its prompt tokens)."""
+    url = "data:image/png;base64," + base64.b64encode(Path(page["path"]).read_bytes()).decode()
+    start, first, prompt = time.perf_counter(), None, 0
+    stream = await client.chat.completions.create(
+        model=model, temperature=0, max_tokens=max_tokens, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": page["question"]}]}])
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - start
+        if chunk.usage:
+            prompt = chunk.usage.prompt_tokens
+    return (first if first is not None else time.perf_counter() - start), prompt
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-th percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))]
+
+
+async def level(port: int, architecture: str, pages: list[dict], concurrency: int, max_tokens: int) -> Level:
+    """`pages` sent with at most `concurrency` in flight -> the level's numbers."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600)
+    model = (await client.models.list()).data[0].id
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(page):
+        async with gate:
+            return await one(client, model, page, max_tokens)
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(gated(page) for page in pages))
+    wall = time.perf_counter() - start
+    ttfts = [r[0] * 1000 for r in results]
+    return Level(architecture, concurrency, len(pages), len(pages) / wall, percentile(ttfts, 50), percentile(ttfts, 99),
+                 sum(r[1] for r in results) / len(results))
+
+
+def table(levels: list[Level]) -> str:
+    """The levels as a markdown table."""
+    lines = ["| served | concurrency | requests | requests/s | TTFT p50 ms | TTFT p99 ms | prompt tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {'ARR-COC plugin' if x.architecture == ARCHITECTURE else 'stock Qwen2-VL'} | {x.concurrency} | "
+              f"{x.requests} | {x.per_second:.3f} | {x.ttft_p50_ms:.0f} | {x.ttft_p99_ms:.0f} | {x.prompt_tokens:.0f} |"
+              for x in levels]
+    return "\n".join(lines)
+
+
+def pages_of(folder: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (folder / "data.jsonl").read_text().splitlines()]
+    return [{"path": str(folder / row["image"]), "question": row["question"]} for row in rows]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m arr_coc.engines.vllm_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True, help="a folder made by arr_coc.eval.data (data.jsonl, images/)")
+    p.add_argument("--model", default="models/pocket-qwen2-vl", help="the model folder both servers load")
+    p.add_argument("--concurrency", default="1,4,8", help="comma-separated requests in flight, one level each")
+    p.add_argument("--requests", type=int, default=8, help="requests per level (each level its own pages)")
+    p.add_argument("--max-tokens", type=int, default=16, help="at most this many generated tokens a request")
+    p.add_argument("--max-model-len", type=int, default=8192, help="both servers' --max-model-len")
+    p.add_argument("--port", type=int, default=8391, help="the port each server listens on, in turn")
+    p.add_argument("--served", default=f"{STOCK},{ARCHITECTURE}", help="the architectures to serve, in turn")
+    p.add_argument("--log-dir", type=Path, default=Path("out/vllm-bench"), help="where each server's log goes")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    levels_asked = [int(c) for c in args.concurrency.split(",")]
+    pages = pages_of(args.data)
+    need = 1 + args.requests * len(levels_asked)
+    if len(pages) < need:
+        raise SystemExit(f"--data has {len(pages)} pages; {need} are needed (a warm-up and --requests per level)")
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    levels = []
+    for architecture in args.served.split(","):
+        command = server_command(args.model, args.port, architecture, args.max_model_len)
+        with serving(command, args.port, args.log_dir / f"{architecture}.log"):
+            asyncio.run(level(args.port, architecture, pages[:1], 1, args.max_tokens))  # warm-up
+            for i, concurrency in enumerate(levels_asked):
+                chunk = pages[1 + i * args.requests: 1 + (i + 1) * args.requests]
+                levels.append(asyncio.run(level(args.port, architecture, chunk, concurrency, args.max_tokens)))
+                print(table(levels[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(table(levels))
+
+
+if __name__ == "__main__":
+    main()
