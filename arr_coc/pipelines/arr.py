@@ -51,7 +51,7 @@ from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, TensionSettings
 from arr_coc.timing import Stopwatch
-from arr_coc.vlm.base import VLM, Generation, Prompt, VisualTokens
+from arr_coc.vlm.base import VLM, Prompt, VisualTokens
 from arr_coc.vlm.views import Views
 
 # A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.stock import answer_reduced
-from arr_coc.vlm.views import Views
 from arr_coc.vlm.base import VisualTokens
+from arr_coc.vlm.views import Views
 
 ROW_CHUNK = 1024  # rows of the [K, K] distance matrix held at once for the first pick (16384 cells fit)
 

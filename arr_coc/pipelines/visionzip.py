@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.stock import answer_reduced
-from arr_coc.vlm.views import Views
 from arr_coc.vlm.base import VisionAttention, VisualTokens
+from arr_coc.vlm.views import Views
 
 CONTEXTUAL_SHARE = 10  # one contextual token per this many kept tokens (C = max(1, round(N / 10)))
 
