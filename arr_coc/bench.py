@@ -50,7 +50,7 @@ from PIL import Image
 from arr_coc import cli
 from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
 from arr_coc.flags import config_parser, device_flag, flag, parse_config
-from arr_coc.pipelines import FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
+from arr_coc.pipelines import BUDGET_FREE, FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
 from arr_coc.relevance.ablation import ABLATIONS
 
 CHOICES = (*PIPELINES, *(f"arr-{name}" for name in ABLATIONS))  # --pipelines: the pipelines and ARR's ablations
@@ -341,7 +341,8 @@ def conversation_line(r: dict) -> str:
             f"{r['turns']}: {r['context']} tokens")
 
 
-SWEPT = ("arr", "budget", *REDUCERS)  # --budgets: the pipelines whose visual tokens follow ARR's budget
+SWEPT = ("arr", "budget", *(r for r in REDUCERS if r not in BUDGET_FREE))  # --budgets: the pipelines whose
+# visual tokens follow ARR's budget
 
 
 def bench_budgets(model, image: Image.Image, budgets: list[int], new_tokens: int, repeats: int,

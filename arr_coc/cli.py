@@ -271,6 +271,14 @@ def fastv_layer_flag():
                                             "at layer K-1 (FastV's 2)", bounded_int(1, 1000))
 
 
+def pixelprune_tau_flag():
+    """--pixelprune-tau, one flag for run and evaluate."""
+    return flag(PipelineConfig.pixelprune_tau, "the pixelprune baselines' tau: a cell within this many 0-255 levels "
+                                               "(max over its pixels) of its left or upper neighbour's reconstruction "
+                                               "is dropped before the ViT (0: exact duplicates only, lossless)",
+                bounded_float(0.0, 255.0), metavar="TAU")
+
+
 def llm_layers(model: str) -> int | None:
     """
     The LLM depth of a --model, read without loading it: the tiny models' recipe, a folder's config.json (the pocket

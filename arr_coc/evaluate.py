@@ -159,6 +159,7 @@ class EvalConfig:
                                             "scenes)", cli.new_tokens)
     max_cells: int = cli.max_cells_flag()
     fastv_layer: int = cli.fastv_layer_flag()
+    pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
     faithfulness: bool = flag(False, "for every ARR strategy row (not the ablations), also measure the deletion / "
@@ -268,8 +269,6 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
     """Every job's answer to one item, scored: (one result dict per job, the jobs skipped here with why). An item
     without reference answers (a test split) is answered with score None and no faithfulness curves; a benchmark
     metric also gets the lenient one as an extra field. In a sweep, a result records its budget."""
-    import torch
-
     from arr_coc.eval.faithfulness import faithfulness_curves
     from arr_coc.eval.metrics import box_recall_precision
     from arr_coc.pipelines.answer import tension_record
@@ -298,16 +297,34 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
             result[LENIENT] = METRICS[LENIENT](a.text, item.answers)
         if a.arr is not None:  # its tensions (its first look's): e, λ, K, and f under the adaptive budget
             result["tensions"] = tension_record(a.arr)
-        if a.arr is not None and item.box is not None:  # over every cell read, both rounds' under a second look
-            read = torch.cat([f.arr.indices[0] for f in a.fixations]) if a.fixations else a.arr.indices[0]
-            recall, precision = box_recall_precision(a.views.box_coverage(item.box), read)
-            result.update(box_recall=recall, box_precision=precision, fallback=a.arr.fallback[0])
+        if item.box is not None:  # did it read the asked place: every row, on the candidate grid (cells_read)
+            recall, precision = box_recall_precision(a.views.box_coverage(item.box), cells_read(a))
+            result.update(box_recall=recall, box_precision=precision)
+            if a.arr is not None:
+                result["fallback"] = a.arr.fallback[0]
         if a.arr is not None and not ablation and not refix and args.faithfulness and item.answers:  # of the 1st reference
             curves = faithfulness_curves(model.parts, a.observation, a.arr, item.answers[0], args.faithfulness_steps,
                                          args.seed)
             result["faithfulness"] = curves.to_json()
         results.append(result)
     return results, skipped
+
+
+def cells_read(a):
+    """The candidate cells [M] an answer read as their own: ARR's saccades (both rounds' under a second look); a
+    reducer's kept tokens on the candidate grid (eval.metrics.cells_on_grid), VisionZip's merged context tokens left
+    out (their features are not their cell's); a stock view's every cell (full, gestalt, budget: recall 1)."""
+    import torch
+
+    from arr_coc.eval.metrics import cells_on_grid
+
+    if a.arr is not None:
+        return torch.cat([f.arr.indices[0] for f in a.fixations]) if a.fixations else a.arr.indices[0]
+    GH, GW = a.views.candidate_grid
+    if a.kept is None:
+        return torch.arange(GH * GW)
+    own = a.kept if a.merged is None else a.kept[~(a.kept[:, None] == a.merged[None].cpu()).all(-1).any(1)]
+    return cells_on_grid(own, a.views.native_grid, a.views.candidate_grid)
 
 
 # ----------------------------------------------------------------------------- the results folder
@@ -353,6 +370,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 prompt_reference=SCHEMAS[source.schema].reference,
                 budget=None if args.budgets else args.budget, budgets=args.budgets, **adaptive_bounds(args),
                 max_new_tokens=args.max_new_tokens, max_cells=args.max_cells, fastv_layer=args.fastv_layer,
+                **({"pixelprune_tau": args.pixelprune_tau} if args.pixelprune_tau else {}),  # absent at 0: older
+                # folders resume
                 refixate=args.refixate, refixate_budget=args.refixate_budget,
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
                 conversation_turns=args.turns if args.conversation else None)

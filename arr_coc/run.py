@@ -88,6 +88,7 @@ class RunConfig:
     max_new_tokens: int = flag(64, "answer length limit", cli.new_tokens)
     max_cells: int = cli.max_cells_flag()
     fastv_layer: int = cli.fastv_layer_flag()
+    pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
     device: str | None = device_flag()

@@ -35,6 +35,8 @@ class PipelineConfig:
     # sizes its view to ARR's count at the request's budget instead: 23x23 at 644^2 by default)
     prior_layer_fraction: float = 0.5  # read question->gestalt attention at this fraction of the LLM's depth
     fastv_layer: int = 2  # FastV's K (Chen et al. 2024): layers >= K read only the top image tokens (the paper's 2)
+    pixelprune_tau: float = 0.0  # PixelPrune's threshold: a cell within this many 0-255 levels of its neighbour's
+    # reconstruction is dropped before the ViT (0: exact duplicates only, the paper's lossless setting)
 
     def __post_init__(self):
         if not MIN_CELLS <= self.max_cells <= MAX_CELLS:

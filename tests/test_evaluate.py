@@ -50,13 +50,14 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     report = json.loads((out / "report.json").read_text())
     summary = report["summary"]
     assert report["checkpoint"] == "tiny-charts-documents" and report["metric"] == "contains"  # the app's default rule
-    assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "arr:topk", "arr:logpolar",
-                             "arr:grid", "arr:random"]
+    assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune",
+                             "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
     assert summary["divprune"]["visual_tokens"] == summary["visionzip"]["visual_tokens"] == 529  # as many as ARR reads
     assert summary["fastv"]["visual_tokens"] == 529
     assert summary["arr:topk"]["gflops"] < summary["full"]["gflops"]
-    assert "box_recall" not in summary["full"] and 0 <= summary["arr:topk"]["box_recall"] <= 1
+    assert summary["full"]["box_recall"] == summary["gestalt"]["box_recall"] == 1.0  # they read every cell
+    assert all(0 <= summary[row]["box_recall"] <= 1 for row in ("arr:topk", "divprune", "pixelprune_n"))
     records = results(out)
     assert [(r["item"], r["row"]) for r in records] == [(i, row) for i in range(2) for row in summary]
     noise = [r for r in records if r["kind"] == "noise"]
@@ -260,6 +261,7 @@ OTHER_VALUES = {
     "min_budget": (["--budget", "auto"], ["--min-budget", "10"]),
     "max_budget": (["--ablations", "auto-budget"], ["--max-budget", "100"]),
     "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
+    "pixelprune_tau": ([], ["--pixelprune-tau", "8"]),
     "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
     "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),

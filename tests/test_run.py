@@ -138,7 +138,8 @@ def test_several_questions_are_one_conversation_with_a_json_entry_per_turn(tmp_p
     assert report["questions"] == [QUESTION, "And its nose?", "Where is it?"] and report["fresh_cells"] is True
     turns = report["turns"]
     assert [t["question"] for t in turns] == report["questions"] and "pipelines" not in report
-    assert list(turns[0]["pipelines"]) == ["arr", "full", "gestalt", "budget", "divprune", "visionzip"]  # no fastv
+    assert list(turns[0]["pipelines"]) == ["arr", "full", "gestalt", "budget", "divprune", "visionzip", "pixelprune",
+                                           "pixelprune_n"]  # no fastv
     arr = [t["pipelines"]["arr"] for t in turns]
     assert [a["conversation"]["turn"] for a in arr] == [1, 2, 3]
     cells = [{(s["row"], s["col"]) for s in a["saccades"]} for a in arr]

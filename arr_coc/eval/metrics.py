@@ -15,6 +15,7 @@ evaluations step by step, so their numbers sit beside published ones:
     contains("The total is 4,821.", ["4 821"])       # lenient: the answer's words appear; the synthetic and JSONL
                                                      #   sets' metric, and an extra column of benchmark runs
     recall, precision = box_recall_precision(coverage, indices)
+    indices = cells_on_grid(kept, native_grid, candidate_grid)   # a reducer's kept tokens as candidate cells
 
 Intervals (wilson, interval_text) live in arr_coc.intervals, which the pocket model's training shares.
 
@@ -201,6 +202,23 @@ def relaxed_accuracy(prediction: str, answers: list[str], max_relative_change: f
 
 METRICS = {"anls": anls, "vqa": vqa_accuracy, "relaxed": relaxed_accuracy, "exact": exact, "contains": contains}
 LENIENT = "contains"  # the lenient metric: reported beside a benchmark's own metric as an extra column
+
+
+def cells_on_grid(positions, grid: tuple[int, int], candidate_grid: tuple[int, int]):
+    """
+    Cells a pipeline read, (row, col) [K, 2] on its view's grid (a reducer's: the native view's) -> the raster
+    indices [M] of the candidate cells they cover, ascending. Both grids span the whole image: a candidate cell counts
+    as read when its centre lies in a read cell. When the grids agree (the native grid is the candidate grid, as it
+    is unless the native view is under twice the gestalt per side) that is the same cells, one for one.
+    """
+    import torch
+
+    (gh, gw), (GH, GW) = grid, candidate_grid
+    read = torch.zeros(gh, gw, dtype=torch.bool)
+    read[positions[:, 0].cpu(), positions[:, 1].cpu()] = True  # [gh, gw]
+    rows = (2 * torch.arange(GH) + 1) * gh // (2 * GH)  # [GH] the grid row holding each candidate row's centre
+    cols = (2 * torch.arange(GW) + 1) * gw // (2 * GW)  # [GW]
+    return read[rows][:, cols].flatten().nonzero().flatten()
 
 
 def box_recall_precision(coverage, indices) -> tuple[float, float]:

@@ -10,7 +10,7 @@ line here, and check_pipeline refuses a request a pipeline cannot run. This modu
 commands check their flags before torch loads.
 
     from arr_coc import pipelines
-    pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", "visionzip", "fastv")
+    pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", ..., "pixelprune_n")
     finished(pipelines.load("full").answer(parts, views_of(parts, image), "What is here?", Request()))   # steps.py
 """
 
@@ -30,15 +30,20 @@ REGISTRY = {
     "visionzip": ("arr_coc.pipelines.visionzip", True, "VisionZip: the native view's most-attended tokens plus merged context, as many as ARR reads"),
     "fastv": ("arr_coc.pipelines.fastv", True, "FastV: the native view, only the image tokens layer K-1 attends to most "
               "(ARR's token count) read from layer K on"),
+    "pixelprune": ("arr_coc.pipelines.pixelprune", True, "PixelPrune: the native view's pixel-unique cells only "
+                   "(a neighbour's duplicate, within tau, dropped before the ViT), every one"),
+    "pixelprune_n": ("arr_coc.pipelines.pixelprune_n", True, "PixelPrune at ARR's token count: of its pixel-unique "
+                     "cells, the most unique (farthest from the nearest other), as many as ARR reads"),
 }
 PIPELINES = tuple(REGISTRY)
 FAST_ENGINE_ONLY = ("fastv",)  # pipelines stock generate() cannot run (the hf engine): FastV's layers read two lengths
 BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baseline)
 # the pipelines whose LLM reads our own embeddings (vlm.prompt) under either engine; stock generate() cannot take
 # Qwen3-VL's (it would drop their DeepStack features), so under its hf engine they have no row
-FROM_EMBEDS = ("arr", "divprune", "visionzip")
-REDUCERS = ("divprune", "visionzip", "fastv")  # the published token reducers: each names its kept cells (Answer.kept)
-BUDGET_FREE = ("full", "gestalt")  # the pipelines whose view no budget changes: a budget sweep runs them once
+FROM_EMBEDS = ("arr", "divprune", "visionzip", "pixelprune", "pixelprune_n")
+REDUCERS = ("divprune", "visionzip", "fastv", "pixelprune", "pixelprune_n")  # the published token reducers: each
+# names its kept cells (Answer.kept)
+BUDGET_FREE = ("full", "gestalt", "pixelprune")  # the pipelines no budget changes: a budget sweep runs them once
 
 
 def describe(names: tuple[str, ...] = PIPELINES) -> str:

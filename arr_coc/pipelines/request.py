@@ -50,6 +50,8 @@ class Request:
     ablation: Ablation | str | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None:
     # nothing), or its name: check_request makes a name its Ablation
     fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
+    pixelprune_tau: float | None = None  # PixelPrune's tau, 0-255 levels (pixelprune, pixelprune_n; default: the
+    # PipelineConfig's)
     tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
     refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
@@ -99,6 +101,9 @@ def check_request(request: Request) -> Request:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
     if request.refixate is not None and not (math.isfinite(request.refixate) and 0 <= request.refixate <= 1):
         raise InputError(f"refixate (tau) is a confidence between 0 and 1, got {request.refixate}")
+    tau = request.pixelprune_tau
+    if tau is not None and not (math.isfinite(tau) and 0 <= tau <= 255):
+        raise InputError(f"pixelprune_tau is a pixel difference between 0 and 255, got {tau}")
     if request.refixate_budget is not None and int(request.refixate_budget) < 1:
         raise InputError(f"refixate_budget (the second look's saccades) must be at least 1, got {request.refixate_budget}")
     return request if ablation is request.ablation else replace(request, ablation=ablation)
