@@ -14,7 +14,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     second = vlm.generate(more, 64)                                      # continues turn 1's cache (+ its History)
     pruned = vlm.generate(prompt, 64, prune=(2, 529))                    # FastV: layers >= 2 read 529 image tokens
     scores = vlm.answer_logprobs([vlm.prompt(question, [tokens], answer="a cat")])   # teacher forcing
-    looks = vlm.answer_attention(vlm.prompt(question, [tokens], answer="a cat"), layers=[2])   # [1, H, A, n_image]
+    looks = vlm.answer_attention(vlm.prompt(question, [tokens], answer="a cat"), [2])   # .weights [1, H, A, n_image]
     stock = vlm.stock_inputs(question, view)                             # transformers' own inputs (baselines)
     vlm.gflops(vision_cells=[256, 273], prefill_tokens=580, prior_tokens=300)
     tokens, attention = vlm.encode_view_attention(view)               # + the ViT's last-block attention per cell
@@ -70,6 +70,14 @@ class VisionAttention:
     """The vision tower's last block over a whole view, per cell (raster order): what VisionZip reads."""
     received: torch.Tensor  # [K] attention the cell receives: per patch head-averaged and summed over queries, cell mean
     keys: torch.Tensor  # [K, hd] the cell's last-block key (post-rotary), averaged over heads and its 4 patches
+
+
+@dataclass
+class AnswerAttention:
+    """Where a teacher-forced answer looks (VLM.answer_attention): per asked layer, what the teacher reads."""
+    weights: torch.Tensor  # [len(layers), H, A, n] fp32: the rows predicting the A answer tokens, on the n image tokens
+    norms: torch.Tensor  # [len(layers), n] fp32: each image token's hidden-state norm entering the layer (sinks: huge)
+    layers: tuple[int, ...]  # the layers read, in the order asked
 
 
 @dataclass
@@ -229,10 +237,11 @@ class VLM(ABC):
         """Each prompt's teacher-forced answer, mean log-probability per token -> [len(prompts)]; differentiable."""
 
     @abstractmethod
-    def answer_attention(self, prompt: Prompt, layers: list[int]) -> torch.Tensor:
+    def answer_attention(self, prompt: Prompt, layers: list[int]) -> AnswerAttention:
         """Where a teacher-forced answer looks: the attention of the A rows that predict its tokens (answer_start - 1
         .. L - 2) to the prompt's n image tokens, per head, at each of `layers` (computed explicitly in fp32, the rows
-        chunked; the layers above the highest never run) -> [len(layers), H, A, n_image]; not differentiable."""
+        chunked; the layers above the highest never run) -> AnswerAttention (weights [len(layers), H, A, n_image],
+        the image tokens' hidden-state norms [len(layers), n_image]); not differentiable."""
 
     @abstractmethod
     def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,

@@ -49,7 +49,7 @@ and the fused matmuls are written here, and tests pin prefill logits, decode tok
     # saved: (keys, values, position); the VLM keeps it as History.cache (base.SavedCache), which turn 2 passes
     ids, probs, safe_mode, saved = decoder.generate(more, more_ids, 64, [151645], history=cache, keep=True)
     logits = decoder.forward(embeds, position_ids, deepstack, at=positions)   # teacher forcing [B, P, V]
-    attention = decoder.answer_attention(embeds, position_ids, rows, keys, layers=[2, 3])   # [2, H, A, n]
+    weights, norms = decoder.answer_attention(embeds, position_ids, rows, keys, layers=[2, 3])  # [2, H, A, n], [2, n]
 """
 
 import threading
@@ -120,11 +120,13 @@ def rows_attention(q, k, rows: torch.Tensor, keys: torch.Tensor, chunk: int = PR
 @dataclass
 class AttentionProbe:
     """What the one loop reads on its way (Decoder.forward's `probe`): at each of `layers`, the attention of the query
-    rows `rows` to the keys `keys`, per head, recomputed in fp32 (whatever kernel the layer runs) -> `read`."""
+    rows `rows` to the keys `keys`, per head, recomputed in fp32 (whatever kernel the layer runs) -> `read`, and the
+    norm of each key's hidden state entering the layer -> `norms` (massive activations mark attention sinks)."""
     layers: tuple[int, ...]  # the layers to read, ascending
     rows: torch.Tensor  # [A] sequence indices of the query rows
     keys: torch.Tensor  # [n] sequence indices of the keys read
     read: list[torch.Tensor] = field(default_factory=list)  # one [H, A, n] per layer of `layers`, filled in order
+    norms: list[torch.Tensor] = field(default_factory=list)  # one [n] per layer: |x| of the keys entering it (fp32)
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -299,6 +301,7 @@ class Decoder:
             if probe is not None and i in probe.layers:
                 q, k = self._fp32_heads(layer, x, cos, sin)  # [1, H, L, hd] each
                 probe.read.append(rows_attention(q * layer.self_attn.scaling, k, probe.rows, probe.keys))  # [H, A, n]
+                probe.norms.append(x[0, probe.keys].float().norm(dim=-1))  # [n]
             x = self._layer(layer, x, cos, sin, cache, slots, None if masks is None else masks[i])
             x = self._add_deepstack(x, deepstack, i)
             if pruning is not None and i == pruning.layer - 1:
@@ -465,10 +468,11 @@ class Decoder:
 
     @torch.no_grad()
     def answer_attention(self, embeds, position_ids, rows: torch.Tensor, keys: torch.Tensor, layers: list[int],
-                         deepstack=None) -> torch.Tensor:
+                         deepstack=None) -> tuple[torch.Tensor, torch.Tensor]:
         """
         The attention of the query rows `rows` [A] to the keys `keys` [n], per head, at each of `layers` (a forward
-        up to the highest of them, none above, eager) -> [len(layers), H, A, n] fp32, in the order `layers` is given.
+        up to the highest of them, none above, eager) -> ([len(layers), H, A, n] fp32, the keys' hidden-state norms
+        entering each layer [len(layers), n]), in the order `layers` is given.
         """
         order = sorted(set(layers))
         if not order or order[0] < 0 or order[-1] >= len(self.lm.layers):
@@ -476,8 +480,8 @@ class Decoder:
         probe = AttentionProbe(tuple(order), rows, keys)
         with self.lock:  # the check and the weights are shared with generation: one pass at a time
             self.forward(embeds, position_ids, deepstack, stop=order[-1] + 1, probe=probe)
-        read = torch.stack(probe.read)  # [len(order), H, A, n]
-        return read[[order.index(layer) for layer in layers]]
+        asked = [order.index(layer) for layer in layers]
+        return torch.stack(probe.read)[asked], torch.stack(probe.norms)[asked]  # [len(layers), H, A, n], [.., n]
 
     @torch.no_grad()
     def prior_attention(self, embeds, position_ids, query: tuple[int, int], layer_fraction: float,

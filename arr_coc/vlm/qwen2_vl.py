@@ -22,8 +22,8 @@ from PIL import Image
 
 from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
-from arr_coc.vlm.base import (VLM, CompileSeconds, Generation, History, Prompt, SavedCache, StockInputs, VisionAttention,
-                              VisualTokens)
+from arr_coc.vlm.base import (VLM, AnswerAttention, CompileSeconds, Generation, History, Prompt, SavedCache,
+                              StockInputs, VisionAttention, VisualTokens)
 from arr_coc.vlm.chat import CHAT_TEMPLATE, ChatLayout
 from arr_coc.vlm.decoder import Decoder, Pruning
 from arr_coc.vlm.vision import QwenVision
@@ -168,17 +168,20 @@ class QwenVL(VLM):
         return torch.cat(scores)
 
     @torch.no_grad()
-    def answer_attention(self, prompt: Prompt, layers: list[int]) -> torch.Tensor:
+    def answer_attention(self, prompt: Prompt, layers: list[int]) -> AnswerAttention:
         """
         The teacher's reading (distill/teacher.py): the attention of the rows that predict the prompt's teacher-forced
         answer tokens (answer_start - 1 .. L - 2: the last prompt token, then each answer token but the last) to
-        every image token of the prompt, per head, at each of `layers` -> [len(layers), H, A, n_image] fp32.
+        every image token of the prompt, per head, at each of `layers`, and those tokens' hidden-state norms entering
+        each layer -> AnswerAttention ([len(layers), H, A, n_image] and [len(layers), n_image], fp32).
         """
         if prompt.answer_start >= prompt.length:
             raise ValueError("answer_attention needs a prompt with a teacher-forced answer (VLM.prompt(..., answer=))")
         rows = torch.arange(prompt.answer_start - 1, prompt.length - 1, device=self.device)  # [A]
         keys = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]  # [n_image]
-        return self.decoder.answer_attention(prompt.embeds, prompt.position_ids, rows, keys, layers, prompt.deepstack)
+        weights, norms = self.decoder.answer_attention(prompt.embeds, prompt.position_ids, rows, keys, layers,
+                                                       prompt.deepstack)
+        return AnswerAttention(weights, norms, tuple(layers))
 
     # --- the participatory prior ---
 

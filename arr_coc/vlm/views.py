@@ -140,9 +140,10 @@ class Views:
         sx, sy = self.image.width / gw, self.image.height / gh
         return [round(col * sx), round(row * sy), round((col + 1) * sx), round((row + 1) * sy)]
 
-    def box_coverage(self, box) -> torch.Tensor:
-        """Fraction of each candidate cell inside a pixel box [x0, y0, x1, y1] of the original image -> [GH, GW]."""
-        gh, gw = self.candidate_grid
+    def box_coverage(self, box, grid: tuple[int, int] | None = None) -> torch.Tensor:
+        """Fraction of each candidate cell (or each cell of `grid`, e.g. the native grid) inside a pixel box
+        [x0, y0, x1, y1] of the original image -> [GH, GW]."""
+        gh, gw = grid or self.candidate_grid
         sx, sy = self.image.width / gw, self.image.height / gh
         x0, y0, x1, y1 = (float(v) for v in box)
         cols, rows = torch.arange(gw, dtype=torch.float), torch.arange(gh, dtype=torch.float)
