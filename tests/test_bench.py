@@ -114,12 +114,14 @@ def test_check_exits_1_on_an_injected_slowdown_of_a_real_run(arr_model, tmp_path
 
 def test_a_budget_sweep_times_arr_and_the_rows_that_read_its_tokens_at_each_budget(arr_model):
     swept = bench.bench_budgets(arr_model, bench.test_image(896), [16, 40], 2, 1, 1024)
-    assert list(swept) == [16, 40] and all(list(rows) == ["arr", "budget", "divprune", "visionzip", "fastv"]
-                                           for rows in swept.values())
+    assert list(swept) == [16, 40] and all(list(rows) == ["arr", "budget", "divprune", "visionzip", "fastv",
+                                                          "pixelprune_n"] for rows in swept.values())  # not pixelprune:
+    # no budget changes it
     for b, rows in swept.items():
         assert rows["arr"]["tokens"] == dict(gestalt=256, saccade=b, text=rows["arr"]["tokens"]["text"],
                                              total_visual=256 + b)
-        assert all(rows[r]["tokens"]["total_visual"] == 256 + b for r in ("divprune", "visionzip", "fastv"))
+        assert all(rows[r]["tokens"]["total_visual"] == 256 + b for r in ("divprune", "visionzip", "fastv",
+                                                                          "pixelprune_n"))
         assert all(r["engine"] == "fast" and r["ttft_ms"] > 0 for r in rows.values())
 
 
