@@ -63,19 +63,18 @@ from arr_coc import zerogpu  # noqa: E402
 from arr_coc import viz  # noqa: E402
 from arr_coc.app import handlers, ui, uploads  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
+from arr_coc.settings import MAX_NEW_TOKENS  # noqa: E402
 from arr_coc.pipelines import FAST_ENGINE_ONLY, REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
 from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
 from arr_coc.relevance import ablation as ablations  # noqa: E402
 from arr_coc.relevance.config import ARRCOCConfig  # noqa: E402
 from arr_coc.vlm.families import FAMILY_NAMES  # noqa: E402
-from arr_coc.vlm.tiny import TINY_MODELS  # noqa: E402
-from arr_coc.checkpoints import POCKET, POCKET_NOTICE  # noqa: E402
+from arr_coc.checkpoints import ROOT as CHECKPOINTS  # noqa: E402  (the shipped checkpoints, found by name)
 from arr_coc.hub import hub_out_of_reach  # noqa: E402
 
 log = logging.getLogger("arr_coc.app")
 ROOT = Path(__file__).parent
-CHECKPOINTS = ROOT / "checkpoints"
 EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
 EXAMPLE_LABELS = ui.example_labels(ROOT / "assets" / "examples.json")
 EXAMPLES_NOTE = ("**Examples.** The first ones are fine-print pages of the kind the offline pocket model (`--model "
@@ -84,7 +83,6 @@ EXAMPLES_NOTE = ("**Examples.** The first ones are fine-print pages of the kind 
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
 # ZeroGPU: the most one call of each event holds the GPU, in seconds
 GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120)
-MAX_NEW_TOKENS = 256
 DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
 
 
@@ -437,23 +435,14 @@ def load(args: options.AppConfig) -> tuple[ARRCOCQwen, str, list[str]]:
 
 def load_model(name: str) -> ARRCOCQwen:
     """
-    The VLM `name`, else the pocket model with a notice that names `name` and why (as `run` says it). A hub id is
-    looked for on the hub only if one quick probe answers (hub_out_of_reach): else from the cache alone, at once,
-    where transformers would retry for about 25 s; HF_HUB_OFFLINE=1 is said as such, not as a failed connection.
+    The VLM `name`, else the pocket model with a notice that names `name` and why (cli.load_vlm, as the commands
+    load: whatever the reason, here). A hub id is looked for on the hub only if one quick probe answers
+    (hub_out_of_reach): else from the cache alone, at once; HF_HUB_OFFLINE=1 is said as such.
     """
     hub = cli.hub_model(name)
     offline = hub_out_of_reach() if hub else None
     log.info("loading the model %s%s ...", name, " (a hub id downloads on its first run)" if hub and not offline else "")
-    try:
-        return ARRCOCQwen.from_pretrained(name)
-    except Exception as e:  # no network, no cache, a typo, a bad folder: the offline model keeps the app useful
-        if name in TINY_MODELS or name == POCKET:
-            raise
-        why = (f"{offline}, and it is not in the local cache" if offline and isinstance(e, OSError) else
-               f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        model = ARRCOCQwen.from_pretrained(POCKET)
-        model.notice = f"Could not load the model {name!r}{cli.typo_hint(name)}: {why}. {POCKET_NOTICE}"
-        return model
+    return cli.load_vlm(name, None, "any")
 
 
 def warm_up(model: ARRCOCQwen) -> None:

@@ -338,14 +338,13 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     """
     ARRCOCQwen with its ARR layer, printing a line before and after loading, and the model's notice (none when
     quiet: torchrun's other ranks). With `fallback` (the default model, not asked for by name), a hub model that
-    the hub cannot give and the cache lacks becomes the pocket model, and its notice says so. The layer follows
-    the one rule of arr_coc.relevance.layer.choose_checkpoint (as in the app). Returns (model, the checkpoint's
-    name or checkpoints.PRIOR); model.vlm.name is the model that loaded.
+    the hub cannot give and the cache lacks becomes the pocket model (load_vlm's "offline"), and its notice says so.
+    The layer follows the one rule of arr_coc.relevance.layer.choose_checkpoint (as in the app). Returns (model, the
+    checkpoint's name or checkpoints.PRIOR); model.vlm.name is the model that loaded.
     """
     import torch
     import transformers
 
-    from arr_coc.errors import ModelOffline
     from arr_coc.relevance.layer import choose_checkpoint
 
     transformers.utils.logging.disable_progress_bar()  # stderr gets our lines, not download bars
@@ -353,13 +352,7 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     if not quiet:
         log(f"loading {name} on {device} ...")
     start = time.perf_counter()
-    try:
-        model = load_vlm(name, device)
-    except ModelOffline as e:
-        if not fallback:
-            raise
-        model = load_vlm(POCKET, device)
-        model.notice = f"Could not load {name} ({e.reason}, and it is not in the local cache). {POCKET_NOTICE}"
+    model = load_vlm(name, device, "offline" if fallback else None)
     folder = choose_checkpoint(checkpoint, model.vlm.family, model.vlm.hidden_size)
     model.layer = model.load_layer(folder) if folder is not None else model.prior_layer()
     if not quiet:
@@ -369,25 +362,51 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     return model, checkpoints.label(folder)
 
 
-def load_vlm(name: str, device: str):
-    """
-    ARRCOCQwen on the VLM `name` (its layer is load_model's to set); InputError naming it if it cannot load, and
-    ModelOffline where the hub is out of reach (hub_out_of_reach: then from the cache alone) and the cache lacks it.
-    """
-    from arr_coc.errors import InputError, ModelOffline
-    from arr_coc.model import ARRCOCQwen
+FALLBACKS = (None, "offline", "any")  # load_vlm: when the pocket model stands in for the model asked for
 
+
+def load_vlm(name: str, device: str | None, fallback: str | None = None):
+    """
+    ARRCOCQwen on the VLM `name` (its layer is the caller's to set), the one offline fallback of the commands and the
+    app. A hub id is looked for on the hub only if one quick probe answers (hub_out_of_reach): else from the local
+    cache alone, at once. A model that does not load is refused (refusal: ModelOffline, InputError), unless
+    `fallback` lets the pocket model stand in, its notice naming `name` and why: "offline" (a command's default
+    model) where the hub could not give it, "any" (the app) whatever the reason. An offline model is never replaced.
+    """
+    from arr_coc.model import ARRCOCQwen
+    from arr_coc.vlm.tiny import TINY_MODELS
+
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     offline = hub_out_of_reach() if hub_model(name) else None
     try:
         return ARRCOCQwen.from_pretrained(name, device=device)
-    except (OSError, ValueError) as e:  # no such folder, not on the hub (or offline), not a Qwen-VL
-        if isinstance(e, InputError):
-            raise
-        if offline and isinstance(e, OSError):
-            raise ModelOffline(f"cannot load the model {name!r}: {offline}, and it is not in the local cache"
-                               f"{typo_hint(name)}; {OFFLINE_HINT}", offline) from None
-        raise InputError(f"cannot load the model {name!r} ({str(e).splitlines()[0][:200]}){typo_hint(name)}; "
-                         f"{OFFLINE_HINT}") from None
+    except Exception as e:  # no network, no cache, a typo, a bad folder, not a Qwen-VL
+        missing = bool(offline) and isinstance(e, OSError)  # the hub out of reach, and the cache lacks it
+        if fallback is None or (fallback == "offline" and not missing) or name in TINY_MODELS or name == POCKET:
+            raise refusal(name, e, offline) from None
+        why = f"{offline}, and it is not in the local cache" if missing else f"{type(e).__name__}: {first_line(e)}"
+        model = ARRCOCQwen.from_pretrained(POCKET, device=device)
+        model.notice = f"Could not load the model {name!r}{typo_hint(name)}: {why}. {POCKET_NOTICE}"
+        return model
+
+
+def refusal(name: str, e: Exception, offline: str | None) -> Exception:
+    """What a model that did not load is refused with: ModelOffline where the hub was out of reach and the cache
+    lacks it, InputError for no such folder or hub model or one that is no Qwen-VL, else the error as it was."""
+    from arr_coc.errors import ModelOffline
+
+    if isinstance(e, InputError) or not isinstance(e, (OSError, ValueError)):
+        return e
+    if offline and isinstance(e, OSError):
+        return ModelOffline(f"cannot load the model {name!r}: {offline}, and it is not in the local cache"
+                            f"{typo_hint(name)}; {OFFLINE_HINT}", offline)
+    return InputError(f"cannot load the model {name!r} ({first_line(e)}){typo_hint(name)}; {OFFLINE_HINT}")
+
+
+def first_line(e: Exception) -> str:
+    """An error's first line, at most 200 characters: what a one-line message quotes of it."""
+    return (str(e).splitlines() or [""])[0][:200]
 
 
 def typo_hint(name: str) -> str:

@@ -106,19 +106,12 @@ class ARRCOCQwen:
 
     @classmethod
     def from_pretrained(cls, model: str = DEFAULT_MODEL, checkpoint: str | None = None, device: str | None = None,
-                        dtype: torch.dtype | None = None, offline_fallback: bool = False, engine: str = "fast",
+                        dtype: torch.dtype | None = None, engine: str = "fast",
                         pipeline: PipelineConfig | None = None) -> "ARRCOCQwen":
-        """Load the VLM (hub id, folder, "pocket" or "tiny"); with offline_fallback, an unloadable model becomes the
-        shipped pocket model, and the notice says so."""
+        """Load the VLM (hub id, folder, "pocket" or "tiny"); an offline model's notice says what it is. The pocket
+        model standing in for one that does not load is the commands' and the app's (cli.load_vlm)."""
+        vlm = load_vlm(model, device, dtype, engine)
         notice = None
-        try:
-            vlm = load_vlm(model, device, dtype, engine)
-        except Exception as e:  # no network, no cache, bad folder: the offline model keeps the app useful
-            if not offline_fallback or model in TINY_MODELS or model == POCKET:
-                raise
-            reason = str(e).splitlines()[0][:200]
-            vlm = load_vlm(POCKET, device, dtype, engine)
-            notice = f"Could not load {model} ({type(e).__name__}: {reason}). {POCKET_NOTICE}"
         if model in TINY_MODELS:
             notice = (f"Running the offline {model} model ({vlm.family}) with random weights (--model {model}): its "
                       "answers are meaningless, but the views, maps and saccades are real.")

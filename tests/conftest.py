@@ -70,8 +70,8 @@ def tiny_loaded_once(arr_model, monkeypatch):
 
     load, layer = cli.load_vlm, arr_model.layer
 
-    def load_once(name: str, device: str):
-        return arr_model if (name, device) == ("tiny", str(arr_model.vlm.device)) else load(name, device)
+    def load_once(name: str, device: str, fallback: str | None = None):
+        return arr_model if (name, device) == ("tiny", str(arr_model.vlm.device)) else load(name, device, fallback)
 
     monkeypatch.setattr(cli, "load_vlm", load_once)
     yield arr_model

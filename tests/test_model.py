@@ -225,12 +225,21 @@ def test_stream_ends_with_the_answer_a_plain_call_gives(arr_model):
 
 
 def test_unloadable_model_falls_back_to_the_pocket_model_with_a_notice(tmp_path):
-    model = ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"), offline_fallback=True)
-    assert model.vlm.hidden_size == 256 and "no-such-model" in model.notice  # pocket-qwen2-vl's LLM width
+    """The one offline fallback (cli.load_vlm): the app's ("any") takes the pocket model for a folder that is no
+    model; a command's default model ("offline") only where the hub could not give it; asked for by name, never."""
+    from arr_coc import cli
+    from arr_coc.errors import InputError
+
+    missing = str(tmp_path / "no-such-model")
+    model = cli.load_vlm(missing, None, "any")
+    assert model.vlm.hidden_size == 256 and model.notice.startswith(f"Could not load the model {missing!r}: OSError")
     assert "pocket-qwen2-vl" in model.notice and "synthetic fine-print" in model.notice
     assert "meaningless" in ARRCOCQwen.from_pretrained("tiny").notice  # asked for, and still said
+    for fallback in ("offline", None):
+        with pytest.raises(InputError, match="cannot load the model"):
+            cli.load_vlm(missing, None, fallback)
     with pytest.raises(OSError):
-        ARRCOCQwen.from_pretrained(str(tmp_path / "no-such-model"))
+        ARRCOCQwen.from_pretrained(missing)
 
 
 def test_a_new_pipeline_is_one_module_and_one_registry_line(arr_model, monkeypatch):

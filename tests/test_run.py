@@ -291,8 +291,8 @@ def test_offline_the_default_model_falls_back_to_the_pocket_model_at_once(offlin
                  "--max-new-tokens", "1", "--json", str(tmp_path / "run.json")]) == 0
     assert time.perf_counter() - start < 20  # the hub's retries alone wait about 35 s
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 1 and notes[0].startswith("note: Could not load Qwen/Qwen2-VL-2B-Instruct (the hub (")
-    assert "cannot be reached, and it is not in the local cache). Running pocket-qwen2-vl" in notes[0]
+    assert len(notes) == 1 and notes[0].startswith("note: Could not load the model 'Qwen/Qwen2-VL-2B-Instruct': the hub (")
+    assert "cannot be reached, and it is not in the local cache. Running pocket-qwen2-vl" in notes[0]
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["model"] == report["model_name"] == "pocket" and "pocket-qwen2-vl" in report["notice"]
     assert offline_hub.HF_HUB_OFFLINE  # the process went offline: transformers read the cache alone
