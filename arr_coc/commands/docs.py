@@ -23,6 +23,7 @@ def configs() -> list[tuple[str, type]]:
     pocket trainer and its held-out check load torch."""
     from arr_coc import bench, evaluate, run, train
     from arr_coc.app.options import AppConfig
+    from arr_coc.commands.teacher import TeacherConfig
     from arr_coc.eval.data import DataConfig
     from arr_coc.eval.figures import FiguresConfig
     from arr_coc.pocket.heldout import HeldoutConfig
@@ -32,7 +33,7 @@ def configs() -> list[tuple[str, type]]:
             ("python -m arr_coc.train", train.TrainConfig), ("python -m arr_coc.evaluate", evaluate.EvalConfig),
             ("python -m arr_coc.bench", bench.BenchConfig), ("python -m arr_coc.eval.data", DataConfig),
             ("python -m arr_coc.eval.figures", FiguresConfig), ("python -m arr_coc.pocket.train", PocketConfig),
-            ("python -m arr_coc.pocket.heldout", HeldoutConfig)]
+            ("python -m arr_coc.pocket.heldout", HeldoutConfig), ("python -m arr_coc.commands.teacher", TeacherConfig)]
 
 
 def table(command: str, config: type) -> str:
