@@ -216,7 +216,8 @@ class Looker:
         self.cells[key] = Cells((gh, gw), views.candidate_grid, out.positions[0].cpu().long())
         self.cells.popitem(last=False) if len(self.cells) > CELLS_KEPT else None
         log_look({"question": question, "budget": budget, "strategy": strategy, "gestalt_grid": [gh, gw],
-                  "candidate_grid": list(views.candidate_grid), "cells": out.positions[0].tolist()})
+                  "candidate_grid": list(views.candidate_grid), "cells": out.positions[0].tolist(),
+                  "scores": out.scores[0].tolist()})
         return look
 
     def cells_of(self, item) -> Cells:
