@@ -35,7 +35,8 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 MAX_README_BYTES = 25 * 1024
 SECTIONS = ["Contents", "Quick start", "How it works", "What you get offline", "The app", "The command line",
-            "Performance", "Accuracy", "Where ARR's selection matters", "Conversations"]  # the README's second-level headings, in reading order
+            "Performance", "Accuracy", "Where ARR's selection matters", "Conversations",
+            "Serving and evaluating at scale"]  # the README's second-level headings, in reading order
 OUTPUT_DIRS = {"runs", "out", "data", "build"}  # where the commands write: named in examples, not in the repo
 INSTALLED = ("arr_coc/shipped",)  # made by `pip install .` (setup.py), not in the repo
 EXAMPLES = ROOT / "assets" / "examples.json"
