@@ -27,6 +27,10 @@ hold a conversation: it is left out of the default pipelines then.
     python -m arr_coc.run --model pocket --image assets/pocket_box_word.png --pipelines arr,full \
         --question "What word is in the red box?" --question "What word is in the blue box?" --fresh-cells
 
+--teacher FOLDER (with --save-dir) also draws teacher.png: the teacher's map (arr_coc.distill.teacher: where the model
+looks when it reads the whole native view and gives its own answer, at the heads FOLDER/teacher_heads.json names)
+beside ARR's relevance and saccades, and their overlap.
+
 --faithfulness also measures whether ARR's answer depends on its saccades (arr_coc.eval.faithfulness): the answer's
 log-likelihood as they are removed in rank order, in a random order, and inserted; areas on stdout, the
 curves in the JSON and, with --save-dir, faithfulness.png.
@@ -65,6 +69,14 @@ from arr_coc.settings import MAX_IMAGE_PIXELS
 WARMUP_SIDE = 448  # px: the copy of the image every pipeline warms up on before the timed runs
 
 
+def teacher_folder(text: str) -> str:
+    """An argparse type: a folder holding the teacher's heads (teacher_heads.json)."""
+    if not (Path(text) / "teacher_heads.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text} holds no teacher_heads.json (python -m arr_coc.commands.teacher "
+                                         "--out writes one)")
+    return text
+
+
 @dataclass
 class RunConfig:
     """run's flags, each field one (arr_coc.flags.flag: its help and parse-time check)."""
@@ -99,6 +111,10 @@ class RunConfig:
                                     "answer)", cli.nonblank)
     json: str | None = flag(None, "write the results here as JSON (a file path)", cli.output_file)
     save_dir: str | None = flag(None, "write heatmap, channel and scorer PNGs into this folder", cli.output_folder)
+    teacher: str | None = flag(None, "with --save-dir: also draw teacher.png, the teacher's map (where the model looks "
+                                     "reading the whole native view) beside ARR's relevance, with its heads from "
+                                     "this folder's teacher_heads.json (python -m arr_coc.commands.teacher --out)",
+                               teacher_folder)
     fallback: bool = False  # not a flag: --model left out, so the pocket model may stand in offline (default_model)
 
 
@@ -126,6 +142,8 @@ def parse_args(argv=None) -> RunConfig:
         p.error("argument --answer: only used with --faithfulness")
     if args.refixate_budget is not None and args.refixate is None:
         p.error("argument --refixate-budget: only used with --refixate")
+    if args.teacher is not None and not args.save_dir:
+        p.error("argument --teacher: only used with --save-dir")
     return args
 
 
@@ -278,7 +296,8 @@ def main(argv=None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
     if args.save_dir:
-        for path in save_pictures(Path(args.save_dir), image, turns, bool(chats), curves):
+        for path in save_pictures(Path(args.save_dir), image, turns, bool(chats), curves) + teacher_pictures(
+                model, image, questions, turns, args):
             print(f"wrote {path}")
     return 0
 
@@ -314,6 +333,25 @@ def save_pictures(save_dir: Path, image, turns: list, per_turn: bool, curves) ->
     if curves is not None:
         paths.append(save_dir / "faithfulness.png")
         viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}").save(paths[-1])
+    return paths
+
+
+def teacher_pictures(model, image, questions: list[str], turns: list, args: argparse.Namespace) -> list[Path]:
+    """--teacher: each turn's teacher.png, the teacher's map of its question (the model's own answer on the whole
+    native view, arr_coc.distill.teacher) beside ARR's relevance and saccades, and their overlap."""
+    from arr_coc import viz
+    from arr_coc.distill.teacher import TeacherHeads, teach
+
+    if args.teacher is None:
+        return []
+    heads, paths = TeacherHeads.load(args.teacher), []
+    for turn, (question, (_, arr_answer)) in enumerate(zip(questions, turns), start=1):
+        if arr_answer is None:
+            continue
+        target = teach(model.vlm, heads, image, question, max_cells=args.max_cells)
+        ranked = arr_answer.arr.in_order("relevance").positions[0]
+        paths.append(Path(args.save_dir) / (f"turn-{turn}" if len(turns) > 1 else "") / "teacher.png")
+        viz.teacher_comparison(image, target.map, arr_answer.arr.relevance[0], saccades=ranked).save(paths[-1])
     return paths
 
 

@@ -14,6 +14,8 @@ Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --sa
 - moves_overlay     a conversation's turn against the one before: cells new in it, kept from it, dropped
 - faithfulness_chart  the answer's log-likelihood as saccades are removed (rank order, random) or inserted
 - saccade_overlap, rank_correlation: how much two selections / two maps agree
+- teacher_comparison  the teacher's map (where the model looks reading everything, arr_coc.distill) beside ARR's
+                    relevance, their overlap, and the asked box where the page has one
 
 Every drawing is a PIL RGB image (what gr.Image shows). Cell drawings are plain PIL, so a cell maps to
 exact pixels; charts are matplotlib `Figure`s built without pyplot, so no figure is ever registered
@@ -40,7 +42,7 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 from arr_coc.relevance.texture import CHANNELS, minmax
-from arr_coc.vlm.views import to_rgb
+from arr_coc.vlm.views import box_coverage, to_rgb
 
 MapLike = torch.Tensor | np.ndarray  # [gh, gw] (or [1, gh, gw]) map
 CellsLike = torch.Tensor | np.ndarray | Sequence  # (row, col) positions [K, 2], or Saccade objects; rank order
@@ -402,6 +404,53 @@ def with_legend(canvas: Image.Image, text: str) -> Image.Image:
         draw.text((8, canvas.height + step * i + step / 2 + text_font.size // 4), line, font=text_font, anchor="lm",
                   fill="black")
     return out
+
+
+def on_grid(values: MapLike, grid: tuple[int, int]) -> np.ndarray:
+    """A map as a distribution over the cells of `grid` (resampled bilinearly where its own grid differs, clipped
+    at 0), summing to 1 -> [gh, gw]."""
+    a = np.clip(as_map(values), 0, None)
+    if a.shape != tuple(grid):
+        t = torch.nn.functional.interpolate(torch.from_numpy(a)[None, None], size=tuple(grid), mode="bilinear",
+                                            align_corners=False)
+        a = np.clip(t[0, 0].numpy(), 0, None)
+    total = a.sum()
+    return a / total if total > 0 else np.full(grid, 1.0 / (grid[0] * grid[1]))
+
+
+def box_mass(distribution: np.ndarray, box, image_size: tuple[int, int]) -> float:
+    """A distribution's mass [gh, gw] on the cells a pixel box (x0, y0, x1, y1) of an image (width, height) touches."""
+    return float(distribution[box_coverage(box, image_size, distribution.shape).numpy() > 0].sum())
+
+
+def teacher_comparison(image: Image.Image, teacher: MapLike, relevance: MapLike, box=None,
+                       saccades: CellsLike = ()) -> Image.Image:
+    """
+    Where the model looks when it reads everything (the teacher's map, arr_coc.distill) beside where ARR looked (its
+    relevance, with its saccades), and their overlap: both as distributions on the relevance map's grid, the
+    overlap their cellwise minimum, whose sum (1: the same map, 0: disjoint) the legend says. The asked box, where
+    the page has one (x0, y0, x1, y1 px of the image), is drawn on each panel and each map's mass on its cells said.
+    """
+    grid = as_map(relevance).shape
+    t, r = on_grid(teacher, grid), on_grid(relevance, grid)
+    overlap = np.minimum(t, r)
+    panels = [heat_canvas(image, teacher), heatmap_overlay(image, relevance, saccades, numbered=0),
+              heat_canvas(image, overlap)]
+    titles = ["teacher: where the model looks", "ARR: relevance and saccades", "overlap: min of the two"]
+    if box is not None:
+        for panel in panels:
+            sx, sy = panel.width / image.width, panel.height / image.height
+            ImageDraw.Draw(panel).rectangle((box[0] * sx, box[1] * sy, box[2] * sx - 1, box[3] * sy - 1),
+                                            outline=(0, 255, 0), width=max(2, panel.width // 300))
+        titles = [f"{title} ({box_mass(m, box, image.size):.2f} in the box)"
+                  for title, m in zip(titles, (t, r, overlap))]
+    titled = [with_legend(panel, title) for panel, title in zip(panels, titles)]
+    out = Image.new("RGB", (sum(p.width for p in titled) + 8 * (len(titled) - 1), max(p.height for p in titled)),
+                    "white")
+    for i, panel in enumerate(titled):
+        out.paste(panel, (i * (panel.width + 8), 0))
+    legend = f"overlap {overlap.sum():.2f} (the sum of the cellwise minimum of the two maps, each summing to 1)"
+    return with_legend(out, legend + ("; green: the asked box" if box is not None else ""))
 
 
 # ----------------------------------------------------------------------------- charts

@@ -143,13 +143,19 @@ class Views:
     def box_coverage(self, box, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """Fraction of each candidate cell (or each cell of `grid`, e.g. the native grid) inside a pixel box
         [x0, y0, x1, y1] of the original image -> [GH, GW]."""
-        gh, gw = grid or self.candidate_grid
-        sx, sy = self.image.width / gw, self.image.height / gh
-        x0, y0, x1, y1 = (float(v) for v in box)
-        cols, rows = torch.arange(gw, dtype=torch.float), torch.arange(gh, dtype=torch.float)
-        cover_x = ((cols + 1) * sx).clamp(max=x1).sub((cols * sx).clamp(min=x0)).clamp(min=0) / sx  # [GW]
-        cover_y = ((rows + 1) * sy).clamp(max=y1).sub((rows * sy).clamp(min=y0)).clamp(min=0) / sy  # [GH]
-        return cover_y[:, None] * cover_x[None, :]
+        return box_coverage(box, self.image.size, grid or self.candidate_grid)
+
+
+def box_coverage(box, image_size: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
+    """Fraction of each cell of `grid`, laid over an image of image_size (width, height), inside a pixel box
+    [x0, y0, x1, y1] of it -> [gh, gw]."""
+    gh, gw = grid
+    sx, sy = image_size[0] / gw, image_size[1] / gh
+    x0, y0, x1, y1 = (float(v) for v in box)
+    cols, rows = torch.arange(gw, dtype=torch.float), torch.arange(gh, dtype=torch.float)
+    cover_x = ((cols + 1) * sx).clamp(max=x1).sub((cols * sx).clamp(min=x0)).clamp(min=0) / sx  # [gw]
+    cover_y = ((rows + 1) * sy).clamp(max=y1).sub((rows * sy).clamp(min=y0)).clamp(min=0) / sy  # [gh]
+    return cover_y[:, None] * cover_x[None, :]
 
 
 def resize(pixels: torch.Tensor, grid: tuple[int, int], cell: int = CELL) -> torch.Tensor:
