@@ -62,7 +62,7 @@ class StopCheck:
     engine's loops and the stock forward's alike): once the stop of the request under way (watching) is set, the
     next block raises Stopped. Stop so frees the model within one block, not after the whole vision encode and
     prefill (a 1700x2200 page's full baseline ran on for 30 s on a CPU); decoding still ends at its next token
-    (StopStreamer).
+    (steps.generate).
     """
 
     def __init__(self, vlm: VLM):
@@ -233,14 +233,14 @@ class ARRCOCQwen:
     def stream(self, image, question: str, pipeline: str = "arr", request: Request | None = None, *,
                conversation: Conversation | None = None, **settings):
         """
-        Yield the answer text as it grows (again, unchanged, at a tick: the pipeline's stages and a quiet engine yield
-        one at least every steps.TICK_S), then the finished Answer; the request and its settings as answer takes them.
-        All in the caller's thread but the engine's own loop (steps.engine_tokens). Closing this generator early (the
-        app's Stop) sets the request's `stop` (one is made if it has none), so the request ends at its next vision
-        block, LLM layer or token (StopCheck), and lets go of the model.
+        Yield the answer text as it grows, token by token as the engine makes them (again, unchanged, at a tick: the
+        pipeline yields one between its stages), then the finished Answer; the request and its settings as answer
+        takes them. All in the caller's thread: the engine yields its tokens (VLM.generate_tokens). Closing this
+        generator early (the app's Stop, between two yields) sets the request's `stop` (one is made if it has none)
+        and closes the pipeline and its engine, which lets go of the model.
         """
         request = with_settings(request, settings)
-        request = replace(request, live=True, stop=request.stop or threading.Event())
+        request = replace(request, stop=request.stop or threading.Event())
         pipeline, request, steps = self.steps(image, question, pipeline, request, conversation)
         ids, text, answered = [], "", False
         with self.serving(pipeline, request.stop):

@@ -6,6 +6,7 @@ decode) measures the device's work, not the time to queue it.
     with watch.section("vision"):
         ...
     watch.ms  # {"vision": 12.3}
+    generation = yield from timed_tokens(tokens, watch)     # + "prefill" and "decode", for a token generator
 """
 
 import math
@@ -86,6 +87,33 @@ class TimingStreamer(BaseStreamer):
         self.watch.add("decode", (end - first) * 1000)
         if self.inner is not None:
             self.inner.end()
+
+
+def timed_tokens(tokens, watch: Stopwatch):
+    """
+    An engine's token generator, passed through, its own time added to watch: "prefill" up to its first token,
+    "decode" from there to its end (TimingStreamer's split, for an engine that yields its tokens). The time its
+    caller holds a token (the same thread: the app's stream) counts in neither -> the engine's value. Closed early,
+    it closes the engine.
+    """
+    start, first, held = watch.now(), None, 0.0
+    try:
+        while True:
+            try:
+                token = next(tokens)
+            except StopIteration as end:
+                stop = watch.now()
+                first = stop if first is None else first
+                watch.add("prefill", (first - start) * 1000)
+                watch.add("decode", (stop - first - held) * 1000)
+                return end.value
+            if first is None:
+                first = watch.now()
+            given = time.perf_counter()  # the engine has synchronised already: it read the token
+            yield token
+            held += time.perf_counter() - given
+    finally:
+        tokens.close()
 
 
 PROC_STATUS, PROC_CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")

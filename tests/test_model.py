@@ -201,13 +201,13 @@ def test_a_request_is_passed_whole_or_its_settings_by_name_over_it(arr_model):
 
 
 def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
-    real = arr_model.vlm.generate
+    real = arr_model.vlm.generate_tokens
 
     def oom(*args, **kwargs):
-        monkeypatch.setattr(arr_model.vlm, "generate", real)  # only the first call fails
+        monkeypatch.setattr(arr_model.vlm, "generate_tokens", real)  # only the first call fails
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(arr_model.vlm, "generate", oom)
+    monkeypatch.setattr(arr_model.vlm, "generate_tokens", oom)
     with pytest.raises(OutOfMemory, match="memory was freed"):
         arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
     assert arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1).tokens.saccade == 273

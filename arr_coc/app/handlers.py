@@ -19,8 +19,9 @@ a GPU tensor (a Chat's conversations move to the device for a turn and back).
 
 A handler that runs several pipelines on one image (Compare, Checkpoint A/B, Faithfulness, a conversation's first
 turn) makes its views once (ARRCOCQwen.views) and hands them to each as its image: the upload and the resized views
-serve every pipeline. A streaming handler iterates the model's stream in its own thread: the stream yields at every
-stage and tick (pipelines.steps.TICK_S), so gradio can close it at once on Stop, which stops the request.
+serve every pipeline. A streaming handler iterates the model's stream in its own thread, the request running in it
+from the button to the vision tower and the engine: the stream yields between stages and at every token, so gradio
+closes it there on Stop, which stops the request.
 """
 
 import copy

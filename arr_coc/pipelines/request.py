@@ -43,8 +43,6 @@ class Request:
     strategy: str | None = None  # ARR's allocation strategy (arr only; default: the layer's)
     budget: int | str | None = None  # ARR's saccade count, or "auto": the adaptive budget (arr only; default: the layer's)
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
-    live: bool = False  # hand each token over as the engine makes it (ARRCOCQwen.stream): the engine then runs in a
-    # thread of its own (steps.engine_tokens), whose tokens the pipeline yields as they come
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's): where the
     # request's views are made
     ablation: Ablation | str | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None:

@@ -9,6 +9,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
     attention = vlm.prior_attention(question, tokens, 0.5, [saccades])   # ... with saccades read in between
     generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], probs [T], safe_mode
+    for token in vlm.generate_tokens(prompt, 64): ...                    # each new token id as the engine makes it
     first = vlm.generate(prompt, 64, keep=True)                           # a conversation's turn 1: + its History
     more = vlm.prompt("And the date?", [saccades_2], history=first.history)   # turn 2: the new tokens only
     second = vlm.generate(more, 64)                                      # continues turn 1's cache (+ its History)
@@ -165,7 +166,7 @@ class VLM(ABC):
     hidden_size: int  # the LLM's width D
     num_layers: int  # the LLM's decoder layers (FastV's K and the prior's layer are counted in them)
     engine: str  # "fast" (our decoder) or "hf" (transformers' generate)
-    tokenizer: object  # the family's tokenizer (streamers decode with it)
+    tokenizer: object  # the family's tokenizer (the streamed text is decoded with it)
 
     @property
     @abstractmethod
@@ -244,13 +245,25 @@ class VLM(ABC):
         the image tokens' hidden-state norms [len(layers), n_image]); not differentiable."""
 
     @abstractmethod
-    def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
-                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None,
-                 keep: bool = False) -> Generation:
-        """Greedy decoding with self.engine (a Prompt) or stock generate() from pixels (StockInputs). prune = (K, N):
-        FastV on the fast engine: layers >= K read only the N image tokens that layer K - 1's last prompt token
-        attends to most (Generation.kept names them). keep (or a prompt with a history): a conversation's
-        turn, Generation.history what the next turn continues (the fast engine only)."""
+    def generate_tokens(self, inputs: Prompt | StockInputs, max_new_tokens: int, min_new_tokens: int | None = None,
+                        prune: tuple[int, int] | None = None, keep: bool = False, watch=None):
+        """Greedy decoding with self.engine (a Prompt) or stock generate() from pixels (StockInputs), a generator (as
+        nanochat's Engine.generate): it yields each new token id as the engine makes it, and its value is the
+        Generation. prune = (K, N): FastV on the fast engine: layers >= K read only the N image tokens that layer
+        K - 1's last prompt token attends to most (Generation.kept names them). keep (or a prompt with a history): a
+        conversation's turn, Generation.history what the next turn continues (the fast engine only). watch (a
+        timing.Stopwatch): the engine's own "prefill" (to the first token) and "decode" time are added to it.
+        Closing it early ends the generation at the token it yielded last."""
+
+    def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, min_new_tokens: int | None = None,
+                 prune: tuple[int, int] | None = None, keep: bool = False) -> Generation:
+        """generate_tokens run to its end -> its Generation."""
+        tokens = self.generate_tokens(inputs, max_new_tokens, min_new_tokens, prune, keep)
+        while True:
+            try:
+                next(tokens)
+            except StopIteration as end:
+                return end.value
 
     @abstractmethod
     def decode(self, ids: torch.Tensor) -> str:

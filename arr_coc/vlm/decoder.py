@@ -43,11 +43,16 @@ or `layer_types` other than "full_attention") is refused by name rather than run
 stock modules' own (norms, MLPs, rotary tables; the projections' weights, fused or not); only the attention call
 and the fused matmuls are written here, and tests pin prefill logits, decode tokens and the prior to transformers.
 
+generate is a generator, as nanochat's Engine.generate is: it yields each new token id as the loop makes it, and
+returns its result, so the caller's own thread streams the tokens (the app's Stop closes it between two of them).
+
     decoder = Decoder(model)                        # model: e.g. Qwen2VLForConditionalGeneration
-    ids, probs, safe_mode, _ = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
-    ids, probs, safe_mode, saved = decoder.generate(embeds, position_ids, 64, [151645], keep=True)   # turn 1
+    tokens = decoder.generate(embeds, position_ids, max_new_tokens=64, eos_token_ids=[151645])
+    for token in tokens: ...                        # each new token id as it is made
+    ids, probs, safe_mode, _ = yield from decoder.generate(embeds, position_ids, 64, [151645])   # its result
+    ids, probs, safe_mode, saved = yield from decoder.generate(embeds, position_ids, 64, [151645], keep=True)   # turn 1
     # saved: (keys, values, position); the VLM keeps it as History.cache (base.SavedCache), which turn 2 passes
-    ids, probs, safe_mode, saved = decoder.generate(more, more_ids, 64, [151645], history=cache, keep=True)
+    ids, probs, safe_mode, saved = yield from decoder.generate(more, more_ids, 64, [151645], history=cache, keep=True)
     logits = decoder.forward(embeds, position_ids, deepstack, at=positions)   # teacher forcing [B, P, V]
     weights, norms = decoder.answer_attention(embeds, position_ids, rows, keys, layers=[2, 3])  # [2, H, A, n], [2, n]
 """
@@ -561,27 +566,29 @@ class Decoder:
 
     @torch.no_grad()
     def generate(self, embeds: torch.Tensor, position_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: list[int],
-                 streamer=None, min_new_tokens: int = 0, deepstack=None, pruning: Pruning | None = None,
-                 history=None, keep: bool = False) -> tuple[torch.Tensor, torch.Tensor, bool, tuple | None]:
+                 min_new_tokens: int = 0, deepstack=None, pruning: Pruning | None = None, history=None,
+                 keep: bool = False):
         """
-        Greedy decoding, as generate(do_sample=False) does it -> (new ids [1, T] with EOS if reached, each new
-        token's probability [T] under the model's softmax, safe_mode, if `keep` the cache after it as (keys, values,
-        the next token's M-RoPE position): every token so far but the last generated one, not yet read).
+        Greedy decoding, as generate(do_sample=False) does it, a token at a time: a generator that yields each new
+        token id as it is made -> (new ids [1, T] with EOS if reached, each new token's probability [T] under the
+        model's softmax, safe_mode, if `keep` the cache after it as (keys, values, the next token's M-RoPE
+        position): every token so far but the last generated one, not yet read) as its value.
         deepstack: None, or Qwen3-VL's DeepStack features over the prompt [k, 1, L, D] (zeros outside image tokens).
         pruning: None, or FastV's (the prefill sets pruning.kept).
         history: a conversation's saved cache after its earlier turns (its keys, values, length: base.SavedCache);
-        the prompt is then the next turn's tokens only, at positions after them. keep: return a copy of the cache after this turn (the next turn's history).
-        If a step's logits are not finite (fp16 overflow), the request is redone in safe mode before any
-        token is shown, so a streamer never sees garbage. One generation at a time (self.lock): a streamer that
-        raises (the app's Stop) ends the loop at that token.
+        the prompt is then the next turn's tokens only, at positions after them. keep: return a copy of the cache
+        after this turn (the next turn's history).
+        If a step's logits are not finite (fp16 overflow), the request is redone in safe mode, and only the tokens
+        after those already yielded are yielded, so a caller never sees garbage. One generation at a time
+        (self.lock, held from the first token asked for to the last); closing the generator (the app's Stop) ends
+        the loop at the token it yielded last and lets go of the engine.
         """
         if (history is not None or keep) and pruning is not None:
             raise ValueError("FastV's pruned prefill cannot be part of a conversation: its layers read two lengths")
-        args = (embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack, pruning,
-                history, keep)
+        args = (embeds, position_ids, max_new_tokens, eos_token_ids, min_new_tokens, deepstack, pruning, history, keep)
         with self.lock:
             try:
-                ids, probs, kept = self._generate(*args)
+                ids, probs, kept = yield from self._generate(*args)
                 return ids, probs, False, kept
             except NonFiniteLogits as overflow:
                 # masked slots still enter attention as 0 x value: inf/NaN left in the cache would poison every
@@ -589,8 +596,8 @@ class Decoder:
                 for state in self.states.values():
                     state.wipe()
                 self.safe = True
-                try:  # the tokens streamed before the overflow were finite: stream only what comes after them
-                    ids, probs, kept = self._generate(*args, streamed=overflow.streamed)
+                try:  # the tokens yielded before the overflow were finite: yield only what comes after them
+                    ids, probs, kept = yield from self._generate(*args, yielded=overflow.yielded)
                     return ids, probs, True, kept
                 finally:
                     self.safe = False
@@ -631,8 +638,10 @@ class Decoder:
             state.written(L, pruning.layer, pruning.kept)
         return cap, logits
 
-    def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, streamer, min_new_tokens, deepstack,
-                  pruning, history, keep, streamed=0):
+    def _generate(self, embeds, position_ids, max_new_tokens, eos_token_ids, min_new_tokens, deepstack, pruning,
+                  history, keep, yielded=0):
+        """The decode loop (generate's): the prefill's token, then one step per token, each yielded as it is made
+        (but the first `yielded`: a run before a safe-mode redo yielded them) -> (ids, probs, kept) as its value."""
         cap, logits = self.start(embeds, position_ids, max_new_tokens, deepstack,
                                  eos_token_ids if min_new_tokens > 0 else (), pruning, history)
         state = self.states[cap]
@@ -642,20 +651,16 @@ class Decoder:
         for i in range(max_new_tokens):
             t = int(token)
             if t == NON_FINITE:
-                raise NonFiniteLogits(f"non-finite logits at new token {i}", streamed=max(streamed, i))
+                raise NonFiniteLogits(f"non-finite logits at new token {i}", yielded=max(yielded, i))
             new.append(t)
             probs.append(prob.clone())  # copied before the next step overwrites a graph's output
-            if streamer is not None and i >= streamed:
-                if i == 0:
-                    streamer.put(torch.zeros(1, 0, dtype=torch.long))  # like generate(): the prompt comes first
-                streamer.put(torch.tensor([t]))
+            if i >= yielded:
+                yield t
             if t in eos_token_ids or i + 1 == max_new_tokens:
                 break
             if i + 1 == min_new_tokens:
                 state.logit_bias.zero_()
             token, _, prob = self._decode_step(cap)
-        if streamer is not None:
-            streamer.end()
         kept = (*state.saved(), int(state.rope)) if keep else None  # the prompt and every new token but the last
         return torch.tensor([new], device=self.device), torch.cat(probs).float(), kept
 
@@ -663,6 +668,6 @@ class Decoder:
 class NonFiniteLogits(RuntimeError):
     """A forward produced NaN or inf logits (fp16 overflow): the request is redone in safe mode."""
 
-    def __init__(self, message: str, streamed: int):
+    def __init__(self, message: str, yielded: int):
         super().__init__(message)
-        self.streamed = streamed  # tokens already handed to the streamer
+        self.yielded = yielded  # tokens already yielded to the caller

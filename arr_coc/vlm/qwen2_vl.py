@@ -22,6 +22,7 @@ from PIL import Image
 
 from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
+from arr_coc.timing import Stopwatch, TimingStreamer, timed_tokens
 from arr_coc.vlm.base import (VLM, AnswerAttention, CompileSeconds, Generation, History, Prompt, SavedCache,
                               StockInputs, VisionAttention, VisualTokens)
 from arr_coc.vlm.chat import CHAT_TEMPLATE, ChatLayout
@@ -204,31 +205,43 @@ class QwenVL(VLM):
     # --- generation ---
 
     @torch.no_grad()
-    def generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, streamer=None,
-                 min_new_tokens: int | None = None, prune: tuple[int, int] | None = None,
-                 keep: bool = False) -> Generation:
+    def generate_tokens(self, inputs: Prompt | StockInputs, max_new_tokens: int, min_new_tokens: int | None = None,
+                        prune: tuple[int, int] | None = None, keep: bool = False, watch: Stopwatch | None = None):
         """
-        Greedy decoding -> Generation(new ids [1, T], safe_mode, probs [T]). A Prompt runs on self.engine: "fast"
-        is the Decoder (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual
-        stream and says so in safe_mode), "hf" stock generate() on the embeddings. StockInputs always run stock
-        generate() from pixels. min_new_tokens (default: generation_config's) suppresses EOS until then.
-        prune = (K, N): FastV (a Prompt on the fast engine only), Generation.kept the image tokens layers >= K read.
-        keep, or a Prompt that continues a conversation (Prompt.history): Generation.history is the conversation
-        after this turn (the fast engine only: it keeps the static cache's keys and values).
+        Greedy decoding, a generator: each new token id as the engine makes it, then Generation(new ids [1, T],
+        safe_mode, kept, probs [T], history) as its value. A Prompt runs on self.engine: "fast" is the Decoder
+        (static cache, CUDA graphs; after an fp16 overflow it redoes the request with an fp32 residual stream and says
+        so in safe_mode), "hf" stock generate() on the embeddings. StockInputs always run stock generate() from
+        pixels, whose tokens come when it ends (it hands them to a callback). min_new_tokens (default:
+        generation_config's) suppresses EOS until then. prune = (K, N): FastV (a Prompt on the fast engine only),
+        Generation.kept the image tokens layers >= K read. keep, or a Prompt that continues a conversation
+        (Prompt.history): Generation.history is the conversation after this turn (the fast engine only: it keeps
+        the static cache's keys and values). watch: the engine's own time, "prefill" to the first token, "decode"
+        after it (timing.timed_tokens; stock generate(): its callback, timing.TimingStreamer).
         """
         if min_new_tokens is None:
             min_new_tokens = self.model.generation_config.min_new_tokens or 0
         pruning = None if prune is None else self.pruning(inputs, *prune)
         earlier = getattr(inputs, "history", None)
         keep = keep or earlier is not None
-        if isinstance(inputs, Prompt) and self.engine == "fast":
-            ids, probs, safe_mode, cache = self.decoder.generate(
-                inputs.embeds, inputs.position_ids, max_new_tokens, self.eos_token_ids, streamer, min_new_tokens,
-                inputs.deepstack, pruning, None if earlier is None else earlier.cache, keep)
-            history = None if cache is None else History(SavedCache(*cache), torch.cat(
-                [inputs.ids.new_zeros(1, 0) if earlier is None else earlier.ids, inputs.ids, ids[:, :-1]], dim=1),
-                int(ids[0, -1]))
-            return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates(), probs, history)
+        watch = watch or Stopwatch(self.device)
+        if not (isinstance(inputs, Prompt) and self.engine == "fast"):
+            generation = self.stock_generate(inputs, max_new_tokens, min_new_tokens, keep, pruning, watch)
+            yield from generation.ids[0].tolist()
+            return generation
+        tokens = self.decoder.generate(inputs.embeds, inputs.position_ids, max_new_tokens, self.eos_token_ids,
+                                       min_new_tokens, inputs.deepstack, pruning,
+                                       None if earlier is None else earlier.cache, keep)
+        ids, probs, safe_mode, cache = yield from timed_tokens(tokens, watch)
+        history = None if cache is None else History(SavedCache(*cache), torch.cat(
+            [inputs.ids.new_zeros(1, 0) if earlier is None else earlier.ids, inputs.ids, ids[:, :-1]], dim=1),
+            int(ids[0, -1]))
+        return Generation(ids, safe_mode, None if pruning is None else pruning.kept_candidates(), probs, history)
+
+    def stock_generate(self, inputs: Prompt | StockInputs, max_new_tokens: int, min_new_tokens: int, keep: bool,
+                       pruning: Pruning | None, watch: Stopwatch) -> Generation:
+        """transformers' own generate() (the hf engine, the stock baselines from pixels), run to its end, timed by
+        its callback into watch."""
         if keep:
             raise ValueError("conversations run on the fast engine: it keeps the earlier turns' keys and values")
         if pruning is not None:
@@ -245,7 +258,7 @@ class QwenVL(VLM):
         with self.stock_checks():
             out = self.model.generate(**kwargs, attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
                                       max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=False,
-                                      streamer=streamer, eos_token_id=self.eos_token_ids,
+                                      streamer=TimingStreamer(watch), eos_token_id=self.eos_token_ids,
                                       pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
                                       return_dict_in_generate=True)
         ids = out.sequences[:, length:] if isinstance(inputs, StockInputs) else out.sequences  # [1, T]

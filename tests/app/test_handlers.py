@@ -325,31 +325,33 @@ def test_faithfulness_refuses_a_long_answer_before_any_vlm_work(arr_model, monke
                               progress=lambda *a, **k: None)
 
 
-def test_a_slow_generation_still_ticks_and_stops_when_closed(arr_model, monkeypatch):
-    """Prefill and a slow step stream nothing for seconds: the model's stream repeats its text at every tick
-    (steps.TICK_S, 0.25 s), so gradio can close the handler at once (Stop); closing it stops the engine at its next
-    token, and the model is free once close returns."""
+def test_a_slow_generation_yields_each_token_and_stops_when_closed(arr_model, monkeypatch):
+    """The model's stream yields after the vision and at each token as the engine makes it, in the caller's thread
+    (no second thread), so gradio can close the handler there (Stop); closing it closes the engine at that token
+    (no later token is made), and the model is free once close returns."""
     from arr_coc.vlm.base import Generation
 
-    streamed = []
+    made, threads, closed = [], set(), []
 
-    def slow(inputs, max_new_tokens, streamer=None, min_new_tokens=None, prune=None, keep=False):  # VLM.generate's
-        streamer.put(torch.zeros(1, 0, dtype=torch.long))
-        for t in (100, 101, 102):
-            time.sleep(1.0)  # a long step with nothing to show
-            streamer.put(torch.tensor([t]))
-            streamed.append(t)
-        streamer.end()
+    def slow(inputs, max_new_tokens, min_new_tokens=None, prune=None, keep=False, watch=None):  # generate_tokens'
+        try:
+            for t in (100, 101, 102):
+                time.sleep(0.3)  # a long step
+                threads.add(threading.current_thread())
+                made.append(t)
+                yield t
+        finally:
+            closed.append(True)
         return Generation(torch.tensor([[100, 101, 102]]))
 
-    monkeypatch.setattr(arr_model.vlm, "generate", slow)
+    monkeypatch.setattr(arr_model.vlm, "generate_tokens", slow)
     stream = arr_model.stream(CAT, QUESTION, "gestalt", max_new_tokens=3)
-    next(stream)  # the vision is done
-    start = time.monotonic()
-    seen = [next(stream) for _ in range(3)]  # ticks while the engine sleeps
-    assert seen == ["", "", ""] and time.monotonic() - start < 1.0
+    assert next(stream) == ""  # the vision is done: a tick before the engine starts
+    next(stream)  # the first token's text
+    assert made == [100] and arr_model.busy()  # the request holds the model between two tokens
     stream.close()  # Stop
-    assert streamed == [] and not arr_model.busy()  # its first token was refused (Stopped); the model let go
+    assert made == [100] and closed == [True] and threads == {threading.current_thread()}
+    assert not arr_model.busy()
 
 
 def test_the_kept_cells_panel_shows_only_for_a_reducer():

@@ -91,25 +91,27 @@ def test_eos_stops_and_is_kept(arr_model):
     assert out.tolist() == [[first]]
 
 
-class Recorder:
-    """A streamer that records what it is given."""
-
-    def __init__(self):
-        self.puts, self.ended = [], False
-
-    def put(self, value):
-        self.puts.append(value.flatten().tolist())
-
-    def end(self):
-        self.ended = True
-
-
-def test_the_decoder_streams_one_token_per_step(arr_model):
+def test_the_engine_yields_each_token_as_it_makes_it_and_closing_it_lets_go(arr_model, monkeypatch):
+    """One token per decode step, yielded before the next step runs (nanochat's Engine.generate), in the caller's
+    thread; the generator's value is the Generation of exactly those tokens; closed early, it frees the engine."""
     vlm = arr_model.vlm
-    recorder = Recorder()
-    out = vlm.generate(one_view_prompt(vlm, image()), 8, streamer=recorder, min_new_tokens=8)
-    assert recorder.puts[0] == [] and recorder.ended  # the prompt first (empty, as generate() puts it), then...
-    assert recorder.puts[1:] == [[t] for t in out.ids[0].tolist()] and len(out.ids[0]) == 8  # ...each token alone
+    steps = []
+    step = vlm.decoder._decode_step
+    monkeypatch.setattr(vlm.decoder, "_decode_step", lambda cap: steps.append(cap) or step(cap))
+    tokens, seen = vlm.generate_tokens(one_view_prompt(vlm, image()), 8, min_new_tokens=8), []
+    while True:
+        try:
+            seen.append(next(tokens))
+        except StopIteration as end:
+            out = end.value
+            break
+        assert len(steps) == len(seen) - 1  # the prefill made the first token; each later one took one step
+    assert seen == out.ids[0].tolist() and len(seen) == 8 and len(out.probs) == 8
+    tokens = vlm.generate_tokens(one_view_prompt(vlm, image()), 8, min_new_tokens=8)
+    next(tokens)
+    assert vlm.decoder.lock.locked()  # held between two tokens...
+    tokens.close()
+    assert not vlm.decoder.lock.locked() and len(vlm.generate(one_view_prompt(vlm, image()), 2).ids[0]) >= 1
 
 
 def test_stream_yields_the_answer_as_it_grows(arr_model, monkeypatch):
@@ -117,14 +119,11 @@ def test_stream_yields_the_answer_as_it_grows(arr_model, monkeypatch):
     vlm = arr_model.vlm
     words = vlm.tokenizer("The sign says stop here now", add_special_tokens=False)["input_ids"]
 
-    def scripted(inputs, max_new_tokens, streamer=None, min_new_tokens=None, prune=None, keep=False):  # VLM.generate's signature
-        streamer.put(torch.zeros(1, 0, dtype=torch.long))
-        for t in words:
-            streamer.put(torch.tensor([t]))
-        streamer.end()
+    def scripted(inputs, max_new_tokens, min_new_tokens=None, prune=None, keep=False, watch=None):  # generate_tokens'
+        yield from words
         return Generation(torch.tensor([words]))
 
-    monkeypatch.setattr(vlm, "generate", scripted)
+    monkeypatch.setattr(vlm, "generate_tokens", scripted)
     chunks = list(arr_model.stream(image(), QUESTION, "arr", max_new_tokens=len(words)))
     answer, texts = chunks[-1], chunks[:-1]
     assert answer.text == "The sign says stop here now" and answer.new_tokens == len(words)
