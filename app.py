@@ -16,7 +16,7 @@ Every event has an api_name, so gradio_client can drive it: compare, microscope,
 faithfulness, converse, new_conversation, ab, and redraw (renumbers the last Compare heatmap and mosaic without
 the VLM). On a ZeroGPU Space
 (SPACES_ZERO_GPU), the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs
-(arr_coc/zerogpu.py).
+(arr_coc/runtime/zerogpu.py).
 """
 
 import os
@@ -59,7 +59,7 @@ import gradio as gr  # noqa: E402
 from gradio.route_utils import delete_files_created_by_app  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
-from arr_coc import zerogpu  # noqa: E402
+from arr_coc.runtime import zerogpu  # noqa: E402
 from arr_coc import viz  # noqa: E402
 from arr_coc.app import handlers, ui, uploads  # noqa: E402
 from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402

@@ -145,7 +145,7 @@ def test_image(size: int) -> Image.Image:
 
 
 def median_ms(fn, repeats: int, device, warmup: int = 3) -> float:
-    from arr_coc.timing import synchronize
+    from arr_coc.runtime.timing import synchronize
 
     for _ in range(warmup):
         fn()
@@ -245,7 +245,7 @@ def bench_transformers(vlm, image: Image.Image, question: str, new_tokens: int, 
     """
     import torch
 
-    from arr_coc.timing import peak_memory_mb, reset_peak_memory
+    from arr_coc.runtime.timing import peak_memory_mb, reset_peak_memory
 
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     text = vlm.tokenizer.apply_chat_template(messages, chat_template=vlm.chat_template, add_generation_prompt=True,
@@ -436,7 +436,7 @@ def main(argv=None) -> dict:
     import torch
     import transformers
 
-    from arr_coc.timing import peak_memory_mb, reset_peak_memory, synchronize
+    from arr_coc.runtime.timing import peak_memory_mb, reset_peak_memory, synchronize
 
     model, device = load_model(args)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

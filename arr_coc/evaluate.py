@@ -85,7 +85,7 @@ from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import AUTO
 
 if TYPE_CHECKING:
-    from arr_coc.distributed import Process
+    from arr_coc.runtime.distributed import Process
     from arr_coc.model import ARRCOCQwen
 
 ABLATION_STRATEGY = "topk"  # the strategy of the ablation rows: ARR's default row, the one they are compared with
@@ -483,7 +483,7 @@ def main(argv=None) -> int:
 
 def evaluate_all(args: argparse.Namespace) -> int:
     """The command after parsing: load, evaluate what --out lacks, merge, report; the exit code."""
-    from arr_coc import distributed  # after parsing: --help and bad flags answer without torch
+    from arr_coc.runtime import distributed  # after parsing: --help and bad flags answer without torch
     from arr_coc.relevance.layer import CheckpointError
 
     process = distributed.start(args.device)

@@ -36,7 +36,7 @@ from arr_coc import pipelines
 from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
 from arr_coc.settings import MAX_QUESTION_TOKENS
 from arr_coc.errors import InputError, OutOfMemory, Stopped, check_text
-from arr_coc.graphs import CUDAGraphed
+from arr_coc.runtime.graphs import CUDAGraphed
 from arr_coc.pipelines import check_pipeline
 from arr_coc.pipelines.answer import Answer
 from arr_coc.pipelines.arr import Observation, Saccade, Scene  # noqa: F401

@@ -165,7 +165,7 @@ def load_image(path: str):
 
 def table(results: dict) -> str:
     """One row per pipeline: tokens, latency split, peak memory, answer; the header's second line gives the units."""
-    from arr_coc.timing import TIMING_KEYS
+    from arr_coc.runtime.timing import TIMING_KEYS
 
     width = max(9, *(len(name) + 1 for name in results))
     columns = [("visual", "tokens", 8), ("text", "tokens", 8)] + [(k, "ms", 11) for k in TIMING_KEYS] + \

@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from arr_coc import cli, distributed
+from arr_coc import cli
+from arr_coc.runtime import distributed
 from arr_coc.relevance.config import AUTO, SACCADE_ORDERS
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
@@ -63,7 +64,7 @@ from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_f
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
     import torch
 
-    from arr_coc.distributed import Process
+    from arr_coc.runtime.distributed import Process
     from arr_coc.model import ARRCOCQwen, Observation
     from arr_coc.relevance.layer import ARRCOCLayer, ScoreMaps
 
@@ -306,7 +307,7 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
     import torch
     from tqdm.auto import tqdm
 
-    from arr_coc.timing import Stopwatch
+    from arr_coc.runtime.timing import Stopwatch
 
     process = process or distributed.start(cfg.device)
     torch.manual_seed(cfg.seed)

@@ -521,7 +521,7 @@ def test_a_line_cut_short_in_this_processs_part_is_trimmed_before_resuming(tmp_p
 
 
 def test_trim_cuts_a_part_back_to_its_last_whole_line(tmp_path):
-    from arr_coc.distributed import Process
+    from arr_coc.runtime.distributed import Process
 
     folder = evaluate.ResultsFolder(str(tmp_path), Process(0, 1, "cpu"))
     folder.part.write_text('{"item": 0}\n{"item": 1, "ro')

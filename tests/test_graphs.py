@@ -4,7 +4,7 @@ runs the real captures)."""
 import pytest
 import torch
 
-from arr_coc import graphs
+from arr_coc.runtime import graphs
 
 
 def double(x):

@@ -7,7 +7,7 @@ top, each layer's units (a package, or a single module), and whether its units m
 
     a place for each     every module belongs to one unit of the table
     arrows point down    a module imports only its own unit, the layers below its own, and, where its layer
-                         allows it, the other units of its layer (EXCEPTIONS names the one edge allowed besides)
+                         allows it, the other units of its layer (EXCEPTIONS names any edge allowed besides)
     no cycles            no two modules import each other, however far round (strongly connected components)
     one table            docs/ARCHITECTURE.md prints layer_table() as it is, and names every file
 
@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # it) or one module; a module belongs to the unit that names it or its package most closely
 LAYERS = (
     ("1. utilities", ("arr_coc", "arr_coc.settings", "arr_coc.errors", "arr_coc.flags", "arr_coc.hub",
-                      "arr_coc.graphs", "arr_coc.timing", "arr_coc.flops", "arr_coc.intervals",
-                      "arr_coc.distributed", "arr_coc.zerogpu", "arr_coc.checkpoints"), False),
+                      "arr_coc.runtime", "arr_coc.flops", "arr_coc.intervals", "arr_coc.checkpoints"), False),
     ("2. the relevance layer, the VLM", ("arr_coc.relevance", "arr_coc.vlm"), False),
     ("3. pipelines", ("arr_coc.pipelines",), False),
     ("4. pages, drawing", ("arr_coc.synth", "arr_coc.viz"), False),
@@ -42,8 +41,8 @@ LAYERS = (
     ("7. the app, the commands", ("app", "arr_coc.app", "arr_coc.cli", "arr_coc.run", "arr_coc.train",
                                   "arr_coc.evaluate", "arr_coc.bench", "arr_coc.engines", "arr_coc.commands"), True),
 )
-EXCEPTIONS = {  # (importer, imported): why; the only imports allowed besides the table's
-    ("arr_coc.graphs", "arr_coc.zerogpu"): "graphs asks it whether CUDA graphs may be captured: none on ZeroGPU",
+EXCEPTIONS = {  # (importer, imported): why; the only imports allowed besides the table's (none now: runtime/'s graphs
+    # asks zerogpu, of its own package, whether CUDA graphs may be captured)
 }
 
 
@@ -258,7 +257,7 @@ def test_no_import_cycles():
 
 
 def file_name(unit: str) -> str:
-    """A unit as the page names it: `arr_coc.vlm` -> vlm/, `arr_coc.timing` -> timing.py, `arr_coc` -> __init__.py."""
+    """A unit as the page names it: `arr_coc.vlm` -> vlm/, `arr_coc.hub` -> hub.py, `arr_coc` -> __init__.py."""
     path = MODULES[unit].relative_to(ROOT / "arr_coc") if unit != "app" else Path("app.py")
     return f"{path.parent}/" if path.name == "__init__.py" and unit != "arr_coc" else str(path)
 
@@ -290,7 +289,7 @@ def test_the_architecture_page_prints_the_table_and_names_every_file():
 LOADS_NOTHING_OF = {
     "arr_coc.settings": ("torch",),
     "arr_coc.errors": ("torch",),
-    "arr_coc.zerogpu": ("torch",),
+    "arr_coc.runtime.zerogpu": ("torch",),
     "arr_coc.intervals": ("torch",),
     "arr_coc.pipelines": ("torch",),  # the registry: the commands' --pipelines
     "arr_coc.relevance.ablation": ("torch",),  # the commands' --ablations

@@ -5,7 +5,7 @@ full's 9132 on the pocket page).
 """
 
 from arr_coc import cli, run
-from arr_coc.timing import TIMING_KEYS
+from arr_coc.runtime.timing import TIMING_KEYS
 
 
 def result(answer: str) -> dict:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from arr_coc import timing
-from arr_coc.timing import Stopwatch, TimingStreamer, peak_memory_mb, timed_module
+from arr_coc.runtime import timing
+from arr_coc.runtime.timing import Stopwatch, TimingStreamer, peak_memory_mb, timed_module
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ PEAK_PROBE = """
 import os, sys
 from pathlib import Path
 import numpy as np, torch
-from arr_coc.timing import peak_memory_mb
+from arr_coc.runtime.timing import peak_memory_mb
 cpu = torch.device("cpu")
 before = peak_memory_mb(cpu)
 current = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

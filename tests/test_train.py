@@ -24,7 +24,7 @@ from arr_coc.model import ARRCOCQwen
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades, score, select
 from arr_coc.relevance.layer import ARRCOCLayer
-from arr_coc.timing import Stopwatch
+from arr_coc.runtime.timing import Stopwatch
 from arr_coc.train import TrainConfig, answer_loss, batches, load_samples, main, parse_args, relevance_loss, save, train
 from arr_coc.train import select as select_for_training
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import scene_image
 
-from arr_coc import graphs, zerogpu
+from arr_coc.runtime import graphs, zerogpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ touched = []
 torch.cuda.is_available = lambda: True
 torch.cuda._lazy_init = lambda: touched.append("cuda initialised")
 import app
-from arr_coc import zerogpu
+from arr_coc.runtime import zerogpu
 assert zerogpu.on_zerogpu()
 print("touched:", touched, torch.cuda.is_initialized())
 '''

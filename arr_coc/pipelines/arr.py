@@ -50,7 +50,7 @@ from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, TensionSettings
-from arr_coc.timing import Stopwatch
+from arr_coc.runtime.timing import Stopwatch
 from arr_coc.vlm.base import VLM, Prompt, VisualTokens
 from arr_coc.vlm.views import Views
 

@@ -20,7 +20,7 @@ from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer, Compute, TokenCounts, Timings, answer_confidence
 from arr_coc.pipelines.request import Parts, Request, check_stop
 from arr_coc.settings import MAX_CONVERSATION_TOKENS
-from arr_coc.timing import Stopwatch, peak_memory_mb, reset_peak_memory
+from arr_coc.runtime.timing import Stopwatch, peak_memory_mb, reset_peak_memory
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
 

@@ -20,7 +20,7 @@ from arr_coc.pipelines.answer import TokenCounts
 from arr_coc.pipelines.arr import arr_visual_tokens
 from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.steps import finish, generate, start_watch
-from arr_coc.timing import timed_module
+from arr_coc.runtime.timing import timed_module
 from arr_coc.vlm.views import Views, fit_grid
 
 

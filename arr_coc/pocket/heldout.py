@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from arr_coc import distributed
+from arr_coc.runtime import distributed
 from arr_coc.flags import bounded_int, config_parser, device_flag, flag, int_list, parse_config
 from arr_coc.pocket.data import CURRICULUM, GESTALT_TOKENS, IGNORE, collate, model_inputs
 from arr_coc.synth.families import FAMILIES, HELD_OUT, TRAINED, family_size, make_family_page

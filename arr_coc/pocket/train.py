@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from arr_coc import distributed
+from arr_coc.runtime import distributed
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.flags import (bounded_float, bounded_int, config_parser, device_flag, flag, int_list, parse_config,
                            seed_flag)

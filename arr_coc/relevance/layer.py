@@ -29,7 +29,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 
 from arr_coc.checkpoints import PRIOR_NAMES, ROOT, resolve_checkpoint
-from arr_coc.graphs import CUDAGraphed
+from arr_coc.runtime.graphs import CUDAGraphed
 from arr_coc.relevance import balancing
 from arr_coc.relevance.attending import Allocation, TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer

@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb
 
-from arr_coc.graphs import CUDAGraphed, capture, cuda_graphs_allowed
+from arr_coc.runtime.graphs import CUDAGraphed, capture, cuda_graphs_allowed
 from arr_coc.vlm.cache import DecodeState, KVCache
 
 BUCKET = 64  # prompts are padded to a multiple of this on CUDA: one prefill graph per bucket

@@ -22,7 +22,7 @@ from PIL import Image
 
 from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
-from arr_coc.timing import Stopwatch, TimingStreamer, timed_tokens
+from arr_coc.runtime.timing import Stopwatch, TimingStreamer, timed_tokens
 from arr_coc.vlm.base import (VLM, AnswerAttention, CompileSeconds, Generation, History, Prompt, SavedCache,
                               StockInputs, VisionAttention, VisualTokens)
 from arr_coc.vlm.chat import CHAT_TEMPLATE, ChatLayout

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
-from arr_coc.graphs import CUDAGraphed
+from arr_coc.runtime.graphs import CUDAGraphed
 from arr_coc.vlm.attention import AttentionProbe
 from arr_coc.vlm.base import VisionAttention, VisualTokens
 from arr_coc.vlm.positions import raster_block

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEP = '''
 import sys, torch
 from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
-from arr_coc import distributed
+from arr_coc.runtime import distributed
 from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
 from arr_coc.pocket.pointing import POINT_LAYER, use_pointing_attention
 from arr_coc.pocket.reading import ReadingHead, reading_targets

@@ -94,7 +94,7 @@ def test_pointing_weight_zero_takes_the_pointing_targets_out_of_the_vlms_gradien
 
 def _pointing_layer_gradient(stock, batch, inputs, **weights):
     """The gradient of the pointing layer's query projection after one Trainee backward (the Trainee's weights)."""
-    from arr_coc import distributed
+    from arr_coc.runtime import distributed
     from arr_coc.pocket.binding import BindingHead, aligned_ids
     from arr_coc.pocket.reading import ReadingHead
     from arr_coc.pocket.train import Trainee, backward

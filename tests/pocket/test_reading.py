@@ -140,7 +140,7 @@ def test_binding_weight_zero_takes_the_binding_labels_out_of_the_vlms_gradient(s
 
     from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
     from arr_coc.pocket.train import Trainee, backward
-    from arr_coc import distributed
+    from arr_coc.runtime import distributed
 
     inputs, reading = _batch(stock)
     pages = [make_page(kind, 5, 224, 168) for kind in ("fine_print", "box_word")]

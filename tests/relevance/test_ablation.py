@@ -13,7 +13,7 @@ from arr_coc.pipelines.arr import score, select
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION, PRIOR_WEIGHTS, SCORERS
 from arr_coc.relevance.balancing import standardise
 from arr_coc.relevance.layer import ScoreMaps
-from arr_coc.timing import Stopwatch
+from arr_coc.runtime.timing import Stopwatch
 from conftest import QUESTION, scene_image
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-text-vs-distractor"

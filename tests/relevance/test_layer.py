@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from arr_coc import graphs
+from arr_coc.runtime import graphs
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError, ScoreMaps
 from arr_coc.relevance.texture import generate_texture_array

@@ -22,7 +22,7 @@ from dataclasses import fields, is_dataclass, replace
 import torch
 from torch.utils._pytree import tree_map
 
-from arr_coc.zerogpu import on_zerogpu
+from arr_coc.runtime.zerogpu import on_zerogpu
 
 
 def cuda_graphs_allowed() -> bool:

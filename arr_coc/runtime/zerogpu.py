@@ -7,7 +7,7 @@ The platform sets SPACES_ZERO_GPU and ships the `spaces` package; elsewhere both
     handler = on_gpu(handler, duration=120)       # spaces.GPU(duration=120)(handler) on ZeroGPU, else handler
 
 Captured CUDA graphs cannot outlive the forked worker they were captured in, so on ZeroGPU nothing is
-captured (arr_coc.graphs.cuda_graphs_allowed): every call runs the eager path. Torch-free.
+captured (arr_coc.runtime.graphs.cuda_graphs_allowed): every call runs the eager path. Torch-free.
 """
 
 import os
