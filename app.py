@@ -62,7 +62,9 @@ from starlette.middleware import Middleware  # noqa: E402
 from arr_coc.runtime import zerogpu  # noqa: E402
 from arr_coc import viz  # noqa: E402
 from arr_coc.app import handlers, ui, uploads  # noqa: E402
-from arr_coc.config import BASELINES, MAX_CELLS, MIN_CELLS, PipelineConfig, STRATEGIES  # noqa: E402
+from arr_coc.pipelines import BASELINES  # noqa: E402
+from arr_coc.settings import MAX_CELLS, MIN_CELLS, PipelineConfig  # noqa: E402
+from arr_coc.relevance.config import STRATEGIES  # noqa: E402
 from arr_coc.settings import MAX_NEW_TOKENS  # noqa: E402
 from arr_coc.pipelines import FAST_ENGINE_ONLY, REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402

@@ -48,7 +48,8 @@ import numpy as np
 from PIL import Image
 
 from arr_coc import cli
-from arr_coc.config import DEFAULT_MODEL, ENGINES, PIPELINES
+from arr_coc.settings import DEFAULT_MODEL, ENGINES
+from arr_coc.pipelines import PIPELINES
 from arr_coc.flags import config_parser, device_flag, flag, parse_config
 from arr_coc.pipelines import BUDGET_FREE, FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
 from arr_coc.relevance.ablation import ABLATIONS

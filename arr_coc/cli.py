@@ -34,7 +34,7 @@ from pathlib import Path
 
 from arr_coc import checkpoints, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
-from arr_coc.config import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
+from arr_coc.settings import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
 from arr_coc.errors import InputError, check_text
 from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, device, flag,  # noqa: F401

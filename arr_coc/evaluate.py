@@ -74,7 +74,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from arr_coc import cli, pipelines
-from arr_coc.config import BASELINES, STRATEGIES
+from arr_coc.pipelines import BASELINES
+from arr_coc.relevance.config import STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS

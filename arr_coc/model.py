@@ -33,7 +33,8 @@ import torch
 from PIL import Image
 
 from arr_coc import pipelines
-from arr_coc.config import DEFAULT_MODEL, PIPELINES, PipelineConfig
+from arr_coc.settings import DEFAULT_MODEL, PipelineConfig
+from arr_coc.pipelines import PIPELINES
 from arr_coc.settings import MAX_QUESTION_TOKENS
 from arr_coc.errors import InputError, OutOfMemory, Stopped, check_text
 from arr_coc.runtime.graphs import CUDAGraphed

@@ -59,7 +59,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arr_coc import cli, pipelines
-from arr_coc.config import MAX_QUESTION_CHARS, PIPELINES, STRATEGIES
+from arr_coc.settings import MAX_QUESTION_CHARS
+from arr_coc.pipelines import PIPELINES
+from arr_coc.relevance.config import STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import open_image
 from arr_coc.flags import config_parser, device_flag, flag, parse_config

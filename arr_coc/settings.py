@@ -1,8 +1,9 @@
 """
 How the pipelines look at an image, and the names every layer shares: the first layer, torch-free and importing
-nothing, so that vlm/, the pipelines and the commands read the same values (arr_coc.config adds the pipelines' and
-the relevance layer's names for the commands). PipelineConfig belongs to the running app or command, never to an
-ARR checkpoint (whose knobs are arr_coc.relevance.config.ARRCOCConfig), so A/B compares two layers on identical views.
+nothing, so that vlm/, the pipelines and the commands read the same values (the pipelines' names are their
+registry's, arr_coc.pipelines, and the strategies the relevance layer's, arr_coc.relevance.config: both torch-free).
+PipelineConfig belongs to the running app or command, never to an ARR checkpoint (whose knobs are
+arr_coc.relevance.config.ARRCOCConfig), so A/B compares two layers on identical views.
 
     from arr_coc.settings import PipelineConfig
     pipe = PipelineConfig(max_cells=16384)

@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT, write_parquet_set
 
 from arr_coc import bench, evaluate
-from arr_coc.config import PIPELINES
+from arr_coc.pipelines import PIPELINES
 from arr_coc.pipelines import FAST_ENGINE_ONLY
 from arr_coc.eval import metrics, report
 from arr_coc.eval.sets import Source

@@ -37,7 +37,7 @@ LAYERS = (
     ("3. pipelines", ("arr_coc.pipelines",), False),
     ("4. pages, drawing", ("arr_coc.synth", "arr_coc.viz"), False),
     ("5. research", ("arr_coc.eval", "arr_coc.pocket", "arr_coc.distill"), False),
-    ("6. the façade", ("arr_coc.config", "arr_coc.model"), True),
+    ("6. the façade", ("arr_coc.model",), True),
     ("7. the app, the commands", ("app", "arr_coc.app", "arr_coc.cli", "arr_coc.run", "arr_coc.train",
                                   "arr_coc.evaluate", "arr_coc.bench", "arr_coc.engines", "arr_coc.commands"), True),
 )

@@ -34,7 +34,7 @@ from lmms_eval.api.model import lmms
 from tqdm import tqdm
 
 from arr_coc import cli, evaluate
-from arr_coc.config import BASELINES
+from arr_coc.pipelines import BASELINES
 from arr_coc.eval.rows import split_row
 from arr_coc.eval.sets import SCHEMAS
 

@@ -1,7 +1,7 @@
 """
 ARRCOCConfig: the ARR relevance layer's own knobs (scorer sizes, budget, strategy). A checkpoint's config.json
 is this dataclass, serialised; how a pipeline looks at an image (views, caps, the prior's layer) is
-arr_coc.config.PipelineConfig and never part of a checkpoint. TensionSettings: the tensions a request fixes by
+arr_coc.settings.PipelineConfig and never part of a checkpoint. TensionSettings: the tensions a request fixes by
 hand (arr_coc.relevance.tensions), never part of a checkpoint either. Torch-free: the commands read it at parse time.
 
     from arr_coc.relevance.config import ARRCOCConfig
@@ -17,7 +17,7 @@ SACCADE_ORDERS = ("relevance", "raster")  # the orders the saccades can be fed t
 MAX_EXPLORE = 0.5  # at most half the budget goes to coverage: ARR stays relevance-led
 AUTO = "auto"  # the budget value that turns the adaptive budget on (--budget auto)
 WIDTH = (1, 1024)  # a scorer's or the balancer's width (16 and 32 by default): far wider is no ARR layer but a bomb
-BUDGET = (1, 65536)  # saccades: 4x the largest candidate grid (arr_coc.config.MAX_CELLS)
+BUDGET = (1, 65536)  # saccades: 4x the largest candidate grid (arr_coc.settings.MAX_CELLS)
 # every number field's range, inclusive: a checkpoint's config.json (an upload, in the app) is checked against these
 # before anything is built from it, so a hostile size cannot allocate gigabytes
 LIMITS = dict(

@@ -128,7 +128,7 @@ def test_compare_with_a_second_look_shows_both_looks_and_draws_them_in_two_colou
 
 def test_compare_runs_the_fastv_baseline(arr_model):
     """The Compare tab's baseline choices are the registry's baselines, FastV among them."""
-    from arr_coc.config import BASELINES
+    from arr_coc.pipelines import BASELINES
 
     updates = list(handlers.compare(arr_model, CAT, QUESTION, "fastv", 2, "topk", CELLS, 5))
     assert "fastv" in BASELINES and updates[0][0] == "Running the **fastv** baseline…"

@@ -171,7 +171,7 @@ def test_the_reducers_are_baselines_for_evaluate_run_bench_and_the_app(capsys):
     """evaluate --baselines and the app's Compare choice read BASELINES; run and bench --pipelines read PIPELINES:
     a list with a reducer and an unknown name is refused for the unknown name alone, before any model loads."""
     from arr_coc import evaluate, run
-    from arr_coc.config import BASELINES, PIPELINES
+    from arr_coc.pipelines import BASELINES, PIPELINES
 
     assert set(REDUCERS) <= set(BASELINES) and set(REDUCERS) <= set(PIPELINES)
     for main, flags in ((evaluate.main, ["--synthetic", "1", "--out", "x", "--baselines"]),

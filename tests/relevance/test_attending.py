@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from arr_coc.config import STRATEGIES
+from arr_coc.relevance.config import STRATEGIES
 from arr_coc.relevance.attending import TokenAllocator
 from arr_coc.relevance.tensions import COVERAGE
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from conftest import answers_by_engine, gestalt_logits, stock_inputs
 
-from arr_coc.config import PIPELINES
+from arr_coc.pipelines import PIPELINES
 from arr_coc.pipelines import FAST_ENGINE_ONLY, FROM_EMBEDS
 from arr_coc.vlm.positions import raster_block
 from arr_coc.vlm.views import make_views
