@@ -3,7 +3,7 @@ Serving numbers: requests per second and time to first token (p50, p99) at sever
 the vLLM plugin against stock Qwen2-VL on vLLM at its native view, each on its own server with the same settings.
 Run it in the vLLM venv (requirements-vllm.txt) on pages made by arr_coc.eval.data:
 
-    .venv/bin/python -m arr_coc.eval.data --out out/pages-1792 --n 24 --kinds fine_print --size 1792 --seed 1
+    .venv/bin/python -m arr_coc.eval.data --out out/pages-1792 --n 25 --kinds fine_print --size 1792 --seed 1
     .venv-vllm/bin/python -m arr_coc.engines.vllm_bench --data out/pages-1792 --concurrency 1,4,8 --requests 8
 
 Each concurrency level sends its own `--requests` pages (so no level reads another's from a cache), streamed, greedy,
