@@ -475,7 +475,7 @@ def _script(module: str) -> int:
 
 
 def run() -> int:
-    return _script("run")
+    return _script("commands.run")
 
 
 def train() -> int:
@@ -483,7 +483,7 @@ def train() -> int:
 
 
 def evaluate() -> int:
-    return _script("evaluate")
+    return _script("commands.evaluate")
 
 
 def bench() -> int:
