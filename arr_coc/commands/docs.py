@@ -26,7 +26,7 @@ def configs() -> list[tuple[str, type]]:
     from arr_coc.app.options import AppConfig
     from arr_coc.commands.teacher import TeacherConfig
     from arr_coc.eval.data import DataConfig
-    from arr_coc.eval.figures import FiguresConfig
+    from arr_coc.commands.figures import FiguresConfig
     from arr_coc.pocket.heldout import HeldoutConfig
     from arr_coc.pocket.train import TrainConfig as PocketConfig
 

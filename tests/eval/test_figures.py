@@ -1,5 +1,5 @@
-"""The sweep figures (arr_coc.eval.figures): their points from evaluate's results, the bench's TTFT per method and
-budget, and the PNGs."""
+"""The sweep figures (arr_coc.commands.figures, run as python -m arr_coc.eval.figures): their points from evaluate's
+results, the bench's TTFT per method and budget, and the PNGs."""
 
 import argparse
 import json
@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from arr_coc.eval import figures
+from arr_coc.commands import figures
 
 
 def results(folder, rows):
