@@ -40,7 +40,7 @@ LAYERS = (
     ("6. the façade", ("arr_coc.model",), True),
     ("7. the app, the commands", ("app", "arr_coc.app", "arr_coc.cli", "arr_coc.run", "arr_coc.train",
                                   "arr_coc.evaluate", "arr_coc.bench", "arr_coc.engines", "arr_coc.commands",
-                                  "arr_coc.eval.figures"), True),
+                                  "arr_coc.eval.figures", "arr_coc.pocket.train"), True),
 )
 EXCEPTIONS = {  # (importer, imported): why; the only imports allowed besides the table's (none now: runtime/'s graphs
     # asks zerogpu, of its own package, whether CUDA graphs may be captured)

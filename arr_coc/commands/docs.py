@@ -28,7 +28,7 @@ def configs() -> list[tuple[str, type]]:
     from arr_coc.eval.data import DataConfig
     from arr_coc.commands.figures import FiguresConfig
     from arr_coc.pocket.heldout import HeldoutConfig
-    from arr_coc.pocket.train import TrainConfig as PocketConfig
+    from arr_coc.pocket.trainer import TrainConfig as PocketConfig
 
     return [("python app.py", AppConfig), ("python -m arr_coc.run", run.RunConfig),
             ("python -m arr_coc.train", train.TrainConfig), ("python -m arr_coc.evaluate", evaluate.EvalConfig),

@@ -1,5 +1,5 @@
 """
-Growing the pocket model's ViT (arr_coc.pocket.model.grow_vision; pocket.train's --vit-depth and --vit-mlp-ratio)
+Growing the pocket model's ViT (arr_coc.pocket.model.grow_vision; pocket.trainer's --vit-depth and --vit-mlp-ratio)
 and its LLM's width (grow_language; --llm-width): the grown model answers exactly as the shipped one did, saves as
 a folder stock transformers loads, and its new weights learn; a run grows from the exported folder, its heads keep
 what they had, and it resumes with its optimizer.
@@ -12,7 +12,7 @@ import torch
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import collate, model_inputs
 from arr_coc.pocket.model import grow_language, grow_vision, image_processor
-from arr_coc.pocket.train import TrainConfig, in_corner, train
+from arr_coc.pocket.trainer import TrainConfig, in_corner, train
 from arr_coc.synth.fineprint import make_page
 
 

@@ -18,7 +18,7 @@ from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, make_page
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import IGNORE, READ_PAGE, collate, encode, model_inputs
 from arr_coc.pocket.model import image_processor
-from arr_coc.pocket.train import TrainConfig, train
+from arr_coc.pocket.trainer import TrainConfig, train
 
 FORMATS = {"fine_print": r"\d{4}", "box_word": "|".join(BOX_WORDS), "shape_colour": "|".join(COLOURS)}
 
@@ -249,7 +249,7 @@ def test_a_profiled_run_prints_where_its_steps_time_went(tmp_path, capsys):
 def test_a_run_cut_off_in_its_held_out_check_keeps_its_steps(tmp_path, monkeypatch):
     """The state is saved before the held-out check (which can take minutes at 1792 px): a run killed there (a
     device call's time limit, say) resumes at its last step, not at its start."""
-    from arr_coc.pocket import train as pocket
+    from arr_coc.pocket import trainer as pocket
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
@@ -264,7 +264,7 @@ def test_a_run_cut_off_in_its_held_out_check_keeps_its_steps(tmp_path, monkeypat
 
 def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypatch):
     """A stage check below PASS_MARK keeps the stage; one at it moves on, and the next batches are the next stage's."""
-    from arr_coc.pocket import data, train as pocket
+    from arr_coc.pocket import data, trainer as pocket
 
     stage0_checks = []  # exact_match on 168 px pages: the first check (3 kinds) fails, only the second passes
 
@@ -347,7 +347,7 @@ def _greedy(model, tokenizer, image, question) -> str:
 
 def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
     from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
-    from arr_coc.pocket.train import TrainConfig, Trainee, _train_step, make_optimizer
+    from arr_coc.pocket.trainer import TrainConfig, Trainee, _train_step, make_optimizer
     from arr_coc.pocket.reading import ReadingHead, reading_targets
 
     model, tokenizer, _ = stock
@@ -367,7 +367,7 @@ def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
 
 
 def test_the_cool_down_decays_the_rate_to_five_percent_over_the_runs_last_minutes():
-    from arr_coc.pocket.train import lr_at
+    from arr_coc.pocket.trainer import lr_at
 
     cfg = TrainConfig(lr=1e-3, warmup=10, cooldown=2.0)
     assert lr_at(100, 0, cfg, seconds_left=600) == pytest.approx(1e-3)  # before the cool-down
@@ -397,7 +397,8 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
     import shutil
 
     from arr_coc.checkpoints import POCKET_FOLDER
-    from arr_coc.pocket.train import load_or_init, main
+    from arr_coc.commands.pocket_train import main
+    from arr_coc.pocket.trainer import load_or_init
 
     exported = tmp_path / "exported"
     shutil.copytree(POCKET_FOLDER, exported)
@@ -412,7 +413,7 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
                                          ("--workers", "-2"), ("--device", "tpu"), ("--steps", "ten"),
                                          ("--read-ink-weight", "0"), ("--llm-width", "320")])
 def test_a_bad_flag_is_refused_in_one_line_before_anything_loads(flag, value, capsys):
-    from arr_coc.pocket.train import main
+    from arr_coc.commands.pocket_train import main
 
     with pytest.raises(SystemExit) as exit_:
         main([flag, value])
@@ -423,7 +424,7 @@ def test_a_bad_flag_is_refused_in_one_line_before_anything_loads(flag, value, ca
 def test_exporting_a_folder_that_holds_no_run_is_refused(tmp_path, capsys):
     """`--steps 0 --export` on a run folder with no state.json would train nothing from --init and export that:
     refused before any model loads, with the folder named."""
-    from arr_coc.pocket.train import main
+    from arr_coc.commands.pocket_train import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--out", str(tmp_path / "none"), "--steps", "0", "--export", str(tmp_path / "export")])

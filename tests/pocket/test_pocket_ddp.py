@@ -25,7 +25,7 @@ from arr_coc.pocket.reading import ReadingHead, reading_targets
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import collate, model_inputs
 from arr_coc.pocket.model import PocketConfig, image_processor, model_config, use_same_size_pages_attention
-from arr_coc.pocket.train import Trainee, backward, data_parallel
+from arr_coc.pocket.trainer import Trainee, backward, data_parallel
 from arr_coc.synth.fineprint import make_page
 
 torch.set_num_threads(1)
@@ -110,8 +110,8 @@ def test_page_workers_run_below_the_training_process(monkeypatch):
 def test_the_curriculum_moves_on_at_its_step_budget_when_no_check_passes(tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from arr_coc.pocket import train as pocket
-    from arr_coc.pocket.train import TrainConfig, train
+    from arr_coc.pocket import trainer as pocket
+    from arr_coc.pocket.trainer import TrainConfig, train
 
     monkeypatch.setattr(pocket, "exact_match", lambda *a, **k: 0.0)  # no check ever passes
     monkeypatch.setattr(pocket, "CURRICULUM", (replace(pocket.CURRICULUM[0], budget=2),) + pocket.CURRICULUM[1:])

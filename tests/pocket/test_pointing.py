@@ -97,7 +97,7 @@ def _pointing_layer_gradient(stock, batch, inputs, **weights):
     from arr_coc.runtime import distributed
     from arr_coc.pocket.binding import BindingHead, aligned_ids
     from arr_coc.pocket.reading import ReadingHead
-    from arr_coc.pocket.train import Trainee, backward
+    from arr_coc.pocket.trainer import Trainee, backward
 
     model, tokenizer = stock
     reading = torch.full((inputs["image_grid_thw"].prod(-1).sum() // 4, 22), -100)  # no reading targets

@@ -10,7 +10,7 @@ from arr_coc.synth.fineprint import Glyph, PageStyle, make_page
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import IGNORE, collate, model_inputs
 from arr_coc.pocket.model import image_processor
-from arr_coc.pocket.train import HEAD_FILE, TrainConfig, _train_step, load_or_init, make_optimizer, train
+from arr_coc.pocket.trainer import HEAD_FILE, TrainConfig, _train_step, load_or_init, make_optimizer, train
 from arr_coc.pocket.reading import (ALPHABET, NONE, PATCH_SLOTS, SLOTS, MergerOutputHook, ReadingHead,
                                     glyph_targets, patch_targets, reading_targets)
 
@@ -114,7 +114,7 @@ def test_a_training_step_trains_the_heads_on_their_losses(stock):
     import copy
 
     from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
-    from arr_coc.pocket.train import Trainee
+    from arr_coc.pocket.trainer import Trainee
 
     model = copy.deepcopy(stock[0]).train()
     inputs, reading = _batch(stock)
@@ -139,7 +139,7 @@ def test_binding_weight_zero_takes_the_binding_labels_out_of_the_vlms_gradient(s
     import copy
 
     from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
-    from arr_coc.pocket.train import Trainee, backward
+    from arr_coc.pocket.trainer import Trainee, backward
     from arr_coc.runtime import distributed
 
     inputs, reading = _batch(stock)
@@ -159,7 +159,7 @@ def test_binding_weight_zero_takes_the_binding_labels_out_of_the_vlms_gradient(s
 def test_the_heads_are_saved_and_resumed(tmp_path):
     from safetensors.torch import load_file
 
-    from arr_coc.pocket.train import BINDING_FILE
+    from arr_coc.pocket.trainer import BINDING_FILE
 
     cfg = TrainConfig(out=str(tmp_path), steps=1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
@@ -237,7 +237,7 @@ def test_the_merged_tokens_name_their_patches_characters_at_token_patch_weight(w
 
 
 def test_the_runs_reading_weights_reach_its_reading_head(tmp_path, monkeypatch):
-    from arr_coc.pocket import train as pocket
+    from arr_coc.pocket import trainer as pocket
 
     seen = []
 

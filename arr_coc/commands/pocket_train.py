@@ -1,0 +1,38 @@
+"""
+The pocket model's trainer from the command line (the trainer itself is arr_coc.pocket.trainer): its flags
+(TrainConfig's fields), torchrun's processes, the run, the export. Run as the trainer's own name:
+
+    torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
+    python -m arr_coc.pocket.train --out runs/pocket --minutes 8 --resume      # one GPU
+    python -m arr_coc.pocket.train --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
+    python -m arr_coc.pocket.train --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
+
+(arr_coc/pocket/train.py is the shim that runs this; the trainer's docstring has every example.)
+"""
+
+from pathlib import Path
+
+from arr_coc.checkpoints import POCKET_FOLDER
+from arr_coc.flags import config_parser, parse_config
+from arr_coc.pocket import trainer
+from arr_coc.pocket.model import build_tokenizer
+from arr_coc.pocket.trainer import TrainConfig, export, train
+from arr_coc.runtime import distributed
+
+
+def main(argv=None):
+    parser = config_parser(TrainConfig, trainer.__doc__)
+    cfg = parse_config(TrainConfig, argv, parser)
+    if cfg.steps == 0 and cfg.export and not (Path(cfg.out) / "state.json").is_file():
+        parser.error(f"--steps 0 --export: {cfg.out} holds no run (state.json) to export")
+    if cfg.tokenizer_only:
+        build_tokenizer().save_pretrained(cfg.export or POCKET_FOLDER)
+        return
+    cfg.eval_sizes = tuple(cfg.eval_sizes)
+    process = distributed.start(cfg.device)
+    if cfg.steps > 0 or not (Path(cfg.out) / "state.json").is_file():
+        state = train(cfg, cfg.resume, process)
+        process.log(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all")
+    if cfg.export and process.is_main:
+        print(f"exported to {export(Path(cfg.out), Path(cfg.export))}")
+    distributed.finish(process)
