@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from arr_coc.runtime import timing
-from arr_coc.runtime.timing import Stopwatch, TimingStreamer, peak_memory_mb, timed_module
+from arr_coc.runtime.timing import Stopwatch, TimingStreamer, peak_memory_mb, timed_module, timed_tokens
 
 
 @pytest.fixture
@@ -57,6 +57,40 @@ def test_streamer_splits_prefill_from_decode_and_counts_tokens(clock):
     timer.end()
     assert timer.new_tokens == 4 and inner.ended and len(inner.seen) == 5
     assert watch.ms == pytest.approx({"prefill": 50.0, "decode": 30.0})
+
+
+def test_an_engine_that_yields_its_tokens_is_split_without_the_time_its_caller_holds_them(clock):
+    """timed_tokens: 50 ms to the first token is the prefill, the engine's 3 steps of 10 ms the decode; the 1000 ms
+    the caller spends on each token (the app's stream, in the same thread) counts in neither; closed early, the
+    engine is closed."""
+    closed = []
+
+    def engine():
+        try:
+            clock(50)
+            yield 7
+            for token in (8, 9, 10):
+                clock(10)
+                yield token
+        finally:
+            closed.append(True)
+        return "its Generation"
+
+    watch = Stopwatch(torch.device("cpu"))
+    tokens, seen = timed_tokens(engine(), watch), []
+    while True:
+        try:
+            seen.append(next(tokens))
+        except StopIteration as end:
+            assert end.value == "its Generation"
+            break
+        clock(1000)  # the caller holds the token
+    assert seen == [7, 8, 9, 10] and watch.ms == pytest.approx({"prefill": 50.0, "decode": 30.0}) and closed
+    early = timed_tokens(engine(), Stopwatch(torch.device("cpu")))
+    next(early)
+    closed.clear()
+    early.close()
+    assert closed == [True]
 
 
 def test_timed_module_times_every_forward(clock):
