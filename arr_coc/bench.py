@@ -177,7 +177,7 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
     @torch.no_grad()
     def eager():
         maps = layer(generate_texture_array(o.highres, grid), o.question_embeds, None, o.gestalt.features.unsqueeze(0),
-                     o.prior)
+                     o.prior, o.gestalt_states, o.question_states)
         return layer.select(maps, grid)
 
     @torch.no_grad()

@@ -1,9 +1,15 @@
 """
 Train the ARR relevance layer with the VLM frozen.
 
-Two losses, both reaching every ARR parameter:
-- relevance (--box-weight, 1 by default; 0 switches it off): the relevance map, as a softmax over cells, should
-  put its mass on the target box (a listwise cross-entropy against the box's cell coverage);
+Three losses, each reaching every ARR parameter:
+- self-distillation (--distill DIR, weighted by --distill-weight; issue #52): the relevance map, as a softmax over
+  cells, should put its mass where the frozen VLM itself looked when it read the whole image and answered: the KL
+  divergence to the teacher's map of each item (python -m arr_coc.commands.teacher caches them, keyed by the --data
+  set's item ids; arr_coc/distill/student.py). No boxes are needed: any VQA set through `datasets` (DocVQA, TextVQA,
+  ChartQA, a local parquet) or a JSONL folder;
+- relevance (--box-weight, 1 by default, 0 with --distill; 0 switches it off): the relevance map, as a softmax over
+  cells, should put its mass on the target box (a listwise cross-entropy against the box's cell coverage), on the
+  items that have a box;
 - answer (--lm-weight > 0): the frozen VLM's loss on the expected answer, given the gestalt and the
   selected saccades; the hard top-k selection passes gradient through the straight-through product
   tokens * (1 + (s - s.detach())) * gates on the selected scores (ARRCOCOutput.token_weights; docs/ARCHITECTURE.md
@@ -26,6 +32,10 @@ logs, writes the checkpoint and pushes it.
     torchrun --nproc-per-node 2 -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data data/mine --out checkpoints/mine
     python -m arr_coc.train --model tiny --out runs/tiny --push-to-hub you/arr-coc-tiny    # then uploads runs/tiny
     python -m arr_coc.train --model tiny --budget auto --token-cost 0.5 --lm-weight 0.1 --out runs/tiny-auto
+    python -m arr_coc.commands.teacher --model pocket --out runs/teacher --data data/pages      # the targets, then:
+    python -m arr_coc.train --model pocket --data data/pages --distill runs/teacher --out runs/distilled
+    python -m arr_coc.train --model Qwen/Qwen2-VL-2B-Instruct --data lmms-lab/DocVQA --data-config DocVQA \
+        --split validation --limit 10000 --distill runs/docvqa-teacher --lm-weight 0.1 --out runs/docvqa-distilled
 
 --out is checked at parse time (a file, a folder that cannot be written, a non-empty folder without --overwrite
 are refused before anything loads). A checkpoint is saved atomically: written whole into a temporary folder beside
@@ -57,7 +67,7 @@ from arr_coc import cli
 from arr_coc.runtime import distributed
 from arr_coc.relevance.config import AUTO, SACCADE_ORDERS
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.eval.data import SCENE_KINDS, Sample, load_jsonl, make_dataset
+from arr_coc.eval.data import SCENE_KINDS, Sample, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 
@@ -68,13 +78,36 @@ if TYPE_CHECKING:  # torch and the model load inside the functions, after the fl
     from arr_coc.model import ARRCOCQwen, Observation
     from arr_coc.relevance.layer import ARRCOCLayer, ScoreMaps
 
-    Observed = tuple[Sample, Observation, torch.Tensor]  # a sample, the frozen VLM's view of it, its box's coverage
+    # a sample, the frozen VLM's view of it, its box's coverage [GH, GW] (None: no box) and its teacher's map on the
+    # candidate grid [GH, GW] (None: no --distill)
+    Observed = tuple[Sample, Observation, torch.Tensor | None, torch.Tensor | None]
+
+DISTILL_LOSSES = ("kl", "bce")  # --distill-loss: arr_coc.distill.student.LOSSES' names
+TEACHER_TOP = 64  # the held-out log's teacher_top64: the teacher's mass inside ARR's 64 most relevant cells
+
+
+@dataclass
+class TaughtSample(Sample):
+    """A sample of a --data set, with its teacher's map when distilling."""
+    target: torch.Tensor | None = None  # [gh, gw] the teacher's map on the native grid, sums to 1 (--distill)
 
 
 @dataclass
 class TrainConfig:
     model: str = cli.model_flag("tiny", use="the VLM to train against, frozen", then="Default: tiny")
-    data: str | None = flag(None, "JSONL dataset folder (arr_coc.eval.data format); default: synthetic scenes")
+    data: str | None = flag(None, "the training set: a JSONL folder (arr_coc.eval.data format), a parquet file or "
+                                  "folder, or a hub id (DocVQA, TextVQA, ChartQA through datasets), split 80/20 into "
+                                  "training and held-out items; default: synthetic scenes")
+    split: str = flag("validation", "the --data set's split (a hub set or parquet)")
+    data_config: str | None = flag(None, "the --data set's config, e.g. DocVQA for lmms-lab/DocVQA")
+    limit: int | None = flag(None, "read at most this many --data items", cli.bounded_int(1, 10**9))
+    distill: str | None = flag(None, "train toward the teacher's maps cached in this folder (python -m "
+                                     "arr_coc.commands.teacher --data the same set): needs --data; items it has no "
+                                     "map for are left out")
+    distill_weight: float = flag(1.0, "weight of the self-distillation loss with --distill", cli.bounded_float(0.0))
+    distill_loss: str = flag("kl", "the self-distillation loss: 'kl' (KL divergence from the teacher's map to the "
+                                   "relevance map's softmax) or 'bce' (SD-RPN's: the cells holding half its mass "
+                                   "against those below the uniform level)", cli.one_of(DISTILL_LOSSES))
     kinds: str = flag("text_vs_distractor,distractor_query", "synthetic scene kinds, comma-separated",
                       cli.comma_list(SCENE_KINDS))
     n_train: int = flag(48, "number of synthetic training samples", cli.bounded_int(1, 1_000_000))
@@ -87,8 +120,9 @@ class TrainConfig:
     lr: float = flag(3e-3, "AdamW learning rate", cli.bounded_float(0.0, 10.0, above=True))
     weight_decay: float = flag(1e-4, "AdamW weight decay", cli.bounded_float(0.0, 10.0))
     temperature: float = flag(0.5, "softmax temperature of the relevance loss", cli.bounded_float(0.0, above=True))
-    box_weight: float = flag(1.0, "weight of the relevance (box) loss; 0 trains on the answer loss alone "
-                                  "(--lm-weight), as on data without target boxes would", cli.bounded_float(0.0))
+    box_weight: float | None = flag(None, "weight of the relevance (box) loss on the items with a box; 0 trains on "
+                                          "the other losses alone, as data without boxes would; default: 1, or 0 with "
+                                          "--distill", cli.bounded_float(0.0))
     lm_weight: float = flag(0.0, "weight of the answer loss through the frozen VLM (straight-through estimator)",
                             cli.bounded_float(0.0))
     budget: int | str = cli.budget_flag()  # the answer loss's saccades; auto: trained by --token-cost
@@ -151,6 +185,13 @@ def read_state(cfg: TrainConfig) -> TrainingState:
     return state
 
 
+def with_defaults(cfg: TrainConfig) -> TrainConfig:
+    """cfg with the defaults that depend on other flags set: --box-weight 1, or 0 with --distill."""
+    if cfg.box_weight is None:
+        cfg.box_weight = 0.0 if cfg.distill else 1.0
+    return cfg
+
+
 def fresh_out() -> str:
     """A new run folder: training never writes into a shipped checkpoint unless told to."""
     return f"runs/arr-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -183,9 +224,10 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
 
 
 def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
-    """(training, held-out) samples that have a target box: a JSONL split 80/20, or fresh synthetic scenes."""
+    """(training, held-out) samples that have what the losses need (a box for the box loss alone, a teacher's map
+    with --distill): a --data set split 80/20, or fresh synthetic scenes."""
     if cfg.data:
-        samples = [s for s in load_jsonl(cfg.data) if s.box is not None]
+        samples = data_samples(cfg)
         random.Random(cfg.seed).shuffle(samples)
         n_eval = max(1, len(samples) // 5)
         return samples[n_eval:], samples[:n_eval]
@@ -193,6 +235,32 @@ def load_samples(cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
     boxed = lambda samples: [s for s in samples if s.box is not None]  # noise scenes have no target
     return (boxed(make_dataset(cfg.n_train, kinds, seed=cfg.seed, size=cfg.scene_size)),
             boxed(make_dataset(cfg.n_eval, kinds, seed=cfg.seed + 10_000, size=cfg.scene_size)))
+
+
+def data_samples(cfg: TrainConfig) -> list[TaughtSample]:
+    """The --data set's items (eval.sets.open_source: hub, parquet or JSONL; asked as evaluate asks them) as samples:
+    with --distill those the teacher's cache has a map for (the answer: the set's first, else the teacher's own),
+    else with the box loss alone those with a box. InputError when none is left."""
+    from arr_coc.eval.sets import open_source
+
+    cache = None
+    if cfg.distill:
+        from arr_coc.distill.cache import TargetCache
+
+        cache = TargetCache(cfg.distill)
+    source = open_source(cfg.data, cfg.split, cfg.data_config, limit=cfg.limit)
+    samples = []
+    for item in source.items:
+        target = cache[item.id] if cache is not None and item.id in cache else None
+        if (cache is not None and target is None) or (cache is None and cfg.lm_weight == 0 and item.box is None):
+            continue
+        answer = item.answers[0] if item.answers else target.answer if target is not None else ""
+        samples.append(TaughtSample(item.open(), source.prompt(item), answer, item.box, item.kind or source.schema,
+                                    target=None if target is None else target.map))
+    if not samples:
+        need = f"a teacher's map in {cfg.distill}" if cache is not None else "a target box"
+        raise InputError(f"no item of {cfg.data} has {need}")
+    return samples
 
 
 def batches(cfg: TrainConfig, n_train: int, world_size: int) -> list[list[int]]:
@@ -214,10 +282,14 @@ def observe_all(model: ARRCOCQwen, samples: list[Sample], show: bool = True) -> 
 
     from arr_coc.pipelines import arr
 
-    observed = []
+    from arr_coc.distill.student import on_grid
+
+    observed, device = [], model.vlm.device
     for sample in tqdm(samples, desc="observe", unit="sample", disable=not show):
         observation = arr.observe(model.parts, model.views(sample.image), model.check_question(sample.question))
-        observed.append((sample, observation, observation.views.box_coverage(sample.box).to(model.vlm.device)))
+        views, target = observation.views, getattr(sample, "target", None)
+        observed.append((sample, observation, None if sample.box is None else views.box_coverage(sample.box).to(device),
+                         None if target is None else on_grid(target, views.candidate_grid).to(device)))
     return observed
 
 
@@ -242,11 +314,16 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., ScoreMaps], batch: list[
 
     from arr_coc.pipelines import arr
 
+    from arr_coc.distill.student import LOSSES
+
+    distill_loss = LOSSES[cfg.distill_loss]
     loss = torch.zeros((), device=model.vlm.device)
-    for sample, observation, coverage in batch:
+    for sample, observation, coverage, target in batch:
         maps = arr.score(observation, scorer)
-        if cfg.box_weight > 0:
+        if cfg.box_weight > 0 and coverage is not None:
             loss = loss + cfg.box_weight * relevance_loss(maps.relevance[0], coverage, cfg.temperature) / len(batch)
+        if cfg.distill_weight > 0 and target is not None:
+            loss = loss + cfg.distill_weight * distill_loss(maps.relevance[0], target, cfg.temperature) / len(batch)
         if cfg.lm_weight > 0 or cfg.token_cost > 0:
             out = select(model, maps, observation, cfg)
         if cfg.lm_weight > 0:
@@ -275,25 +352,39 @@ def budget_cost(model: ARRCOCQwen, out, cfg: TrainConfig) -> torch.Tensor:
 
 def evaluate(model: ARRCOCQwen, data: list[Observed], kinds: list[str], cfg: TrainConfig, process: Process) -> dict:
     """
-    Mean relevance loss, the fraction of saccades on the target box and the budget K (overall and per scene kind),
-    over all processes' shards of the held-out samples: each process scores its own, and the sums are all-reduced.
+    Over all processes' shards of the held-out samples (each process scores its own; the sums are all-reduced): the
+    budget K, and on the samples with a box the mean relevance loss and the fraction of saccades on it, and on those
+    with a teacher's map the KL to it and its mass inside ARR's TEACHER_TOP most relevant cells (overall and per kind).
     """
     import torch
 
+    from arr_coc.distill.student import LOSSES, top_mass
     from arr_coc.pipelines import arr
 
-    sums = torch.zeros(len(kinds), 4, dtype=torch.float64)  # [kinds, (samples, relevance loss, box precision, K)]
+    # [kinds, (samples, K, boxed samples, relevance loss, box precision, taught samples, KL, teacher's top mass)]
+    sums = torch.zeros(len(kinds), 8, dtype=torch.float64)
     with torch.no_grad():
-        for sample, observation, coverage in data:
+        for sample, observation, coverage, target in data:
             maps = arr.score(observation, model.layer.graphed_score)
             out = select(model, maps, observation, cfg)
-            loss = float(relevance_loss(maps.relevance[0], coverage, cfg.temperature))
-            precision = box_recall_precision(coverage, out.indices[0])[1]
-            sums[kinds.index(sample.kind)] += torch.tensor([1.0, loss, precision, out.budgets[0]], dtype=torch.float64)
-    count, loss, precision, budget = process.sum(sums).unbind(1)  # [kinds] each
-    return dict(loss=float(loss.sum() / count.sum()), budget=float(budget.sum() / count.sum()),
-                **{f"hits/{kind}": float(p / n) for kind, p, n in zip(kinds, precision, count)},
-                **{f"budget/{kind}": float(k / n) for kind, k, n in zip(kinds, budget, count)})
+            row = [1.0, out.budgets[0], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+            if coverage is not None:
+                row[2:5] = [1.0, float(relevance_loss(maps.relevance[0], coverage, cfg.temperature)),
+                            box_recall_precision(coverage, out.indices[0])[1]]
+            if target is not None:
+                row[5:8] = [1.0, float(LOSSES[cfg.distill_loss](maps.relevance[0], target, cfg.temperature)),
+                            top_mass(maps.relevance[0], target, TEACHER_TOP)]
+            sums[kinds.index(sample.kind)] += torch.tensor(row, dtype=torch.float64)
+    count, budget, boxed, loss, precision, taught, kl, mass = process.sum(sums).unbind(1)  # [kinds] each
+    log = dict(budget=float(budget.sum() / count.sum()),
+               **{f"budget/{kind}": float(k / n) for kind, k, n in zip(kinds, budget, count)})
+    if boxed.sum() > 0:
+        log.update(loss=float(loss.sum() / boxed.sum()),
+                   **{f"hits/{kind}": float(p / n) for kind, p, n in zip(kinds, precision, boxed) if n > 0})
+    if taught.sum() > 0:
+        log.update(distill=float(kl.sum() / taught.sum()), teacher_top64=float(mass.sum() / taught.sum()),
+                   **{f"teacher_top64/{kind}": float(m / n) for kind, m, n in zip(kinds, mass, taught) if n > 0})
+    return log
 
 
 def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
@@ -310,6 +401,7 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
     from arr_coc.runtime.timing import Stopwatch
 
     process = process or distributed.start(cfg.device)
+    with_defaults(cfg)
     torch.manual_seed(cfg.seed)
     model, state = load_trainee(cfg, model, process)
     done = state.step if state else 0
@@ -407,7 +499,8 @@ def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict], state: TrainingSt
     shutil.rmtree(staging, ignore_errors=True)  # left by a save that was cut short
     card = (f"ARR-COC layer trained for `{model.vlm.name}` ({model.vlm.family}, hidden size {model.vlm.hidden_size}) "
             f"with `python -m arr_coc.train`.\n\nTraining config:\n```json\n{json.dumps(asdict(cfg), indent=2)}\n```\n\n"
-            f"Held-out evaluation (fraction of saccades on the target box, per scene kind):\n```json\n"
+            f"Held-out evaluation (hits: the fraction of saccades on the target box; teacher_top64: the teacher's "
+            f"mass inside the {TEACHER_TOP} most relevant cells; per scene kind):\n```json\n"
             f"{json.dumps(log[0], indent=2)}\n->\n{json.dumps(log[-1], indent=2)}\n```\n")
     model.layer.save_pretrained(staging)  # config.json + model.safetensors; the card below replaces the generic one
     (staging / "README.md").write_text(f"---\nlibrary_name: arr-coc\ntags: [arr-coc, qwen2-vl]\n---\n\n# {out.name}\n\n{card}")
@@ -466,8 +559,14 @@ def parse_args(argv=None) -> TrainConfig:
     if not cfg.resume and out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
         p.error(f"argument --out: {cfg.out} already exists and is not empty; pass --overwrite to write into it, "
                 "or choose another folder")
-    if cfg.box_weight == 0 and cfg.lm_weight == 0:
-        p.error("argument --box-weight: with --lm-weight 0 too, nothing would be trained")
+    with_defaults(cfg)
+    if cfg.distill and not cfg.data:
+        p.error("argument --distill: needs --data, the set whose item ids the teacher's maps are cached by")
+    if cfg.distill and not (Path(cfg.distill) / "index.json").is_file():
+        p.error(f"argument --distill: {cfg.distill} holds no teacher's maps (no index.json; python -m "
+                "arr_coc.commands.teacher --out it --data the set caches them)")
+    if cfg.box_weight == 0 and cfg.lm_weight == 0 and not (cfg.distill and cfg.distill_weight > 0):
+        p.error("argument --box-weight: with --lm-weight 0 and no --distill too, nothing would be trained")
     if cfg.token_cost > 0 and cfg.budget != AUTO:
         p.error("argument --token-cost: prices the adaptive budget; it needs --budget auto")
     if cfg.min_budget > cfg.max_budget:

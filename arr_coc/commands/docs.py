@@ -24,6 +24,7 @@ def configs() -> list[tuple[str, type]]:
     from arr_coc import bench, train
     from arr_coc.commands import evaluate, run
     from arr_coc.app.options import AppConfig
+    from arr_coc.commands.student import StudentConfig
     from arr_coc.commands.teacher import TeacherConfig
     from arr_coc.eval.data import DataConfig
     from arr_coc.commands.figures import FiguresConfig
@@ -34,7 +35,8 @@ def configs() -> list[tuple[str, type]]:
             ("python -m arr_coc.train", train.TrainConfig), ("python -m arr_coc.evaluate", evaluate.EvalConfig),
             ("python -m arr_coc.bench", bench.BenchConfig), ("python -m arr_coc.eval.data", DataConfig),
             ("python -m arr_coc.eval.figures", FiguresConfig), ("python -m arr_coc.pocket.train", PocketConfig),
-            ("python -m arr_coc.pocket.heldout", HeldoutConfig), ("python -m arr_coc.commands.teacher", TeacherConfig)]
+            ("python -m arr_coc.pocket.heldout", HeldoutConfig), ("python -m arr_coc.commands.teacher", TeacherConfig),
+            ("python -m arr_coc.commands.student", StudentConfig)]
 
 
 def table(command: str, config: type) -> str:

@@ -80,6 +80,8 @@ class Observation:
     prior: torch.Tensor  # [1, GH, GW] question->gestalt attention on the candidate grid, in [0, 1]
     highres: torch.Tensor  # [1, 3, H, W] the high-res view on the device, in [0, 1]
     textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
+    gestalt_states: torch.Tensor | None = None  # [1, gh, gw, D] the prior pass's gestalt states at its layer
+    question_states: torch.Tensor | None = None  # [1, Lq, D] the prior pass's question rows' states there
 
 
 @dataclass
@@ -112,11 +114,15 @@ class Fixation:
 
 
 def question_prior(parts: Parts, question: str, gestalt: VisualTokens, views,
-                   context: list[VisualTokens] = ()) -> torch.Tensor:
+                   context: list[VisualTokens] = ()) -> dict[str, torch.Tensor]:
     """"Gestalt guides gaze": the question's attention to the gestalt tokens at the prior pass's layer (`context`:
-    image blocks read between them, a second fixation's first saccades), on the candidate grid -> [1, GH, GW]."""
-    attention = parts.vlm.prior_attention(question, gestalt, parts.pipeline.prior_layer_fraction, context)  # [Ng]
-    return upsample_map(attention, views.gestalt_grid, views.candidate_grid)
+    image blocks read between them, a second fixation's first saccades), on the candidate grid, and that layer's
+    hidden states -> Observation's fields: prior [1, GH, GW], gestalt_states [1, gh, gw, D], question_states
+    [1, Lq, D]."""
+    prior = parts.vlm.prior_pass(question, gestalt, parts.pipeline.prior_layer_fraction, context)
+    return dict(prior=upsample_map(prior.attention, views.gestalt_grid, views.candidate_grid),
+                gestalt_states=prior.gestalt_states.view(1, *views.gestalt_grid, -1),
+                question_states=prior.question_states.unsqueeze(0))
 
 
 @torch.no_grad()
@@ -128,10 +134,11 @@ def observe(parts: Parts, views: Views, question: str, watch: Stopwatch | None =
     with watch.section("vision"):
         gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
     with watch.section("selection"):
-        prior = question_prior(parts, question, gestalt, views)  # [1, GH, GW]
+        prior = question_prior(parts, question, gestalt, views)  # prior [1, GH, GW] and the layer's states
         highres = views.tensor("highres")  # [1, 3, H, W]
         textures = parts.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
-    return Observation(views, question, gestalt, vlm.question_embeds(question), prior, highres, textures)
+    return Observation(views, question, gestalt, vlm.question_embeds(question), highres=highres, textures=textures,
+                       **prior)
 
 
 def score(observation: Observation, scorer: Callable[..., ScoreMaps], ablation: Ablation = NO_ABLATION,
@@ -142,7 +149,8 @@ def score(observation: Observation, scorer: Callable[..., ScoreMaps], ablation: 
     scorers' visual context (a second fixation)."""
     o = observation
     context = o.gestalt.features if seen is None else torch.cat([o.gestalt.features, seen.features])  # [Ng (+ K1), D]
-    maps = scorer(o.textures, o.question_embeds, None, context.unsqueeze(0), ablation.prior(o.prior))
+    maps = scorer(o.textures, o.question_embeds, None, context.unsqueeze(0), ablation.prior(o.prior),
+                  o.gestalt_states, o.question_states)
     return ablation.mix(maps)
 
 
@@ -249,8 +257,8 @@ def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: 
     K2 = second_look_budget(request, first)
     with watch.section("selection"):
         context = [] if seen is None else [seen]
-        again = replace(observation, prior=question_prior(parts, observation.question, observation.gestalt, views,
-                                                          context))
+        again = replace(observation, **question_prior(parts, observation.question, observation.gestalt, views,
+                                                      context))
         maps = score(again, layer.graphed_score, ablation, seen)
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
@@ -356,7 +364,7 @@ def follow_up(parts: Parts, last: Answer, question: str, request: Request, read:
     views = first.views
     with watch.section("selection"):  # the gestalt guides this question's gaze; the scorers read this question
         observation = replace(first, question=question, question_embeds=vlm.question_embeds(question),
-                              prior=question_prior(parts, question, first.gestalt, views))
+                              **question_prior(parts, question, first.gestalt, views))
         maps = score(observation, layer.graphed_score, ablation)
         exclude = read.unsqueeze(0) if request.fresh_cells and read is not None else None  # [1, GH, GW]
         out = select(layer, maps, views.candidate_grid, len(first.gestalt), request.budget, request.strategy,

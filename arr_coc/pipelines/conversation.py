@@ -117,6 +117,8 @@ def observation_to(o: Observation, device) -> Observation:
     """An observation with its tensors on `device` (the views are pictures; the gestalt's places stay on the CPU)."""
     gestalt = replace(o.gestalt, features=o.gestalt.features.to(device),
                       deepstack=None if o.gestalt.deepstack is None else o.gestalt.deepstack.to(device))
+    states = {name: None if getattr(o, name) is None else getattr(o, name).to(device)
+              for name in ("gestalt_states", "question_states")}
     return replace(o, gestalt=gestalt, question_embeds=o.question_embeds.to(device), prior=o.prior.to(device),
-                   highres=o.highres.to(device), textures=o.textures.to(device))
+                   highres=o.highres.to(device), textures=o.textures.to(device), **states)
 

@@ -7,12 +7,16 @@ scorer equals its prior exactly and training only improves on it (docs/ARCHITECT
 - InformationScorer (propositional): where the detail is (edges, high-pass energy, colour variance).
 - PerspectivalScorer (salience): what stands out (spectral residual, colour contrast, colour rarity).
 - ParticipatoryScorer (query coupling): how the question couples to each cell: the gestalt-attention
-  prior from the VLM plus a learned cross-attention of cell features to the question's token embeddings.
+  prior from the VLM plus a learned cross-attention of cell features to the question's token embeddings, plus
+  (given the prior pass's hidden states) the StateScorer's residual (arr_coc.relevance.states).
 """
+
+import math
 
 import torch
 import torch.nn as nn
 
+from arr_coc.relevance.states import StateScorer
 from arr_coc.relevance.texture import CHANNEL_NAMES
 
 DETAIL_CHANNELS = [CHANNEL_NAMES.index(n) for n in ("edge_magnitude", "highpass_energy", "colour_variance")]
@@ -72,7 +76,8 @@ class ParticipatoryScorer(nn.Module):
 
     Prior: the VLM's own question->gestalt attention, upsampled to the candidate grid (None = no prior).
     Learned: cells attend to the question's tokens; the per-token scores are pooled with learnable
-    max / mean / sum weights (seed Part 43), scaled by a gain that starts at zero.
+    max / mean / sum weights (seed Part 43), scaled by a gain that starts at zero. Given the prior pass's hidden
+    states (gestalt [B, gh, gw, D], question [B, Lq, D]), the StateScorer's residual (zero at start) is added.
     """
 
     def __init__(self, channels: int = 13, hidden_size: int = 1536, dim: int = 32):
@@ -82,6 +87,7 @@ class ParticipatoryScorer(nn.Module):
         self.pool_logits = nn.Parameter(torch.zeros(3))  # softmax -> weights of max, mean, sum pooling
         self.gain = nn.Parameter(torch.zeros(()))  # zero: a fresh scorer is its prior
         self.scale = dim**-0.5
+        self.states = StateScorer(channels, hidden_size, dim, heads=math.gcd(4, dim))
 
     def forward(
         self,
@@ -89,6 +95,8 @@ class ParticipatoryScorer(nn.Module):
         query_embeds: torch.Tensor,  # [B, L, D] token embeddings of the question
         query_mask: torch.Tensor | None = None,  # [B, L], 1 for real tokens
         prior: torch.Tensor | None = None,  # [B, gh, gw] gestalt attention, or None
+        gestalt_states: torch.Tensor | None = None,  # [B, ggh, ggw, D] the prior pass's gestalt states, or None
+        question_states: torch.Tensor | None = None,  # [B, Lq, D] its question rows' states, or None
     ) -> torch.Tensor:
         B, _, gh, gw = textures.shape
         cells = self.cell_proj(textures).flatten(2).transpose(1, 2)  # [B, N, d]
@@ -104,4 +112,7 @@ class ParticipatoryScorer(nn.Module):
         w = self.pool_logits.softmax(0)
         learned = (w[0] * pooled_max + w[1] * pooled_mean + w[2] * pooled_sum).view(B, gh, gw)
         base = prior if prior is not None else torch.zeros_like(learned)
-        return base.to(learned.dtype) + self.gain * learned  # [B, gh, gw]
+        out = base.to(learned.dtype) + self.gain * learned  # [B, gh, gw]
+        if gestalt_states is None or question_states is None:
+            return out
+        return out + self.states(textures, gestalt_states, question_states)  # [B, gh, gw]

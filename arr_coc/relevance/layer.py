@@ -41,7 +41,8 @@ from arr_coc.relevance.texture import is_flat
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-OPTIONAL_PREFIXES = ("balancer.tension_head.",)  # newer than some checkpoints: missing there, they load at zero
+OPTIONAL_PREFIXES = ("balancer.tension_head.", "participatory.states.")  # newer than some checkpoints: missing
+# there, they load at their fresh values (each one's last layer zero: the layer those checkpoints were)
 CARD_FILE = "README.md"  # the model card; the one arr_coc.train writes names the model it trained for
 CARD_MODEL = re.compile(r"trained for `([^`\n]{1,200})` \(")  # its line: "layer trained for `pocket` (qwen2_vl, ..."
 
@@ -174,6 +175,8 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         query_mask: torch.Tensor | None = None,  # [B, L]
         gestalt_embeds: torch.Tensor | None = None,  # [B, Ng, D]
         participatory_prior: torch.Tensor | None = None,  # [B, gh, gw]
+        gestalt_states: torch.Tensor | None = None,  # [B, ggh, ggw, D] the prior pass's gestalt states
+        question_states: torch.Tensor | None = None,  # [B, Lq, D] the prior pass's question rows' states
     ) -> ScoreMaps:
         """
         Everything but the selection: the three maps, the weights and the relevance map. It is the module's
@@ -183,7 +186,8 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         textures = textures.to(param.device, param.dtype)
         information = self.information(textures)  # [B, gh, gw]
         perspectival = self.perspectival(textures)  # [B, gh, gw]
-        participatory = self.participatory(textures, query_embeds, query_mask, participatory_prior)  # [B, gh, gw]
+        participatory = self.participatory(textures, query_embeds, query_mask, participatory_prior,
+                                           gestalt_states, question_states)  # [B, gh, gw]
         maps = torch.stack([information, perspectival, participatory], dim=1)  # [B, 3, gh, gw]
         relevance, weights, tension_residuals = self.balancer(maps, query_embeds, query_mask, gestalt_embeds)
         return ScoreMaps(textures=textures, information=information, perspectival=perspectival,

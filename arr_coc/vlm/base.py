@@ -8,6 +8,7 @@ arr_coc/vlm/ builds prompt ids, position ids or embeddings, or drives the decode
     prompt = vlm.prompt(question, [tokens, saccades])                    # Prompt: ids, embeds, M-RoPE ids
     attention = vlm.prior_attention(question, tokens, 0.5)               # [Ng]: the question's gaze on the gestalt
     attention = vlm.prior_attention(question, tokens, 0.5, [saccades])   # ... with saccades read in between
+    prior = vlm.prior_pass(question, tokens, 0.5)                        # PriorPass: + the layer's hidden states
     generation = vlm.generate(prompt, max_new_tokens=64)                 # Generation: ids [1, T], probs [T], safe_mode
     for token in vlm.generate_tokens(prompt, 64): ...                    # each new token id as the engine makes it
     first = vlm.generate(prompt, 64, keep=True)                           # a conversation's turn 1: + its History
@@ -79,6 +80,14 @@ class AnswerAttention:
     weights: torch.Tensor  # [len(layers), H, A, n] fp32: the rows predicting the A answer tokens, on the n image tokens
     norms: torch.Tensor  # [len(layers), n] fp32: each image token's hidden-state norm entering the layer (sinks: huge)
     layers: tuple[int, ...]  # the layers read, in the order asked
+
+
+@dataclass
+class PriorPass:
+    """The prior pass at its middle layer (VLM.prior_pass): the question's gaze on the gestalt, the layer's states."""
+    attention: torch.Tensor  # [Ng] the question rows' attention to each gestalt token, mean over heads and rows
+    gestalt_states: torch.Tensor  # [Ng, D] the gestalt tokens' hidden states entering that layer
+    question_states: torch.Tensor  # [Lq, D] the question rows' hidden states entering it (the question to the end)
 
 
 @dataclass
@@ -232,6 +241,11 @@ class VLM(ABC):
                         context: list[VisualTokens] = ()) -> torch.Tensor:
         """The prior pass: the question's attention to each gestalt token at one middle layer -> [Ng]; `context`
         are image blocks read between the gestalt and the question (a second fixation's first saccades)."""
+
+    @abstractmethod
+    def prior_pass(self, question: str, gestalt: VisualTokens, layer_fraction: float,
+                   context: list[VisualTokens] = ()) -> PriorPass:
+        """prior_attention's pass, with the hidden states of the gestalt and question rows entering that layer."""
 
     @abstractmethod
     def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:

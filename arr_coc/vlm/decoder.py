@@ -448,13 +448,14 @@ class Decoder:
     def _prior(self, embeds, position_ids, query_weights, index: int, deepstack=None):
         """
         The LLM up to layer `index` over [prompt + gestalt + question] (plus DeepStack, if any), then that layer's
-        attention, recomputed in fp32 and averaged over heads, weighted over query rows -> [L] attention mass per key.
+        attention, recomputed in fp32 and averaged over heads, weighted over query rows -> ([L] attention mass per
+        key, [L, D] the hidden states entering layer `index`).
         """
         x = self.forward(embeds, position_ids, deepstack, stop=index)  # [1, L, D] entering layer `index`
         cos, sin = self._rope(embeds, position_ids)
         layer = self.lm.layers[index]
         q, k = self._fp32_heads(layer, x, cos, sin)  # [1, H, L, hd] each
-        return _weighted_attention(q, k, layer.self_attn.scaling, query_weights.float())  # [L]
+        return _weighted_attention(q, k, layer.self_attn.scaling, query_weights.float()), x[0]  # [L], [L, D]
 
     # ----------------------------------------------------------------------------- entry points
 
@@ -490,8 +491,9 @@ class Decoder:
 
     @torch.no_grad()
     def prior_attention(self, embeds, position_ids, query: tuple[int, int], layer_fraction: float,
-                        deepstack=None) -> torch.Tensor:
-        """Mean attention of the tokens in [query) to every token, at one middle layer -> [L] (sums to 1)."""
+                        deepstack=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean attention of the tokens in [query) to every token, at one middle layer -> ([L], sums to 1; the hidden
+        states entering that layer [L, D])."""
         L = embeds.shape[1]
         index = min(len(self.lm.layers) - 1, int(layer_fraction * len(self.lm.layers)))
         embeds, position_ids, deepstack = self._pad(embeds, position_ids, deepstack)
@@ -499,7 +501,8 @@ class Decoder:
         weights[query[0]:query[1]] = 1.0 / (query[1] - query[0])
         run = self.graphed_prior if self.use_graphs else self._prior
         with self.lock:  # a graph's static inputs are shared: one caller replays it at a time
-            return run(embeds, position_ids, weights, index, deepstack)[:L]
+            attention, states = run(embeds, position_ids, weights, index, deepstack)
+        return attention[:L], states[:L]
 
     def _state(self, cap: int, dtype: torch.dtype) -> DecodeState:
         """The buffers of cache size `cap`, made on first use; beyond MAX_CACHES sizes the least recent is freed."""

@@ -23,8 +23,8 @@ from PIL import Image
 from arr_coc.settings import ENGINES
 from arr_coc.flops import prefill_gflops, vision_gflops
 from arr_coc.runtime.timing import Stopwatch, TimingStreamer, timed_tokens
-from arr_coc.vlm.base import (VLM, AnswerAttention, CompileSeconds, Generation, History, Prompt, SavedCache,
-                              StockInputs, VisionAttention, VisualTokens)
+from arr_coc.vlm.base import (VLM, AnswerAttention, CompileSeconds, Generation, History, PriorPass, Prompt,
+                              SavedCache, StockInputs, VisionAttention, VisualTokens)
 from arr_coc.vlm.chat import CHAT_TEMPLATE, ChatLayout
 from arr_coc.vlm.decoder import Decoder, Pruning
 from arr_coc.vlm.vision import QwenVision
@@ -189,18 +189,26 @@ class QwenVL(VLM):
     @torch.no_grad()
     def prior_attention(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5,
                         context: list[VisualTokens] = ()) -> torch.Tensor:
+        """prior_pass's attention alone -> [Ng]."""
+        return self.prior_pass(question, gestalt, layer_fraction, context).attention
+
+    @torch.no_grad()
+    def prior_pass(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5,
+                   context: list[VisualTokens] = ()) -> PriorPass:
         """
         "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt [Ng, D] + question] and
         read the attention of the question's tokens (from the one after the last <|vision_end|> to the end) to
-        the gestalt tokens there, averaged over heads and tokens; the layers above never run -> [Ng] attention
-        mass. `context`: image blocks read after the gestalt (a second fixation: the first one's saccades).
+        the gestalt tokens there, averaged over heads and tokens; the layers above never run -> PriorPass: that
+        attention mass [Ng], and the hidden states entering the layer of the gestalt [Ng, D] and question rows
+        [Lq, D]. `context`: image blocks read after the gestalt (a second fixation: the first one's saccades).
         """
         prompt = self.prompt(question, [gestalt, *context])
         at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]
         start, end, L = int(at[0]), int(at[len(gestalt) - 1]) + 1, prompt.length
-        attention = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, (int(at[-1]) + 2, L),
-                                                 layer_fraction, prompt.deepstack)
-        return attention[start:end]
+        query = (int(at[-1]) + 2, L)
+        attention, states = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, query, layer_fraction,
+                                                         prompt.deepstack)  # [L], [L, D]
+        return PriorPass(attention[start:end], states[start:end], states[query[0]:query[1]])
 
     # --- generation ---
 

@@ -26,22 +26,22 @@ def photo(w=700, h=500, seed=0):
 
 def test_the_gestalt_is_encoded_once_and_each_turn_reads_its_own_question(arr_model, monkeypatch):
     vlm = arr_model.vlm
-    calls = {"encode_view": 0, "prior_attention": []}
-    encode_view, prior_attention = vlm.encode_view, vlm.prior_attention
+    calls = {"encode_view": 0, "prior_pass": []}
+    encode_view, prior_pass = vlm.encode_view, vlm.prior_pass
 
     def count_encode(view):
         calls["encode_view"] += 1
         return encode_view(view)
 
     def count_prior(question, *args, **kwargs):
-        calls["prior_attention"].append(question)
-        return prior_attention(question, *args, **kwargs)
+        calls["prior_pass"].append(question)
+        return prior_pass(question, *args, **kwargs)
 
     monkeypatch.setattr(vlm, "encode_view", count_encode)
-    monkeypatch.setattr(vlm, "prior_attention", count_prior)
+    monkeypatch.setattr(vlm, "prior_pass", count_prior)
     chat = Conversation("arr", photo())
     answers = [arr_model.answer(None, q, conversation=chat, max_new_tokens=3) for q in QUESTIONS]
-    assert calls["encode_view"] == 1 and calls["prior_attention"] == list(QUESTIONS)
+    assert calls["encode_view"] == 1 and calls["prior_pass"] == list(QUESTIONS)
     assert [a.turn for a in answers] == [1, 2, 3] and chat.answers == answers
     assert [a.tokens.gestalt for a in answers] == [answers[0].tokens.gestalt, 0, 0]  # the gestalt block once
     assert answers[0].tokens.gestalt > 0 and all(a.tokens.saccade == 273 for a in answers)

@@ -90,11 +90,11 @@ def test_the_final_answer_reads_both_rounds_at_their_true_places(family, monkeyp
     round; on every family."""
     arr_model = family
     vlm, prompts, priors = arr_model.vlm, [], []
-    generate, prior_attention = vlm.generate_tokens, vlm.prior_attention
+    generate, prior_pass = vlm.generate_tokens, vlm.prior_pass
     monkeypatch.setattr(vlm, "generate_tokens",
                         lambda prompt, *a, **k: prompts.append(prompt) or generate(prompt, *a, **k))
-    monkeypatch.setattr(vlm, "prior_attention", lambda q, g, f, context=(): priors.append(context)
-                        or prior_attention(q, g, f, context))
+    monkeypatch.setattr(vlm, "prior_pass", lambda q, g, f, context=(): priors.append(context)
+                        or prior_pass(q, g, f, context))
     a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=40)
     first, second = a.arr.positions[0].cpu(), a.fixations[1].arr.positions[0].cpu()
     assert len(prompts) == 2 and len(priors) == 2 and list(priors[0]) == []

@@ -135,7 +135,8 @@ def test_straight_through_gradient_reaches_every_parameter():
     layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, min_budget=200, max_budget=300))
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     for step in range(2):  # zero-initialised last layers block the layers below them until the first step
-        out = run(layer, seed=step, budget="auto", n=1, participatory_prior=torch.rand(1, 32, 32))
+        out = run(layer, seed=step, budget="auto", n=1, participatory_prior=torch.rand(1, 32, 32),
+                  gestalt_states=torch.randn(1, 4, 4, D), question_states=torch.randn(1, 6, D))  # the prior pass's
         K = out.indices.shape[1]
         target = torch.randn(1, K, D)
         tokens = torch.randn(1, K, D)  # stand-in for the frozen encoder's saccade tokens
