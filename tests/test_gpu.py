@@ -221,8 +221,9 @@ def test_graphed_arr_equals_eager(cuda_model):
     outputs = {}
     for graphs in (False, True):
         vlm.decoder.graphs_enabled = graphs
-        scene = cuda_model.prepare(scene_image(1792, 1344), QUESTION)  # not noise: noise falls back to grid
-        out = cuda_model.select(scene)
+        views = cuda_model.views(scene_image(1792, 1344))  # a scene, not noise: noise falls back to grid
+        scene = arr.prepare(cuda_model.parts, views, QUESTION, Request())
+        out = scene.select(cuda_model.layer)
         assert out.fallback == [None]  # ARR's own selection is what is compared
         with torch.no_grad():
             saccades = encode_saccades(vlm, scene.observation, out.positions[0])
