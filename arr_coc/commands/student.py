@@ -6,7 +6,7 @@ Each item is observed once (the frozen VLM's part: gestalt, the prior pass and i
 then scores it and selects --top saccades (topk, as ARR serves them). Per layer: the teacher's mass inside them
 (teacher_top) and, on items with a box, the share of the box's cells among them (box recall), each a mean over the
 items with its 95% Wilson interval (conservative for a mean of values in [0, 1]), and on how many items each layer
-beats the first one listed (paired).
+beats the first one listed (paired). 'teacher' in --layers is the teacher map's own top cells: the ceiling.
 
     python -m arr_coc.commands.student --model pocket --data data/heldout --distill runs/teacher-heldout \
         --layers prior,pocket-fineprint,runs/distilled --top 64 --out runs/student.json
@@ -29,8 +29,9 @@ class StudentConfig:
                      required=True)
     distill: str = flag(None, "the teacher's cached maps of --data (python -m arr_coc.commands.teacher --data)",
                         required=True)
-    layers: str = flag("prior", "ARR layers to compare, comma-separated: checkpoint names, folders or 'prior'; the "
-                                "first is the one the others are paired against")
+    layers: str = flag("prior", "ARR layers to compare, comma-separated: checkpoint names, folders, 'prior', or "
+                                "'teacher' (the teacher map's own top cells: the ceiling); the first is the one the "
+                                "others are paired against")
     top: int = flag(64, "saccades each layer selects (topk)", bounded_int(1, 65536))
     split: str = flag("validation", "the --data set's split")
     limit: int | None = flag(None, "read at most this many items", bounded_int(1, 10**9))
@@ -68,7 +69,8 @@ def observed_items(model, args: StudentConfig) -> list[tuple]:
 
 
 def per_item(model, layer, items: list[tuple], top: int) -> list[tuple[float, float | None]]:
-    """A layer's (teacher mass in its `top` saccades, box recall or None) on each observed item."""
+    """A layer's (teacher mass in its `top` saccades, box recall or None) on each observed item; layer None: the
+    teacher map's own `top` cells."""
     import torch
 
     from arr_coc.distill.student import mass_at
@@ -78,8 +80,11 @@ def per_item(model, layer, items: list[tuple], top: int) -> list[tuple[float, fl
     rows = []
     with torch.no_grad():
         for o, target, coverage in items:
-            out = arr.select(layer, arr.score(o, layer.graphed_score), o.views.candidate_grid, len(o.gestalt), top)
-            cells = out.indices[0].cpu()
+            if layer is None:  # the teacher's own top cells
+                cells = target.flatten().topk(min(top, target.numel())).indices
+            else:
+                maps = arr.score(o, layer.graphed_score)
+                cells = arr.select(layer, maps, o.views.candidate_grid, len(o.gestalt), top).indices[0].cpu()
             rows.append((mass_at(target, cells), None if coverage is None else box_recall_precision(coverage, cells)[0]))
     return rows
 
@@ -105,8 +110,8 @@ def main(argv=None) -> int:
         items = observed_items(model, args)
         results, first = [], None
         for name in [n.strip() for n in args.layers.split(",") if n.strip()]:
-            folder = choose_checkpoint(name, model.vlm.family, model.vlm.hidden_size)
-            layer = model.load_layer(folder) if folder else model.prior_layer()
+            folder = None if name == "teacher" else choose_checkpoint(name, model.vlm.family, model.vlm.hidden_size)
+            layer = None if name == "teacher" else model.load_layer(folder) if folder else model.prior_layer()
             rows = per_item(model, layer, items, args.top)
             first = first or rows
             results.append(summary(name, rows, first))
