@@ -479,7 +479,7 @@ def run() -> int:
 
 
 def train() -> int:
-    return _script("train")
+    return _script("commands.train")
 
 
 def evaluate() -> int:
@@ -487,7 +487,7 @@ def evaluate() -> int:
 
 
 def bench() -> int:
-    return _script("bench")
+    return _script("commands.bench")
 
 
 def data() -> int:

@@ -21,8 +21,7 @@ END = "<!-- end of the generated flag tables -->"
 def configs() -> list[tuple[str, type]]:
     """(how the command is run, its config dataclass), in the page's order. Imported here, not at the top: the
     pocket trainer and its held-out check load torch."""
-    from arr_coc import bench, train
-    from arr_coc.commands import evaluate, run
+    from arr_coc.commands import bench, evaluate, run, train
     from arr_coc.app.options import AppConfig
     from arr_coc.commands.student import StudentConfig
     from arr_coc.commands.teacher import TeacherConfig
