@@ -12,7 +12,6 @@ at most --max-tokens tokens; a warm-up request first. A markdown table goes to s
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
@@ -26,7 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from arr_coc.cli import model_flag
 from arr_coc.engines.vllm_plugin import ARCHITECTURE
+from arr_coc.flags import bounded_int, comma_list, config_parser, flag, int_list, parse_config
 
 STOCK = "Qwen2VLForConditionalGeneration"  # vLLM's own Qwen2-VL: the native view (its processor's smart_resize)
 
@@ -131,24 +132,25 @@ def pages_of(folder: Path) -> list[dict]:
     return [{"path": str(folder / row["image"]), "question": row["question"]} for row in rows]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m arr_coc.engines.vllm_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, required=True, help="a folder made by arr_coc.eval.data (data.jsonl, images/)")
-    p.add_argument("--model", default="models/pocket-qwen2-vl", help="the model folder both servers load")
-    p.add_argument("--concurrency", default="1,4,8", help="comma-separated requests in flight, one level each")
-    p.add_argument("--requests", type=int, default=8, help="requests per level (each level its own pages)")
-    p.add_argument("--max-tokens", type=int, default=16, help="at most this many generated tokens a request")
-    p.add_argument("--max-model-len", type=int, default=8192, help="both servers' --max-model-len")
-    p.add_argument("--port", type=int, default=8391, help="the port each server listens on, in turn")
-    p.add_argument("--served", default=f"{STOCK},{ARCHITECTURE}", help="the architectures to serve, in turn")
-    p.add_argument("--log-dir", type=Path, default=Path("out/vllm-bench"), help="where each server's log goes")
-    return p
+@dataclass
+class BenchConfig:
+    """The serving bench's flags, each field one (arr_coc.flags.flag)."""
+    data: Path = flag(None, "a folder made by arr_coc.eval.data (data.jsonl, images/)", Path, required=True)
+    model: str = model_flag("models/pocket-qwen2-vl", "the model both servers load",
+                            "Default: models/pocket-qwen2-vl.")
+    concurrency: list[int] = flag([1, 4, 8], "requests in flight, one level each, comma-separated", int_list(1, 256))
+    requests: int = flag(8, "requests per level (each level its own pages)", bounded_int(1, 10**4))
+    max_tokens: int = flag(16, "at most this many generated tokens a request", bounded_int(1, 4096))
+    max_model_len: int = flag(8192, "both servers' --max-model-len", bounded_int(256, 2**20))
+    port: int = flag(8391, "the port each server listens on, in turn", bounded_int(1024, 65535))
+    served: str = flag(f"{STOCK},{ARCHITECTURE}", "the architectures to serve, in turn",
+                       comma_list((STOCK, ARCHITECTURE)))
+    log_dir: Path = flag(Path("out/vllm-bench"), "where each server's log goes", Path)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    levels_asked = [int(c) for c in args.concurrency.split(",")]
+    args = parse_config(BenchConfig, argv, config_parser(BenchConfig, __doc__))
+    levels_asked = args.concurrency
     pages = pages_of(args.data)
     need = 1 + args.requests * len(levels_asked)
     if len(pages) < need:
