@@ -566,7 +566,8 @@ def parse_args(argv=None) -> TrainConfig:
         p.error(f"argument --distill: {cfg.distill} holds no teacher's maps (no index.json; python -m "
                 "arr_coc.commands.teacher --out it --data the set caches them)")
     if cfg.box_weight == 0 and cfg.lm_weight == 0 and not (cfg.distill and cfg.distill_weight > 0):
-        p.error("argument --box-weight: with --lm-weight 0 and no --distill too, nothing would be trained")
+        p.error("argument --box-weight: with --lm-weight 0 too, nothing would be trained (no --distill, or "
+                "--distill-weight 0)")
     if cfg.token_cost > 0 and cfg.budget != AUTO:
         p.error("argument --token-cost: prices the adaptive budget; it needs --budget auto")
     if cfg.min_budget > cfg.max_budget:
