@@ -413,9 +413,9 @@ def test_a_model_or_dataset_that_cannot_load_exits_2_in_one_line(command, tmp_pa
     error = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error: "))
     assert f"cannot load the model '{tmp_path / 'not-a-model'}'" in error
     assert "--model pocket runs the shipped offline model" in error and "HF_HUB_OFFLINE=1" in error
-    if command == "train":  # a dataset folder without data.jsonl
+    if command == "train":  # a dataset folder without data.jsonl: train reads any set evaluate reads, and says so
         assert main(["--model", "tiny", "--data", str(tmp_path), "--out", str(tmp_path / "ck2")]) == 2
-        assert "no such dataset file" in capsys.readouterr().err
+        assert "cannot tell the schema" in capsys.readouterr().err
 
 
 def test_the_default_output_folder_is_checked_too(tmp_path, monkeypatch, capsys):
