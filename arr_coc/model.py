@@ -25,6 +25,7 @@ stream hands on its text as it grows, in the caller's thread. The Answer (arr_co
 import gc
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -84,6 +85,18 @@ class StopCheck:
             self.event = outer
 
 
+_SERVING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # VLM -> (its lock, its StopCheck)
+
+
+def serving_of(vlm: VLM) -> tuple[threading.Lock, StopCheck]:
+    """The VLM's one lock and one StopCheck, shared by every ARRCOCQwen over it (a second facade over the same
+    weights, e.g. another layer's): the VLM holds one block check and one set of caches, so a facade of its own would
+    replace the first one's check (its Stop would no longer reach the layers) and let two requests overlap."""
+    if vlm not in _SERVING:
+        _SERVING[vlm] = (threading.Lock(), StopCheck(vlm))
+    return _SERVING[vlm]
+
+
 class ARRCOCQwen:
     def __init__(self, vlm: VLM, layer: ARRCOCLayer | None = None, notice: str | None = None,
                  pipeline: PipelineConfig | None = None):
@@ -95,8 +108,7 @@ class ARRCOCQwen:
         # one request at a time on the VLM: its decode caches and every CUDA graph's static buffers are shared, so two
         # overlapping requests (two app users, or a stopped one still winding down) would corrupt each other. Not
         # reentrant: a stream holds it across its yields, and gradio resumes and closes a generator from any thread
-        self.lock = threading.Lock()
-        self.stop_check = StopCheck(vlm)  # a stopped request frees the model at its next block
+        self.lock, self.stop_check = serving_of(vlm)  # a stopped request frees the model at its next block
 
     def busy(self) -> bool:
         """Whether another thread's request holds the VLM now (in the app: a stopped one, finishing its block)."""

@@ -75,3 +75,13 @@ def test_the_next_compare_says_it_waits_for_the_stopped_request(arr_model):
     fresh = handlers.compare_steps(arr_model, CAT, QUESTION, "gestalt", 1, "topk", 4096, 5)
     assert next(fresh)[0] == "Running the **gestalt** baseline…"  # a free model: no waiting line
     fresh.close()
+
+
+def test_a_second_facade_over_the_same_vlm_keeps_stop_working(arr_model):
+    """Another ARRCOCQwen over the same weights (another layer's, as the handlers' tests make) shares the VLM's one
+    block check and lock: before, it replaced the first facade's check, and the first one's Stop ran on to the end."""
+    from arr_coc.model import ARRCOCQwen
+
+    other = ARRCOCQwen(arr_model.vlm)
+    assert other.lock is arr_model.lock and other.stop_check is arr_model.stop_check
+    assert stopped_at(arr_model, "full", blocks(arr_model, ".input_layernorm")[0]) == []
