@@ -203,9 +203,10 @@ def test_the_offline_app_answers_its_fine_print_examples(served):
             assert model.answer(image, example["question"], pipeline, max_new_tokens=8).text.strip() == expected
 
 
-def test_arr_reads_fine_print_only_with_its_saccades_in_reading_order(served):
+def test_arr_reads_fine_print_best_with_its_saccades_in_reading_order(served):
     """The same 273 saccades of the pocket checkpoint, fed row by row or most relevant first, on 12 held-out pages at
-    896 px (measured: 6 and 1 read, `full` 6): the pocket model reads a key and its digits in reading order only."""
+    896 px: reading order reads at least as many (measured with step 65329: 11 and 9; step 58266, trained before the
+    layout families: 6 and 1, when the model read a key and its digits in reading order only)."""
     from arr_coc.pocket.heldout import heldout
 
     model, _ = served
@@ -213,7 +214,7 @@ def test_arr_reads_fine_print_only_with_its_saccades_in_reading_order(served):
     for image, question, answer in heldout("fine_print", 896, 12):
         for order in read:
             read[order] += model.answer(image, question, "arr", max_new_tokens=8, ablation=order).text.strip() == answer
-    assert read["raster"] >= 4 and read["relevance-order"] <= read["raster"] - 3, read
+    assert read["raster"] >= 9 and read["relevance-order"] <= read["raster"], read
 
 
 def test_training_runs_saves_and_resumes(tmp_path):
