@@ -34,12 +34,10 @@ import torch
 from PIL import Image
 
 from arr_coc import pipelines
-from arr_coc.settings import DEFAULT_MODEL, PipelineConfig
-from arr_coc.pipelines import PIPELINES
-from arr_coc.settings import MAX_QUESTION_TOKENS
+from arr_coc.settings import DEFAULT_MODEL, MAX_QUESTION_TOKENS, PipelineConfig
 from arr_coc.errors import InputError, OutOfMemory, Stopped, check_text
 from arr_coc.runtime.graphs import CUDAGraphed
-from arr_coc.pipelines import check_pipeline
+from arr_coc.pipelines import PIPELINES, check_pipeline
 from arr_coc.pipelines.answer import Answer
 from arr_coc.pipelines.arr import Observation, Saccade, Scene  # noqa: F401
 from arr_coc.pipelines.conversation import Conversation
