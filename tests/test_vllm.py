@@ -171,7 +171,7 @@ REFERENCE_SCRIPT = """
 import json, sys
 from pathlib import Path
 from arr_coc import cli
-from arr_coc.eval.data import open_image
+from arr_coc.vlm.images import open_image
 from arr_coc.pipelines import arr
 model, _ = cli.load_model("pocket", None, "cpu", quiet=True)
 rows = [json.loads(line) for line in (Path(sys.argv[1]) / "data.jsonl").read_text().splitlines()]

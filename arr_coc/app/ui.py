@@ -26,7 +26,7 @@ from arr_coc import checkpoints
 from arr_coc.viz import rank_correlation, saccade_overlap
 from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
 from arr_coc.errors import InputError, OutOfMemory, Stopped
-from arr_coc.eval.data import open_image
+from arr_coc.vlm.images import open_image
 from arr_coc.eval.faithfulness import FaithfulnessCurves
 from arr_coc.eval.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, check_question
@@ -154,7 +154,7 @@ def image_input(**kwargs) -> gr.Image:
 
 def read_upload(payload) -> Image.Image | None:
     """
-    gr.Image's payload -> the image, decoded and upright (arr_coc.eval.data.open_image, as the commands read
+    gr.Image's payload -> the image, decoded and upright (arr_coc.vlm.images.open_image, as the commands read
     theirs): the pixel limit is checked on the file's header, before anything decodes it. Each refusal is one
     line naming the file as uploaded, never the server's path to it.
     """

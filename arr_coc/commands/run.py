@@ -63,7 +63,7 @@ from arr_coc.settings import MAX_QUESTION_CHARS
 from arr_coc.pipelines import PIPELINES
 from arr_coc.relevance.config import STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.eval.data import open_image
+from arr_coc.vlm.images import open_image
 from arr_coc.flags import config_parser, device_flag, flag, parse_config
 from arr_coc.relevance import ablation as ablations
 from arr_coc.settings import MAX_IMAGE_PIXELS

@@ -33,7 +33,8 @@ from typing import Iterable, Iterator
 
 from PIL import Image, UnidentifiedImageError
 
-from arr_coc.eval.data import Box, Sample, load_jsonl, make_dataset, open_image
+from arr_coc.eval.data import Box, Sample, load_jsonl, make_dataset
+from arr_coc.vlm.images import open_image
 from arr_coc.synth.fineprint import PAGE_KINDS
 from arr_coc.errors import InputError
 

@@ -1,12 +1,12 @@
 """
 The pocket suite's lmms-eval task (arr_coc_pocket.yaml): each row of data/pocket-suite/data.jsonl (made by
 `python -m arr_coc.eval.data --kinds fine_print,box_word,shape_colour --out data/pocket-suite`) read as evaluate
-reads it: the image through arr_coc.eval.data.open_image, the question as written, exact match as the metric.
+reads it: the image through arr_coc.vlm.images.open_image, the question as written, exact match as the metric.
 """
 
 from pathlib import Path
 
-from arr_coc.eval.data import open_image
+from arr_coc.vlm.images import open_image
 from arr_coc.eval.metrics import exact
 
 DATA = Path("data/pocket-suite")  # the folder of the YAML's data_files, relative to where lmms-eval runs

@@ -18,6 +18,7 @@ from arr_coc.errors import InputError
 from arr_coc.eval import data
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
+from arr_coc.vlm import images
 from arr_coc.vlm.tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +114,6 @@ def test_an_eps_upload_never_reaches_pils_ghostscript_plugin(tmp_path, monkeypat
     eps.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n%%EOF\n")
     monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", lambda self: pytest.fail("PIL's EPS plugin ran"))
     with pytest.raises(UnidentifiedImageError):
-        data.open_image(eps)
+        images.open_image(eps)
     assert refusal(lambda: ui.read_upload(ui.FileData(path=str(eps), orig_name="page.png"))) == (
         "page.png is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF file")

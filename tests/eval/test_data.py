@@ -292,7 +292,7 @@ def test_open_image_refuses_too_many_pixels_from_the_header_before_decoding(tmp_
     64-megapixel check came after gradio had decoded and turned a 13000x13000 JPEG, 0.5 GB a request)."""
     from PIL import ImageFile, ImageOps
 
-    from arr_coc.eval.data import open_image
+    from arr_coc.vlm.images import open_image
 
     exif = Image.Exif()
     exif[0x0112] = 6  # Orientation: rotate 90 to view
@@ -314,7 +314,7 @@ def test_open_image_refuses_past_pils_own_limit_in_its_own_words(tmp_path, max_p
     "could be decompression bomb DOS attack" text: the same error in the words of our own limit's."""
     from conftest import giant_png
 
-    from arr_coc.eval.data import open_image
+    from arr_coc.vlm.images import open_image
 
     with pytest.raises(Image.DecompressionBombError, match=r"^over 178 megapixels$"):
         open_image(giant_png(tmp_path / "giant.png"), max_pixels)
@@ -326,7 +326,7 @@ def test_open_image_says_a_png_text_bomb_is_one_in_an_oserror(tmp_path, before_p
     is, which `run` and the app report in one line, never PIL's bare ValueError (a traceback in `run`)."""
     from conftest import text_bomb_png
 
-    from arr_coc.eval.data import open_image
+    from arr_coc.vlm.images import open_image
 
     text_bomb_png(tmp_path / "bomb.png", 64 << 20, before_pixels)
     with pytest.raises(OSError, match=r"^a compressed metadata chunk inflates past the 1 MB PIL reads: a "

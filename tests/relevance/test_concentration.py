@@ -60,7 +60,7 @@ def test_busy_images_fall_back_to_grid_and_documents_do_not(arr_model, name, ima
 def test_every_checkpoint_agrees_on_busyness(arr_model):
     """The test reads the scorers' priors: a checkpoint whose trained maps are flatter (tiny-charts-documents puts
     the cat at 1.90) judges an image as the prior does, and a photo is not busy."""
-    from arr_coc.eval.data import open_image
+    from arr_coc.vlm.images import open_image
     from arr_coc.relevance.layer import choose_checkpoint
 
     cat, layer = open_image("assets/chelsea.png"), arr_model.layer
