@@ -13,8 +13,8 @@ frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
-faithfulness, converse, new_conversation, ab, and redraw (renumbers the last Compare heatmap and mosaic without
-the VLM). On a ZeroGPU Space
+faithfulness, where_it_looks, converse, new_conversation, ab, and redraw (renumbers the last Compare heatmap and
+mosaic without the VLM). On a ZeroGPU Space
 (SPACES_ZERO_GPU), the events that run the VLM are wrapped in spaces.GPU and nothing captures CUDA graphs
 (arr_coc/runtime/zerogpu.py).
 """
@@ -77,14 +77,15 @@ from arr_coc.hub import hub_out_of_reach  # noqa: E402
 
 log = logging.getLogger("arr_coc.app")
 ROOT = Path(__file__).parent
-EXAMPLES = ui.load_examples(ROOT / "assets" / "examples.json")
-EXAMPLE_LABELS = ui.example_labels(ROOT / "assets" / "examples.json")
+EXAMPLES_FILE = ROOT / "assets" / "examples.json"  # the examples, with each page's asked box where it has one
+EXAMPLES = ui.load_examples(EXAMPLES_FILE)
+EXAMPLE_LABELS = ui.example_labels(EXAMPLES_FILE)
 EXAMPLES_NOTE = ("**Examples.** The first ones are fine-print pages of the kind the offline pocket model (`--model "
                  "pocket`) was trained on: it answers them as the arrow says. The photos and the other scenes mean "
                  "something only with real Qwen-VL weights; the pocket and tiny models say nothing about them.")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
 # ZeroGPU: the most one call of each event holds the GPU, in seconds
-GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120)
+GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120, looks=120)
 DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
 
 
@@ -246,7 +247,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
 
 
 def microscope_tab(model: ARRCOCQwen) -> None:
-    """ARR up to selection: every map, instant re-selection, and the faithfulness curves."""
+    """ARR up to selection: every map, instant re-selection, the faithfulness curves, and where the model looks."""
     config = model.layer.config
     with gr.Row():
         with gr.Column(scale=1):
@@ -272,11 +273,13 @@ def microscope_tab(model: ARRCOCQwen) -> None:
             with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
                 saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
             curves, answer, measure, verdict = faithfulness_panel()
+            looks, look_summary, look_run, look_stop = looks_panel()
     scorers = output_image("Scorer maps, participatory prior and balanced relevance", "microscope-scorers", None)
     channels = output_image("The 13 texture channels (all on a 0..1 scale)", "microscope-channels", None)
     gr.Markdown(ui.channels_markdown())
     kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
-    examples(image, question, [kept, channels, scorers, heatmap, summary, saccades, mosaic, reduced, curves, verdict])
+    examples(image, question, [kept, channels, scorers, heatmap, summary, saccades, mosaic, reduced, curves, verdict,
+                               looks, look_summary])
     checked_uploads(image, summary)
 
     analysed = run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
@@ -293,6 +296,11 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
                   concurrency_id=GPU)
+    looked = look_run.click(bind(model, handlers.where_it_looks, EXAMPLES_FILE, gpu_seconds=GPU_SECONDS["looks"]),
+                            [image, question, strategy, budget, cells, ablation, *tensions], [look_summary, looks],
+                            api_name="where_it_looks", concurrency_id=GPU)
+    look_stop.click(None, cancels=[looked]).then(handlers.stopped, look_summary, look_summary,
+                                                 api_visibility="private", concurrency_limit=None)  # as Compare's Stop
     gr.on([strategy.change, budget.release, numbered.release, *(t.change for t in tensions[:2]),
            *(t.release for t in tensions[2:])], bind(model, handlers.reselect),
           [kept, strategy, budget, numbered, *tensions], [heatmap, summary, saccades, mosaic], api_name="reselect")
@@ -323,6 +331,23 @@ def faithfulness_panel() -> tuple[gr.Image, gr.Textbox, gr.Button, gr.Markdown]:
         curves = output_image("Faithfulness curves", "faithfulness-plot", height=None)
         verdict = gr.Markdown(label="Summary", elem_id="faithfulness-summary", elem_classes="status-line")
     return curves, answer, measure, verdict
+
+
+def looks_panel() -> tuple[gr.Image, gr.Markdown, gr.Button, gr.Button]:
+    """The Microscope's "Where the model looks" accordion: the teacher's map beside ARR's relevance, on request."""
+    with gr.Accordion("Where the model looks: the teacher beside ARR", open=False, elem_id="microscope-looks-panel"):
+        gr.Markdown("The teacher is where the model looks when it reads the whole image: the attention of its own "
+                    "answer's tokens to the full native view (docs/teacher.md). Beside it, ARR's relevance and "
+                    "saccades for the same question and controls, their overlap, and the asked box on an example "
+                    "page. It costs a full-view forward, so it runs only when asked.")
+        with gr.Row():
+            run = gr.Button("Where the model looks (one full-view forward)", variant="primary", scale=3,
+                            elem_id="microscope-looks-run")
+            stop = gr.Button("Stop", variant="stop", scale=1, elem_id="microscope-looks-stop")
+        summary = gr.Markdown(label="Teacher vs ARR", elem_id="microscope-looks-summary", elem_classes="status-line")
+        drawing = output_image("The teacher's map · ARR's relevance and saccades · their overlap", "microscope-looks",
+                               height=None)
+    return drawing, summary, run, stop
 
 
 def conversation_tab(model: ARRCOCQwen) -> None:

@@ -8,6 +8,8 @@ directly, without a server.
     drawing = kept_cells(model, kept, image, "What is it?", "visionzip", 273, 4096)  # over the Microscope's map
     kept, channels, scorers, heatmap, summary, saccades, mosaic = microscope(model, image, "What is it?", "topk",
                                                                             273, 4096, 20, "no-gestalt")
+    for summary, drawing in where_it_looks(model, Path("assets/examples.json"), image, "What is it?", "topk", 273,
+                                           4096): ...  # the teacher's map beside ARR's relevance: where the model looks
     heatmap, summary, saccades, mosaic = reselect(model, kept, "grid", 50, 20)     # CPU only, no VLM
     heatmap, summary, saccades, mosaic = reselect(model, kept, "topk", 50, 20, True, True, 0.25, 2.0, 0.3)
                                                    # adaptive K; e, λ and f overridden by the tension sliders
@@ -24,9 +26,11 @@ from the button to the vision tower and the engine: the stream yields between st
 closes it there on Stop, which stops the request.
 """
 
+import concurrent.futures
 import copy
 import functools
 import hashlib
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +40,8 @@ import torch
 from PIL import Image
 
 from arr_coc import viz
-from arr_coc.app import ui
+from arr_coc.app import looks, ui
+from arr_coc.distill.teacher import TeacherHeads, teach
 from arr_coc.errors import InputError
 from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.model import Answer, ARRCOCQwen, Scene
@@ -52,6 +57,7 @@ from arr_coc.vlm.views import to_rgb
 NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
+TICK_S = 0.25  # a handler whose work runs in a thread (in_thread) yields this often: where Stop can close it
 FINISHING = "Waiting for the model: it is finishing the request that was stopped…"  # until that one frees it
 
 
@@ -217,16 +223,21 @@ def microscope_request(budget: int, controls: tuple = (False, False, 0.0, 0.0, 0
     return Request(budget=auto or int(budget), tensions=tensions, **settings)
 
 
-def selection_outputs(model: ARRCOCQwen, kept: Kept, request: Request, numbered: int) -> tuple:
-    """Select on the CPU (no VLM work) as the request says (its strategy, budget and tensions: microscope_request),
-    under the kept ablation, and draw: the heatmap, the summary line, the saccade list and the mosaic."""
-    start = time.perf_counter()
+def selected(model: ARRCOCQwen, kept: Kept, request: Request):
+    """ARR's selection over kept maps as the request says (strategy, budget, tensions), under the kept ablation."""
     gh, gw = kept.grid
     extra = kept.ablation.saccade_budget(0, kept.gestalt_tokens)  # the no-gestalt ablation's extra saccades
     budget = request.budget if request.budget == AUTO else min(  # the slider allows the largest grid
         int(request.budget), gh * gw - (extra if isinstance(extra, int) else 0))
-    out = arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, request.strategy, kept.ablation,
-                     request.tensions)
+    return arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, request.strategy, kept.ablation,
+                      request.tensions)
+
+
+def selection_outputs(model: ARRCOCQwen, kept: Kept, request: Request, numbered: int) -> tuple:
+    """Select on the CPU (no VLM work) as the request says (its strategy, budget and tensions: microscope_request),
+    under the kept ablation, and draw: the heatmap, the summary line, the saccade list and the mosaic."""
+    start = time.perf_counter()
+    out = selected(model, kept, request)
     ranked = out.in_order("relevance")  # numbered most relevant first, whatever order they are fed in
     heatmap, mosaic = redraw(replace(kept, positions=ranked.positions[0]), numbered)
     summary = ui.selection_summary(out, (time.perf_counter() - start) * 1000, kept.ablation.description
@@ -308,6 +319,75 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
         curves = faithfulness_curves(model.parts, arr.observation, arr.arr, typed or arr.text)
     chart = viz.faithfulness_chart(curves.fractions, curves.curves, f"faithfulness of {curves.answer!r}")
     return chart, ui.faithfulness_summary(curves)
+
+
+@dataclass
+class Looked:
+    """What the teacher panel's work hands its event, all on the CPU."""
+    teacher: torch.Tensor  # [gh, gw] the teacher's map on the native grid, sums to 1
+    answer: str  # the answer the teacher forced: the model's own greedy one on the whole native view
+    relevance: torch.Tensor  # [GH, GW] ARR's balanced relevance map
+    positions: torch.Tensor  # [K, 2] (row, col) ARR's saccades, most relevant first
+    heads: TeacherHeads  # the heads the teacher's map averages
+
+
+def teacher_and_arr(model: ARRCOCQwen, image: Image.Image, question: str, request: Request,
+                    stop: threading.Event) -> Looked:
+    """The teacher's map (arr_coc.distill.teacher.teach; its heads chosen at first use: looks.heads_of) and ARR's
+    relevance and selection as the Microscope's controls ask, in one hold of the model; `stop` ends it (Stopped)."""
+    views = model.views(image, request.max_cells)
+    with model.serving("teacher", stop):
+        heads = looks.heads_of(model.vlm)
+        target = teach(model.vlm, heads, image, question, max_cells=request.max_cells)
+        scene = arr.prepare(model.parts, views, question, request)
+    kept = kept_scene(scene)
+    ranked = selected(model, kept, request).in_order("relevance")
+    return Looked(target.map.cpu(), target.answer, kept.relevance, ranked.positions[0].cpu(), heads)
+
+
+def in_thread(work, tick: tuple):
+    """
+    Run work(stop) in a thread of its own, yielding `tick` every TICK_S until it returns (its value is this
+    generator's return value). Closed early (Stop: gradio closes the event's generator at a tick), it sets `stop`,
+    which ends the work at its next vision block or LLM layer, and waits for that.
+    """
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arr-coc-teacher") as pool:
+        future = pool.submit(work, stop)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=TICK_S)
+                except concurrent.futures.TimeoutError:
+                    yield tick
+        finally:
+            stop.set()
+
+
+@reporting(status_at=0, outputs=2)
+def where_it_looks(model: ARRCOCQwen, examples: Path, image: Image.Image | None, question: str, strategy: str,
+                   budget: int, max_cells: int, ablation: str = NO_ABLATION.name, auto: bool = False,
+                   override: bool = False, explore: float = 0.0, diversify: float = 0.0, particularize: float = 0.5):
+    """
+    Where the model looks (the teacher: its attention reading the whole native view and answering) beside where ARR
+    looked (its relevance and saccades, as Analyse selects them), their overlap, and the asked box where the image
+    and question are an example page's (`examples`: assets/examples.json) -> (summary, drawing). Opt-in: the teacher
+    costs a full-view forward and the model's own answer (and, at first use, choosing its heads). Stop as Compare's.
+    """
+    image = ui.check_inputs(image, question)
+    question = model.check_question(question)
+    request = check_request(microscope_request(budget, (auto, override, explore, diversify, particularize),
+                                               strategy=strategy, max_cells=int(max_cells), ablation=ablation))
+    box, start = looks.example_box(image, question, examples), time.perf_counter()
+    yield from wait_for_model(model, (FINISHING, gr.skip()))
+    first = "" if model.vlm in looks.HEADS else f" (first use: choosing its heads on {looks.CALIBRATION_PAGES} pages)"
+    running = (f"{RUNNING} the teacher over the whole view{first}, then ARR…", gr.skip())
+    yield running
+    seen = yield from in_thread(functools.partial(teacher_and_arr, model, image, question, request), running)
+    numbers = looks.overlap_of(seen.teacher, seen.relevance, seen.positions, box, image.size)
+    drawing = viz.teacher_comparison(to_rgb(image), seen.teacher, seen.relevance, box, seen.positions)
+    yield (f"Done in {time.perf_counter() - start:.1f} s. " + looks.overlap_text(numbers, seen.heads, seen.answer),
+           drawing)
 
 
 # ----------------------------------------------------------------------------- Checkpoint A/B
