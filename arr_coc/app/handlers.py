@@ -50,7 +50,7 @@ from arr_coc.pipelines import arr
 from arr_coc.pipelines.request import Request, check_request
 from arr_coc.pipelines.conversation import Conversation, moves
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
-from arr_coc.relevance.config import AUTO, NO_SETTINGS
+from arr_coc.relevance.config import AUTO, NO_SETTINGS, STRATEGIES
 from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.vlm.views import to_rgb
 
@@ -376,6 +376,8 @@ def where_it_looks(model: ARRCOCQwen, examples: Path, image: Image.Image | None,
     """
     image = ui.check_inputs(image, question)
     question = model.check_question(question)
+    if strategy not in STRATEGIES:  # before the teacher's forward, not after it
+        raise InputError(f"the strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     request = check_request(microscope_request(budget, (auto, override, explore, diversify, particularize),
                                                strategy=strategy, max_cells=int(max_cells), ablation=ablation))
     box, start = looks.example_box(image, question, examples), time.perf_counter()
