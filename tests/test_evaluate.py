@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from arr_coc import bench, evaluate
 from arr_coc.pipelines import PIPELINES
 from arr_coc.pipelines import FAST_ENGINE_ONLY
 from arr_coc.eval import metrics, report
+from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.sets import Source
 
 pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
@@ -28,6 +30,14 @@ FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--
 
 def results(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+
+
+def record(**fields) -> EvalRecord:
+    """A result with the fields a test gives; the others empty: no answer, one kind (""), no measures (None: the
+    report leaves out a column no result measured)."""
+    empty = dict(item=0, id="", kind="", row="full", prediction="", answers=[], score=None, visual_tokens=None,
+                 gflops=None, ttft_ms=None, total_ms=None, confidence=None)
+    return EvalRecord(**empty | fields)
 
 
 def without_timings(records: list[dict]) -> list[dict]:
@@ -124,14 +134,15 @@ def test_a_second_look_row_records_when_it_fired_and_the_report_compares_with_an
     assert "| arr+refix:topk | 2 | 2 | 1.000 |" in md
     summary = json.loads((out / "report.json").read_text())["refixation"]["arr+refix:topk"]
     assert summary["fired"] == 2 and summary["accuracy_without"] == statistics.fmean(r["score"] for r in plain.values())
-    never = report.refixation_summary([dict(r, refixated=False) for r in refix])["arr+refix:topk"]
+    never = report.refixation_summary([replace(EvalRecord.from_json(r), refixated=False) for r in refix])
+    never = never["arr+refix:topk"]
     assert never["fire_rate"] == 0 and "accuracy_when_fired" not in never
 
 
 def test_the_second_look_section_compares_with_and_without_on_the_items_where_it_fired():
-    row = lambda fired, score, first: dict(row="arr+refix:topk", refixated=fired, score=score, first_score=first)  # noqa: E731
+    row = lambda fired, score, first: record(row="arr+refix:topk", refixated=fired, score=score, first_score=first)  # noqa: E731
     records = [row(True, 1.0, 0.0), row(True, 0.0, 0.0), row(False, 1.0, 1.0), row(False, 0.0, 0.0),
-               dict(row="arr:topk", score=1.0)]
+               record(row="arr:topk", score=1.0)]
     summary = report.refixation_summary(records)
     assert list(summary) == ["arr+refix:topk"]
     assert summary["arr+refix:topk"] == dict(items=4, fired=2, fire_rate=0.5, accuracy=0.5, accuracy_without=0.25,
@@ -363,7 +374,7 @@ def test_items_without_answers_are_answered_counted_and_left_out_of_the_mean(tmp
 
 
 def test_a_wholly_unscored_split_reports_without_accuracy_or_plots(tmp_path):
-    records = [dict(item=i, row="full", score=None, visual_tokens=100, ttft_ms=5.0, total_ms=9.0, gflops=1.0)
+    records = [record(item=i, row="full", score=None, visual_tokens=100, ttft_ms=5.0, total_ms=9.0, gflops=1.0)
                for i in range(3)]
     summary = report.summarise(records, ["full"])
     assert summary["full"]["unscored"] == 3 and "accuracy" not in summary["full"]
@@ -524,20 +535,21 @@ def test_trim_cuts_a_part_back_to_its_last_whole_line(tmp_path):
     from arr_coc.runtime.distributed import Process
 
     folder = evaluate.ResultsFolder(str(tmp_path), Process(0, 1, "cpu"))
-    folder.part.write_text('{"item": 0}\n{"item": 1, "ro')
-    folder.append([{"item": 1, "row": "full"}])
-    assert folder.part.read_text() == '{"item": 0}\n{"item": 1, "row": "full"}\n'
+    line = lambda item: json.dumps(record(item=item).to_json()) + "\n"  # noqa: E731
+    folder.part.write_text(line(0) + '{"item": 1, "ro')
+    folder.append([record(item=1)])
+    assert folder.part.read_text() == line(0) + line(1)
     folder.part.write_text('{"item": 0, "r')  # no whole line at all
-    folder.append([{"item": 0}])
-    assert folder.read() == [{"item": 0}]
+    folder.append([record(item=0)])
+    assert folder.read() == [record(item=0)]
 
 
 def test_rows_evaluated_on_different_items_are_flagged_loudly(tmp_path):
-    records = [dict(item=i, row=row, score=1.0, visual_tokens=10, ttft_ms=1.0, total_ms=2.0, gflops=1.0)
+    records = [record(item=i, row=row, score=1.0, visual_tokens=10, ttft_ms=1.0, total_ms=2.0, gflops=1.0)
                for i in range(3) for row in ("full", "arr:topk") if (i, row) != (1, "arr:topk")]
     summary = report.summarise(records, ["full", "arr:topk"])
     assert report.uneven_items(records, list(summary)) == {"arr:topk": [1]}
-    assert report.uneven_items([r for r in records if r["item"] != 1], list(summary)) == {}
+    assert report.uneven_items([r for r in records if r.item != 1], list(summary)) == {}
     report.write_report(tmp_path, summary, dict(metric="contains"), records)
     assert (tmp_path / "report.md").read_text().startswith(
         "# ARR-COC evaluation\n\n**Warning: rows were evaluated on different items, so their means are not comparable: "
@@ -550,7 +562,7 @@ def test_a_lost_result_is_flagged_on_stdout(tmp_path, capsys, monkeypatch):
     so before the table."""
     append = evaluate.ResultsFolder.append
     monkeypatch.setattr(evaluate.ResultsFolder, "append",
-                        lambda self, results: append(self, [r for r in results if (r["item"], r["row"]) != (1, "gestalt")]))
+                        lambda self, results: append(self, [r for r in results if (r.item, r.row) != (1, "gestalt")]))
     assert evaluate.main([*FAST, "--synthetic", "3", "--out", str(tmp_path / "eval")]) == 0
     printed = capsys.readouterr().out
     assert "warning: rows were evaluated on different items, so their means are not comparable: gestalt lacks 1 of 3 " \
@@ -590,7 +602,7 @@ def test_the_report_gives_each_rows_wilson_interval_and_the_suite_is_scored_by_e
     alone are scored by exact match."""
     from arr_coc.eval import report, sets
 
-    records = [dict(row="full", item=i, score=float(i < 81)) for i in range(263)]
+    records = [record(row="full", item=i, score=float(i < 81)) for i in range(263)]
     means = report.summarise(records, ["full"])["full"]
     assert means["items"] == 263 and means["interval"] == pytest.approx((0.2553, 0.3662), abs=1e-4)
     assert "| full | 263 | 0.308 | [0.26, 0.37] |" in report.markdown_table(report.summarise(records, ["full"]), "exact")
@@ -604,7 +616,7 @@ def test_the_report_sets_each_row_against_full_by_their_intervals():
     from arr_coc.eval import report
 
     def table(correct: dict[str, int]) -> str:
-        records = [dict(row=row, item=i, score=float(i < c)) for row, c in correct.items() for i in range(10)]
+        records = [record(row=row, item=i, score=float(i < c)) for row, c in correct.items() for i in range(10)]
         return report.markdown_table(report.summarise(records, list(correct)), "exact")
 
     lines = table({"full": 8, "arr:topk": 1, "budget": 9}).splitlines()
@@ -657,9 +669,9 @@ def test_the_report_gives_each_kinds_accuracy_with_its_wilson_interval_and_items
     0.98]); a set of one kind: no table."""
     from arr_coc.eval import report
 
-    records = [dict(row="full", item=i, kind="fine_print", score=float(i < 81)) for i in range(263)]
-    records += [dict(row="full", item=263 + i, kind="box_word", score=float(i < 9)) for i in range(10)]
-    records += [dict(row="full", item=273, kind="box_word", score=None)]  # unscored: not among the items
+    records = [record(row="full", item=i, kind="fine_print", score=float(i < 81)) for i in range(263)]
+    records += [record(row="full", item=263 + i, kind="box_word", score=float(i < 9)) for i in range(10)]
+    records += [record(row="full", item=273, kind="box_word", score=None)]  # unscored: not among the items
     summary = report.summarise(records, ["full"])
     by_kind = summary["full"]["by_kind"]
     assert by_kind["fine_print"]["items"] == 263 and by_kind["box_word"]["items"] == 10

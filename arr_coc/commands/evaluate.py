@@ -79,6 +79,7 @@ from arr_coc.relevance.config import STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS
+from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.rows import REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
@@ -266,8 +267,8 @@ def beyond_grid(row: str, budget: int, views, refixate_budget: int | None) -> st
 
 
 def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job], metric: str,
-                  args: argparse.Namespace) -> tuple[list[dict], list[tuple[Job, str]]]:
-    """Every job's answer to one item, scored: (one result dict per job, the jobs skipped here with why). An item
+                  args: argparse.Namespace) -> tuple[list[EvalRecord], list[tuple[Job, str]]]:
+    """Every job's answer to one item, scored: (one EvalRecord per job, the jobs skipped here with why). An item
     without reference answers (a test split) is answered with score None and no faithfulness curves; a benchmark
     metric also gets the lenient one as an extra field. In a sweep, a result records its budget."""
     from arr_coc.eval.faithfulness import faithfulness_curves
@@ -286,27 +287,25 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
                               ablation=ablation, refixate=args.refixate if refix else None)
         a = cli.answer(model, image, question, pipeline, request)
         score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
-        swept = {"budget": budget} if args.budgets else {}  # a sweep's results say their budget
-        result = dict(item=item.index, id=item.id, kind=item.kind, row=row, **swept, prediction=a.text,
-                      answers=item.answers, score=score(a.text), visual_tokens=a.tokens.total_visual,
-                      gflops=round(a.compute.total, 1), ttft_ms=round(a.ttft_ms, 2),
-                      total_ms=round(a.timings.total, 2), confidence=a.confidence)
+        result = EvalRecord(item=item.index, id=item.id, kind=item.kind, row=row, budget=budget,
+                            sweep=bool(args.budgets), prediction=a.text, answers=item.answers, score=score(a.text),
+                            visual_tokens=a.tokens.total_visual, gflops=round(a.compute.total, 1),
+                            ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings.total, 2), confidence=a.confidence)
         if a.fixations:  # whether the second look fired, and the first answer as it was before it
-            result.update(refixated=a.refixated, confidences=[f.confidence for f in a.fixations],
-                          first_prediction=a.fixations[0].text, first_score=score(a.fixations[0].text))
+            result.refixated, result.confidences = a.refixated, [f.confidence for f in a.fixations]
+            result.first_prediction, result.first_score = a.fixations[0].text, score(a.fixations[0].text)
         if metric != LENIENT and item.answers:
-            result[LENIENT] = METRICS[LENIENT](a.text, item.answers)
+            result.contains = METRICS[LENIENT](a.text, item.answers)
         if a.arr is not None:  # its tensions (its first look's): e, λ, K, and f under the adaptive budget
-            result["tensions"] = tension_record(a.arr)
+            result.tensions = tension_record(a.arr)
         if item.box is not None:  # did it read the asked place: every row, on the candidate grid (cells_read)
-            recall, precision = box_recall_precision(a.views.box_coverage(item.box), cells_read(a))
-            result.update(box_recall=recall, box_precision=precision)
-            if a.arr is not None:
-                result["fallback"] = a.arr.fallback[0]
+            coverage = a.views.box_coverage(item.box)
+            result.box_recall, result.box_precision = box_recall_precision(coverage, cells_read(a))
+            result.fallback = a.arr.fallback[0] if a.arr is not None else None
         if a.arr is not None and not ablation and not refix and args.faithfulness and item.answers:  # of the 1st reference
             curves = faithfulness_curves(model.parts, a.observation, a.arr, item.answers[0], args.faithfulness_steps,
                                          args.seed)
-            result["faithfulness"] = curves.to_json()
+            result.faithfulness = curves.to_json()
         results.append(result)
     return results, skipped
 
@@ -405,25 +404,25 @@ class ResultsFolder:
         self.folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=2))
 
-    def read(self) -> list[dict]:
+    def read(self) -> list[EvalRecord]:
         """Every finished result on disk: results.jsonl and all parts (a line cut short by a crash is dropped)."""
         results = []
         for path in [self.folder / "results.jsonl", *sorted(self.folder.glob("part-*.jsonl"))]:
             if path.is_file():
                 for line in path.read_text().splitlines():
                     try:
-                        results.append(json.loads(line))
+                        results.append(EvalRecord.from_json(json.loads(line)))
                     except json.JSONDecodeError:
                         continue
         return results
 
-    def append(self, results: list[dict]) -> None:
+    def append(self, results: list[EvalRecord]) -> None:
         """One item's results, whole lines, flushed: an interruption loses at most the item being evaluated (and
         the line it cut short is trimmed off before the next append, not glued to its first line)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self.trim()
         with self.part.open("a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in results))
+            f.write("".join(json.dumps(r.to_json()) + "\n" for r in results))
 
     def trim(self) -> None:
         """Cut this process's part file back to its last newline: a line cut short by an interruption, which read()
@@ -439,21 +438,21 @@ class ResultsFolder:
             f.seek(0)
             f.truncate(f.read().rfind(b"\n") + 1)
 
-    def merge(self, jobs: list[Job]) -> list[dict]:
+    def merge(self, jobs: list[Job]) -> list[EvalRecord]:
         """Rank 0, after every process is done: all results, one per (item, row, budget), in order -> results.jsonl."""
-        unique = {(r["item"], *job_of(r)): r for r in self.read() if job_of(r) in jobs}
+        unique = {(r.item, *job_of(r)): r for r in self.read() if job_of(r) in jobs}
         merged = [unique[key] for key in sorted(unique, key=lambda key: (key[0], jobs.index(key[1:])))]
         tmp = self.folder / "results.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in merged))
+        tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in merged))
         tmp.replace(self.folder / "results.jsonl")
         for part in self.folder.glob("part-*.jsonl"):
             part.unlink()
         return merged
 
 
-def job_of(result: dict) -> Job:
+def job_of(result: EvalRecord) -> Job:
     """The (row, budget) a result answers (budget None outside a sweep: results made before sweeps resume too)."""
-    return result["row"], result.get("budget")
+    return result.row, result.budget
 
 
 def pending_total(items: Iterable[Item], done: set[tuple], jobs: list[Job], process: Process) -> int | None:
@@ -504,7 +503,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
         settings = run_settings(args, source, metric, checkpoint)
         if process.is_main:
             folder.check_settings(settings)
-        done = {(r["item"], *job_of(r)) for r in folder.read()}
+        done = {(r.item, *job_of(r)) for r in folder.read()}
         model.warmup()  # CUDA graphs of the common shapes, captured before the clock starts
         process.barrier()
         start = time.perf_counter()
@@ -543,15 +542,15 @@ def evaluate_items(model: ARRCOCQwen, source: Source, jobs: list[Job], done: set
     return skipped
 
 
-def report_run(out: str, results: list[dict], jobs: list[Job], settings: dict, done: set[tuple], seconds: float,
+def report_run(out: str, results: list[EvalRecord], jobs: list[Job], settings: dict, done: set[tuple], seconds: float,
                process: Process) -> None:
     """The main process's end of a run: report.md, report.json and the plots into --out, the tables on stdout.
     `results` are every process's, merged; `done` the jobs finished before this run; `seconds` this run's."""
     from arr_coc.eval import report
 
     metric, model_name, checkpoint = settings["metric"], settings["model"], settings["checkpoint"]
-    items = len({r["item"] for r in results})
-    unscored = len({r["item"] for r in results if r["score"] is None})
+    items = len({r.item for r in results})
+    unscored = len({r.item for r in results if r.score is None})
     fresh = items - len({item for item, *_ in done})
     header = dict(settings, model_name=model_name, items=items, unscored_items=unscored,
                   versions=cli.versions(),

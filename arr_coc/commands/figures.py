@@ -22,6 +22,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from arr_coc import flags
+from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.rows import split_row
 from arr_coc.intervals import wilson
 from arr_coc.pipelines import REDUCERS
@@ -57,12 +58,12 @@ def points(row: str, folders: list[str]) -> dict[str, list[Point]]:
     tally = defaultdict(lambda: [0.0, 0, 0.0])  # (kind, budget) -> correct, n, tokens
     for folder in folders:
         for line in (Path(folder) / "results.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            if r["row"] == row and r["score"] is not None:
-                cell = tally[(r["kind"], r.get("budget"))]
-                cell[0] += r["score"]
+            r = EvalRecord.from_json(json.loads(line))
+            if r.row == row and r.score is not None:
+                cell = tally[(r.kind, r.budget)]
+                cell[0] += r.score
                 cell[1] += 1
-                cell[2] += r["visual_tokens"]
+                cell[2] += r.visual_tokens
     out = defaultdict(list)
     for (kind, budget), (correct, n, tokens) in sorted(tally.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         out[kind].append(Point(budget, correct, n, tokens / n))

@@ -1,5 +1,6 @@
 """
-The evaluation report: per-row summaries of evaluate.py's results, as a Markdown table, JSON and plots.
+The evaluation report: per-row summaries of evaluate.py's results (EvalRecord, arr_coc.eval.records), as a
+Markdown table, JSON and plots.
 
 A row is a baseline ("full", "divprune") or ARR under one strategy ("arr:topk"); in a budget sweep, a row at one
 budget is labelled row@budget ("arr:topk@64"; full and gestalt read no budget and keep their names). Per row:
@@ -33,6 +34,7 @@ from PIL import Image
 
 from arr_coc import viz
 from arr_coc.eval.faithfulness import CURVES
+from arr_coc.eval.records import EvalRecord
 from arr_coc.intervals import interval_text, wilson
 
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
@@ -61,9 +63,9 @@ def label(row: str, budget: int | None = None) -> str:
     return row if budget is None else f"{row}{AT}{budget}"
 
 
-def record_label(record: dict) -> str:
+def record_label(record: EvalRecord) -> str:
     """The summary key of one result: its row, at its budget in a sweep."""
-    return label(record["row"], record.get("budget"))
+    return label(record.row, record.budget)
 
 
 def split_label(key: str) -> tuple[str, int | None]:
@@ -72,25 +74,25 @@ def split_label(key: str) -> tuple[str, int | None]:
     return row, int(budget) if at else None
 
 
-def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
+def summarise(records: list[EvalRecord], rows: list[str]) -> dict[str, dict]:
     """Means per row label over its records (a key only where the row's records have a value for it); records
     scored None (items without reference answers) are counted under "unscored"."""
     summary = {}
     for row in rows:
         mine = [r for r in records if record_label(r) == row]
         means = {"items": float(len(mine))}
-        unscored = sum(r["score"] is None for r in mine)
+        unscored = sum(r.score is None for r in mine)
         if unscored:
             means["unscored"] = float(unscored)
         for key in ("score", "contains", "visual_tokens", "ttft_ms", "total_ms", "gflops", "box_recall",
                     "box_precision"):
-            values = [r[key] for r in mine if r.get(key) is not None]
+            values = [getattr(r, key) for r in mine if getattr(r, key) is not None]
             if values:
                 means["accuracy" if key == "score" else key] = statistics.fmean(values)
             if values and key == "score":
                 means["interval"] = wilson(sum(values), len(values))
         for name in CURVES:
-            areas = [r["faithfulness"]["areas"][name] for r in mine if "faithfulness" in r]
+            areas = [r.faithfulness["areas"][name] for r in mine if r.faithfulness is not None]
             if areas:
                 means[f"{name}_area"] = statistics.fmean(areas)
         if by_kind := kind_means(mine):
@@ -99,23 +101,23 @@ def summarise(records: list[dict], rows: list[str]) -> dict[str, dict]:
     return summary
 
 
-def kind_means(records: list[dict]) -> dict[str, dict]:
+def kind_means(records: list[EvalRecord]) -> dict[str, dict]:
     """One row's records of a set with several scene kinds -> per kind, its scored items, their summed score, the
     accuracy and its 95% Wilson interval ({} for a set of one kind, or none)."""
-    kinds = list(dict.fromkeys(r["kind"] for r in records if r.get("kind") is not None))
+    kinds = list(dict.fromkeys(r.kind for r in records))
     out = {}
     for kind in kinds if len(kinds) > 1 else ():
-        scores = [r["score"] for r in records if r.get("kind") == kind and r["score"] is not None]
+        scores = [r.score for r in records if r.kind == kind and r.score is not None]
         if scores:
             out[kind] = dict(items=len(scores), correct=sum(scores), accuracy=statistics.fmean(scores),
                              interval=wilson(sum(scores), len(scores)))
     return out
 
 
-def uneven_items(records: list[dict], rows: list[str]) -> dict[str, list[int]]:
+def uneven_items(records: list[EvalRecord], rows: list[str]) -> dict[str, list[int]]:
     """Per row label that lacks some of the items other rows were evaluated on, those items (sorted): its means are
     over other items than its neighbours', so the table compares unlike with unlike. {} when the rows agree."""
-    items = {row: {r["item"] for r in records if record_label(r) == row} for row in rows}
+    items = {row: {r.item for r in records if record_label(r) == row} for row in rows}
     every = set().union(*items.values())
     return {row: sorted(every - mine) for row, mine in items.items() if every - mine}
 
@@ -164,22 +166,22 @@ def against(interval: tuple[float, float] | None, reference: tuple[float, float]
     return "below" if interval[1] < reference[0] else "above" if interval[0] > reference[1] else "tie"
 
 
-def refixation_summary(records: list[dict]) -> dict[str, dict]:
+def refixation_summary(records: list[EvalRecord]) -> dict[str, dict]:
     """
     Per row with a second look (per row@budget in a sweep): items, how many fired and their share, the accuracy
     of its final answers (with it) and of its first answers (without it), overall and over the items where it
     fired.
     """
     summary = {}
-    for row in dict.fromkeys(record_label(r) for r in records if "refixated" in r):
+    for row in dict.fromkeys(record_label(r) for r in records if r.refixated is not None):
         mine = [r for r in records if record_label(r) == row]
-        fired = [r for r in mine if r["refixated"]]
+        fired = [r for r in mine if r.refixated]
         means = dict(items=len(mine), fired=len(fired), fire_rate=len(fired) / len(mine))
         for key, subset in (("", mine), ("_when_fired", fired)):
-            scored = [r for r in subset if r["score"] is not None]
+            scored = [r for r in subset if r.score is not None]
             if scored:
-                means[f"accuracy{key}"] = statistics.fmean(r["score"] for r in scored)
-                means[f"accuracy_without{key}"] = statistics.fmean(r["first_score"] for r in scored)
+                means[f"accuracy{key}"] = statistics.fmean(r.score for r in scored)
+                means[f"accuracy_without{key}"] = statistics.fmean(r.first_score for r in scored)
         summary[row] = means
     return summary
 
@@ -263,14 +265,14 @@ def accuracy_plot(summary: dict[str, dict], x: str, x_label: str, metric: str, p
     fig.savefig(path)
 
 
-def faithfulness_plot(records: list[dict], path: Path) -> bool:
+def faithfulness_plot(records: list[EvalRecord], path: Path) -> bool:
     """The mean deletion, random and insertion curves of every ARR row that measured them, one panel each."""
-    rows = list(dict.fromkeys(r["row"] for r in records if "faithfulness" in r))
+    rows = list(dict.fromkeys(r.row for r in records if r.faithfulness is not None))
     if not rows:
         return False
     panels = []
     for row in rows:
-        mine = [r["faithfulness"] for r in records if r["row"] == row and "faithfulness" in r]
+        mine = [r.faithfulness for r in records if r.row == row and r.faithfulness is not None]
         mean = {name: [statistics.fmean(values) for values in zip(*(f[name] for f in mine))] for name in CURVES}
         panels.append(viz.faithfulness_chart(mine[0]["fractions"], mean, f"{row}: mean over {len(mine)} items"))
     sheet = Image.new("RGB", (max(p.width for p in panels), sum(p.height for p in panels)), "white")
@@ -280,12 +282,12 @@ def faithfulness_plot(records: list[dict], path: Path) -> bool:
     return True
 
 
-def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
+def tokens_by_kind(records: list[EvalRecord], rows: list[str]) -> str:
     """Markdown: per ARR row label (those that record their tensions, K among them) and scene kind, the mean visual
     tokens and the accuracy; "" when no row records K. Under --budget auto, K (and so the tokens) is each image's
     own."""
-    rows = [row for row in rows if any(record_label(r) == row and "tensions" in r for r in records)]
-    kinds = list(dict.fromkeys(r.get("kind") for r in records))  # real sets may have no kinds: one column, None
+    rows = [row for row in rows if any(record_label(r) == row and r.tensions is not None for r in records)]
+    kinds = list(dict.fromkeys(r.kind for r in records))  # a real set's one kind, its schema: one column
     if not rows:
         return ""
     lines = ["| row | " + " | ".join(str(kind or "all items") for kind in kinds) + " |",
@@ -293,15 +295,15 @@ def tokens_by_kind(records: list[dict], rows: list[str]) -> str:
     for row in rows:
         cells = []
         for kind in kinds:
-            mine = [r for r in records if record_label(r) == row and r.get("kind") == kind]
-            scored = [r["score"] for r in mine if r["score"] is not None]
+            mine = [r for r in records if record_label(r) == row and r.kind == kind]
+            scored = [r.score for r in mine if r.score is not None]
             accuracy = f" ({statistics.fmean(scored):.2f})" if scored else ""
-            cells.append(f"{statistics.fmean(r['visual_tokens'] for r in mine):.0f}{accuracy}" if mine else "-")
+            cells.append(f"{statistics.fmean(r.visual_tokens for r in mine):.0f}{accuracy}" if mine else "-")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "Mean visual tokens (accuracy) per scene kind:\n\n" + "\n".join(lines)
 
 
-def write_report(folder: str | Path, summary: dict[str, dict], header: dict, records: list[dict]) -> list[Path]:
+def write_report(folder: str | Path, summary: dict[str, dict], header: dict, records: list[EvalRecord]) -> list[Path]:
     """report.md, report.json and the plots in `folder`; `header` holds the run's settings and throughput."""
     folder = Path(folder)
     metric, sweep = header["metric"], is_sweep(summary)
@@ -325,7 +327,7 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     links = "".join(f"\n![{titles[p.name]}]({p.name})\n" for p in paths[2:])
     second_look = f"\n{refixation_table(refixation)}\n" if refixation else ""
     by_kind = "\n\n".join(t for t in (kind_table(summary, metric), tokens_by_kind(records, list(summary))) if t)
-    warning = (f"**Warning: {uneven_line(uneven, len({r['item'] for r in records}))}.**\n\n" if uneven else "")
+    warning = (f"**Warning: {uneven_line(uneven, len({r.item for r in records}))}.**\n\n" if uneven else "")
     (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{warning}{settings}\n\n{markdown_tables(summary, metric)}\n"
                                       + (f"\n{by_kind}\n" if by_kind else "") + second_look + links)
     return paths

@@ -8,16 +8,19 @@ import pytest
 from PIL import Image
 
 from arr_coc.commands import figures
+from arr_coc.eval.records import EvalRecord
 
 
 def results(folder, rows):
     folder.mkdir()
-    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
     return str(folder)
 
 
 def result(kind, row, budget, score, tokens):
-    return dict(kind=kind, row=row, budget=budget, score=score, visual_tokens=tokens)
+    """A sweep's result of one row at one budget; what the figures do not read left empty."""
+    return EvalRecord(item=0, id="0", kind=kind, row=row, budget=budget, sweep=True, prediction="", answers=["a"],
+                      score=score, visual_tokens=tokens, gflops=0.0, ttft_ms=0.0, total_ms=0.0, confidence=None)
 
 
 BENCH = {"device": "GPU", "sizes": {"1792": {
