@@ -542,6 +542,8 @@ def test_trim_cuts_a_part_back_to_its_last_whole_line(tmp_path):
     folder.part.write_text('{"item": 0, "r')  # no whole line at all
     folder.append([record(item=0)])
     assert folder.read() == [record(item=0)]
+    folder.part.write_text('{"item": 0, "mode": "alone", "turn": 1}\n')  # a --conversation run's line: no result
+    assert folder.read() == []
 
 
 def test_rows_evaluated_on_different_items_are_flagged_loudly(tmp_path):

@@ -405,14 +405,15 @@ class ResultsFolder:
         path.write_text(json.dumps(settings, indent=2))
 
     def read(self) -> list[EvalRecord]:
-        """Every finished result on disk: results.jsonl and all parts (a line cut short by a crash is dropped)."""
+        """Every finished result on disk: results.jsonl and all parts (a line cut short by a crash is dropped, and
+        so is one that is no result of evaluate's: a --conversation run's, which another run's settings refuse)."""
         results = []
         for path in [self.folder / "results.jsonl", *sorted(self.folder.glob("part-*.jsonl"))]:
             if path.is_file():
                 for line in path.read_text().splitlines():
                     try:
                         results.append(EvalRecord.from_json(json.loads(line)))
-                    except json.JSONDecodeError:
+                    except (json.JSONDecodeError, TypeError):  # cut short, or not an EvalRecord's fields
                         continue
         return results
 
