@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from arr_coc.runtime import distributed
-from arr_coc.flags import bounded_int, config_parser, device_flag, flag, int_list, parse_config
+from arr_coc.flags import bounded_int, comma_list, config_parser, device_flag, flag, int_list, names, parse_config
 from arr_coc.pocket.data import CURRICULUM, GESTALT_TOKENS, IGNORE, collate, model_inputs
 from arr_coc.synth.families import FAMILIES, HELD_OUT, TRAINED, family_size, make_family_page
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
@@ -62,11 +62,11 @@ def heldout(kind: str, size: int, n: int, stage: int | None = None,
 
 
 @lru_cache(maxsize=None)
-def family_items(group: str, kind: str, size: int, n: int, workers: int = 1) -> tuple[tuple, ...]:
+def family_items(group: str, kind: str, size: int, n: int, workers: int = 1, first: int = 0) -> tuple[tuple, ...]:
     """n (image, question, answer) of `kind` on pages of the group's families that carry it (in turn), each of
-    about size^2 px in its family's aspect, new seeds; drawn by `workers` processes."""
+    about size^2 px in its family's aspect, new seeds (pages first .. first+n-1); drawn by `workers` processes."""
     families = tuple(f for f in GROUPS[group] if kind in FAMILIES[f].kinds)
-    jobs = [(group, families[i % len(families)], kind, size, i) for i in range(n if families else 0)]
+    jobs = [(group, families[i % len(families)], kind, size, i) for i in range(first, first + n if families else 0)]
     if workers <= 1:
         return tuple(map(_family_item, jobs))
     from concurrent.futures import ProcessPoolExecutor
@@ -143,17 +143,18 @@ def evaluate_heldout(model, tokenizer, processor, device, pages: int, sizes=(896
 
 
 def evaluate_families(model, tokenizer, processor, device, pages: int, sizes=(896, 1792),
-                      process: distributed.Process | None = None, workers: int = 1) -> dict:
-    """{group: {size: {view: {kind: [correct, n]}}}} over GROUPS' layout families, native and gestalt views (pages
-    drawn by `workers` processes)."""
+                      process: distributed.Process | None = None, workers: int = 1, first: int = 0,
+                      groups=tuple(GROUPS)) -> dict:
+    """{group: {size: {view: {kind: [correct, n]}}}} over `groups` of layout families, native and gestalt views
+    (pages first .. first+pages-1, drawn by `workers` processes)."""
     model.eval()
     result = {}
-    for group in GROUPS:
+    for group in groups:
         result[group] = {}
         for size in sizes:
             result[group][str(size)] = {"full": {}, "gestalt": {}}
             for kind in PAGE_KINDS:
-                items = family_items(group, kind, size, pages, workers)
+                items = family_items(group, kind, size, pages, workers, first)
                 if not items:
                     continue
                 for view in ("full", "gestalt"):
@@ -173,6 +174,9 @@ class HeldoutConfig:
     device: str | None = device_flag(torchrun=True)
     workers: int | None = flag(None, "page-drawing processes (default: the CPU count, at most 16)",
                                bounded_int(0, 256))
+    first: int = flag(0, "index of the first page a row draws (a later start draws pages no earlier check saw)",
+                      bounded_int(0, 10**5))
+    groups: str = flag(",".join(GROUPS), "family groups to score, comma-separated", comma_list(tuple(GROUPS)))
     out: str | None = flag(None, "write the counts here as JSON")
 
 
@@ -191,14 +195,16 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32).to(device)
     result = evaluate_families(model, AutoTokenizer.from_pretrained(args.model), image_processor(), device,
-                               args.pages, tuple(args.sizes), workers=args.workers)
+                               args.pages, tuple(args.sizes), workers=args.workers, first=args.first,
+                               groups=tuple(names(args.groups)))
     for group, by_size in result.items():
         for size, views in by_size.items():
             for view, kinds in views.items():
                 print(f"{group} {size} {view}: " + ", ".join(f"{k} {interval_text(c, n)}" for k, (c, n) in kinds.items()),
                       flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(model=args.model, pages=args.pages, result=result), indent=1))
+        Path(args.out).write_text(json.dumps(dict(model=args.model, pages=args.pages, first=args.first, result=result),
+                                              indent=1))
     return result
 
 
