@@ -684,6 +684,20 @@ def test_the_report_gives_each_kinds_accuracy_with_its_wilson_interval_and_items
     assert report.kind_table(report.summarise(records[:263], ["full"]), "exact") == ""
 
 
+def test_the_report_reads_each_layout_family_apart():
+    """Pages drawn by layout families: a column per kind and family, so sparse and dense pages are never pooled (a
+    dense family's 1 of 4 beside a sparse one's 4 of 4)."""
+    from arr_coc.eval import report
+
+    records = [record(row="full", item=i, kind="box_word", score=float(i == 0)) for i in range(4)]
+    records += [record(row="full", item=4 + i, kind="box_word", score=1.0) for i in range(4)]
+    for r, family in zip(records, ["box_grid"] * 4 + ["slide"] * 4):
+        r.family = family
+    assert report.kind_table(report.summarise(records, ["full"]), "exact").splitlines()[2:] == [
+        "| row | box_word (box_grid) | box_word (slide) |", "|---|---|---|",
+        "| full | 0.25 [0.05, 0.70] (n=4) | 1.00 [0.51, 1.00] (n=4) |"]
+
+
 def test_held_out_layouts_draw_the_pocket_pages_in_the_layouts_training_never_draws(capsys):
     """--held-out-layouts: pocket pages drawn as fineprint.make_page draws them in LAYOUTS (not SPEC's pages); any
     other kind or a dataset is refused at parse time."""

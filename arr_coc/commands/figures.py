@@ -1,15 +1,17 @@
 """
 The README's figures of a budget sweep (evaluate --budgets): accuracy against visual tokens and against time to
-first token, one curve per method with its 95% Wilson band, a panel per page kind. The time is the full-size
+first token, one curve per method with its 95% Wilson band, a panel per page kind (and layout family, where the
+results name one: sparse and dense pages apart). The time is the full-size
 architecture's, from a `bench --budgets` run on one GPU (the same run for every method), not the small model's
 that answered.
 
-    python -m arr_coc.eval.figures --bench benchmarks/h100_..._1792_budgets.json --size 1792 --out docs/figures \
+    python -m arr_coc.commands.figures --bench benchmarks/h100_..._1792_budgets.json --size 1792 --out docs/figures \
         --curve "full=full@runs/sw_bw,runs/sw_fp" --curve "ARR prior=arr-raster:topk@runs/sw_bw,runs/sw_fp" \
         --curve "ARR answer loss=arr:topk@runs/sw_answer"
 
 A curve is NAME=ROW@FOLDER[,FOLDER...]: the results of that evaluate row in those folders (each result names its
-kind); a row that reads no budget (full, gestalt) is drawn as a line across at its one accuracy.
+kind); a row that reads no budget (full, gestalt) is drawn as a line across at its one accuracy. A curve whose
+method the bench did not time is left out of the TTFT figure, and the command says so.
 """
 
 import argparse
@@ -54,13 +56,13 @@ def curve_spec(text: str) -> tuple[str, str, list[str]]:
 
 
 def points(row: str, folders: list[str]) -> dict[str, list[Point]]:
-    """{kind: [Point per budget, in order]} of one evaluate row in some result folders."""
+    """{kind (and family: EvalRecord.kind_label): [Point per budget, in order]} of one evaluate row in result folders."""
     tally = defaultdict(lambda: [0.0, 0, 0.0])  # (kind, budget) -> correct, n, tokens
     for folder in folders:
         for line in (Path(folder) / "results.jsonl").read_text().splitlines():
             r = EvalRecord.from_json(json.loads(line))
             if r.row == row and r.score is not None:
-                cell = tally[(r.kind, r.budget)]
+                cell = tally[(r.kind_label, r.budget)]
                 cell[0] += r.score
                 cell[1] += 1
                 cell[2] += r.visual_tokens
@@ -70,27 +72,32 @@ def points(row: str, folders: list[str]) -> dict[str, list[Point]]:
     return out
 
 
-def bench_ttft(bench: dict, size: int, row: str, budget: int | None) -> float:
+def bench_ttft(bench: dict, size: int, row: str, budget: int | None) -> float | None:
     """The bench's TTFT (fast engine) of the pipeline behind an evaluate row at a budget (a budget-free row: its
-    own)."""
+    own); None where the bench did not time it."""
     pipeline = split_row(row)[0]  # "arr-raster:topk" -> "arr"
     timings = bench["sizes"][str(size)]
     if budget is None or pipeline not in ("arr", "budget", *REDUCERS):
-        return timings["pipelines"][f"{pipeline}/fast"]["ttft_ms"]
-    return timings["budgets"][str(budget)][pipeline]["ttft_ms"]
+        return timings["pipelines"].get(f"{pipeline}/fast", {}).get("ttft_ms")
+    return timings["budgets"].get(str(budget), {}).get(pipeline, {}).get("ttft_ms")
 
 
 def figure(curves: dict[str, dict[str, list[Point]]], x, x_label: str, title: str) -> Figure:
     """A panel per kind; per curve its accuracy against x(curve name, point) with the 95% band (a budget-free row:
-    a line across, its x in the legend)."""
+    a line across, its x in the legend); a curve with a point x gives None for is left out, its colour kept."""
     kinds = sorted({kind for by_kind in curves.values() for kind in by_kind})
-    fig = Figure(figsize=(6 * len(kinds), 4.6), dpi=110, layout="constrained")
-    axes = fig.subplots(1, len(kinds), squeeze=False)[0]
+    cols = min(len(kinds), 2)  # two panels a row: a kind's sparse and dense families side by side
+    rows = -(-len(kinds) // cols)
+    fig = Figure(figsize=(6 * cols + 2, 4.6 * rows), dpi=110, layout="constrained")
+    grid = fig.subplots(rows, cols, squeeze=False).ravel()
+    for spare in grid[len(kinds):]:
+        spare.set_visible(False)
+    axes = grid[:len(kinds)]
     palette = colormaps["tab10"]
     for ax, kind in zip(axes, kinds):
         for i, (name, by_kind) in enumerate(curves.items()):
             mine = by_kind.get(kind, [])
-            if not mine:
+            if not mine or any(x(name, p) is None for p in mine):  # none here, or not on this axis (untimed)
                 continue
             bands = [wilson(p.correct, p.n) for p in mine]
             colour = palette(i % 10)
@@ -147,6 +154,9 @@ def main(argv=None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "accuracy_vs_tokens.png", out / "accuracy_vs_ttft.png"]
     figure(curves, lambda name, p: p.tokens, "visual tokens the LLM read", args.title).savefig(paths[0])
+    for name, by_kind in curves.items():
+        if any(bench_ttft(bench, args.size, rows[name], p.budget) is None for ps in by_kind.values() for p in ps):
+            print(f"{name}: the bench did not time {rows[name]} at these budgets; left out of the TTFT figure")
     figure(curves, lambda name, p: bench_ttft(bench, args.size, rows[name], p.budget),
            f"TTFT ms of the 2B architecture ({bench['device']}, bench)", args.title).savefig(paths[1])
     for path in paths:

@@ -28,6 +28,7 @@ class EvalRecord:
     item: int  # the item's index in the set (results are resumed and merged by it)
     id: str  # the set's own id for the item, else its index
     kind: str  # the synthetic scene kind, or the schema of a real set (the report's per-kind tables)
+    family: str | None = optional()  # a pocket page's layout family (synth/families.py); None: not a family page
     row: str  # what answered: a baseline ("full") or ARR ("arr:topk", "arr-no-gestalt:topk", "arr+refix:topk")
     budget: int | None = optional(lambda r, name: r.sweep)  # a sweep's saccade budget; None: a row that reads none
     prediction: str  # the row's answer
@@ -51,6 +52,12 @@ class EvalRecord:
     faithfulness: dict | None = optional()  # an ARR strategy row's curves (faithfulness.FaithfulnessCurves.to_json)
     sweep: bool = field(default=False, metadata={"when": lambda r, name: False})  # not written: whether the run is a
     # budget sweep, whose every result writes its budget (null for full, gestalt, arr-auto-budget)
+
+    @property
+    def kind_label(self) -> str:
+        """Its scene kind, and its layout family where it has one ("box_word (box_grid)"): the per-kind tables'
+        and figures' column, so that trained, held-out sparse and held-out dense families are read apart."""
+        return f"{self.kind} ({self.family})" if self.family else self.kind
 
     def to_json(self) -> dict:
         """results.jsonl's object: the fields in order, each optional one only where its `when` holds."""

@@ -102,12 +102,12 @@ def summarise(records: list[EvalRecord], rows: list[str]) -> dict[str, dict]:
 
 
 def kind_means(records: list[EvalRecord]) -> dict[str, dict]:
-    """One row's records of a set with several scene kinds -> per kind, its scored items, their summed score, the
-    accuracy and its 95% Wilson interval ({} for a set of one kind, or none)."""
-    kinds = list(dict.fromkeys(r.kind for r in records))
+    """One row's records of a set with several scene kinds (or layout families) -> per kind_label, its scored items,
+    their summed score, the accuracy and its 95% Wilson interval ({} for a set of one kind, or none)."""
+    kinds = list(dict.fromkeys(r.kind_label for r in records))
     out = {}
     for kind in kinds if len(kinds) > 1 else ():
-        scores = [r.score for r in records if r.kind == kind and r.score is not None]
+        scores = [r.score for r in records if r.kind_label == kind and r.score is not None]
         if scores:
             out[kind] = dict(items=len(scores), correct=sum(scores), accuracy=statistics.fmean(scores),
                              interval=wilson(sum(scores), len(scores)))

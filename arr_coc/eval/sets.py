@@ -82,6 +82,7 @@ class Item:
     image: object  # a PIL image, a path, or the set's {"bytes", "path"}: decoded by open()
     box: Box | None = None  # half-open pixel box of the region the question is about, where the set has one
     kind: str = ""  # the schema, or the synthetic scene kind
+    family: str = ""  # a pocket page's layout family (synth/families.py), "" for every other item
 
     def open(self) -> Image.Image:
         """The item's image, RGB-ready; InputError naming the item if it cannot be read."""
@@ -155,7 +156,7 @@ def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896,
 
 
 def from_samples(samples: list[Sample]) -> list[Item]:
-    return [Item(i, str(i), s.question, [s.answer], s.image, s.box, s.kind) for i, s in enumerate(samples)]
+    return [Item(i, str(i), s.question, [s.answer], s.image, s.box, s.kind, s.family) for i, s in enumerate(samples)]
 
 
 def load_rows(name: str, split: str, config: str | None):

@@ -53,3 +53,19 @@ def test_the_figures_are_drawn_and_a_bad_curve_is_refused(tmp_path):
         figures.curve_spec("full")
     with pytest.raises(argparse.ArgumentTypeError, match="no results.jsonl"):
         figures.curve_spec(f"x=full@{tmp_path}")
+
+
+def test_layout_families_get_panels_of_their_own_and_an_untimed_method_leaves_only_the_ttft_figure(tmp_path, capsys):
+    dense, sparse = (EvalRecord(**vars(result("box_word", "pixelprune", None, s, 300)) | {"family": f})
+                     for f, s in (("box_grid", 0), ("slide", 1)))
+    a = results(tmp_path / "a", [dense, sparse, result("box_word", "full", None, 1, 4096)])
+    assert figures.points("pixelprune", [a]) == {"box_word (box_grid)": [figures.Point(None, 0.0, 1, 300.0)],
+                                                 "box_word (slide)": [figures.Point(None, 1.0, 1, 300.0)]}
+    assert figures.bench_ttft(BENCH, 1792, "pixelprune", None) is None  # the bench never timed it
+    assert figures.bench_ttft(BENCH, 1792, "divprune", 273) is None
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(BENCH))
+    figures.main(["--bench", str(bench), "--size", "1792", "--out", str(tmp_path / "figs"),
+                  "--curve", f"full=full@{a}", "--curve", f"PixelPrune=pixelprune@{a}"])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "PixelPrune: the bench did not time pixelprune at these budgets; left out of the TTFT figure")
