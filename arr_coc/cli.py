@@ -34,7 +34,7 @@ from pathlib import Path
 
 from arr_coc import checkpoints, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
-from arr_coc.settings import DEFAULT_MODEL, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
+from arr_coc.settings import DEFAULT_MODEL, GESTALT_PER_CELLS, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
 from arr_coc.errors import InputError, check_text
 from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, device, flag,  # noqa: F401
@@ -264,6 +264,21 @@ def max_cells_flag():
                                           "baseline uses the same cap", bounded_int(MIN_CELLS, MAX_CELLS))
 
 
+def gestalt_tokens_flag():
+    """--gestalt-tokens, one flag for run, evaluate and bench, beside max_cells_flag (check_gestalt_tokens)."""
+    return flag(PipelineConfig.gestalt_max_tokens, "at most this many gestalt tokens, the low-res view every pipeline "
+                                                   "reads first (576: Q-Zoom's coarse pass, 24x24 on a square); at "
+                                                   "most --max-cells / 4, so the candidate grid stays twice it per "
+                                                   "side", bounded_int(1, MAX_CELLS // GESTALT_PER_CELLS))
+
+
+def check_gestalt_tokens(p: argparse.ArgumentParser, args) -> None:
+    """Refuse a --gestalt-tokens over --max-cells / 4 (the candidate grid would not be twice the gestalt per side)."""
+    if args.gestalt_tokens > args.max_cells // GESTALT_PER_CELLS:
+        p.error(f"argument --gestalt-tokens: {args.gestalt_tokens} exceeds --max-cells / {GESTALT_PER_CELLS} = "
+                f"{args.max_cells // GESTALT_PER_CELLS}")
+
+
 def fastv_layer_flag():
     """--fastv-layer, one flag for run and evaluate."""
     return flag(PipelineConfig.fastv_layer, "the fastv baseline's K: LLM layers below it read every image token, "
@@ -429,9 +444,9 @@ def hub_model(name: str) -> bool:
 def request(args, **row):
     """
     The one Request (arr_coc.pipelines.request) of a command's flags: every flag whose name is a Request field's
-    (--max-new-tokens, --strategy, --budget, --max-cells, --fastv-layer, --refixate, --refixate-budget,
-    --fresh-cells: those the command has), the adaptive budget's bounds (budget_settings) as its tensions, and a
-    row's own settings (`row`, by their Request names: its strategy, budget, ablation, ...) over them.
+    (--max-new-tokens, --strategy, --budget, --max-cells, --gestalt-tokens, --fastv-layer, --refixate,
+    --refixate-budget, --fresh-cells: those the command has), the adaptive budget's bounds (budget_settings) as its
+    tensions, and a row's own settings (`row`, by their Request names: its strategy, budget, ablation, ...) over them.
     """
     from dataclasses import fields, replace
 

@@ -181,10 +181,11 @@ class ARRCOCQwen:
                              "shorten it")
         return question
 
-    def views(self, image, max_cells: int | None = None) -> Views:
-        """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap): a request
-        that runs several pipelines on one image makes them once and passes them to each as its image."""
-        return views_of(self.parts, image, max_cells)
+    def views(self, image, max_cells: int | None = None, gestalt_tokens: int | None = None) -> Views:
+        """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap, gestalt_tokens
+        the gestalt's size): a request that runs several pipelines on one image makes them once and passes them to
+        each as its image."""
+        return views_of(self.parts, image, max_cells, gestalt_tokens)
 
     @contextmanager
     def serving(self, pipeline: str = "arr", stop: threading.Event | None = None):
@@ -217,7 +218,8 @@ class ARRCOCQwen:
         request = check_request(request)
         first = conversation is None or not conversation.answers
         if first and not isinstance(image, Views):
-            image = self.views(conversation.image if image is None and conversation else image, request.max_cells)
+            image = self.views(conversation.image if image is None and conversation else image, request.max_cells,
+                               request.gestalt_tokens)
         if conversation is not None:
             return pipeline, request, conversation.ask(self.parts, image if first else None, question, request)
         return pipeline, request, pipelines.load(pipeline).answer(self.parts, image, question, request)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 DEFAULT_MODEL = "Qwen/Qwen2-VL-2B-Instruct"
 ENGINES = ("fast", "hf")  # generation: our static cache + CUDA graphs, or transformers' own generate()
 MIN_CELLS, MAX_CELLS = 1024, 16384  # bounds of PipelineConfig.max_cells (1024 = 2x a 256-token gestalt per side)
+GESTALT_PER_CELLS = 4  # the gestalt holds at most max_cells // 4 tokens: the candidate grid stays >= 2x it per side
 MAX_QUESTION_CHARS = 4000  # the longest question a pipeline takes (run checks --question against it at parse time)
 MAX_QUESTION_TOKENS = 2048  # ... and in the model's tokens (4000 four-byte characters can be 16,000 of them)
 MAX_IMAGE_PIXELS = 64_000_000  # the largest image the app and the commands read, checked on its header before
@@ -30,7 +31,8 @@ MAX_CONVERSATION_TOKENS = 16384  # the most tokens a conversation's context hold
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    gestalt_max_tokens: int = 256  # at most this many merged gestalt tokens (16x16 at 448^2)
+    gestalt_max_tokens: int = 256  # at most this many merged gestalt tokens (16x16 at 448^2; at most max_cells // 4,
+    # a request's gestalt_tokens overrides it: 576 is Q-Zoom's coarse pass, 24x24 at 672^2)
     max_cells: int = 4096  # cap on the native-resolution candidate grid and on the `full` baseline (64x64 at 1792^2)
     budget_tokens: int = 529  # token count of Views.budget_grid when no budget is asked for (the `budget` baseline
     # sizes its view to ARR's count at the request's budget instead: 23x23 at 644^2 by default)
@@ -42,5 +44,6 @@ class PipelineConfig:
     def __post_init__(self):
         if not MIN_CELLS <= self.max_cells <= MAX_CELLS:
             raise ValueError(f"max_cells must be between {MIN_CELLS} and {MAX_CELLS}, got {self.max_cells}")
-        if not 1 <= self.gestalt_max_tokens <= MIN_CELLS // 4:
-            raise ValueError(f"gestalt_max_tokens must be between 1 and {MIN_CELLS // 4}, got {self.gestalt_max_tokens}")
+        if not 1 <= self.gestalt_max_tokens <= self.max_cells // GESTALT_PER_CELLS:
+            raise ValueError(f"gestalt_max_tokens must be between 1 and max_cells // {GESTALT_PER_CELLS} = "
+                             f"{self.max_cells // GESTALT_PER_CELLS}, got {self.gestalt_max_tokens}")

@@ -272,6 +272,7 @@ OTHER_VALUES = {
     "min_budget": (["--budget", "auto"], ["--min-budget", "10"]),
     "max_budget": (["--ablations", "auto-budget"], ["--max-budget", "100"]),
     "max_cells": ([], ["--max-cells", "2048"]), "fastv_layer": ([], ["--fastv-layer", "3"]),
+    "gestalt_tokens": ([], ["--gestalt-tokens", "576"]),
     "pixelprune_tau": ([], ["--pixelprune-tau", "8"]),
     "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
     "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),

@@ -48,7 +48,7 @@ import numpy as np
 from PIL import Image
 
 from arr_coc import cli
-from arr_coc.settings import DEFAULT_MODEL, ENGINES
+from arr_coc.settings import DEFAULT_MODEL, ENGINES, PipelineConfig
 from arr_coc.pipelines import PIPELINES
 from arr_coc.flags import config_parser, device_flag, flag, parse_config
 from arr_coc.pipelines import BUDGET_FREE, FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
@@ -84,6 +84,7 @@ class BenchConfig:
     sizes: list[int] = flag([448, 896, 1344, 1792], "comma-separated sides of the square test images in px",
                             cli.int_list(56, 8192))
     max_cells: int = cli.max_cells_flag()
+    gestalt_tokens: int = cli.gestalt_tokens_flag()
     new_tokens: int = flag(64, "tokens generated per answer (EOS is suppressed)", cli.new_tokens)
     repeats: int = flag(3, "timed runs per measurement (median reported)", cli.bounded_int(1, 10_000))
     layer_repeats: int = flag(50, "timed runs of the relevance layer", cli.bounded_int(1, 100_000))
@@ -112,6 +113,7 @@ def parse_args(argv=None) -> BenchConfig:
     p = config_parser(BenchConfig, __doc__)
     args = parse_config(BenchConfig, argv, p)
     args.model = args.model or DEFAULT_MODEL
+    cli.check_gestalt_tokens(p, args)
     if on_cpu(args.device) and (args.random_weights or args.model not in tiny_models()):
         flag = "--random-weights" if args.random_weights else "--model"
         p.error(f"argument {flag}: no GPU, and on a CPU only the offline tiny and pocket models are benched (a full-size "
@@ -447,6 +449,7 @@ def main(argv=None) -> dict:
     print(f"device: {name}  model: {model.vlm.name}  dtype: {model.vlm.dtype}  weights: {weights_mb:.0f} MB", flush=True)
     report = dict(device=name, model=model.vlm.name, dtype=str(model.vlm.dtype), torch=torch.__version__,
                   transformers=transformers.__version__, weights_mb=weights_mb, max_cells=args.max_cells,
+                  gestalt_tokens=args.gestalt_tokens,
                   new_tokens=args.new_tokens, sizes={})
     model.vlm.set_compile(not args.no_compile)
     report["warmup_s"] = model.warmup()  # what the app pays before its first user: graph captures and the compiles
@@ -502,11 +505,13 @@ def load_model(args: argparse.Namespace):
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    pipeline = PipelineConfig(gestalt_max_tokens=args.gestalt_tokens, max_cells=args.max_cells)  # every view's
     if args.random_weights:
         arch, config = FULL_SIZE[args.family]
-        model = ARRCOCQwen(random_vlm(config(), str(device), dtype or default_dtype(device), f"{arch} (random)"))
+        vlm = random_vlm(config(), str(device), dtype or default_dtype(device), f"{arch} (random)")
+        model = ARRCOCQwen(vlm, pipeline=pipeline)
     else:
-        model = ARRCOCQwen.from_pretrained(args.model, device=str(device), dtype=dtype)
+        model = ARRCOCQwen.from_pretrained(args.model, device=str(device), dtype=dtype, pipeline=pipeline)
     return model, device
 
 

@@ -85,6 +85,7 @@ from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, 
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import AUTO
+from arr_coc.settings import PipelineConfig
 
 if TYPE_CHECKING:
     from arr_coc.runtime.distributed import Process
@@ -160,6 +161,7 @@ class EvalConfig:
                                             "docvqa 32, textvqa 128, chartqa 16; 16 for JSONL sets and synthetic "
                                             "scenes)", cli.new_tokens)
     max_cells: int = cli.max_cells_flag()
+    gestalt_tokens: int = cli.gestalt_tokens_flag()
     fastv_layer: int = cli.fastv_layer_flag()
     pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
@@ -200,6 +202,7 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not args.baselines and not args.strategies and not args.ablations:
         p.error("argument --baselines: empty, and so are --strategies and --ablations: nothing to evaluate")
     cli.check_budget(p, args, args.max_cells)
+    cli.check_gestalt_tokens(p, args)
     for budget in args.budgets or []:
         if budget > args.max_cells:
             p.error(f"argument --budgets: {budget} exceeds --max-cells {args.max_cells}")
@@ -276,7 +279,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
     from arr_coc.pipelines.answer import tension_record
 
     image, question = item.open(), source.prompt(item)
-    views = model.views(image, args.max_cells) if args.budgets else None  # the grid a sweep's budgets must fit
+    views = model.views(image, args.max_cells, args.gestalt_tokens) if args.budgets else None  # what budgets fit
     results, skipped = [], []
     for row, budget in jobs:
         if budget is not None and (why := beyond_grid(row, budget, views, args.refixate_budget)):
@@ -370,6 +373,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 prompt_reference=SCHEMAS[source.schema].reference,
                 budget=None if args.budgets else args.budget, budgets=args.budgets, **adaptive_bounds(args),
                 max_new_tokens=args.max_new_tokens, max_cells=args.max_cells, fastv_layer=args.fastv_layer,
+                **({"gestalt_tokens": args.gestalt_tokens}  # absent at the default: older folders resume
+                   if args.gestalt_tokens != PipelineConfig.gestalt_max_tokens else {}),
                 **({"pixelprune_tau": args.pixelprune_tau} if args.pixelprune_tau else {}),  # absent at 0: older
                 # folders resume
                 refixate=args.refixate, refixate_budget=args.refixate_budget,

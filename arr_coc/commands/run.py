@@ -101,6 +101,7 @@ class RunConfig:
                               + ablations.describe(), cli.ablation_list, shown="none")
     max_new_tokens: int = flag(64, "answer length limit", cli.new_tokens)
     max_cells: int = cli.max_cells_flag()
+    gestalt_tokens: int = cli.gestalt_tokens_flag()
     fastv_layer: int = cli.fastv_layer_flag()
     pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
@@ -138,6 +139,7 @@ def parse_args(argv=None) -> RunConfig:
     elif args.fresh_cells:
         p.error("argument --fresh-cells: only used with several --question (a conversation)")
     cli.check_budget(p, args, args.max_cells)
+    cli.check_gestalt_tokens(p, args)
     if args.faithfulness and "arr" not in cli.names(args.pipelines):
         p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
     if args.answer is not None and not args.faithfulness:
@@ -288,7 +290,8 @@ def main(argv=None) -> int:
               + " (mean log-likelihood per answer token; deletion below random: the answer depends on the saccades)")
     if args.json:
         report = dict(model=args.model, model_name=model.vlm.name, checkpoint=checkpoint, image=args.image,
-                      notice=model.notice, max_cells=args.max_cells, versions=cli.versions())
+                      notice=model.notice, max_cells=args.max_cells,
+                      gestalt_tokens=args.gestalt_tokens, versions=cli.versions())
         if chats:
             report.update(questions=questions, fresh_cells=args.fresh_cells,
                           turns=[dict(question=q, pipelines=r) for q, (r, _) in zip(questions, turns)])

@@ -45,6 +45,8 @@ class Request:
     layer: ARRCOCLayer | None = None  # the ARR layer to score with (arr only; default: the model's)
     max_cells: int | None = None  # cap on the native-resolution grid (default: the PipelineConfig's): where the
     # request's views are made
+    gestalt_tokens: int | None = None  # at most this many gestalt tokens, 1 to max_cells // 4 (default: the
+    # PipelineConfig's 256; 576 is Q-Zoom's coarse pass): the views' gestalt grid, which every pipeline reads
     ablation: Ablation | str | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None:
     # nothing), or its name: check_request makes a name its Ablation
     fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)

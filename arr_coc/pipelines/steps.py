@@ -19,16 +19,22 @@ import torch
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer, Compute, TokenCounts, Timings, answer_confidence
 from arr_coc.pipelines.request import Parts, Request, check_stop
-from arr_coc.settings import MAX_CONVERSATION_TOKENS
+from arr_coc.settings import GESTALT_PER_CELLS, MAX_CONVERSATION_TOKENS
 from arr_coc.runtime.timing import Stopwatch, peak_memory_mb, reset_peak_memory
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
 
 
-def views_of(parts: Parts, image, max_cells: int | None = None) -> Views:
+def views_of(parts: Parts, image, max_cells: int | None = None, gestalt_tokens: int | None = None) -> Views:
     """Every pipeline's views of an image, at the VLM's cell and min_pixels, from the settings (max_cells overrides
-    the cap): made once, where a request starts (ARRCOCQwen), and handed to the pipelines."""
+    the cap, gestalt_tokens the gestalt's size: InputError beyond max_cells // 4): made once, where a request starts
+    (ARRCOCQwen), and handed to the pipelines."""
     s = parts.pipeline if max_cells is None else replace(parts.pipeline, max_cells=int(max_cells))  # checks bounds
+    if gestalt_tokens is not None:
+        if not 1 <= int(gestalt_tokens) <= s.max_cells // GESTALT_PER_CELLS:
+            raise InputError(f"gestalt_tokens must be between 1 and max_cells // {GESTALT_PER_CELLS} = "
+                             f"{s.max_cells // GESTALT_PER_CELLS}, got {gestalt_tokens}")
+        s = replace(s, gestalt_max_tokens=int(gestalt_tokens))
     vlm = parts.vlm
     return make_views(image, s.gestalt_max_tokens, s.budget_tokens, s.max_cells, vlm.device, vlm.cell, vlm.min_pixels)
 
