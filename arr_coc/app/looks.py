@@ -34,9 +34,8 @@ def heads_of(vlm) -> TeacherHeads:
     boxes are known (arr_coc.distill.teacher.calibrate, as the teacher command chooses them), then kept. Call it
     holding the model's lock (ARRCOCQwen.serving): it runs the VLM and writes HEADS."""
     if vlm not in HEADS:
-        from arr_coc.commands.teacher import family_pages
         from arr_coc.distill.teacher import calibrate
-        from arr_coc.synth.families import TRAINED
+        from arr_coc.synth.families import TRAINED, family_pages
 
         pages = family_pages(TRAINED, CALIBRATION_PAGES, CALIBRATION_SIZE, 0, "calibration")
         HEADS[vlm] = calibrate(vlm, [page[1:] for page in pages])[0]

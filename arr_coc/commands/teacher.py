@@ -12,7 +12,6 @@ box and how much of its mass lies there (95% Wilson intervals; the mass's is con
 """
 
 import json
-import random
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,27 +44,11 @@ class TeacherConfig:
     seed: int = seed_flag(0, "the calibration pages")
 
 
-def family_pages(families: tuple, n: int, size: int, seed: int, tag: str) -> list[tuple]:
-    """n pages of the layout families in turn (each kind they carry in turn), each with one of its questions:
-    [(item id, image, question, answer, box)]."""
-    from arr_coc.synth.families import FAMILIES, family_size, make_family_page
-
-    pages = []
-    for i in range(n):
-        family = families[i % len(families)]
-        kinds = FAMILIES[family].kinds
-        kind, page_seed = kinds[(i // len(families)) % len(kinds)], seed + size * 1000 + i
-        page = make_family_page(family, kind, page_seed, *family_size(family, page_seed, size))
-        q = random.Random(f"arr_coc:teacher:{tag}:{family}:{kind}:{page_seed}").choice(page.questions)
-        pages.append((f"{family}:{kind}:{page_seed}", page.image, q.question, q.answer, q.box))
-    return pages
-
-
 def heads_for(vlm, args: TeacherConfig):
     """The heads: OUT's, where they were chosen for this model with --heads of them, else chosen now (and the
     calibration pages' readings, which the default cache reuses)."""
     from arr_coc.distill.teacher import HEADS_FILE, TeacherHeads, calibrate
-    from arr_coc.synth.families import TRAINED
+    from arr_coc.synth.families import TRAINED, family_pages
 
     saved = Path(args.out) / HEADS_FILE
     if saved.is_file():
@@ -109,7 +92,7 @@ def measure(vlm, heads, args: TeacherConfig) -> dict:
     mass inside it, and the uniform map's (the box's share of the cells), each with a 95% Wilson interval."""
     from arr_coc.distill.teacher import box_mass, read, target_of
     from arr_coc.intervals import interval_text, wilson
-    from arr_coc.synth.families import HELD_OUT
+    from arr_coc.synth.families import HELD_OUT, family_pages
 
     peaks, masses, uniform = 0, 0.0, 0.0
     pages = family_pages(HELD_OUT, args.heldout, args.size, EVAL_SEED, "heldout")

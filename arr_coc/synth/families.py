@@ -654,6 +654,20 @@ def ink_cells(image: Image.Image, cell: int = CELL, min_pixels: int = 8) -> int:
     return int((counts >= min_pixels).sum())
 
 
+def family_pages(families: tuple, n: int, size: int, seed: int, tag: str) -> list[tuple]:
+    """n pages of the layout families in turn (each kind they carry in turn), each with one of its questions:
+    [(item id, image, question, answer, box)]."""
+    pages = []
+    for i in range(n):
+        family = families[i % len(families)]
+        kinds = FAMILIES[family].kinds
+        kind, page_seed = kinds[(i // len(families)) % len(kinds)], seed + size * 1000 + i
+        page = make_family_page(family, kind, page_seed, *family_size(family, page_seed, size))
+        q = random.Random(f"arr_coc:teacher:{tag}:{family}:{kind}:{page_seed}").choice(page.questions)
+        pages.append((f"{family}:{kind}:{page_seed}", page.image, q.question, q.answer, q.box))
+    return pages
+
+
 @dataclass
 class FamilyPageConfig:
     """`python -m arr_coc.synth.families`'s flags, each field one (arr_coc.flags.flag)."""
