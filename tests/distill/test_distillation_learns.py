@@ -5,9 +5,10 @@ inside ARR's 64 most relevant cells on 16 unseen pages; the same steps toward a 
 
 The pages: 48 `form` pages at 448² (synth.families.family_pages, seed 0), shuffled, 32 trained and 16 unseen; the
 teacher's maps from the heads docs/teacher.md gives for the pocket model, forcing the page's own answer. Measured on
-this 2-core CPU (seeds 0, 1, 2 of the page set): the unseen pages' mean mass rose 0.377 -> 0.479, 0.373 -> 0.526,
-0.368 -> 0.529 (+0.10, +0.15, +0.16); toward a uniform map it fell to 0.05, 0.07, 0.01. MARGIN is half the smallest
-gain. About 60 s (the teacher and the observation 25 s, each training 15 s).
+this 2-core CPU (seeds 0-4 of the page set): the unseen pages' mean mass rose 0.377 -> 0.479, 0.373 -> 0.526,
+0.368 -> 0.529, 0.346 -> 0.403, 0.395 -> 0.595 (+0.10, +0.15, +0.16, +0.06, +0.20); toward a uniform map it fell to
+0.05, 0.07, 0.01, 0.01 (seeds 0-3). The test pins seed 0; MARGIN is half the smallest gain. About 55 s on one
+thread (the teacher and the observation 25 s, each training 15 s).
 
     .venv/bin/python -m pytest -q tests/distill/test_distillation_learns.py
 """
@@ -20,7 +21,7 @@ import torch
 POCKET_HEADS = [(3, 3), (3, 1), (3, 2), (3, 0)]  # docs/teacher.md: the teacher's heads for the pocket model
 TRAINED, UNSEEN = 32, 16  # pages the layer is trained on, pages it is measured on
 STEPS = 300  # optimisation steps of 8 pages
-MARGIN = 0.05  # the least rise of the unseen pages' mean teacher mass in ARR's top 64 (measured: +0.10 to +0.16)
+MARGIN = 0.03  # the least rise of the unseen pages' mean teacher mass in ARR's top 64 (measured: +0.06 to +0.20)
 
 
 @pytest.fixture(scope="module")
