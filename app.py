@@ -85,7 +85,8 @@ EXAMPLES_NOTE = ("**Examples.** The first ones are fine-print pages of the kind 
                  "something only with real Qwen-VL weights; the pocket and tiny models say nothing about them.")
 GPU = "gpu"  # the concurrency group of every event that runs the VLM: one at a time on the one GPU
 # ZeroGPU: the most one call of each event holds the GPU, in seconds
-GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120, looks=120)
+GPU_SECONDS = dict(compare=120, microscope=60, kept_cells=60, faithfulness=120, converse=120, ab=120,
+                   where_it_looks=120)
 DRAWING_HEIGHT = 640  # px: cell drawings get a fixed box, so a portrait page cannot collapse it to zero height
 
 
@@ -296,7 +297,8 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
                   concurrency_id=GPU)
-    looked = look_run.click(bind(model, handlers.where_it_looks, EXAMPLES_FILE, gpu_seconds=GPU_SECONDS["looks"]),
+    looked = look_run.click(bind(model, handlers.where_it_looks, EXAMPLES_FILE,
+                                 gpu_seconds=GPU_SECONDS["where_it_looks"]),
                             [image, question, strategy, budget, cells, ablation, *tensions], [look_summary, looks],
                             api_name="where_it_looks", concurrency_id=GPU)
     look_stop.click(None, cancels=[looked]).then(handlers.stopped, look_summary, look_summary,

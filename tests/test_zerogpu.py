@@ -63,7 +63,7 @@ def test_gpu_handlers_are_wrapped_and_cpu_ones_are_not(on_zerogpu, arr_model):
     events = event_functions(demo)
     wrapped = {name: fn.zerogpu_duration for name, fn in events.items() if hasattr(fn, "zerogpu_duration")}
     assert wrapped == app.GPU_SECONDS == dict(compare=120, microscope=60, kept_cells=60, faithfulness=120,
-                                              converse=120, ab=120)
+                                              converse=120, ab=120, where_it_looks=120)
     cpu_only = {"reselect", "redraw", "new_conversation"}
     assert cpu_only <= set(events) - set(wrapped)  # CPU work: no GPU lent
     assert inspect.isgeneratorfunction(events["compare"]) and inspect.isgeneratorfunction(events["ab"])  # still stream
