@@ -291,8 +291,8 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
         a = cli.answer(model, image, question, pipeline, request)
         score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
         result = EvalRecord(item=item.index, id=item.id, kind=item.kind, family=item.family or None, row=row,
-                            budget=budget, sweep=bool(args.budgets), prediction=a.text, answers=item.answers, score=score(a.text),
-                            visual_tokens=a.tokens.total_visual, gflops=round(a.compute.total, 1),
+                            budget=budget, sweep=bool(args.budgets), prediction=a.text, answers=item.answers,
+                            score=score(a.text), visual_tokens=a.tokens.total_visual, gflops=round(a.compute.total, 1),
                             ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings.total, 2), confidence=a.confidence)
         if a.fixations:  # whether the second look fired, and the first answer as it was before it
             result.refixated, result.confidences = a.refixated, [f.confidence for f in a.fixations]

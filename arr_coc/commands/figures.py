@@ -56,7 +56,7 @@ def curve_spec(text: str) -> tuple[str, str, list[str]]:
 
 
 def points(row: str, folders: list[str]) -> dict[str, list[Point]]:
-    """{kind (and family: EvalRecord.kind_label): [Point per budget, in order]} of one evaluate row in result folders."""
+    """{kind and family (EvalRecord.kind_label): [Point per budget, in order]} of an evaluate row in result folders."""
     tally = defaultdict(lambda: [0.0, 0, 0.0])  # (kind, budget) -> correct, n, tokens
     for folder in folders:
         for line in (Path(folder) / "results.jsonl").read_text().splitlines():
