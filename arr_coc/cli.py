@@ -34,7 +34,8 @@ from pathlib import Path
 
 from arr_coc import checkpoints, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
-from arr_coc.settings import DEFAULT_MODEL, GESTALT_PER_CELLS, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS, PipelineConfig
+from arr_coc.settings import (DEFAULT_MODEL, GESTALT_PER_CELLS, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS,
+                              REFIXATE_GUIDES, PipelineConfig)
 from arr_coc.errors import InputError, check_text
 from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, device, flag,  # noqa: F401
@@ -337,6 +338,13 @@ def refixate_budget_flag():
     """--refixate-budget, beside refixate_flag."""
     return flag(None, "saccades of the second look (default: half of --budget, cells not read in the first)",
                 bounded_int(1, MAX_CELLS))
+
+
+def refixate_guide_flag():
+    """--refixate-guide, beside refixate_flag."""
+    return flag("prior", "what points the second look: prior (the prior pass again, the first saccades in its "
+                         "context) or attention (where the first answer's own attention fell, beside the saccades it "
+                         "read most)", one_of(REFIXATE_GUIDES))
 
 
 def faithfulness_steps_flag():

@@ -202,11 +202,11 @@ def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look
 
     args = run.parse_args([*RUN, "--max-new-tokens", "8", "--strategy", "grid", "--budget", "40", "--max-cells",
                            "2048", "--fastv-layer", "3", "--refixate", "0.5", "--refixate-budget", "20",
-                           "--min-budget", "30", "--max-budget", "300", "--pixelprune-tau", "4", "--gestalt-tokens", "400"])
+                           "--refixate-guide", "attention", "--min-budget", "30", "--max-budget", "300", "--pixelprune-tau", "4", "--gestalt-tokens", "400"])
     request = cli.request(args, ablation="raster")
     assert request == Request(max_new_tokens=8, strategy="grid", budget=40, max_cells=2048, gestalt_tokens=400,
-                              fastv_layer=3, pixelprune_tau=4.0, refixate=0.5, refixate_budget=20, ablation="raster",
-                              tensions=TensionSettings(min_budget=30, max_budget=300))
+                              fastv_layer=3, pixelprune_tau=4.0, refixate=0.5, refixate_budget=20,
+                              refixate_guide="attention", ablation="raster", tensions=TensionSettings(min_budget=30, max_budget=300))
     chat = run.parse_args(["--image", "assets/chelsea.png", "--question", "hi", "--question", "and?", "--fresh-cells"])
     assert cli.request(chat).fresh_cells and not cli.request(args).fresh_cells
     swept = cli.request(evaluate.parse_args(["--max-new-tokens", "4"]), strategy="topk", budget=60)  # no --strategy

@@ -276,6 +276,7 @@ OTHER_VALUES = {
     "pixelprune_tau": ([], ["--pixelprune-tau", "8"]),
     "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
     "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),
+    "refixate_guide": (["--refixate", "0.5"], ["--refixate-guide", "attention"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
     "conversation": (["--kinds", "box_word"], ["--conversation"]),
     "turns": (["--kinds", "box_word", "--conversation"], ["--turns", "2"]),

@@ -45,6 +45,17 @@ def test_arr_runs_in_half_precision_on_cuda(cuda_model):
     assert a.peak_memory_mb > 0 and all(getattr(a.timings, k) > 0 for k in ("vision", "selection", "prefill"))
 
 
+def test_an_attention_guided_second_look_runs_in_half_precision_on_cuda(cuda_model):
+    """The first answer's attention (read in fp32 from half-precision states) points 32 new cells beside the 64
+    read; the final answer reads both rounds."""
+    a = cuda_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, budget=64, refixate=1.0,
+                          refixate_budget=32, refixate_guide="attention")
+    first, second = a.arr.indices[0].tolist(), a.fixations[1].arr.indices[0].tolist()
+    assert a.refixated and len(set(second)) == 32 and not set(first) & set(second) and a.tokens.saccade == 96
+    guide = a.fixations[1].arr.relevance
+    assert guide.is_cuda and torch.isfinite(guide).all() and guide.max() > 0
+
+
 def test_zero_saccades_match_the_stock_gestalt_answer_on_cuda(cuda_model):
     arr = cuda_model.answer(image(), QUESTION, "arr", max_new_tokens=6, budget=0)
     stock = cuda_model.answer(image(), QUESTION, "gestalt", max_new_tokens=6)

@@ -127,6 +127,11 @@ def test_run_prints_and_records_a_second_look(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main([*args, "--refixate-budget", "25"])
     assert e.value.code == 2 and "only used with --refixate" in capsys.readouterr().err
+    for wrong, why in ((["--refixate-guide", "attention"], "--refixate-guide: only used with --refixate"),
+                       (["--refixate", "1", "--refixate-guide", "gaze"], "unknown 'gaze'; choose from prior, attention")):
+        with pytest.raises(SystemExit) as e:
+            main([*args, *wrong])
+        assert e.value.code == 2 and why in capsys.readouterr().err
 
 
 def test_several_questions_are_one_conversation_with_a_json_entry_per_turn(tmp_path, capsys):

@@ -85,7 +85,7 @@ from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, 
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import AUTO
-from arr_coc.settings import PipelineConfig
+from arr_coc.settings import REFIXATE_GUIDES, PipelineConfig
 
 if TYPE_CHECKING:
     from arr_coc.runtime.distributed import Process
@@ -166,6 +166,7 @@ class EvalConfig:
     pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
+    refixate_guide: str = cli.refixate_guide_flag()
     faithfulness: bool = flag(False, "for every ARR strategy row (not the ablations), also measure the deletion / "
                                      "random / insertion curves of the reference answer (3 x (steps + 1) "
                                      "teacher-forced forwards per item)")
@@ -213,6 +214,8 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("argument --refixate: needs an ARR row (--strategies) to look again")
     if args.refixate_budget is not None and args.refixate is None:
         p.error("argument --refixate-budget: only used with --refixate")
+    if args.refixate_guide != REFIXATE_GUIDES[0] and args.refixate is None:
+        p.error("argument --refixate-guide: only used with --refixate")
     if args.held_out_layouts:
         check_pocket_pages(p, args, "--held-out-layouts", "draws")
     if args.families:
@@ -378,6 +381,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 **({"pixelprune_tau": args.pixelprune_tau} if args.pixelprune_tau else {}),  # absent at 0: older
                 # folders resume
                 refixate=args.refixate, refixate_budget=args.refixate_budget,
+                **({"refixate_guide": args.refixate_guide}  # absent at the default: older folders resume
+                   if args.refixate_guide != REFIXATE_GUIDES[0] else {}),
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
                 conversation_turns=args.turns if args.conversation else None)
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arr_coc import cli, pipelines
-from arr_coc.settings import MAX_QUESTION_CHARS
+from arr_coc.settings import MAX_QUESTION_CHARS, REFIXATE_GUIDES
 from arr_coc.pipelines import PIPELINES
 from arr_coc.relevance.config import STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
@@ -106,6 +106,7 @@ class RunConfig:
     pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
+    refixate_guide: str = cli.refixate_guide_flag()
     device: str | None = device_flag()
     faithfulness: bool = flag(False, "also measure the deletion / random / insertion curves of ARR's answer (needs the "
                                      "arr pipeline)")
@@ -146,6 +147,8 @@ def parse_args(argv=None) -> RunConfig:
         p.error("argument --answer: only used with --faithfulness")
     if args.refixate_budget is not None and args.refixate is None:
         p.error("argument --refixate-budget: only used with --refixate")
+    if args.refixate_guide != REFIXATE_GUIDES[0] and args.refixate is None:
+        p.error("argument --refixate-guide: only used with --refixate")
     if args.teacher is not None and not args.save_dir:
         p.error("argument --teacher: only used with --save-dir")
     return args

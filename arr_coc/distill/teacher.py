@@ -35,11 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from arr_coc.distill.cache import Target
-from arr_coc.vlm.base import VLM, AnswerAttention
+from arr_coc.vlm.base import SINK_RATIO, VLM, AnswerAttention
 from arr_coc.vlm.views import make_views
 
 HEADS_FILE = "teacher_heads.json"  # the chosen heads, beside a checkpoint or a cache of targets
-SINK_RATIO = 10.0  # an image token whose hidden-state norm exceeds this many times the median's is a sink
 BLUR = (0.25, 0.5, 0.25)  # the separable blur of step 4, along rows then columns
 DEFAULT_HEADS = 4  # heads the teacher averages (SD-RPN picks 3-4 on LLaVA-1.5 and Qwen2.5-VL)
 MAX_ANSWER_TOKENS = 16  # the model's own answer, when none is given, is at most this long
@@ -81,17 +80,6 @@ class Reading:
     inside: torch.Tensor | None = None  # [n] bool: the cells the asked box touches, where the item has a box
 
 
-def sinks(norms: torch.Tensor, ratio: float = SINK_RATIO) -> torch.Tensor:
-    """Image tokens with a massive activation: norms [L, n] -> [L, n] bool, over `ratio` x each layer's median."""
-    return norms > ratio * norms.median(dim=-1, keepdim=True).values
-
-
-def head_maps(attention: AnswerAttention, ratio: float = SINK_RATIO) -> torch.Tensor:
-    """Steps 1-2: each head's mean over the answer's rows, the layer's sink tokens zeroed -> [L, H, n]."""
-    maps = attention.weights.mean(dim=2)  # [L, H, n]
-    return maps.masked_fill(sinks(attention.norms, ratio)[:, None, :], 0.0)
-
-
 def pooled(maps: torch.Tensor, layers: tuple[int, ...], heads: list[tuple[int, int]],
            grid: tuple[int, int]) -> torch.Tensor:
     """Steps 3-4: the heads' maps [len(layers), H, n] averaged, on the grid, blurred, normalised -> [gh, gw]."""
@@ -107,7 +95,7 @@ def pooled(maps: torch.Tensor, layers: tuple[int, ...], heads: list[tuple[int, i
 def teacher_map(attention: AnswerAttention, heads: list[tuple[int, int]], grid: tuple[int, int],
                 ratio: float = SINK_RATIO) -> torch.Tensor:
     """The teacher's map of one item from its answer attention: steps 1-4 -> [gh, gw] float32, sums to 1."""
-    return pooled(head_maps(attention, ratio), attention.layers, heads, grid)
+    return pooled(attention.head_maps(ratio), attention.layers, heads, grid)
 
 
 def read(vlm: VLM, image, question: str, layers: list[int], answer: str | None = None,
@@ -122,7 +110,7 @@ def read(vlm: VLM, image, question: str, layers: list[int], answer: str | None =
             answer = vlm.decode(vlm.generate(vlm.prompt(question, [tokens]), MAX_ANSWER_TOKENS).ids)
         attention = vlm.answer_attention(vlm.prompt(question, [tokens], answer=answer), layers)
     inside = None if box is None else views.box_coverage(box, views.native_grid).flatten() > 0  # [n]
-    return Reading(head_maps(attention).cpu(), attention.layers, tuple(tokens.grid), answer, inside)
+    return Reading(attention.head_maps().cpu(), attention.layers, tuple(tokens.grid), answer, inside)
 
 
 def teach(vlm: VLM, heads: TeacherHeads, image, question: str, item: str = "", answer: str | None = None,

@@ -11,6 +11,10 @@ probability) is below tau makes ARR look again, from relevance down (refixate):
           context now gestalt + first saccades; K2 cells not yet read) -> VLM (gestalt + both rounds' saccades,
           one block at their true M-RoPE places) -> answer 2
 
+With Request.refixate_guide "attention" the second look goes where answer 1 itself looked instead (attention_guide:
+its tokens' attention to the gestalt and the first saccades, teacher-forced over the first prompt, on the
+candidate grid, each cell taking the most of its 3x3 neighbourhood), with no second prior pass.
+
 In a conversation (arr_coc.pipelines.conversation) each follow-up question is read anew (follow_up):
 
     turn 1's observation (views, gestalt tokens, texture array: encoded once) -> the prior pass and the scorers
@@ -38,10 +42,11 @@ the prior and the weights in score, the saccade count and order in select, the g
     out = select(layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt), 40)
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confidence
 from arr_coc.pipelines.request import Parts, Request, ablation_named
@@ -244,29 +249,67 @@ def second_look_budget(request: Request, first: ARRCOCOutput) -> int:
     return min(K2, first.grid[0] * first.grid[1] - K) if first.auto_budget else K2
 
 
-def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
-             request: Request, watch: Stopwatch) -> tuple[ARRCOCOutput, VisualTokens]:
+def attention_guide(vlm: VLM, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
+                    answer: str, gestalt: bool = True) -> tuple[torch.Tensor, int]:
     """
-    The second fixation's relevance and saccades: the prior pass again, now with the first round's saccades
-    `seen` between the gestalt and the question; the layer re-scores with them beside the gestalt; K2 cells
-    not yet read are selected (under the request's tensions, a fixed K2 even after an adaptive first look; in the
-    ablation's order) and encoded -> (its selection, its tokens [K2, D]).
+    Where the first answer looked, as attention mass per candidate cell -> ([1, GH, GW], the tokens of the pass read).
+    The answer is teacher-forced over the first look's prompt, and its tokens' attention to the image tokens is read
+    at every head of the LLM's last layer, sinks dropped (AnswerAttention.head_maps; on the pocket model these are
+    the heads the distillation teacher chooses, docs/teacher.md). A first saccade's mass lands on its cell, a gestalt
+    token's is spread evenly over the cells it covers. Each cell then takes the largest saccade mass of its 3x3
+    neighbourhood, so that the unread cells beside an attended saccade (the rest of its word, its line) come first;
+    the gestalt's share ranks the rest.
+    """
+    GH, GW = observation.views.candidate_grid
+    gh, gw = observation.views.gestalt_grid
+    prompt = arr_prompt(vlm, observation, saccades, answer=answer, gestalt=gestalt)
+    mass = vlm.answer_attention(prompt, [vlm.num_layers - 1]).head_maps()[0].mean(0)  # [n]: gestalt (if read), saccades
+    n_gestalt = len(observation.gestalt) if gestalt else 0
+    looked = torch.zeros(GH * GW, device=mass.device).index_add_(
+        0, first.indices[0].to(mass.device), mass[n_gestalt:])  # [GH * GW]: each saccade's mass on its cell
+    near = F.max_pool2d(looked.view(1, 1, GH, GW), 3, stride=1, padding=1)[0]  # [1, GH, GW]
+    if gestalt:
+        coarse = F.interpolate(mass[:n_gestalt].view(1, 1, gh, gw), size=(GH, GW), mode="nearest")[0]  # [1, GH, GW]
+        near = near + coarse * (gh * gw) / (GH * GW)  # a gestalt token's mass shared by the cells it covers
+    return near, prompt.length
+
+
+def first_maps(first: ARRCOCOutput, relevance: torch.Tensor) -> ScoreMaps:
+    """The first look's score maps with another relevance map [1, GH, GW] (its dtype)."""
+    maps = {f.name: getattr(first, f.name) for f in fields(ScoreMaps)}
+    return ScoreMaps(**{**maps, "relevance": relevance.to(first.relevance.dtype)})
+
+
+def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
+             request: Request, watch: Stopwatch, answer: str = "") -> tuple[ARRCOCOutput, VisualTokens, int | None]:
+    """
+    The second fixation's relevance and saccades, K2 cells not yet read (under the request's tensions, a fixed K2
+    even after an adaptive first look; in the ablation's order), encoded -> (its selection, its tokens [K2, D], the
+    tokens of the attention guide's pass or None). Pointed by request.refixate_guide: "prior", the prior pass again
+    with the first round's saccades `seen` between the gestalt and the question, the layer re-scoring with them
+    beside the gestalt; "attention", where the first `answer` looked (attention_guide; the prior's way when the
+    answer is empty, as it has no tokens to read).
     """
     vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     views = observation.views
     K2 = second_look_budget(request, first)
+    guide_tokens = None
     with watch.section("selection"):
-        context = [] if seen is None else [seen]
-        again = replace(observation, **question_prior(parts, observation.question, observation.gestalt, views,
-                                                      context))
-        maps = score(again, layer.graphed_score, ablation, seen)
+        if request.refixate_guide == "attention" and answer.strip():
+            guide, guide_tokens = attention_guide(vlm, observation, first, seen, answer, ablation.gestalt)
+            maps = first_maps(first, guide)
+        else:
+            context = [] if seen is None else [seen]
+            again = replace(observation, **question_prior(parts, observation.question, observation.gestalt, views,
+                                                          context))
+            maps = score(again, layer.graphed_score, ablation, seen)
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
         out = ablation.feed(layer.select(maps, views.candidate_grid, K2, request.strategy,
                                          tension_settings(request.tensions, ablation), read.view(-1, *first.grid)))
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
-    return out, saccades
+    return out, saccades, guide_tokens
 
 
 def block_tokens(n: int) -> int:
@@ -275,9 +318,12 @@ def block_tokens(n: int) -> int:
 
 
 def round_gflops(vlm: VLM, parts: Parts, vision_cells: list[int], prompt: Prompt, read_gestalt: int,
-                 n_gestalt: int, seen: int, saccades: int) -> dict:
+                 n_gestalt: int, seen: int, saccades: int, guide_tokens: int | None = None) -> dict:
     """One round's compute: its vision passes, its prior pass over [gestalt + the `seen` saccades of rounds before
-    + question], and its prefill of `prompt` (read_gestalt gestalt tokens, seen + this round's saccades)."""
+    + question] (or, for a second look the first answer's attention points, guide_tokens through every layer),
+    and its prefill of `prompt` (read_gestalt gestalt tokens, seen + this round's saccades)."""
+    if guide_tokens is not None:
+        return vlm.gflops(vision_cells, prompt.length, guide_tokens, 1.0)
     text = prompt.length - block_tokens(read_gestalt) - block_tokens(seen + saccades)  # the question and the template
     return vlm.gflops(vision_cells, prompt.length, text + block_tokens(n_gestalt) + block_tokens(seen),
                       parts.pipeline.prior_layer_fraction)
@@ -289,20 +335,21 @@ def round_ms(watch: Stopwatch, before: dict, start: float) -> Timings:
 
 
 def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
-                request: Request, watch: Stopwatch):
+                request: Request, watch: Stopwatch, answer: str = ""):
     """
-    The second fixation, from relevance down (refixate), then the answer read anew over the gestalt and both
-    rounds' saccades, its tokens yielded as they come -> (its Fixation, every saccade [K + K2, D], the prompt, its
-    generation, new tokens, its compute) as the generator's value.
+    The second fixation after the first `answer`, from relevance down (refixate), then the answer read anew over the
+    gestalt and both rounds' saccades, its tokens yielded as they come -> (its Fixation, every saccade [K + K2, D],
+    the prompt, its generation, new tokens, its compute) as the generator's value.
     """
     vlm, ablation = parts.vlm, request.ablation or NO_ABLATION
     before, start = dict(watch.ms), watch.now()
-    second, more = refixate(parts, observation, first, saccades, request, watch)
+    second, more, guide_tokens = refixate(parts, observation, first, saccades, request, watch, answer)
     everything = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
     prompt = arr_prompt(vlm, observation, everything, gestalt=ablation.gestalt)
     generation, new_tokens = yield from generate(vlm, prompt, watch, request)
     n_gestalt, K, K2 = len(observation.gestalt), first.indices.shape[1], second.indices.shape[1]
-    gflops = round_gflops(vlm, parts, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2)
+    gflops = round_gflops(vlm, parts, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2,
+                          guide_tokens)
     look = Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation), round_ms(watch, before, start),
                     second)
     return look, everything, prompt, generation, new_tokens, gflops
@@ -338,7 +385,7 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
             yield from generation.ids[0].tolist()  # the first answer is the last
         else:  # look again: K2 cells not yet read, then the answer over gestalt + both rounds' saccades
             look, saccades, prompt, generation, new_tokens, more = yield from second_look(
-                parts, observation, out, saccades, request, watch)
+                parts, observation, out, saccades, request, watch, fixations[0].text)
             fixations.append(look)
             gflops = {k: gflops[k] + more[k] for k in gflops}
             rows += saccade_list(observation, look.arr, round=2)

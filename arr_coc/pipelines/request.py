@@ -21,7 +21,7 @@ from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.layer import ARRCOCLayer
-from arr_coc.settings import MAX_NEW_TOKENS, MAX_QUESTION_CHARS, PipelineConfig
+from arr_coc.settings import MAX_NEW_TOKENS, MAX_QUESTION_CHARS, REFIXATE_GUIDES, PipelineConfig
 from arr_coc.vlm.base import VLM
 
 
@@ -55,6 +55,8 @@ class Request:
     tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
     refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
+    refixate_guide: str = REFIXATE_GUIDES[0]  # what points the second look (one of REFIXATE_GUIDES): "prior", the prior pass
+    # again with the first saccades in its context; "attention", where the first answer's own attention fell
     stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
     converse: bool = False  # keep the conversation after the answer (Answer.history) for a follow-up question
     fresh_cells: bool = False  # arr's follow-ups: select only cells no earlier turn of the conversation read
@@ -104,6 +106,8 @@ def check_request(request: Request) -> Request:
     tau = request.pixelprune_tau
     if tau is not None and not (math.isfinite(tau) and 0 <= tau <= 255):
         raise InputError(f"pixelprune_tau is a pixel difference between 0 and 255, got {tau}")
+    if request.refixate_guide not in REFIXATE_GUIDES:
+        raise InputError(f"refixate_guide must be one of {', '.join(REFIXATE_GUIDES)}, got {request.refixate_guide!r}")
     if request.refixate_budget is not None and int(request.refixate_budget) < 1:
         raise InputError(f"refixate_budget (the second look's saccades) must be at least 1, got {request.refixate_budget}")
     return request if ablation is request.ablation else replace(request, ablation=ablation)

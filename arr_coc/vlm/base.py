@@ -30,6 +30,8 @@ import torch
 
 from arr_coc.vlm.positions import ImageBlock
 
+SINK_RATIO = 10.0  # an image token whose hidden-state norm exceeds this many times the median's is a sink
+
 
 @dataclass
 class VisualTokens:
@@ -80,6 +82,13 @@ class AnswerAttention:
     weights: torch.Tensor  # [len(layers), H, A, n] fp32: the rows predicting the A answer tokens, on the n image tokens
     norms: torch.Tensor  # [len(layers), n] fp32: each image token's hidden-state norm entering the layer (sinks: huge)
     layers: tuple[int, ...]  # the layers read, in the order asked
+
+    def head_maps(self, sink_ratio: float = SINK_RATIO) -> torch.Tensor:
+        """Each head's mean over the answer's rows, the layer's attention sinks zeroed -> [len(layers), H, n]. A sink
+        is an image token whose hidden-state norm entering the layer exceeds sink_ratio x the layer's median image
+        token's (a massive activation, Sun et al. 2024; the sink tokens of VLMs, Kang et al. 2025)."""
+        sinks = self.norms > sink_ratio * self.norms.median(dim=-1, keepdim=True).values  # [L, n]
+        return self.weights.mean(dim=2).masked_fill(sinks[:, None, :], 0.0)
 
 
 @dataclass

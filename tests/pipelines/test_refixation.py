@@ -1,12 +1,14 @@
 """
 ARR's second fixation (arr_coc/pipelines/arr.py, Request.refixate): it fires only below tau, never revisits a
 cell, adds exactly K2 saccades read with the first round's at their true M-RoPE places, re-runs the prior pass
-with the first round's saccades in its context, and with tau off leaves the answer and visual tokens as they were.
+with the first round's saccades in its context (or, guided by attention, reads where the first answer looked), and
+with tau off leaves the answer and visual tokens as they were.
 
     python -m pytest -x -q tests/pipelines/test_refixation.py
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from arr_coc.pipelines.answer import answer_confidence
 from arr_coc.pipelines.arr import REFIXATE_SHARE
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.tensions import COVERAGE
+from arr_coc.vlm.base import AnswerAttention
 from conftest import QUESTION, scene_image
 
 
@@ -156,3 +159,75 @@ def test_the_user_streamer_gets_the_final_answer_once(pocket):
         final, texts = parts[-1], parts[:-1]
         assert final.refixated == (tau == 1.0) and final.text
         assert all(isinstance(t, str) for t in texts) and texts[-1].strip() == final.text
+
+
+class LookingVLM:
+    """A VLM whose answer looks where it is told: every head of every asked layer puts `mass` on the image tokens
+    (the gestalt's, then the saccades'), with their hidden-state `norms`."""
+    num_layers = 4
+
+    def __init__(self, mass: list[float], norms: list[float]):
+        self.mass, self.norms, self.prompts, self.layers = mass, norms, [], None
+
+    def prompt(self, question, images, answer=None):
+        self.prompts.append(([len(i) for i in images], answer))
+        return SimpleNamespace(length=40)
+
+    def answer_attention(self, prompt, layers):
+        self.layers = layers
+        n = len(self.mass)
+        weights = torch.tensor(self.mass).view(1, 1, 1, n).repeat(len(layers), 3, 2, 1)  # 3 heads, 2 answer rows
+        return AnswerAttention(weights, torch.tensor([self.norms] * len(layers)), tuple(layers))
+
+
+@pytest.mark.parametrize("norms, far_corner", [([1.0] * 6, 0.2), ([1.0] * 5 + [50.0], 0.0)], ids=["plain", "sink"])
+def test_the_attention_guide_puts_an_attended_saccades_neighbours_first(norms, far_corner):
+    """A 4 x 4 candidate grid under a 2 x 2 gestalt, saccades read at cells 0 and 15: the answer gives 0.1 to the
+    first gestalt token, 0.6 to saccade (0, 0) and 0.2 to saccade (3, 3). Each cell gets the most of its 3x3
+    neighbourhood's saccade mass, plus a quarter of its gestalt token's 0.1 (4 of the 16 cells share it); a sink
+    (saccade (3, 3)'s norm 50x the median) gives nothing."""
+    vlm = LookingVLM([0.1, 0.0, 0.0, 0.0, 0.6, 0.2], norms)
+    observation = SimpleNamespace(views=SimpleNamespace(candidate_grid=(4, 4), gestalt_grid=(2, 2)),
+                                  gestalt=[None] * 4, question="Which word?")
+    first = SimpleNamespace(indices=torch.tensor([[0, 15]]))
+    guide, tokens = arr.attention_guide(vlm, observation, first, [None] * 2, "JADE")
+    c = far_corner
+    assert guide.shape == (1, 4, 4) and tokens == 40
+    torch.testing.assert_close(guide[0], torch.tensor([[0.625, 0.625, 0.0, 0.0],
+                                                       [0.625, 0.625, 0.0, 0.0],
+                                                       [0.0, 0.0, c, c],
+                                                       [0.0, 0.0, c, c]]))
+    assert vlm.layers == [3] and vlm.prompts == [([4, 2], "JADE")]  # the last layer, the first answer forced
+
+
+def test_an_attention_guided_second_look_reads_where_the_first_answer_looked(arr_model, monkeypatch):
+    """refixate_guide="attention": no second prior pass; the first answer teacher-forced over the first look's
+    prompt (its gestalt and 273 saccades) at the LLM's last layer; K2 new cells, the highest of that guide among
+    the cells not yet read; its compute counts the guide's whole pass."""
+    vlm, priors, read = arr_model.vlm, [], []
+    prior_pass, answer_attention = vlm.prior_pass, vlm.answer_attention
+    monkeypatch.setattr(vlm, "prior_pass", lambda *a, **k: priors.append(1) or prior_pass(*a, **k))
+    monkeypatch.setattr(vlm, "answer_attention", lambda prompt, layers: read.append((prompt, layers))
+                        or answer_attention(prompt, layers))
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=30,
+                         refixate_guide="attention")
+    first, second = a.arr, a.fixations[1].arr
+    assert a.refixated and len(priors) == 1 and len(read) == 1
+    (prompt, layers), = read
+    assert layers == [vlm.num_layers - 1]
+    n_image = int((prompt.ids[0] == vlm.image_token_id).sum())
+    assert n_image == len(a.observation.gestalt) + 273 and vlm.decode(prompt.ids[:, prompt.answer_start:]) == \
+        a.fixations[0].text
+    chosen = second.indices[0].tolist()
+    assert len(set(chosen)) == 30 and not set(chosen) & set(first.indices[0].tolist())
+    guide = second.relevance.flatten().float()
+    unread = torch.ones_like(guide, dtype=torch.bool).index_fill_(0, first.indices[0], False)
+    assert guide[chosen].min() >= guide[unread].sort(descending=True).values[29]
+    prior_guided = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0,
+                                    refixate_budget=30)
+    assert a.compute.prefill > prior_guided.compute.prefill
+
+
+def test_a_guide_that_is_not_one_is_refused(arr_model):
+    with pytest.raises(InputError, match="refixate_guide must be one of prior, attention, got 'gaze'"):
+        arr_model.answer(scene_image(), QUESTION, "arr", refixate=0.5, refixate_guide="gaze")
