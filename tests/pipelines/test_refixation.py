@@ -200,6 +200,19 @@ def test_the_attention_guide_puts_an_attended_saccades_neighbours_first(norms, f
     assert vlm.layers == [3] and vlm.prompts == [([4, 2], "JADE")]  # the last layer, the first answer forced
 
 
+def test_after_a_look_at_the_gestalt_alone_the_guide_is_the_answers_gestalt_attention_spread():
+    """budget 0 (the first answer read the gestalt only): each cell gets its gestalt token's mass over the 4 cells
+    the token covers; there are no saccades to look beside."""
+    vlm = LookingVLM([0.1, 0.0, 0.3, 0.0], [1.0] * 4)
+    observation = SimpleNamespace(views=SimpleNamespace(candidate_grid=(4, 4), gestalt_grid=(2, 2)),
+                                  gestalt=[None] * 4, question="Which word?")
+    guide, _ = arr.attention_guide(vlm, observation, SimpleNamespace(indices=torch.zeros(1, 0, dtype=torch.long)),
+                                   None, "JADE")
+    torch.testing.assert_close(guide[0], torch.tensor([[0.025, 0.025, 0.0, 0.0], [0.025, 0.025, 0.0, 0.0],
+                                                       [0.075, 0.075, 0.0, 0.0], [0.075, 0.075, 0.0, 0.0]]))
+    assert vlm.prompts == [([4], "JADE")]
+
+
 def test_an_attention_guided_second_look_reads_where_the_first_answer_looked(arr_model, monkeypatch):
     """refixate_guide="attention": no second prior pass; the first answer teacher-forced over the first look's
     prompt (its gestalt and 273 saccades) at the LLM's last layer; K2 new cells, the highest of that guide among
