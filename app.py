@@ -65,7 +65,7 @@ from arr_coc.app import handlers, ui, uploads  # noqa: E402
 from arr_coc.pipelines import BASELINES  # noqa: E402
 from arr_coc.settings import MAX_CELLS, MIN_CELLS, PipelineConfig  # noqa: E402
 from arr_coc.relevance.config import STRATEGIES  # noqa: E402
-from arr_coc.settings import MAX_NEW_TOKENS  # noqa: E402
+from arr_coc.settings import MAX_NEW_TOKENS, REFIXATE_GUIDES  # noqa: E402
 from arr_coc.pipelines import FAST_ENGINE_ONLY, REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
 from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
@@ -124,6 +124,12 @@ def refixate_slider() -> gr.Slider:
     return gr.Slider(0.0, 1.0, value=0.0, step=0.05, label="Second look below confidence τ",
                      info="when ARR's answer is less sure than τ (its least probable token's probability), it looks "
                           "again at half as many new cells and answers anew; 0 = off")
+
+
+def refixate_guide_radio() -> gr.Radio:
+    return gr.Radio(list(REFIXATE_GUIDES), value=REFIXATE_GUIDES[0], label="Second look guided by",
+                    info="prior: the question's gaze on the gestalt again, the first saccades read; attention: the "
+                         "cells beside where the first answer's own attention fell")
 
 
 def output_image(label: str, elem_id: str, height: int | None = DRAWING_HEIGHT) -> gr.Image:
@@ -207,7 +213,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
                 baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
                 strategy = strategy_dropdown(config)
             tokens, cells, numbered = tokens_slider(), cells_slider(model.pipeline), numbered_slider(config)
-            refixate = refixate_slider()
+            refixate, guide = refixate_slider(), refixate_guide_radio()
             with gr.Row():
                 run = gr.Button("Compare", variant="primary", elem_id="compare-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
@@ -235,7 +241,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
     checked_uploads(image, status)
 
     event = gr.on([run.click, question.submit], bind(model, handlers.compare, gpu_seconds=GPU_SECONDS["compare"]),
-                  [image, question, baseline, tokens, strategy, cells, numbered, refixate],
+                  [image, question, baseline, tokens, strategy, cells, numbered, refixate, guide],
                   [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic, base_cells,
                    kept],
                   api_name="compare", concurrency_id=GPU)

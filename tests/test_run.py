@@ -116,7 +116,8 @@ def test_run_prints_and_records_a_second_look(tmp_path, capsys):
     r = results["arr"]["refixation"]
     assert r["tau"] == 1.0 and r["fired"] is True and r["saccades"] == [40, 25] and len(r["answers"]) == 2
     assert len(r["confidences"]) == 2 and len(r["timings_ms"]) == 2 and results["arr"]["tokens"]["saccade"] == 65
-    assert f"arr: confidence {r['confidences'][0]:.4f} < tau 1.0: a second look of 25 saccades" in printed
+    assert f"arr: confidence {r['confidences'][0]:.4f} < tau 1.0: a second look of 25 saccades (prior)" in printed
+    assert r["guide"] == "prior"
     assert {s["round"] for s in results["arr"]["saccades"]} == {1, 2} and "refixation" not in results["gestalt"]
     assert main([*args, "--refixate", "0", "--json", str(tmp_path / "off.json"), "--save-dir", str(tmp_path / "off")]) == 0
     assert ">= tau 0.0: no second look" in capsys.readouterr().out

@@ -52,6 +52,7 @@ from arr_coc.pipelines.conversation import Conversation, moves
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, STRATEGIES
 from arr_coc.relevance.layer import ScoreMaps
+from arr_coc.settings import REFIXATE_GUIDES
 from arr_coc.vlm.views import to_rgb
 
 NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
@@ -165,10 +166,10 @@ def reporting(status_at: int, outputs: int):
 
 @reporting(status_at=0, outputs=11)
 def compare(model: ARRCOCQwen, image, question: str, baseline: str, max_new_tokens: int, strategy: str,
-            max_cells: int, numbered: int, refixate: float = 0.0):
-    """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`; 0: off);
-    then their stats and ARR's drawings; "Failed: why" in the status line if a step fails. Closing it (Stop, gradio
-    closes the event's generator) stops the generation under way at once."""
+            max_cells: int, numbered: int, refixate: float = 0.0, refixate_guide: str = REFIXATE_GUIDES[0]):
+    """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`, 0: off, that
+    `refixate_guide` points); then their stats and ARR's drawings; "Failed: why" in the status line if a step fails.
+    Closing it (Stop, gradio closes the event's generator) stops the generation under way at once."""
     image = ui.check_inputs(image, question)
     model.check_question(question)  # its tokens too, before the status line says it runs
     start = time.perf_counter()
@@ -183,7 +184,8 @@ def compare(model: ARRCOCQwen, image, question: str, baseline: str, max_new_toke
     running, cells = f"{RUNNING} **ARR-COC**…", baseline_cells(base)
     yield compare_outputs(running, ui.answer_text(base), base, base_cells=cells)
     tau = float(refixate) if refixate and float(refixate) > 0 else None  # the slider's 0 is off
-    for ours in model.stream(views, question, "arr", request=replace(request, strategy=strategy, refixate=tau)):
+    for ours in model.stream(views, question, "arr", request=replace(request, strategy=strategy, refixate=tau,
+                                                                        refixate_guide=refixate_guide)):
         if isinstance(ours, str):
             yield compare_outputs(running, ui.answer_text(base), base, ours, base_cells=cells)
     yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,

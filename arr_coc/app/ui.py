@@ -337,6 +337,8 @@ def fixation_rows(answer: Answer) -> list[list]:
     fired = (f"fired: confidence {first:.4f} < tau {answer.refixate}" if answer.refixated
              else f"not needed: confidence {first:.4f} >= tau {answer.refixate}")
     rows = [["second look", fired]]
+    if answer.refixated:
+        rows.append(["second look guided by", answer.fixations[1].guide])
     for i, look in enumerate(answer.fixations, start=1):
         t = look.timings
         rows += [[f"look {i}: saccades", look.saccades], [f"look {i}: total ms", round(t.total, 1)],

@@ -12,7 +12,8 @@ explore share e, the spacing penalty lambda, the budget K) after the table; the 
 --budget auto spends K saccades chosen from the relevance map's concentration, in [--min-budget, --max-budget].
 
 --refixate TAU gives ARR a second look when its answer's confidence is below TAU: a line per ARR row says whether
-it fired, with both confidences and both answers; the JSON records them under each row's "refixation".
+it fired, what guided it (--refixate-guide: the prior pass again, or where the first answer's attention fell), with
+both confidences and both answers; the JSON records them under each row's "refixation".
 
     python -m arr_coc.run --model tiny --image assets/synth_invoice_page.png --question "What is the total?" \
         --pipelines arr --refixate 0.9 --save-dir out/run      # heatmap.png: the second look in green
@@ -221,7 +222,7 @@ def refixation_line(name: str, result: dict) -> str | None:
     first = f"{name}: confidence {r['confidences'][0]:.4f}"
     if not r["fired"]:
         return f"{first} >= tau {r['tau']}: no second look"
-    return (f"{first} < tau {r['tau']}: a second look of {r['saccades'][1]} saccades, confidence "
+    return (f"{first} < tau {r['tau']}: a second look of {r['saccades'][1]} saccades ({r['guide']}), confidence "
             f"{r['confidences'][1]:.4f}; answers {r['answers'][0][:40]!r} -> {r['answers'][1][:40]!r}")
 
 

@@ -144,7 +144,8 @@ class Answer:
                                      answers=[f.text for f in self.fixations],
                                      confidences=[round(f.confidence, 6) for f in self.fixations],
                                      saccades=[f.saccades for f in self.fixations],
-                                     timings_ms=[f.timings.rounded() for f in self.fixations])
+                                     timings_ms=[f.timings.rounded() for f in self.fixations],
+                                     guide=self.fixations[-1].guide)
         return out
 
 

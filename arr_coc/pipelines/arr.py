@@ -116,6 +116,7 @@ class Fixation:
     confidence: float  # that answer's confidence (answer_confidence)
     timings: Timings  # this round's own latency split
     arr: ARRCOCOutput = field(repr=False)  # this round's selection (relevance map, positions)
+    guide: str | None = None  # what pointed a second look (one of REFIXATE_GUIDES; None for the first)
 
 
 def question_prior(parts: Parts, question: str, gestalt: VisualTokens, views,
@@ -351,7 +352,7 @@ def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, sac
     gflops = round_gflops(vlm, parts, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2,
                           guide_tokens)
     look = Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation), round_ms(watch, before, start),
-                    second)
+                    second, "prior" if guide_tokens is None else "attention")
     return look, everything, prompt, generation, new_tokens, gflops
 
 

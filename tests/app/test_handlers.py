@@ -124,6 +124,10 @@ def test_compare_with_a_second_look_shows_both_looks_and_draws_them_in_two_colou
     x0, y0, x1, y1 = viz.cell_rect(r, c, kept.grid, off[5].size)
     assert on[5].getpixel((x0, (y0 + y1) // 2)) == viz.SECOND_LOOK
     assert "second look" not in dict(off[4]) and off[-1].second is None
+    assert stats["second look guided by"] == "prior"
+    guided = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 2, "topk", CELLS, 5, 1.0, "attention"))[-1]
+    guided = dict(guided[4])
+    assert guided["second look guided by"] == "attention" and guided["look 2: saccades"] == 136
 
 
 def test_compare_runs_the_fastv_baseline(arr_model):

@@ -226,6 +226,7 @@ def test_an_attention_guided_second_look_reads_where_the_first_answer_looked(arr
                          refixate_guide="attention")
     first, second = a.arr, a.fixations[1].arr
     assert a.refixated and len(priors) == 1 and len(read) == 1
+    assert a.fixations[1].guide == "attention" and a.to_json()["refixation"]["guide"] == "attention"
     (prompt, layers), = read
     assert layers == [vlm.num_layers - 1]
     n_image = int((prompt.ids[0] == vlm.image_token_id).sum())
@@ -239,6 +240,15 @@ def test_an_attention_guided_second_look_reads_where_the_first_answer_looked(arr
     prior_guided = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0,
                                     refixate_budget=30)
     assert a.compute.prefill > prior_guided.compute.prefill
+
+
+def test_an_empty_first_answer_has_no_attention_to_read_so_the_prior_guides(arr_model, monkeypatch):
+    vlm = arr_model.vlm
+    monkeypatch.setattr(vlm, "decode", lambda ids: "")
+    monkeypatch.setattr(vlm, "answer_attention", lambda *a: pytest.fail("an empty answer has no rows to read"))
+    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=30,
+                         refixate_guide="attention")
+    assert a.refixated and a.fixations[1].guide == "prior" and a.fixations[1].saccades == 30
 
 
 def test_a_guide_that_is_not_one_is_refused(arr_model):
