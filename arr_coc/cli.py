@@ -342,9 +342,9 @@ def refixate_budget_flag():
 
 def refixate_guide_flag():
     """--refixate-guide, beside refixate_flag."""
-    return flag("prior", "what points the second look: prior (the prior pass again, the first saccades in its "
-                         "context) or attention (where the first answer's own attention fell, beside the saccades it "
-                         "read most)", one_of(REFIXATE_GUIDES))
+    return flag(REFIXATE_GUIDES[0], "what points the second look: prior (the prior pass again, the first saccades "
+                                    "in its context) or attention (where the first answer's own attention fell, "
+                                    "beside the saccades it read most)", one_of(REFIXATE_GUIDES))
 
 
 def faithfulness_steps_flag():
