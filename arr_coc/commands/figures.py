@@ -84,7 +84,7 @@ def bench_ttft(bench: dict, size: int, row: str, budget: int | None) -> float | 
 
 def figure(curves: dict[str, dict[str, list[Point]]], x, x_label: str, title: str) -> Figure:
     """A panel per kind; per curve its accuracy against x(curve name, point) with the 95% band (a budget-free row:
-    a line across, its x in the legend); a curve with a point x gives None for is left out, its colour kept."""
+    a line across, its x written on it, panel by panel: its tokens differ by family); a curve with a point x gives None for is left out, its colour kept."""
     kinds = sorted({kind for by_kind in curves.values() for kind in by_kind})
     cols = min(len(kinds), 2)  # two panels a row: a kind's sparse and dense families side by side
     rows = -(-len(kinds) // cols)
@@ -95,15 +95,19 @@ def figure(curves: dict[str, dict[str, list[Point]]], x, x_label: str, title: st
     axes = grid[:len(kinds)]
     palette = colormaps["tab10"]
     for ax, kind in zip(axes, kinds):
+        written = 0  # budget-free lines written on so far in this panel: each one's x goes further left
         for i, (name, by_kind) in enumerate(curves.items()):
             mine = by_kind.get(kind, [])
             if not mine or any(x(name, p) is None for p in mine):  # none here, or not on this axis (untimed)
                 continue
             bands = [wilson(p.correct, p.n) for p in mine]
             colour = palette(i % 10)
-            if mine[0].budget is None:  # read no budget: its one accuracy across the plot, banded
-                ax.axhline(mine[0].accuracy, color=colour, linestyle="--", label=f"{name} (at {x(name, mine[0]):.0f})")
+            if mine[0].budget is None:  # read no budget: its one accuracy across the plot, banded, its x written
+                ax.axhline(mine[0].accuracy, color=colour, linestyle="--", label=name)  # on it in each panel
                 ax.axhspan(*bands[0], color=colour, alpha=0.08)
+                ax.text(0.99 - 0.12 * written, mine[0].accuracy, f"at {x(name, mine[0]):.0f}", color=colour,
+                        fontsize=7, ha="right", va="bottom", transform=ax.get_yaxis_transform())
+                written += 1
                 continue
             xs = [x(name, p) for p in mine]
             ax.plot(xs, [p.accuracy for p in mine], "o-", color=colour, label=name, markersize=4)

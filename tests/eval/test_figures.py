@@ -69,3 +69,14 @@ def test_layout_families_get_panels_of_their_own_and_an_untimed_method_leaves_on
                   "--curve", f"full=full@{a}", "--curve", f"PixelPrune=pixelprune@{a}"])
     assert capsys.readouterr().out.splitlines()[0] == (
         "PixelPrune: the bench did not time pixelprune at these budgets; left out of the TTFT figure")
+
+
+def test_a_budget_free_line_says_its_own_panels_tokens():
+    """PixelPrune at its own count reads 3000 tokens of a dense page and 300 of a sparse one: each panel writes its
+    own on the line, and the legend names the method only."""
+    curves = {"PixelPrune": {"box_word (box_grid)": [figures.Point(None, 0.0, 1, 3000.0)],
+                             "box_word (slide)": [figures.Point(None, 1.0, 1, 300.0)]}}
+    fig = figures.figure(curves, lambda name, p: p.tokens, "visual tokens", "")
+    dense, sparse = fig.axes
+    assert [t.get_text() for t in dense.texts] == ["at 3000"] and [t.get_text() for t in sparse.texts] == ["at 300"]
+    assert [t.get_text() for t in sparse.get_legend().get_texts()] == ["PixelPrune"]
