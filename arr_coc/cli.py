@@ -251,6 +251,14 @@ def check_budget(p: argparse.ArgumentParser, args, max_cells: int | None = None)
         p.error(f"argument --min-budget: {args.min_budget} exceeds --max-budget {args.max_budget}")
 
 
+def check_refixate(p: argparse.ArgumentParser, args) -> None:
+    """Refuse the second look's settings without --refixate (run and evaluate)."""
+    if args.refixate_budget is not None and args.refixate is None:
+        p.error("argument --refixate-budget: only used with --refixate")
+    if args.refixate_guide != REFIXATE_GUIDES[0] and args.refixate is None:
+        p.error("argument --refixate-guide: only used with --refixate")
+
+
 def budget_settings(args) -> TensionSettings:
     """The adaptive budget's bounds from the flags, as ARR's tension settings."""
     return TensionSettings(min_budget=args.min_budget, max_budget=args.max_budget)

@@ -212,10 +212,7 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("argument --faithfulness: needs an ARR row (--strategies)")
     if args.refixate is not None and not args.strategies:
         p.error("argument --refixate: needs an ARR row (--strategies) to look again")
-    if args.refixate_budget is not None and args.refixate is None:
-        p.error("argument --refixate-budget: only used with --refixate")
-    if args.refixate_guide != REFIXATE_GUIDES[0] and args.refixate is None:
-        p.error("argument --refixate-guide: only used with --refixate")
+    cli.check_refixate(p, args)
     if args.held_out_layouts:
         check_pocket_pages(p, args, "--held-out-layouts", "draws")
     if args.families:

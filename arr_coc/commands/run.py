@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arr_coc import cli, pipelines
-from arr_coc.settings import MAX_QUESTION_CHARS, REFIXATE_GUIDES
+from arr_coc.settings import MAX_QUESTION_CHARS
 from arr_coc.pipelines import PIPELINES
 from arr_coc.relevance.config import STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
@@ -146,10 +146,7 @@ def parse_args(argv=None) -> RunConfig:
         p.error("argument --faithfulness: needs the arr pipeline in --pipelines")
     if args.answer is not None and not args.faithfulness:
         p.error("argument --answer: only used with --faithfulness")
-    if args.refixate_budget is not None and args.refixate is None:
-        p.error("argument --refixate-budget: only used with --refixate")
-    if args.refixate_guide != REFIXATE_GUIDES[0] and args.refixate is None:
-        p.error("argument --refixate-guide: only used with --refixate")
+    cli.check_refixate(p, args)
     if args.teacher is not None and not args.save_dir:
         p.error("argument --teacher: only used with --save-dir")
     return args
