@@ -10,6 +10,7 @@ frozen Qwen-VL (Qwen2-VL, Qwen2.5-VL or Qwen3-VL).
     python app.py --checkpoint NAME --port 8000 --share
     python app.py --cache-age 600            # uploads and drawings leave gradio's cache after 10 minutes
     python app.py --upload-cache-mb 256      # at most 256 MB of uploads kept: each upload deletes the oldest past it
+    python app.py --queue-size 16 --session-jobs 2   # at most 16 requests waiting, 2 of them from one session
 
 Layout (one function per tab) and wiring only; the handlers are arr_coc/app/handlers.py, the rest is in arr_coc/.
 Every event has an api_name, so gradio_client can drive it: compare, microscope, kept_cells, reselect,
@@ -450,6 +451,8 @@ def make_app(model: ARRCOCQwen, layer_name: str, notices: list[str], cache_age: 
             conversation_tab(model)
         with gr.Tab("Checkpoint A/B"):
             ab_tab(model, layer_name)
+    ui.checked_numbers(demo)  # NaN, Infinity: one line naming the slider, from any client
+    ui.one_line_refusals(demo)  # gradio's own refusals of an input: one line, no traceback
     return demo
 
 
@@ -504,16 +507,17 @@ def main(args: options.AppConfig) -> None:
     model, layer_name, notices = load(args)  # at start-up, before any request, as ZeroGPU expects
     warm_up(model)
     demo = make_app(model, layer_name, notices, args.cache_age)
-    demo.queue(default_concurrency_limit=1)
+    demo.queue(default_concurrency_limit=1, max_size=args.queue_size)
     log.info("serving ...")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a service manager's stop, as Ctrl-C: launch returns
     # show_error: an error raised outside our events (in gradio's own input processing) still tells its reason;
     # max_file_size: the server itself refuses a larger upload, whatever the client; UploadCap: the uploads kept
-    # stay under --upload-cache-mb
+    # stay under --upload-cache-mb; SessionBound: one session's waiting requests stay under --session-jobs
     cap = Middleware(uploads.UploadCap, blocks=demo, max_bytes=args.upload_cache_mb * 2**20)
+    bound = Middleware(uploads.SessionBound, blocks=demo, per_session=args.session_jobs)
     demo.launch(server_name=HOST, server_port=args.port, share=args.share, show_error=True, theme=ui.THEME,
                 css=ui.CSS, head=ui.HEAD,
-                max_file_size=f"{ui.MAX_UPLOAD_MB}mb", app_kwargs=dict(middleware=[cap]))
+                max_file_size=f"{ui.MAX_UPLOAD_MB}mb", app_kwargs=dict(middleware=[cap, bound]))
     # gradio's own clean-up at shutdown waits for every connection to close, which an open page never does
     delete_files_created_by_app(demo, age=None)  # every upload and drawing; the examples stay
     log.info("stopped; the uploads and drawings were deleted from gradio's cache")

@@ -139,6 +139,14 @@ def answers_by_engine(model, image, question: str, pipeline: str, max_new_tokens
     return answers
 
 
+@pytest.fixture
+def upload_folder(tmp_path, monkeypatch) -> Path:
+    """gradio's cache folder moved to tmp_path ($GRADIO_TEMP_DIR): a file written there is one the app's uploads may
+    read (arr_coc.app.ui.cached_file), as gradio's own uploads are."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    return tmp_path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -490,7 +490,7 @@ def test_the_app_still_answers_after_bad_inputs(client):
 # ----------------------------------------------------------------------------- helpers without a server
 
 
-def test_an_upload_is_not_decoded_before_its_header_passes_the_pixel_limit(tmp_path, monkeypatch):
+def test_an_upload_is_not_decoded_before_its_header_passes_the_pixel_limit(upload_folder, monkeypatch):
     """The image input's preprocess reads the header first: a sideways JPEG over the limit is refused with no
     decode and no EXIF turn (gradio's "pil" preprocess did both, 0.5 GB for a 13000x13000 photo)."""
     from gradio.data_classes import ImageData
@@ -498,7 +498,7 @@ def test_an_upload_is_not_decoded_before_its_header_passes_the_pixel_limit(tmp_p
 
     component = ui.image_input(label="Image")
     assert component.type == "filepath" and component.preprocess is ui.read_upload
-    path = sideways_jpeg(tmp_path / "upload.jpg", (300, 200))
+    path = sideways_jpeg(upload_folder / "upload.jpg", (300, 200))
     decoded = []
     monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self, load=ImageFile.ImageFile.load: decoded.append(
         "load") or load(self))
@@ -513,7 +513,7 @@ def test_an_upload_is_not_decoded_before_its_header_passes_the_pixel_limit(tmp_p
     assert decoded and component.preprocess(None) is None
 
 
-def test_an_inline_data_url_upload_is_read_with_the_same_checks(tmp_path):
+def test_an_inline_data_url_upload_is_read_with_the_same_checks(upload_folder):
     """A client may send the image inline (a data: URL): gradio would decode and turn it in full; ours reads its
     header first, as for a file, and a broken one is one line naming no server path."""
     import base64
@@ -530,8 +530,8 @@ def test_an_inline_data_url_upload_is_read_with_the_same_checks(tmp_path):
     assert ui.read_upload(ImageData(path=None, url=data_url(Path(CAT).read_bytes()), orig_name="cat.png")).size == \
         (451, 300)
     with pytest.raises(gr.Error, match=r"cat.png could not be decoded as an image \(") as broken:
-        ui.read_upload(ImageData(path=str(tmp_path / "gone.png"), orig_name="cat.png"))  # cleaned from the cache
-    assert str(tmp_path) not in broken.value.message
+        ui.read_upload(ImageData(path=str(upload_folder / "gone.png"), orig_name="cat.png"))  # cleaned from the cache
+    assert str(upload_folder) not in broken.value.message
 
 
 def test_errors_reach_the_user_with_their_message():

@@ -14,6 +14,8 @@ from arr_coc.settings import DEFAULT_MODEL
 
 CACHE_AGE_S = 3600  # uploads and drawings leave gradio's cache an hour after they were written (--cache-age)
 UPLOAD_CACHE_MB = 1024  # the uploads gradio's cache keeps, at most: the oldest go first (--upload-cache-mb)
+QUEUE_SIZE = 64  # events gradio's queue holds at most, from every client together (--queue-size)
+SESSION_JOBS = 4  # events one session may have waiting in it (--session-jobs): a page sends one at a time
 PORT = 7860  # gradio's own default port
 DESCRIPTION = "ARR-COC microscope: the Gradio app."
 
@@ -35,6 +37,12 @@ class AppConfig:
                                                  "first deletes the oldest ones past it (anyone can upload, with no "
                                                  f"session; default: {UPLOAD_CACHE_MB})", bounded_int(1, 1024 * 1024),
                                 metavar="MB")
+    queue_size: int = flag(QUEUE_SIZE, "at most this many requests wait in the queue, from every client together; "
+                                       f"one more is told the queue is full (default: {QUEUE_SIZE})",
+                           bounded_int(1, 100_000))
+    session_jobs: int = flag(SESSION_JOBS, "at most this many requests of one browser session wait in the queue; "
+                                           f"one more is refused in one line (default: {SESSION_JOBS})",
+                             bounded_int(1, 1000))
 
 
 def parse_args(argv: list[str] | None = None, host: str = "127.0.0.1", port_free=lambda host, port: True) -> AppConfig:

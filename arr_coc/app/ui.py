@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -20,6 +21,9 @@ from pathlib import Path
 
 import gradio as gr
 from gradio.data_classes import FileData
+from gradio.exceptions import ComponentProcessingError, InvalidPathError
+from gradio.utils import get_upload_folder
+import pydantic
 from PIL import Image, UnidentifiedImageError
 
 from arr_coc import checkpoints
@@ -40,6 +44,9 @@ from arr_coc.vlm.views import PIPELINE, to_rgb
 log = logging.getLogger("arr_coc.app")
 
 POCKET_EXAMPLE = "pocket_"  # an example image named so is a fine-print page the offline pocket model answers
+# what every file path a client names outside gradio's cache gets (arr_coc.app.ui.cached_file): the same line
+# whatever is there, so the app is no oracle for the server's files
+NOT_UPLOADED = "that file was not uploaded through this page: upload the image (or checkpoint) itself"
 MAX_UPLOAD_MB = 50  # the server refuses a larger upload (HTTP 413); a 64-megapixel JPEG or an ARR checkpoint is less
 STATS_HEADERS = ["metric", "value"]
 # The page's look. gradio's default font is Source Sans Pro at 400 and 600, but the 600 file it ships (5 KB) holds a
@@ -123,6 +130,57 @@ def reports_errors(event):
     return plain
 
 
+def checked_numbers(blocks: gr.Blocks) -> None:
+    """
+    Every slider and number box of the page refuses, in one line naming it by its label, a value that is not a
+    finite number in its range (number_preprocess). A raw client may post NaN or Infinity as JSON numbers (gradio's
+    own client cannot; its queue API takes them), and gradio's range check lets NaN by (every comparison with it
+    is false) and names no field: `int()` downstream then raised "unexpected error". Set on each instance, as
+    image_input's preprocess is (no slider is re-created by an update of its props, which would drop it).
+    """
+    for block in blocks.blocks.values():
+        if isinstance(block, (gr.Slider, gr.Number)):
+            block.preprocess = functools.partial(number_preprocess, block, type(block).preprocess)
+
+
+def one_line_refusals(blocks: gr.Blocks) -> None:
+    """
+    gradio's own refusals of an event's inputs, one line each, in the console (user_error: no traceback) and to the
+    client: a value of the wrong shape for its component (pydantic's validation, several lines), a choice not in a
+    dropdown's list, a value a component cannot preprocess (a path for an examples list's index), a FileData naming a file outside the cache (gradio's InvalidPathError: the app's NOT_UPLOADED,
+    as cached_file says it). gradio printed each with a ~25-line traceback, for any client, on any event. Set on the
+    page's instance: its preprocess_data is where gradio validates every input before the event runs.
+    """
+    preprocess_data = blocks.preprocess_data
+
+    async def refusing(*args, **kwargs):
+        try:
+            return await preprocess_data(*args, **kwargs)
+        except gr.Error as e:
+            raise (user_error(e.message) if e.print_exception else e) from None
+        except pydantic.ValidationError as e:
+            raise user_error(f"an input was refused: {e.errors()[0]['msg']}") from None
+        except InvalidPathError:
+            raise user_error(NOT_UPLOADED) from None
+        except ComponentProcessingError as e:  # a component's own preprocess failed on the value (its type, say)
+            raise user_error(f"an input was refused: {str(e).splitlines()[0]}") from None
+
+    blocks.preprocess_data = refusing
+
+
+def number_preprocess(component, preprocess, payload):
+    """A slider's or number box's preprocess with a finite, in-range payload only; one line naming it otherwise."""
+    name = component.label or "a number"
+    if payload is None and isinstance(component, gr.Number):
+        return preprocess(component, payload)
+    if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
+        raise user_error(f"{name} must be a finite number, got {payload}")
+    lo, hi = component.minimum, component.maximum
+    if (lo is not None and payload < lo) or (hi is not None and payload > hi):
+        raise user_error(f"{name} must be between {lo} and {hi}, got {payload}")
+    return preprocess(component, payload)
+
+
 def check_inputs(image, question: str) -> Image.Image:
     """
     The request's image, and a fast failure, before any output is cleared or streamed, on a missing image or an
@@ -133,6 +191,8 @@ def check_inputs(image, question: str) -> Image.Image:
     """
     if isinstance(image, str):
         image = read_upload(FileData(path=image))
+    elif image is not None and not isinstance(image, Image.Image):  # a raw client's dict, say: never a file to open
+        raise user_error(NOT_UPLOADED)
     to_rgb(image)
     check_question(question)
     return image
@@ -155,14 +215,17 @@ def image_input(**kwargs) -> gr.Image:
 def read_upload(payload) -> Image.Image | None:
     """
     gr.Image's payload -> the image, decoded and upright (arr_coc.vlm.images.open_image, as the commands read
-    theirs): the pixel limit is checked on the file's header, before anything decodes it. Each refusal is one
-    line naming the file as uploaded, never the server's path to it.
+    theirs): a file only from gradio's cache (cached_file, checked before anything is opened), or the bytes a
+    client sent inline as a data: URL (base64); the pixel limit is checked on the file's header, before anything
+    decodes it. Each refusal is one line naming the file as uploaded, never the server's path to it.
     """
     if payload is None:
         return None
     name = upload_name(payload)
+    inline = payload.url.split(",", 1)[-1] if payload.url and payload.url.startswith("data:") else None
+    path = cached_file(payload.path) if inline is None else None
     try:
-        return open_image(upload_source(payload), MAX_IMAGE_PIXELS)
+        return open_image(path or io.BytesIO(base64.b64decode(inline, validate=True)), MAX_IMAGE_PIXELS)
     except Image.DecompressionBombError as e:
         raise user_error(f"{name} is too large ({e}); the limit is {MAX_IMAGE_PIXELS // 10**6} megapixels: downscale "
                          f"it first (the model reads at most {PIPELINE.max_cells} cells of it, a few megapixels, "
@@ -170,17 +233,36 @@ def read_upload(payload) -> Image.Image | None:
     except UnidentifiedImageError:
         raise user_error(f"{name} is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF file") from None
     except (OSError, ValueError) as e:  # ValueError: a data: URL that is no base64
-        reason = str(e).replace(payload.path, name) if payload.path else str(e)
+        reason = str(e)
+        for server_path in {payload.path, path} - {None}:
+            reason = reason.replace(server_path, name)
         raise user_error(f"{name} could not be decoded as an image ({reason})") from None
 
 
-def upload_source(payload) -> str | io.BytesIO:
-    """An uploaded image's file, or its bytes where a client sent it inline as a data: URL (base64)."""
-    if payload.url and payload.url.startswith("data:"):
-        return io.BytesIO(base64.b64decode(payload.url.split(",", 1)[-1], validate=True))
-    if payload.path is None:
-        raise OSError("the upload has no file")
-    return payload.path
+def cached_file(path) -> str:
+    """
+    A file a client named, as the server may open it: only one inside gradio's cache folder (its upload folder,
+    where every upload and every example the page shows lands: gradio's own rule for a FileData with `meta`), the
+    path resolved, links and '..' included. Gradio checks only FileData dicts that carry `meta`; one without it, a
+    plain string, a URL or any other path reaches the app as given, so this check is the app's own: every such
+    path gets the same one line (NOT_UPLOADED), whatever is there (a file, a folder or nothing), and nothing outside
+    the cache is opened or even looked at.
+    """
+    if not isinstance(path, str) or not path:
+        raise user_error(NOT_UPLOADED)
+    cache = os.path.realpath(get_upload_folder())
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, cache]) != cache or real == cache:
+        raise user_error(NOT_UPLOADED)
+    return real
+
+
+def cached_files(payload):
+    """A gr.File payload (one FileData, ListFiles of them, or None) whose every file is cached_file's."""
+    items = [] if payload is None else getattr(payload, "root", payload)
+    for item in items if isinstance(items, list) else [items]:
+        cached_file(getattr(item, "path", None))
+    return payload
 
 
 def checkpoint_upload(**kwargs) -> gr.File:
@@ -191,11 +273,27 @@ def checkpoint_upload(**kwargs) -> gr.File:
 
 
 def quietly(preprocess, payload):
-    """A component's preprocess, whose gr.Error (a bad upload) logs one line and no traceback."""
+    """A component's preprocess over files in gradio's cache only (cached_files), whose gr.Error (a bad upload) logs
+    one line and no traceback."""
     try:
-        return preprocess(payload)
+        return preprocess(cached_files(payload))
     except gr.Error as e:
         raise user_error(e.message) from None
+
+
+def fresh_cells_note(answer: Answer, fresh_cells: bool, budget: int) -> str:
+    """What a follow-up with fresh cells only (`fresh_cells`) read, where it is fewer than the `budget` saccades
+    asked for (earlier turns read the rest): '' otherwise. With none left, ARR answers from the conversation alone,
+    and says so."""
+    if not fresh_cells:
+        return ""
+    read = 0 if answer.arr is None else answer.arr.indices.shape[1]  # None: no cell was left to select
+    if read >= budget:
+        return ""
+    if read == 0:
+        return (" Fresh cells only: earlier turns read every cell of the image, so ARR read no new cell and answered "
+                "from the conversation alone.")
+    return f" Fresh cells only: {read} of the {budget} saccades asked for were left unread by earlier turns."
 
 
 def upload_summary(image: Image.Image | None) -> str:

@@ -8,6 +8,7 @@ user error, and the answer box of the faithfulness curves.
 
 import dataclasses
 import logging
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from PIL import Image
 
 from arr_coc import viz
-from arr_coc.app import handlers
+from arr_coc.app import handlers, ui
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, ARRCOCQwen, Observation, Scene
 from arr_coc.pipelines import REDUCERS
@@ -229,12 +230,14 @@ def test_stop_says_what_was_stopped(status, after):
     assert handlers.stopped(status) == after
 
 
-def test_an_examples_file_path_is_read_as_the_upload_it_stands_for(arr_model, tmp_path):
+def test_an_examples_file_path_is_read_as_the_upload_it_stands_for(arr_model, upload_folder):
     """An update of the image box re-creates the session's gr.Image from its constructor arguments, and the copy
-    hands the handlers a file path (gradio's own "filepath" preprocess; a click on an example did, before
-    app.examples loaded them around the box): each handler reads it as an upload, with the same answers and
-    selection as the image itself, and refuses a path to no image in the upload's one line."""
-    path = str(ROOT / "assets" / "chelsea.png")
+    hands the handlers a file path in gradio's cache (gradio's own "filepath" preprocess; a click on an example
+    did, before app.examples loaded them around the box): each handler reads it as an upload, with the same
+    answers and selection as the image itself, and refuses a path to no image in the upload's one line, and the
+    example's own file outside the cache as any path outside it (ui.cached_file)."""
+    tmp_path = upload_folder
+    path = str(shutil.copy(ROOT / "assets" / "chelsea.png", upload_folder / "chelsea.png"))
     by_path, by_image = (list(handlers.compare(arr_model, image, QUESTION, "gestalt", 2, "topk", CELLS, 5))[-1]
                          for image in (path, CAT))
     assert by_path[0].startswith("Done in") and (by_path[1], by_path[3]) == (by_image[1], by_image[3])
@@ -247,6 +250,8 @@ def test_an_examples_file_path_is_read_as_the_upload_it_stands_for(arr_model, tm
     with pytest.raises(gr.Error):
         next(steps)
     assert failed[0].startswith("**Failed**: notes.txt is not an image") and str(tmp_path) not in failed[0]
+    steps = handlers.compare(arr_model, str(ROOT / "assets" / "chelsea.png"), QUESTION, "gestalt", 2, "topk", CELLS, 5)
+    assert next(steps)[0] == f"**Failed**: {ui.NOT_UPLOADED}"
 
 
 def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
@@ -518,6 +523,21 @@ def test_a_conversation_turn_keeps_cpu_data_and_a_failed_one_leaves_it_as_it_was
     monkeypatch.setattr(arr_model, "answer", answer)
     chat, status, rows, *_ = handlers.converse(arr_model, chat, CAT, "Where is it?", "full", 2, 30, False, 5)
     assert [r[0] for r in rows] == [1, 2, 3]  # the conversation goes on from turn 2
+
+
+def test_a_follow_up_with_no_fresh_cell_left_says_so(arr_model):
+    """Issue 68: a first turn reads every cell of a 32 x 32 grid (the budget slider's 4096, cut to the grid's 1024);
+    a follow-up with fresh cells only then reads none, and the status line says ARR answered from the conversation
+    alone (it said nothing). A follow-up that may re-read cells says nothing of it."""
+    page = Image.fromarray(np.random.default_rng(0).integers(0, 255, (896, 896, 3), dtype=np.uint8))
+    chat, status, *_ = handlers.converse(arr_model, None, page, QUESTION, "full", 2, 4096, False, 5)
+    assert chat.arr.answers[0].tokens.saccade == 1024 and "Fresh cells" not in status
+    fork = chat.fork()
+    _, status, *_ = handlers.converse(arr_model, chat, page, "And its nose?", "full", 2, 4096, True, 5)
+    assert ("Fresh cells only: earlier turns read every cell of the image, so ARR read no new cell and answered from "
+            "the conversation alone.") in status
+    _, status, *_ = handlers.converse(arr_model, fork, page, "And its nose?", "full", 2, 4096, False, 5)
+    assert "Fresh cells" not in status
 
 
 def test_a_cancelled_turn_is_not_committed_and_both_conversations_stay_in_step(arr_model):

@@ -107,13 +107,29 @@ def test_eval_data_out_under_an_existing_file_is_one_line(tmp_path, capsys, out)
     assert f"argument --out: {tmp_path / out} cannot be a folder: {tmp_path / 'file.txt'} is a file" in err[0]
 
 
-def test_an_eps_upload_never_reaches_pils_ghostscript_plugin(tmp_path, monkeypatch):
+def test_an_eps_upload_never_reaches_pils_ghostscript_plugin(upload_folder, monkeypatch):
     """Only the formats the app's message names are opened: an EPS file is no image to it, and PIL's EPS plugin
     (which runs Ghostscript) is never asked."""
-    eps = tmp_path / "page.png"
+    eps = upload_folder / "page.png"
     eps.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n%%EOF\n")
     monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", lambda self: pytest.fail("PIL's EPS plugin ran"))
     with pytest.raises(UnidentifiedImageError):
         images.open_image(eps)
     assert refusal(lambda: ui.read_upload(ui.FileData(path=str(eps), orig_name="page.png"))) == (
         "page.png is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF file")
+
+
+def test_only_a_file_inside_gradios_cache_may_be_opened(upload_folder, tmp_path_factory):
+    """cached_file (F1): a file in the cache is read; a file outside it, the cache folder itself, a '..' out of it,
+    a link in it to a file outside, a URL and no path at all each get the same one line, whatever is there."""
+    outside = tmp_path_factory.mktemp("outside")
+    Image.new("RGB", (4, 4)).save(outside / "secret.png")
+    Image.new("RGB", (4, 4)).save(upload_folder / "upload.png")
+    (upload_folder / "link.png").symlink_to(outside / "secret.png")
+    assert ui.cached_file(str(upload_folder / "upload.png")) == str((upload_folder / "upload.png").resolve())
+    hostile = [str(outside / "secret.png"), str(outside / "gone.png"), str(outside), str(upload_folder),
+               str(upload_folder / ".." / outside.name / "secret.png"), str(upload_folder / "link.png"),
+               f"file://{outside / 'secret.png'}", "http://127.0.0.1:9/secret.png", "", None, 7]
+    assert {refusal(lambda path=path: ui.cached_file(path)) for path in hostile} == {ui.NOT_UPLOADED}
+    assert refusal(lambda: ui.read_upload(ui.FileData(path=str(outside / "secret.png")))) == ui.NOT_UPLOADED
+    assert refusal(lambda: ui.check_inputs(str(outside / "secret.png"), "What is it?")) == ui.NOT_UPLOADED
