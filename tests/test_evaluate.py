@@ -25,7 +25,7 @@ from arr_coc.eval.sets import Source
 
 pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
 
-FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--max-new-tokens", "2"]
+FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--max-new-tokens", "2", "--no-oracle"]
 
 
 def results(folder: Path) -> list[dict]:
@@ -61,15 +61,17 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     summary = report["summary"]
     assert report["checkpoint"] == "tiny-charts-documents" and report["metric"] == "contains"  # the app's default rule
     assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune",
-                             "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random"]
+                             "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random", "oracle"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
     assert summary["divprune"]["visual_tokens"] == summary["visionzip"]["visual_tokens"] == 529  # as many as ARR reads
     assert summary["fastv"]["visual_tokens"] == 529
     assert summary["arr:topk"]["gflops"] < summary["full"]["gflops"]
     assert summary["full"]["box_recall"] == summary["gestalt"]["box_recall"] == 1.0  # they read every cell
     assert all(0 <= summary[row]["box_recall"] <= 1 for row in ("arr:topk", "divprune", "pixelprune_n"))
+    assert summary["oracle"]["box_recall"] == 1.0 and summary["oracle"]["items"] == 1  # the asked box forced in
     records = results(out)
-    assert [(r["item"], r["row"]) for r in records] == [(i, row) for i in range(2) for row in summary]
+    assert [(r["item"], r["row"]) for r in records] == [(i, row) for i in range(2) for row in summary
+                                                        if (i, row) != (1, "oracle")]  # item 1 (noise) has no box
     noise = [r for r in records if r["kind"] == "noise"]
     assert noise and all("box_recall" not in r for r in noise)  # no target box, no box metric
 
@@ -78,7 +80,7 @@ def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
     out = tmp_path / "eval"
     assert evaluate.main(["--model", "tiny", "--checkpoint", "tiny-text-vs-distractor", "--baselines", "",
                           "--strategies", "topk", "--ablations", "all", "--synthetic", "1", "--kinds", "text_vs_distractor",
-                          "--max-new-tokens", "1", "--out", str(out)]) == 0
+                          "--max-new-tokens", "1", "--no-oracle", "--out", str(out)]) == 0
     names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "relevance-order",
              "no-gestalt", "explore", "diversify", "auto-budget"]
     summary = json.loads((out / "report.json").read_text())["summary"]
@@ -151,7 +153,7 @@ def test_the_second_look_section_compares_with_and_without_on_the_items_where_it
 
 
 SWEEP = ["--model", "tiny", "--synthetic", "1", "--kinds", "text_vs_distractor", "--size", "560",  # 20x20 native cells
-         "--baselines", "full,budget,divprune", "--strategies", "topk", "--max-new-tokens", "1"]
+         "--baselines", "full,budget,divprune", "--strategies", "topk", "--max-new-tokens", "1", "--no-oracle"]
 
 
 def test_a_budget_sweep_runs_each_row_at_each_budget_at_arrs_visual_tokens(tmp_path, capsys):
@@ -202,7 +204,7 @@ def test_a_sweep_gives_the_second_look_its_row_at_each_budget_and_skips_it_where
     candidate grid, so that job alone is skipped; the second-look section has a line per budget."""
     out = tmp_path / "sweep-refix"
     assert evaluate.main([*SWEEP[:8], "--baselines", "", "--strategies", "topk", "--max-new-tokens", "1",
-                          "--budgets", "64,700",
+                          "--no-oracle", "--budgets", "64,700",
                           "--refixate", "1", "--refixate-budget", "400", "--out", str(out)]) == 0
     assert ("skipped arr+refix:topk at budget 700 on 1 item(s): 1100 saccades exceed the 32x32 = 1024 candidate "
             "cells" in capsys.readouterr().err)
@@ -221,7 +223,8 @@ def test_in_a_sweep_the_adaptive_budget_row_runs_once_and_each_budget_gets_its_l
     tokens-by-kind table has a line per row and budget (arr:topk@64, ...); every ARR result records its tensions."""
     out = tmp_path / "sweep-auto"
     assert evaluate.main([*SWEEP[:8], "--baselines", "", "--strategies", "topk", "--ablations", "auto-budget",
-                          "--max-budget", "100", "--max-new-tokens", "1", "--budgets", "64,128", "--out", str(out)]) == 0
+                          "--max-budget", "100", "--max-new-tokens", "1", "--budgets", "64,128", "--no-oracle",
+                          "--out", str(out)]) == 0
     records = results(out)
     assert [(r["row"], r["budget"]) for r in records] == [("arr-auto-budget:topk", None), ("arr:topk", 64),
                                                           ("arr:topk", 128)]
@@ -267,7 +270,7 @@ OTHER_VALUES = {
     "schema": (["--dataset", "lmms-lab/textvqa"], ["--schema", "docvqa"]), "metric": ([], ["--metric", "anls"]),
     "limit": ([], ["--limit", "3"]), "synthetic": ([], ["--synthetic", "8"]), "kinds": ([], ["--kinds", "noise"]), "size": ([], ["--size", "1792"]),
     "seed": ([], ["--seed", "1"]), "baselines": ([], ["--baselines", "full"]), "strategies": ([], ["--strategies", "grid"]),
-    "ablations": ([], ["--ablations", "raster"]),
+    "ablations": ([], ["--ablations", "raster"]), "no_oracle": ([], ["--no-oracle"]),
     "budget": ([], ["--budget", "100"]), "budgets": ([], ["--budgets", "64,128"]), "max_new_tokens": ([], ["--max-new-tokens", "3"]),
     "min_budget": (["--budget", "auto"], ["--min-budget", "10"]),
     "max_budget": (["--ablations", "auto-budget"], ["--max-budget", "100"]),

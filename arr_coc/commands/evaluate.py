@@ -3,9 +3,13 @@ Compare the pipelines on a dataset: the set's accuracy metric, visual tokens, TT
 row, box recall where items have target boxes, and (with --faithfulness) whether ARR's answers depend on
 its saccades.
 
-Rows are the baselines (the stock views full, gestalt, budget; the published token reducers divprune, visionzip
-and fastv at ARR's visual-token count), ARR-COC under each allocation strategy (arr:topk, arr:logpolar, arr:grid,
-arr:random) and, with --ablations, ARR with one part switched off under topk (arr-information:topk, ...,
+Rows are the baselines (the stock views full, gestalt, budget; the published token reducers divprune, visionzip,
+fastv, pixelprune_n at ARR's visual-token count, pixelprune at its own), ARR-COC under each allocation strategy
+(arr:topk, arr:logpolar, arr:grid, arr:random), the oracle beside them (ARR's ceiling, on the items with an asked
+box: the candidate cells the box touches forced into the budget, the budget's most relevant of them where they are
+more, recorded as box_clipped; the rest chosen by ARR under topk; fed to the LLM as ARR feeds its saccades; its box
+recall is 1 wherever the box fits; the items without a box are skipped for it and counted; --no-oracle leaves it
+out) and, with --ablations, ARR with one part switched off under topk (arr-information:topk, ...,
 arr-no-gestalt:topk; arr_coc.relevance.ablation), all on the same items and the same visual tokens: the design's
 critical experiment at a fixed budget. Three more --ablations switch one tension on, with a fixed value, against
 arr:topk where each is at its prior: arr-explore:topk (e = 0.25), arr-diversify:topk (lambda = 2) and
@@ -14,15 +18,16 @@ arr-auto-budget:topk (the adaptive budget). Every ARR row records its tensions p
 tokens and accuracy per scene kind. --budget auto puts every ARR row on the adaptive budget (the reducers keep as
 many tokens).
 
---budgets runs that experiment at several budgets (a budget sweep): every row but full, gestalt and
-arr-auto-budget:topk (which read no fixed budget, and run once) at each budget, each budget being a number of
-saccades and every other row reading ARR's visual tokens at it; the report gets a table per budget and accuracy
-curves against visual tokens and TTFT, one per row. A sweep is of fixed budgets: it is refused with --budget
-(auto included). A budget over an image's candidate grid is skipped for that image, with one line saying so.
-With --refixate TAU, each strategy also gets a row with ARR's second look (arr+refix:topk, ...: a second round of
---refixate-budget saccades, default half the first look's K, when the answer's confidence is below TAU; in a
-sweep, at each budget); each of its results records whether it fired, both confidences and the first answer's own
-score, and report.md says how often it fires and the accuracy with and without it.
+--budgets runs that experiment at several budgets (a budget sweep): every row but full, gestalt, pixelprune and
+arr-auto-budget:topk (which read no fixed budget, and run once) at each budget (budget, arr:random and the oracle
+among them by default), each budget being a number of saccades and every other row reading ARR's visual tokens at
+it; the report gets a table per budget and accuracy curves against visual tokens and TTFT, one per row. A sweep is
+of fixed budgets: it is refused with --budget (auto included). A budget over an image's candidate grid is skipped
+for that image, with one line saying so. With --refixate TAU, each strategy also gets a row with ARR's second look
+(arr+refix:topk, ...: a second round of --refixate-budget saccades, default half the first look's K, when the
+answer's confidence is below TAU; in a sweep, at each budget); each of its results records whether it fired, both
+confidences and the first answer's own score, and report.md says how often it fires and the accuracy with and
+without it.
 
     python -m arr_coc.evaluate --model tiny --synthetic 16 --out runs/eval-synthetic
     python -m arr_coc.evaluate --dataset lmms-lab/DocVQA --config DocVQA --split validation --limit 500 --out runs/docvqa
@@ -33,6 +38,8 @@ score, and report.md says how often it fires and the accuracy with and without i
         --strategies topk --refixate 0.9 --out runs/eval-refixate
     torchrun --nproc-per-node 2 -m arr_coc.evaluate --dataset lmms-lab/textvqa --limit 1000 --out runs/textvqa
     python -m arr_coc.evaluate --model tiny --synthetic 16 --budgets 64,128,273,529,1024 --out runs/eval-sweep
+    python -m arr_coc.evaluate --model pocket --synthetic 384 --kinds fine_print,box_word --families held-out \
+        --size 896 --strategies topk,random --budgets 16,32,64,273 --out runs/eval-heldout-896   # + budget, oracle
 
 --conversation asks each page of the pocket suite (--kinds of fine_print, box_word, shape_colour) up to --turns of
 its own questions, every row twice: in one conversation (ARR reading each question anew: a new block of saccades
@@ -80,7 +87,7 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.records import EvalRecord
-from arr_coc.eval.rows import REFIX, split_row
+from arr_coc.eval.rows import ORACLE, ORACLE_STRATEGY, REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
@@ -150,6 +157,10 @@ class EvalConfig:
                            cli.comma_list(STRATEGIES, allow_empty=True))
     ablations: str = flag("", f"ARR ablations to run under {ABLATION_STRATEGY}, comma-separated, or \"all\" (default "
                               "none): " + ablations.describe(), cli.ablation_list, shown="none")
+    no_oracle: bool = flag(False, "leave out the oracle row, which runs beside ARR's rows by default: ARR with the "
+                                  "asked box's cells forced into its budget (the most relevant of them where they "
+                                  "are more), the rest by its own relevance, fed as ARR feeds; on items with a box "
+                                  "only")
     budget: int | str = cli.budget_flag(group="budget")
     min_budget: int = cli.min_budget_flag()
     max_budget: int = cli.max_budget_flag()
@@ -269,48 +280,73 @@ def beyond_grid(row: str, budget: int, views, refixate_budget: int | None) -> st
     return f"{needed} saccades exceed the {gh}x{gw} = {gh * gw} candidate cells"
 
 
+def skip_reason(row: str, budget: int | None, item: Item, views, refixate_budget: int | None) -> str | None:
+    """Why a job cannot run on this item (the oracle row on an item without an asked box; in a sweep, a budget over
+    the image's grid: beyond_grid), or None."""
+    if row == ORACLE and item.box is None:
+        return "the item has no asked box to force in"
+    return None if budget is None else beyond_grid(row, budget, views, refixate_budget)
+
+
 def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job], metric: str,
                   args: argparse.Namespace) -> tuple[list[EvalRecord], list[tuple[Job, str]]]:
-    """Every job's answer to one item, scored: (one EvalRecord per job, the jobs skipped here with why). An item
-    without reference answers (a test split) is answered with score None and no faithfulness curves; a benchmark
-    metric also gets the lenient one as an extra field. In a sweep, a result records its budget."""
+    """Every job's answer to one item, scored: (one EvalRecord per job, the jobs skipped here with why). The oracle
+    row is ARR under ORACLE_STRATEGY with the cells the asked box touches forced in (Request.include, on the
+    candidate grid of the views every row reads). In a sweep, a result records its budget."""
+    image, question = item.open(), source.prompt(item)
+    oracle = item.box is not None and any(row == ORACLE for row, _ in jobs)
+    views = model.views(image, args.max_cells, args.gestalt_tokens) if args.budgets or oracle else None  # what
+    # budgets fit, and the oracle's grid
+    results, skipped = [], []
+    for row, budget in jobs:
+        if why := skip_reason(row, budget, item, views, args.refixate_budget):
+            skipped.append(((row, budget), why))
+            continue
+        pipeline, strategy, ablation, refix = split_row(row)  # "arr-no-gestalt:topk": arr under the no-gestalt ablation
+        include = None
+        if row == ORACLE:  # the asked box's cells, as box recall counts them (any a cell's share of the box > 0)
+            pipeline, strategy, include = "arr", ORACLE_STRATEGY, views.box_coverage(item.box) > 0  # [GH, GW]
+        request = cli.request(args, strategy=strategy, budget=args.budget if budget is None else budget,
+                              ablation=ablation, refixate=args.refixate if refix else None, include=include)
+        a = cli.answer(model, image if include is None else views, question, pipeline, request)
+        results.append(scored(model, item, row, budget, a, metric, args, include))
+    return results, skipped
+
+
+def scored(model: ARRCOCQwen, item: Item, row: str, budget: int | None, a, metric: str, args: argparse.Namespace,
+           include=None) -> EvalRecord:
+    """One row's answer to an item, scored, as its EvalRecord. An item without reference answers (a test split) is
+    scored None and gets no faithfulness curves; a benchmark metric also gets the lenient one as an extra field;
+    the oracle row (`include`: the cells it forced in) says whether its box held more cells than its budget."""
     from arr_coc.eval.faithfulness import faithfulness_curves
     from arr_coc.eval.metrics import box_recall_precision
     from arr_coc.pipelines.answer import tension_record
 
-    image, question = item.open(), source.prompt(item)
-    views = model.views(image, args.max_cells, args.gestalt_tokens) if args.budgets else None  # what budgets fit
-    results, skipped = [], []
-    for row, budget in jobs:
-        if budget is not None and (why := beyond_grid(row, budget, views, args.refixate_budget)):
-            skipped.append(((row, budget), why))
-            continue
-        pipeline, strategy, ablation, refix = split_row(row)  # "arr-no-gestalt:topk": arr under the no-gestalt ablation
-        request = cli.request(args, strategy=strategy, budget=args.budget if budget is None else budget,
-                              ablation=ablation, refixate=args.refixate if refix else None)
-        a = cli.answer(model, image, question, pipeline, request)
-        score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
-        result = EvalRecord(item=item.index, id=item.id, kind=item.kind, family=item.family or None, row=row,
-                            budget=budget, sweep=bool(args.budgets), prediction=a.text, answers=item.answers,
-                            score=score(a.text), visual_tokens=a.tokens.total_visual, gflops=round(a.compute.total, 1),
-                            ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings.total, 2), confidence=a.confidence)
-        if a.fixations:  # whether the second look fired, and the first answer as it was before it
-            result.refixated, result.confidences = a.refixated, [f.confidence for f in a.fixations]
-            result.first_prediction, result.first_score = a.fixations[0].text, score(a.fixations[0].text)
-        if metric != LENIENT and item.answers:
-            result.contains = METRICS[LENIENT](a.text, item.answers)
-        if a.arr is not None:  # its tensions (its first look's): e, λ, K, and f under the adaptive budget
-            result.tensions = tension_record(a.arr)
-        if item.box is not None:  # did it read the asked place: every row, on the candidate grid (cells_read)
-            coverage = a.views.box_coverage(item.box)
-            result.box_recall, result.box_precision = box_recall_precision(coverage, cells_read(a))
-            result.fallback = a.arr.fallback[0] if a.arr is not None else None
-        if a.arr is not None and not ablation and not refix and args.faithfulness and item.answers:  # of the 1st reference
-            curves = faithfulness_curves(model.parts, a.observation, a.arr, item.answers[0], args.faithfulness_steps,
-                                         args.seed)
-            result.faithfulness = curves.to_json()
-        results.append(result)
-    return results, skipped
+    _, _, ablation, refix = split_row(row)
+    score = (lambda text: METRICS[metric](text, item.answers) if item.answers else None)  # noqa: E731
+    result = EvalRecord(item=item.index, id=item.id, kind=item.kind, family=item.family or None, row=row,
+                        budget=budget, sweep=bool(args.budgets), prediction=a.text, answers=item.answers,
+                        score=score(a.text), visual_tokens=a.tokens.total_visual, gflops=round(a.compute.total, 1),
+                        ttft_ms=round(a.ttft_ms, 2), total_ms=round(a.timings.total, 2), confidence=a.confidence)
+    if a.fixations:  # whether the second look fired, and the first answer as it was before it
+        result.refixated, result.confidences = a.refixated, [f.confidence for f in a.fixations]
+        result.first_prediction, result.first_score = a.fixations[0].text, score(a.fixations[0].text)
+    if metric != LENIENT and item.answers:
+        result.contains = METRICS[LENIENT](a.text, item.answers)
+    if a.arr is not None:  # its tensions (its first look's): e, λ, K, and f under the adaptive budget
+        result.tensions = tension_record(a.arr)
+    if item.box is not None:  # did it read the asked place: every row, on the candidate grid (cells_read)
+        coverage = a.views.box_coverage(item.box)
+        result.box_recall, result.box_precision = box_recall_precision(coverage, cells_read(a))
+        result.fallback = a.arr.fallback[0] if a.arr is not None else None
+    if include is not None:  # the box's cells beyond the budget: only the most relevant of them were forced in
+        result.box_clipped = int(include.sum()) > a.arr.indices.shape[1]
+    faithful = a.arr is not None and not ablation and not refix and row != ORACLE  # ARR's strategy rows
+    if faithful and args.faithfulness and item.answers:  # of the 1st reference
+        curves = faithfulness_curves(model.parts, a.observation, a.arr, item.answers[0], args.faithfulness_steps,
+                                     args.seed)
+        result.faithfulness = curves.to_json()
+    return result
 
 
 def cells_read(a):
@@ -335,9 +371,11 @@ def cells_read(a):
 
 def row_names(args: argparse.Namespace) -> list[str]:
     """The rows to evaluate: the stock baselines, ARR under each strategy ("arr:topk", ...), with --refixate ARR
-    with its second look under each ("arr+refix:topk", ...), then each ablation ("arr-raster:topk", ...)."""
+    with its second look under each ("arr+refix:topk", ...), the oracle wherever an ARR row runs (unless
+    --no-oracle), then each ablation ("arr-raster:topk", ...)."""
     refix = [f"arr{REFIX}:{s}" for s in cli.names(args.strategies)] if args.refixate is not None else []
-    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)] + refix
+    oracle = [ORACLE] if not args.no_oracle and (args.strategies or args.ablations) else []
+    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)] + refix + oracle
             + [f"arr-{a}:{ABLATION_STRATEGY}" for a in cli.names(args.ablations)])
 
 
@@ -524,7 +562,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
     process.barrier()
     seconds = time.perf_counter() - start
     for (row, budget), (count, why) in skipped.items():
-        process.log(f"skipped {row} at budget {budget} on {count} item(s): {why}")
+        process.log(f"skipped {row}{'' if budget is None else f' at budget {budget}'} on {count} item(s): {why}")
     if process.is_main:
         report_run(args.out, folder.merge(jobs), jobs, settings, done, seconds, process)
     distributed.finish(process)
@@ -576,6 +614,8 @@ def report_run(out: str, results: list[EvalRecord], jobs: list[Job], settings: d
         print(per_kind)
     if refixation := report.refixation_summary(results):
         print(report.refixation_table(refixation))
+    if oracle := report.oracle_line(results):
+        print(oracle)
     if unscored:
         print(f"{unscored} of {items} items have no reference answers: answered but not scored, "
               "and left out of the accuracy")

@@ -21,7 +21,9 @@ A sweep's report has a table per budget (full and gestalt in each), its report.j
 points in budget order), and its two plots one curve per row: accuracy against visual tokens and against TTFT.
 
 Rows evaluated on different items (a sweep's budget skipped over an image's grid, a result lost) are flagged at
-the top of report.md, and listed under "uneven_items" in report.json (row -> the items it lacks).
+the top of report.md, and listed under "uneven_items" in report.json (row -> the items it lacks). The oracle row
+(ARR with the asked box forced in) reads only the items with a box: it is flagged only where it lacks one of those,
+and one line under the tables says how many items it skipped and how many boxes exceeded its budget (oracle_line).
 """
 
 import json
@@ -35,6 +37,7 @@ from PIL import Image
 from arr_coc import viz
 from arr_coc.eval.faithfulness import CURVES
 from arr_coc.eval.records import EvalRecord
+from arr_coc.eval.rows import ORACLE
 from arr_coc.intervals import interval_text, wilson
 
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
@@ -77,7 +80,7 @@ def split_label(key: str) -> tuple[str, int | None]:
 def summarise(records: list[EvalRecord], rows: list[str]) -> dict[str, dict]:
     """Means per row label over its records (a key only where the row's records have a value for it); records
     scored None (items without reference answers) are counted under "unscored"."""
-    summary = {}
+    summary, kinds = {}, list(dict.fromkeys(r.kind_label for r in records))  # the set's kinds, every row's columns
     for row in rows:
         mine = [r for r in records if record_label(r) == row]
         means = {"items": float(len(mine))}
@@ -95,16 +98,16 @@ def summarise(records: list[EvalRecord], rows: list[str]) -> dict[str, dict]:
             areas = [r.faithfulness["areas"][name] for r in mine if r.faithfulness is not None]
             if areas:
                 means[f"{name}_area"] = statistics.fmean(areas)
-        if by_kind := kind_means(mine):
+        if by_kind := kind_means(mine, kinds):
             means["by_kind"] = by_kind
         summary[row] = means
     return summary
 
 
-def kind_means(records: list[EvalRecord]) -> dict[str, dict]:
-    """One row's records of a set with several scene kinds (or layout families) -> per kind_label, its scored items,
-    their summed score, the accuracy and its 95% Wilson interval ({} for a set of one kind, or none)."""
-    kinds = list(dict.fromkeys(r.kind_label for r in records))
+def kind_means(records: list[EvalRecord], kinds: list[str]) -> dict[str, dict]:
+    """One row's records of a set with several scene kinds (or layout families), `kinds` the set's kind_labels ->
+    per kind_label the row has scored items of, those items, their summed score, the accuracy and its 95% Wilson
+    interval ({} for a set of one kind, or none). A row need not hold every kind: the oracle skips boxless items."""
     out = {}
     for kind in kinds if len(kinds) > 1 else ():
         scores = [r.score for r in records if r.kind_label == kind and r.score is not None]
@@ -116,10 +119,30 @@ def kind_means(records: list[EvalRecord]) -> dict[str, dict]:
 
 def uneven_items(records: list[EvalRecord], rows: list[str]) -> dict[str, list[int]]:
     """Per row label that lacks some of the items other rows were evaluated on, those items (sorted): its means are
-    over other items than its neighbours', so the table compares unlike with unlike. {} when the rows agree."""
+    over other items than its neighbours', so the table compares unlike with unlike. {} when the rows agree. The
+    oracle reads only the items with an asked box (boxed_items): it lacks an item only where that item has one."""
     items = {row: {r.item for r in records if record_label(r) == row} for row in rows}
-    every = set().union(*items.values())
-    return {row: sorted(every - mine) for row, mine in items.items() if every - mine}
+    every, boxed = set().union(*items.values()), boxed_items(records)
+    expected = {row: boxed if split_label(row)[0] == ORACLE else every for row in rows}
+    return {row: sorted(expected[row] - mine) for row, mine in items.items() if expected[row] - mine}
+
+
+def boxed_items(records: list[EvalRecord]) -> set[int]:
+    """The items with an asked box: those whose results measure box recall."""
+    return {r.item for r in records if r.box_recall is not None}
+
+
+def oracle_line(records: list[EvalRecord]) -> str:
+    """One line on the oracle row (evaluate's ORACLE): how many items it skipped for want of an asked box, and how
+    many of its results had a box larger than the budget (box_clipped); "" without oracle results."""
+    oracle = [r for r in records if r.row == ORACLE]
+    if not oracle:
+        return ""
+    items, boxed = {r.item for r in records}, boxed_items(records)
+    clipped = sum(bool(r.box_clipped) for r in oracle)
+    return (f"oracle: the asked box's cells forced into ARR's budget, on the {len(boxed)} of {len(items)} items with "
+            f"a box ({len(items - boxed)} without one skipped); {clipped} of its {len(oracle)} results had a box "
+            "larger than the budget (only its most relevant cells forced in)")
 
 
 def uneven_line(uneven: dict[str, list[int]], total: int) -> str:
@@ -328,6 +351,7 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     second_look = f"\n{refixation_table(refixation)}\n" if refixation else ""
     by_kind = "\n\n".join(t for t in (kind_table(summary, metric), tokens_by_kind(records, list(summary))) if t)
     warning = (f"**Warning: {uneven_line(uneven, len({r.item for r in records}))}.**\n\n" if uneven else "")
+    oracle = f"\n{oracle_line(records)}.\n" if oracle_line(records) else ""
     (folder / "report.md").write_text(f"# ARR-COC evaluation\n\n{warning}{settings}\n\n{markdown_tables(summary, metric)}\n"
-                                      + (f"\n{by_kind}\n" if by_kind else "") + second_look + links)
+                                      + oracle + (f"\n{by_kind}\n" if by_kind else "") + second_look + links)
     return paths

@@ -70,3 +70,6 @@ def check_pipeline(pipeline: str, request) -> None:
                          f"not {pipeline}")
     if request.refixate is not None and pipeline != "arr":
         raise InputError(f"refixation is ARR's second look: it needs the arr pipeline, not {pipeline}")
+    if request.include is not None and pipeline != "arr":
+        raise InputError(f"cells forced into the selection (include) are ARR's saccades: they need the arr pipeline, "
+                         f"not {pipeline}")

@@ -36,6 +36,8 @@ the prior and the weights in score, the saccade count and order in select, the g
     raster = Request(ablation=ABLATIONS["raster"])   # a name is made its Ablation by request.check_request
     answer = finished(answer(parts, views, "What does the sign say?", raster))
     answer = finished(answer(parts, views, "What does the sign say?", Request(refixate=0.5)))
+    box = views.box_coverage([40, 60, 200, 90]) > 0   # [GH, GW]: the cells a pixel box touches
+    answer = finished(answer(parts, views, "What does the sign say?", Request(include=box)))   # forced in (the oracle)
     first = finished(answer(parts, views, "What does the sign say?", Request(converse=True)))
     second = finished(follow_up(parts, first, "And the date?", Request(), read=None))
     scene = prepare(parts, views, "What does the sign say?", Request(budget=40))   # up to selection: the Microscope
@@ -48,6 +50,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confidence
 from arr_coc.pipelines.request import Parts, Request, ablation_named
 from arr_coc.pipelines.steps import continue_prompt, finish, generate, start_watch
@@ -163,15 +166,29 @@ def score(observation: Observation, scorer: Callable[..., ScoreMaps], ablation: 
 def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_tokens: int,
            budget: int | str | None = None, strategy: str | None = None, ablation: Ablation = NO_ABLATION,
            settings: TensionSettings | None = None,
-           exclude: torch.Tensor | None = None) -> ARRCOCOutput:
+           exclude: torch.Tensor | None = None, include: torch.Tensor | None = None) -> ARRCOCOutput:
     """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, "auto" for the adaptive one,
     or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
     under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions). exclude [1, GH, GW]:
-    cells not to select (a conversation's earlier turns'); a fixed budget then takes at most the cells left."""
+    cells not to select (a conversation's earlier turns'); a fixed budget then takes at most the cells left.
+    include [1, GH, GW]: cells always selected (Request.include), the budget's most relevant of them where they
+    are more, fed among the others in the same order."""
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
     if exclude is not None and budget != AUTO:
         budget = min(int(budget), int((~exclude).sum()))
-    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude))
+    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude,
+                                      include))
+
+
+def included_cells(request: Request, grid: tuple[int, int]) -> torch.Tensor | None:
+    """A request's cells forced into the first look (Request.include [GH, GW] bool) -> [1, GH, GW], or None;
+    InputError where they are not on this image's (GH, GW) candidate grid."""
+    if request.include is None:
+        return None
+    if tuple(request.include.shape) != tuple(grid):
+        raise InputError(f"include marks cells of a {'x'.join(map(str, request.include.shape))} grid; this image's "
+                         f"candidate grid is {grid[0]}x{grid[1]}")
+    return request.include.bool().unsqueeze(0)
 
 
 def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
@@ -368,7 +385,7 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)
         out = select(layer, maps, views.candidate_grid, len(observation.gestalt), request.budget, request.strategy,
-                     ablation, request.tensions)
+                     ablation, request.tensions, include=included_cells(request, views.candidate_grid))
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     yield None

@@ -60,6 +60,9 @@ class Request:
     stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
     converse: bool = False  # keep the conversation after the answer (Answer.history) for a follow-up question
     fresh_cells: bool = False  # arr's follow-ups: select only cells no earlier turn of the conversation read
+    include: torch.Tensor | None = None  # [GH, GW] bool on the views' candidate grid: cells ARR's first look must
+    # read, the rest of its budget chosen as ever, the most relevant of them where they outnumber the budget (arr
+    # only; evaluate's oracle row forces the asked box's cells in)
 
 
 def check_question(question) -> str:

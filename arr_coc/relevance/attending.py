@@ -17,7 +17,9 @@ Two tensions shape the selection (arr_coc.relevance.tensions; both 0 by default,
 A map that is not finite, or flat, or of a busy image (voids: noise, a dense texture) is a "semantic void": it
 falls back to `grid` and says why. Cells marked in `exclude` (those a first fixation already read) are never
 chosen: the strategy picks on the map with them at -inf, and any it still lands on are swapped for the best cells
-left (see `avoid`).
+left (see `avoid`). Cells marked in `include` (evaluate's oracle row: the asked box's) are always chosen, most
+relevant first where they outnumber the budget (`forced_cells`, kind FORCED); the strategy picks the rest of the
+budget as ever (its fallback included) among the other cells, as if the included ones were excluded.
 """
 
 import math
@@ -27,7 +29,7 @@ import torch
 
 from arr_coc.errors import InputError
 from arr_coc.relevance.config import ARRCOCConfig, STRATEGIES
-from arr_coc.relevance.tensions import COVERAGE, RELEVANCE, SPACED
+from arr_coc.relevance.tensions import COVERAGE, FORCED, RELEVANCE, SPACED
 
 FALLBACKS = (None, "non_finite", "semantic_void")  # why a map was not trusted (Allocation.fallback), by code
 
@@ -141,6 +143,19 @@ def avoid(chosen: torch.Tensor, kinds: torch.Tensor, scores: torch.Tensor,
     return torch.cat([kept, fill]), torch.cat([kinds[keep], torch.full_like(fill, RELEVANCE)])
 
 
+def forced_cells(scores: torch.Tensor, included: torch.Tensor, budget: int) -> torch.Tensor:
+    """[N] scores, [N] bool included cells -> the included cells, most relevant first (raster order on ties; a
+    non-finite score counts as 0), at most `budget` of them."""
+    cells = included.nonzero().squeeze(1)  # [M] raster order
+    safe = torch.nan_to_num(scores[cells], nan=0.0, posinf=0.0, neginf=0.0)  # [M]
+    return cells[safe.argsort(descending=True, stable=True)][:budget]
+
+
+def cell_mask(cells: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """[B, gh, gw] cells (any dtype, any device) -> [B, N] bool on `like`'s device, or None."""
+    return None if cells is None else cells.flatten(1).to(like.device, torch.bool)
+
+
 class TokenAllocator:
     def __init__(self, budget: int = ARRCOCConfig.budget, strategy: str = "topk", seed: int = 0, rho_bins: int = 16,
                  theta_bins: int = 17, void_tolerance: float = 1e-4, spacing_radius: float = 2.0):
@@ -188,13 +203,14 @@ class TokenAllocator:
                  empty_images: torch.Tensor | list[bool] | None = None,
                  busy_images: torch.Tensor | list[bool] | None = None, budgets: list[int] | None = None,
                  explore: list[float] | None = None, diversify: list[float] | None = None,
-                 exclude: torch.Tensor | None = None) -> Allocation:
+                 exclude: torch.Tensor | None = None, include: torch.Tensor | None = None) -> Allocation:
         """
         relevance [B, gh, gw] -> Allocation of exactly K cells per image (budgets: each image's K; default the
         budget). empty_images marks images with nothing in them, busy_images those without structure: whatever
         the map says there (e.g. attention that only follows position), it is a void. explore and diversify are
         each image's e and λ (default 0: plain topk). exclude [B, gh, gw] bool: cells never to choose (a second
-        fixation's already-read cells).
+        fixation's already-read cells). include [B, gh, gw] bool: cells always chosen (at most K, most relevant
+        first), the strategy choosing the rest among the others (evaluate's oracle row: the asked box's cells).
         """
         strategy = strategy or self.strategy
         if strategy not in STRATEGIES:
@@ -206,22 +222,39 @@ class TokenAllocator:
                              "ask for fewer saccades (or more max cells)")
         if len(set(budgets)) > 1:
             raise ValueError(f"adaptive budgets {budgets} differ across the batch: select one image at a time")
-        excluded = None if exclude is None else exclude.flatten(1).to(relevance.device, torch.bool)  # [B, N]
+        excluded, included = cell_mask(exclude, relevance), cell_mask(include, relevance)  # [B, N] each, or None
         if excluded is not None and budgets[0] > gh * gw - int(excluded.sum(1).max()):
             raise InputError(f"budget {budgets[0]} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
                              "cells not yet read")
+        if excluded is not None and included is not None and bool((excluded & included).any()):
+            raise InputError("a cell is both included and excluded: it cannot be forced in and kept out")
         flat = relevance.detach().flatten(1).float()  # [B, N]
         fallbacks = [FALLBACKS[code] for code in self.fallback_codes(flat, empty_images, busy_images).tolist()]
         picks = []
         for b, reason in enumerate(fallbacks):  # B is small (1 in the app); each image may take a different strategy
-            scores = flat[b]
-            masked = scores if excluded is None else scores.masked_fill(excluded[b], float("-inf"))  # [N]
-            chosen, kinds = self.select(masked, (gh, gw), "grid" if reason else strategy, budgets[b],
-                                        explore[b] if explore else 0.0, diversify[b] if diversify else 0.0)
-            if excluded is not None:
-                chosen, kinds = avoid(chosen, kinds, scores, excluded[b])
-            picks.append(ranked(scores, chosen, kinds))
+            chosen, kinds = self.pick(flat[b], (gh, gw), "grid" if reason else strategy, budgets[b],
+                                      explore[b] if explore else 0.0, diversify[b] if diversify else 0.0,
+                                      None if excluded is None else excluded[b],
+                                      None if included is None else included[b])
+            picks.append(ranked(flat[b], chosen, kinds))
         return allocation(picks, gw, fallbacks)
+
+    def pick(self, scores: torch.Tensor, grid: tuple[int, int], strategy: str, budget: int, explore: float,
+             diversify: float, excluded: torch.Tensor | None = None,
+             included: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One image's [N] scores -> (`budget` unique indices in any order, their kinds): the included [N] cells
+        (forced_cells), then the strategy's picks on the map with the excluded and included cells at -inf, any it
+        still lands on swapped for the best cells left (avoid)."""
+        forced = scores.new_zeros(0, dtype=torch.long) if included is None else forced_cells(scores, included, budget)
+        taken = excluded
+        if len(forced):
+            taken = torch.zeros_like(scores, dtype=torch.bool) if excluded is None else excluded.clone()
+            taken[forced] = True  # [N]
+        masked = scores if taken is None else scores.masked_fill(taken, float("-inf"))  # [N]
+        chosen, kinds = self.select(masked, grid, strategy, budget - len(forced), explore, diversify)
+        if taken is not None:
+            chosen, kinds = avoid(chosen, kinds, scores, taken)
+        return torch.cat([forced, chosen]), torch.cat([torch.full_like(forced, FORCED), kinds])
 
     def topk(self, flat: torch.Tensor, grid: tuple[int, int]) -> Allocation:
         """[B, N] scores on a (gh, gw) grid -> every image's plain topk of the budget, with no host sync (what

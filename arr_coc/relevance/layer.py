@@ -202,17 +202,19 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
 
     def select(self, maps: ScoreMaps, grid: tuple[int, int], budget: int | str | None = None,
                strategy: str | None = None, settings: TensionSettings | None = None,
-               exclude: torch.Tensor | None = None) -> ARRCOCOutput:
+               exclude: torch.Tensor | None = None, include: torch.Tensor | None = None) -> ARRCOCOutput:
         """
         Run the allocator over scored maps; cheap, so the app re-selects without re-scoring. budget: a fixed K,
         "auto" (tensions.AUTO: K from the map's concentration) or None (the config's); settings fix tensions by hand;
-        exclude [B, gh, gw] bool: cells never to select (those a first fixation read).
+        exclude [B, gh, gw] bool: cells never to select (those a first fixation read); include [B, gh, gw] bool:
+        cells always selected, the most relevant K of them where they are more (evaluate's oracle: the asked box).
         """
         c, settings, grid = self.config, settings or NO_SETTINGS, tuple(grid)
         strategy, auto = strategy or c.strategy, budget == AUTO
         K = c.budget if budget is None or auto else budget
         tensions = structure = None
-        if strategy == "topk" and not auto and exclude is None and K <= grid[0] * grid[1]:  # as served: one graph
+        served = exclude is None and include is None  # nothing excluded or forced in
+        if strategy == "topk" and not auto and served and K <= grid[0] * grid[1]:  # as served: one graph
             saccades, tensions, structure, plain = self.graphed_topk(  # replay and one host sync
                 maps.relevance, maps.textures, maps.tension_residuals, grid, K, settings)
             if bool(plain.all()):  # no fallback, coverage or spacing: what the allocator below would pick
@@ -226,7 +228,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                                busy_images=structure < c.void_structure,
                                budgets=budgets(tensions.particularize, bounds) if auto else None,
                                explore=tensions.explore.tolist(), diversify=tensions.diversify.tolist(),
-                               exclude=exclude)
+                               exclude=exclude, include=include)
         soft_k = soft_budget(tensions.particularize, bounds) if auto else None  # [B]
         saccades = self._saccades(maps.relevance, allocation, tensions, soft_k)
         return self._output(maps, grid, saccades, tensions, structure, auto, allocation.fallback, allocator.strategy)

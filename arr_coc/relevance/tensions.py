@@ -42,8 +42,9 @@ RANK_SOFTNESS = 4.0  # saccades: the width of the soft rank mask that relaxes K
 EXPLORE_PROBE = 0.05  # the weakest 5 % of the relevance picks: what a little more exploring would give away
 TENSIONS = ("explore", "diversify", "particularize")  # the tension_head's outputs, in order
 
-# what put a saccade in the selection (Allocation.kinds), for the gates
-RELEVANCE, SPACED, COVERAGE = 0, 1, 2
+# what put a saccade in the selection (Allocation.kinds), for the gates; FORCED: the caller's `include` (evaluate's
+# oracle row: the asked box's cells), not the map
+RELEVANCE, SPACED, COVERAGE, FORCED = 0, 1, 2, 3
 
 
 @dataclass

@@ -40,3 +40,26 @@ def test_the_second_look_after_an_adaptive_first_is_capped_by_the_cells_left():
     assert second_look_budget(Request(refixate_budget=40), fixed) == 40  # fixed: the allocator says if it cannot fit
     assert second_look_budget(Request(refixate_budget=40), adaptive) == 24
     assert second_look_budget(Request(), adaptive) == 24  # half of 1000, capped
+
+
+def test_cells_forced_in_are_read_and_a_wrong_grid_or_another_pipeline_is_refused(arr_model):
+    """Request.include on the tiny model: the box's cells (on the views' candidate grid: 32 x 32 of 14 px at 448²,
+    the box [98, 112, 140, 140] covering rows 8-9, columns 7-9) are among ARR's 40 saccades, which stay unique;
+    include on another grid, or for a pipeline without saccades, is refused in one line."""
+    import pytest
+
+    from arr_coc.errors import InputError
+
+    image = Image.fromarray((torch.arange(448 * 448 * 3) % 251).to(torch.uint8).view(448, 448, 3).numpy())
+    views = arr_model.views(image)
+    assert views.candidate_grid == (32, 32)
+    box = views.box_coverage([98, 112, 140, 140]) > 0  # [32, 32]
+    assert box.nonzero().tolist() == [[8, 7], [8, 8], [8, 9], [9, 7], [9, 8], [9, 9]]
+    a = arr_model.answer(views, "What is here?", "arr", Request(budget=40, include=box, max_new_tokens=1))
+    read = a.arr.indices[0].tolist()
+    assert len(read) == len(set(read)) == 40 and {8 * 32 + 7, 8 * 32 + 8, 8 * 32 + 9, 9 * 32 + 7, 9 * 32 + 8,
+                                                  9 * 32 + 9} <= set(read)
+    with pytest.raises(InputError, match="include marks cells of a 16x16 grid; this image's candidate grid is 32x32"):
+        arr_model.answer(views, "What is here?", "arr", Request(include=torch.ones(16, 16, dtype=torch.bool)))
+    with pytest.raises(InputError, match="need the arr pipeline, not full"):
+        arr_model.answer(views, "What is here?", "full", Request(include=box))

@@ -7,7 +7,7 @@ import torch
 
 from arr_coc.relevance.config import STRATEGIES
 from arr_coc.relevance.attending import TokenAllocator
-from arr_coc.relevance.tensions import COVERAGE
+from arr_coc.relevance.tensions import COVERAGE, FORCED, RELEVANCE
 
 
 def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):
@@ -230,3 +230,69 @@ def test_spacing_on_a_second_look_starts_at_the_best_cell_left_and_spreads():
         assert out.indices[0, 0] == plain.indices[0, 0] and not exclude.flatten()[out.indices[0]].any()
         distances.append(mean_pairwise_distance(out.positions[0]))
     assert distances == sorted(set(distances)), distances
+
+
+# ----------------------------------------------------------------------------- cells forced in (evaluate's oracle)
+
+# A hand-made 4 x 4 relevance map, raster index i at row i // 4, column i % 4:
+#    0: .10   1: .90   2: .30   3: .20
+#    4: .80   5: .05   6: .70   7: .40
+#    8: .60   9: .50  10: .02  11: .01
+#   12: .15  13: .35  14: .03  15: .04
+HAND_MAP = torch.tensor([[[0.10, 0.90, 0.30, 0.20],
+                          [0.80, 0.05, 0.70, 0.40],
+                          [0.60, 0.50, 0.02, 0.01],
+                          [0.15, 0.35, 0.03, 0.04]]])
+
+
+def box_mask(rows: slice, cols: slice, grid=(4, 4)) -> torch.Tensor:
+    """[1, gh, gw] bool: the cells of a box of rows x cols."""
+    mask = torch.zeros(1, *grid, dtype=torch.bool)
+    mask[0, rows, cols] = True
+    return mask
+
+
+def test_an_included_box_is_read_whole_and_the_rest_of_the_budget_goes_by_relevance():
+    """The 2 x 2 box of the map's four least relevant cells (10, 11, 14, 15) forced into 6: all four, and the two
+    best cells outside it (1 at .90, 4 at .80), most relevant first; the box's cells marked FORCED."""
+    out = TokenAllocator(6, "topk")(HAND_MAP, include=box_mask(slice(2, 4), slice(2, 4)))
+    assert out.indices[0].tolist() == [1, 4, 15, 14, 10, 11]
+    assert out.positions[0].tolist() == [[0, 1], [1, 0], [3, 3], [3, 2], [2, 2], [2, 3]]
+    assert out.kinds[0].tolist() == [RELEVANCE, RELEVANCE, FORCED, FORCED, FORCED, FORCED]
+    assert out.fallback == [None]
+
+
+def test_a_box_among_the_best_cells_is_not_read_twice():
+    """The box over cells 0, 1, 4, 5 (two of the map's best) forced into 6: the fill is the best cells outside
+    the box (6 at .70, 8 at .60), none repeated."""
+    out = TokenAllocator(6, "topk")(HAND_MAP, include=box_mask(slice(0, 2), slice(0, 2)))
+    assert out.indices[0].tolist() == [1, 4, 6, 8, 0, 5]
+
+
+def test_a_box_larger_than_the_budget_gives_its_most_relevant_cells_only():
+    """Budget 3, the box over cells 0, 1, 4, 5: its three most relevant (1, 4, 0), all inside it; budget 2, the
+    box of the four least relevant: its best two (15, 14), not the map's best."""
+    high = TokenAllocator(3, "topk")(HAND_MAP, include=box_mask(slice(0, 2), slice(0, 2)))
+    assert high.indices[0].tolist() == [1, 4, 0]
+    low = TokenAllocator(2, "topk")(HAND_MAP, include=box_mask(slice(2, 4), slice(2, 4)))
+    assert low.indices[0].tolist() == [15, 14] and low.kinds[0].tolist() == [FORCED, FORCED]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("flat", [False, True])  # True: a void, which falls back to grid for the rest
+def test_an_included_box_is_read_whatever_the_strategy_or_fallback(strategy, flat):
+    """A 6 x 5 box far from the peak forced into 273 cells of a 32 x 32 map: exactly 273 unique in-bounds cells,
+    the box's 30 among them, under every strategy and the grid fallback."""
+    relevance = torch.zeros(1, 32, 32) if flat else peaked_map(centre=(8, 8))
+    box = box_mask(slice(24, 30), slice(20, 25), (32, 32))
+    out = TokenAllocator(273, strategy)(relevance, include=box)
+    idx = out.indices[0]
+    assert idx.shape == (273,) and idx.unique().numel() == 273 and ((idx >= 0) & (idx < 32 * 32)).all()
+    assert box.flatten()[idx].sum() == 30 and int((out.kinds == FORCED).sum()) == 30
+    assert out.fallback == (["semantic_void"] if flat else [None])
+
+
+def test_a_cell_both_included_and_excluded_is_refused():
+    with pytest.raises(ValueError, match="both included and excluded"):
+        TokenAllocator(4)(HAND_MAP, include=box_mask(slice(0, 2), slice(0, 2)),
+                          exclude=box_mask(slice(1, 3), slice(1, 3)))

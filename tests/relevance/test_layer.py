@@ -280,3 +280,27 @@ def test_sizes_are_checked_against_the_safetensors_header_before_anything_is_all
     assert built == ["meta"]
     (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
     assert ARRCOCLayer.from_pretrained(tmp_path / "ck").config.balancer_hidden == 32 and built[1:] == ["meta", "cpu"]
+
+
+@pytest.mark.parametrize("order, expected", [("relevance", [677, 5, 103, 644, 645, 676]),
+                                             ("raster", [5, 103, 644, 645, 676, 677])])
+def test_included_cells_are_selected_and_fed_in_the_layers_saccade_order(order, expected):
+    """A relevance map of zeros but for (0, 5) .90, (3, 7) .80, (10, 10) .70 and (21, 5) .95 on a 32 x 32 grid, the
+    2 x 2 box over rows 20-21, columns 4-5 (cells 644, 645, 676, 677) forced into 6: the box's four and the two best
+    cells outside it (5, 103), fed most relevant first or row by row, as the layer feeds; the served one-graph path
+    is not taken (it knows nothing of included cells)."""
+    from dataclasses import replace
+
+    from arr_coc.relevance.tensions import FORCED, RELEVANCE
+
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, saccade_order=order))
+    relevance = torch.zeros(1, 32, 32)
+    for (row, col), value in {(0, 5): 0.90, (3, 7): 0.80, (10, 10): 0.70, (21, 5): 0.95}.items():
+        relevance[0, row, col] = value
+    maps = replace(scored(layer, structured_images(1)), relevance=relevance)  # a structured page: no fallback
+    box = torch.zeros(1, 32, 32, dtype=torch.bool)
+    box[0, 20:22, 4:6] = True
+    out = layer.select(maps, (32, 32), 6, include=box)
+    assert out.indices[0].tolist() == expected and out.fallback == [None] and out.saccade_order == order
+    assert out.positions[0].tolist() == [[i // 32, i % 32] for i in expected]
+    assert out.kinds[0].tolist() == [FORCED if i in (644, 645, 676, 677) else RELEVANCE for i in expected]
