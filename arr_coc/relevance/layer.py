@@ -34,7 +34,7 @@ from arr_coc.relevance import balancing
 from arr_coc.relevance.attending import Allocation, TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
 from arr_coc.relevance.concentration import image_structure
-from arr_coc.relevance.config import AUTO, NO_SETTINGS, ARRCOCConfig, TensionSettings
+from arr_coc.relevance.config import AUTO, LEGACY_SACCADE_ORDER, NO_SETTINGS, ARRCOCConfig, TensionSettings
 from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
 from arr_coc.relevance.tensions import Tensions, budgets, gates, soft_budget, tension_values
 from arr_coc.relevance.texture import is_flat
@@ -99,7 +99,7 @@ class ARRCOCOutput:
     fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
     strategy: str  # strategy that was asked for
     grid: tuple[int, int]  # (gh, gw) candidate grid
-    saccade_order: str = "relevance"  # the order of the per-saccade fields: "relevance" or "raster" (in_order)
+    saccade_order: str = "raster"  # the order of the per-saccade fields: "raster" or "relevance" (in_order)
 
     def token_weights(self) -> torch.Tensor:
         """[B, K] what training multiplies the saccades' tokens by: (1 + (s - s.detach())) * gates, the straight-through
@@ -345,8 +345,9 @@ def read_checkpoint_config(folder: Path) -> ARRCOCConfig:
     if not isinstance(raw, dict) or not {"base_model_family", "hidden_size"} <= raw.keys():
         raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not an ARR-COC config "
                               f"(expected keys base_model_family, hidden_size, ...)")
-    try:
-        return ARRCOCConfig(**{k: v for k, v in raw.items() if k in known})
+    order = {} if "saccade_order" in raw else {"saccade_order": LEGACY_SACCADE_ORDER}  # trained before raster was
+    try:  # the default: it keeps the order it was trained in
+        return ARRCOCConfig(**{**order, **{k: v for k, v in raw.items() if k in known}})
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{folder.name}/{CONFIG_FILE}: {e}") from None
 

@@ -91,7 +91,7 @@ def test_the_served_selection_is_the_maps_topk_most_relevant_first_without_the_a
     from arr_coc.relevance.attending import TokenAllocator
 
     monkeypatch.setattr(TokenAllocator, "__call__", lambda *a, **k: pytest.fail("the allocator's loop ran"))
-    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, saccade_order="relevance"))
     maps = scored(layer, structured_images(2))
     out = layer.select(maps, (32, 32), 40)
     for b in range(2):
@@ -101,6 +101,53 @@ def test_the_served_selection_is_the_maps_topk_most_relevant_first_without_the_a
         assert out.positions[b].tolist() == [[i // 32, i % 32] for i in expected]
         assert out.scores[b].tolist() == [scores[i] for i in expected]
     assert out.fallback == [None, None] and out.kinds.eq(0).all() and out.gates.eq(1).all()
+
+
+MAP_4X4 = [[0.10, 0.90, 0.20, 0.80],  # a hand-made relevance map: its top 6 are 0.95 (cell 13), 0.90 (1), 0.80 (3),
+           [0.30, 0.05, 0.70, 0.00],  # 0.70 (6), 0.60 (8) and 0.50 (11)
+           [0.60, 0.15, 0.40, 0.50],
+           [0.25, 0.95, 0.35, 0.45]]
+
+
+def test_a_fresh_layer_feeds_its_saccades_row_by_row():
+    """Issue 61: raster order is the default. A fresh layer's 6 saccades of a 4x4 map come row by row; the
+    relevance-order ablation gives the same cells most relevant first."""
+    from dataclasses import replace
+
+    from arr_coc.relevance.ablation import ABLATIONS
+
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    assert layer.config.saccade_order == "raster"
+    image = torch.zeros(1, 3, 112, 112)
+    image[:, :, 28:56, 56:84] = 1.0  # one bright cell: a page with structure, not a busy one (no grid fallback)
+    with torch.no_grad():
+        maps = layer(generate_texture_array(image, (4, 4)), torch.randn(1, 5, D))
+    maps = replace(maps, relevance=torch.tensor([MAP_4X4]))  # [1, 4, 4]
+    out = layer.select(maps, (4, 4), 6)
+    assert out.fallback == [None] and out.saccade_order == "raster"
+    assert out.indices.tolist() == [[1, 3, 6, 8, 11, 13]]
+    assert out.positions.tolist() == [[[0, 1], [0, 3], [1, 2], [2, 0], [2, 3], [3, 1]]]
+    assert torch.equal(out.scores, torch.tensor([[0.90, 0.80, 0.70, 0.60, 0.50, 0.95]]))
+    assert ABLATIONS["relevance-order"].feed(out).indices.tolist() == [[13, 1, 3, 6, 8, 11]]
+
+
+def test_a_checkpoint_that_names_no_order_keeps_relevance_order(tmp_path):
+    """A config.json without saccade_order was written when relevance order was the default: it loads in the order
+    it was trained in; one that names an order keeps it; the shipped folders say which they are."""
+    import json
+
+    from arr_coc.checkpoints import ROOT
+
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    path = tmp_path / "ck" / "config.json"
+    config = json.loads(path.read_text())
+    assert config["saccade_order"] == "raster"  # a new checkpoint records the new default
+    path.write_text(json.dumps({k: v for k, v in config.items() if k != "saccade_order"}))
+    assert ARRCOCLayer.from_pretrained(tmp_path / "ck").config.saccade_order == "relevance"
+    shipped = {name: json.loads((ROOT / name / "config.json").read_text()).get("saccade_order")
+               for name in ("pocket-fineprint", "tiny-charts-documents", "tiny-text-vs-distractor")}
+    assert shipped == {"pocket-fineprint": "raster", "tiny-charts-documents": "relevance",
+                       "tiny-text-vs-distractor": "relevance"}
 
 
 @pytest.mark.parametrize("case", ["plain", "raster order", "explore rounding to no coverage", "explore", "diversify",
