@@ -171,7 +171,8 @@ def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_t
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
     if exclude is not None and budget != AUTO:
         budget = min(int(budget), int((~exclude).sum()))
-    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude))
+    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude,
+                                      ablation.busy_pages))
 
 
 def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
@@ -307,7 +308,8 @@ def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: 
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
         out = ablation.feed(layer.select(maps, views.candidate_grid, K2, request.strategy,
-                                         tension_settings(request.tensions, ablation), read.view(-1, *first.grid)))
+                                         tension_settings(request.tensions, ablation), read.view(-1, *first.grid),
+                                         ablation.busy_pages))
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
     return out, saccades, guide_tokens
