@@ -2,17 +2,22 @@
 Where the shipped folders are and what the checkpoints are called: a utility, importing nothing of the project.
 
 A checkpoint is named by a folder, a name under checkpoints/ (e.g. "tiny-text-vs-distractor") or a hub
-repo id; "prior" means the untrained layer. Which checkpoint a model gets when none is asked for (the first made
-for it, read from its config.json) is the relevance layer's rule, arr_coc.relevance.layer.choose_checkpoint.
+repo id; "prior" means the untrained layer. Which checkpoint a model gets when none is asked for is the relevance
+layer's rule, arr_coc.relevance.layer.choose_checkpoint: the first made for it (its config.json) whose evidence.json
+says it passes DefaultRule (issue 61: it beats the untrained prior on the held-out families), else the prior.
+python -m arr_coc.commands.evidence measures a folder and writes that file; evidence_passes reads it.
 
     folder = resolve_checkpoint("tiny-text-vs-distractor")   # checkpoints/tiny-text-vs-distractor, from anywhere
     label(folder), label(None)                               # "tiny-text-vs-distractor", PRIOR
+    evidence_passes(folder)                                  # False: no evidence.json there
 
 The shipped checkpoints are the repo's checkpoints/ folder, or after `pip install .` the copy inside the
 package (setup.py installs it as arr_coc/shipped/checkpoints): `shipped(name)` finds either, from any folder.
 """
 
+import hashlib
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent  # arr_coc/, in the repo or where pip installed it
@@ -28,6 +33,9 @@ def shipped(name: str, package: Path = PACKAGE) -> Path:
 
 
 ROOT = shipped("checkpoints")  # the shipped checkpoints, found by name (--checkpoint tiny-text-vs-distractor)
+CONFIG_FILE = "config.json"  # a checkpoint folder's ARRCOCConfig
+WEIGHTS_FILE = "model.safetensors"  # its weights
+EVIDENCE_FILE = "evidence.json"  # what python -m arr_coc.commands.evidence measured of it: whether it may be a default
 
 # the offline model (--model pocket), trained by arr_coc.pocket.train: its name, folder and notice live here, beside
 # the other shipped folders, so that loading it loads nothing of its trainer
@@ -85,3 +93,36 @@ def resolve_checkpoint(name: str, root: Path = ROOT) -> str:
 def label(checkpoint: str | None) -> str:
     """A checkpoint's short name, as the app's dropdown and the reports show it."""
     return PRIOR if checkpoint is None else (Path(checkpoint).name if Path(checkpoint).is_dir() else checkpoint)
+
+
+@dataclass(frozen=True)
+class DefaultRule:
+    """The scale at which a layer must beat the untrained prior to be its model's default (issue 61): on every
+    held-out layout family, box recall at `budget` saccades above the prior's with the 95% intervals apart, and no
+    kind's exact match below the prior's with the intervals apart (arr_coc.commands.evidence judges it)."""
+    size: int = 896  # page area, about size^2 px
+    pages: int = 96  # at least this many pages a kind and family
+    budget: int = 64  # saccades
+
+
+RULE = DefaultRule()
+
+
+def file_digests(folder: str | Path) -> dict[str, str | None]:
+    """The sha256 of a checkpoint's config.json and weights (None for a missing file): what its evidence was
+    measured on, so that evidence of other weights or another config counts for nothing."""
+    def digest(path: Path) -> str | None:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+    return {name: digest(Path(folder) / name) for name in (CONFIG_FILE, WEIGHTS_FILE)}
+
+
+def evidence_passes(folder: str | Path) -> bool:
+    """Whether folder/evidence.json says the layer passes the rule: its verdict passes, under RULE as it stands, on
+    these very files (file_digests). No file, a failing, stale or unreadable one: False."""
+    try:
+        evidence = json.loads((Path(folder) / EVIDENCE_FILE).read_text(encoding="utf-8"))
+        return (evidence["verdict"]["passes"] is True and evidence["rule"] == asdict(RULE)
+                and evidence["files"] == file_digests(folder))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False

@@ -205,8 +205,8 @@ def model_flag(default: str | None = None, use: str = "the VLM", then: str = FAL
 def checkpoint_flag():
     """--checkpoint, one flag for the app, run and evaluate (arr_coc.relevance.layer.choose_checkpoint reads it)."""
     return flag(None, "ARR checkpoint: a name under checkpoints/, a folder, a hub repo id, or 'prior' for the "
-                      "untrained layer (default: the first checkpoint under checkpoints/ made for the model, else the "
-                      "prior; the app's rule)")
+                      "untrained layer (default: the first checkpoint under checkpoints/ made for the model whose "
+                      "evidence.json shows it beats the prior, else the prior; the app's rule)")
 
 
 def default_model(args) -> None:

@@ -552,11 +552,18 @@ def test_errors_reach_the_user_with_their_message():
     assert unexpected.value.message.startswith("Unexpected error (KeyError: 'lost'). The app is still running")
 
 
-def test_default_checkpoint_is_the_first_that_fits_the_model(arr_model, tmp_path):
+def test_default_checkpoint_is_the_first_that_fits_the_model_and_passed_the_rule(arr_model, tmp_path):
+    from dataclasses import asdict
+
+    from arr_coc import checkpoints
+
     model = ARRCOCQwen(arr_model.vlm)  # its own layer over the shared VLM
     assert ui.install_default_layer(model, None, tmp_path) == (ui.PRIOR, None)
     save_checkpoint(tmp_path / "a_other_model", hidden_size=1536)
     save_checkpoint(tmp_path / "b_fits", prior_weights=[0.1, 0.2, 0.7])
+    assert ui.install_default_layer(model, None, tmp_path) == (ui.PRIOR, None)  # no evidence: the prior
+    (tmp_path / "b_fits" / checkpoints.EVIDENCE_FILE).write_text(json.dumps(dict(  # issue 61's rule, passed
+        rule=asdict(checkpoints.RULE), files=checkpoints.file_digests(tmp_path / "b_fits"), verdict=dict(passes=True))))
     assert ui.install_default_layer(model, None, tmp_path) == ("b_fits", None)
     assert model.layer.config.prior_weights == [0.1, 0.2, 0.7]
     name, notice = ui.install_default_layer(model, "a_other_model", tmp_path)

@@ -302,17 +302,29 @@ def test_checkpoint_names_folders_and_hub_ids_resolve(tmp_path, monkeypatch):
     assert checkpoints.resolve_checkpoint("tiny-text-vs-distractor") == str(ROOT / "checkpoints" / "tiny-text-vs-distractor")
 
 
-def test_the_default_is_the_first_checkpoint_made_for_the_model(tmp_path):
+def passing(folder: Path) -> None:
+    """An evidence.json that says the folder's layer passes the default rule (issue 61; tests/test_evidence.py)."""
+    from dataclasses import asdict
+
+    (folder / checkpoints.EVIDENCE_FILE).write_text(json.dumps(dict(
+        rule=asdict(checkpoints.RULE), files=checkpoints.file_digests(folder), verdict=dict(passes=True))))
+
+
+def test_the_default_is_the_first_checkpoint_made_for_the_model_whose_evidence_passes(tmp_path):
     assert default_checkpoint("qwen2_vl", 64, tmp_path) is None
     layer_config(tmp_path / "a_big", hidden_size=1536)
     layer_config(tmp_path / "b_other_family", family="qwen3_vl")
     (tmp_path / "c_broken").mkdir()
     (tmp_path / "c_broken" / "config.json").write_text("{not json")
-    layer_config(tmp_path / "d_fits")
-    layer_config(tmp_path / "e_fits_too")
-    assert default_checkpoint("qwen2_vl", 64, tmp_path) == str(tmp_path / "d_fits")
+    layer_config(tmp_path / "d_fits_no_evidence")
+    layer_config(tmp_path / "e_fits")
+    layer_config(tmp_path / "f_fits_too")
+    for name in ("a_big", "b_other_family", "c_broken", "e_fits", "f_fits_too"):
+        passing(tmp_path / name)
+    assert default_checkpoint("qwen2_vl", 64, tmp_path) == str(tmp_path / "e_fits")
     assert choose_checkpoint(None, "qwen2_vl", 1536, tmp_path) == str(tmp_path / "a_big")
-    assert checkpoints.label(str(tmp_path / "d_fits")) == "d_fits" and checkpoints.label(None) == checkpoints.PRIOR
+    assert choose_checkpoint(None, "qwen2_vl", 32, tmp_path) is None  # nothing made for it: the prior
+    assert checkpoints.label(str(tmp_path / "e_fits")) == "e_fits" and checkpoints.label(None) == checkpoints.PRIOR
 
 
 # ----------------------------------------------------------------------------- packaging

@@ -17,7 +17,10 @@ SHARED = {"model", "checkpoint", "budget", "min_budget", "max_budget", "max_cell
           "refixate", "refixate_budget", "faithfulness_steps",  # each defined once in arr_coc/cli.py (cli.model_flag, ...)
           "device", "seed"}  # ... and these in arr_coc/flags.py (device_flag, seed_flag), for commands at any layer
 OWN = {("arr_coc/pocket/heldout.py", "model"): "an exported pocket folder that stock transformers loads, not a VLM "
-                                               "for the façade: its own flag"}
+                                               "for the façade: its own flag",
+       ("arr_coc/commands/evidence.py", "checkpoint"): "the one folder the default rule judges (required; no 'prior', "
+                                                       "no hub id): its own flag",
+       ("arr_coc/commands/evidence.py", "budget"): "the rule's fixed budget (64, never 'auto'): its own flag"}
 
 
 def test_the_page_holds_exactly_the_tables_the_configs_generate():

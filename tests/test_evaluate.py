@@ -59,7 +59,8 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
                           "--max-new-tokens", "2", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     summary = report["summary"]
-    assert report["checkpoint"] == "tiny-charts-documents" and report["metric"] == "contains"  # the app's default rule
+    assert report["checkpoint"] == "prior (untrained)" and report["metric"] == "contains"  # the default rule: no
+    # shipped layer's evidence passes (issue 61)
     assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune",
                              "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random", "oracle"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
@@ -82,7 +83,7 @@ def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):
                           "--strategies", "topk", "--ablations", "all", "--synthetic", "1", "--kinds", "text_vs_distractor",
                           "--max-new-tokens", "1", "--no-oracle", "--out", str(out)]) == 0
     names = ["information", "perspectival", "participatory", "fixed-weights", "no-prior", "raster", "relevance-order",
-             "no-gestalt", "explore", "diversify", "auto-budget"]
+             "no-gestalt", "explore", "diversify", "auto-budget", "busy-grid", "busy-keep"]
     summary = json.loads((out / "report.json").read_text())["summary"]
     assert list(summary) == ["arr:topk", *(f"arr-{name}:topk" for name in names)]
     assert {row["visual_tokens"] for name, row in summary.items() if name != "arr-auto-budget:topk"} == {529}

@@ -42,7 +42,7 @@ def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
     assert all(name in printed for name in ("arr", "full", "gestalt", "budget", "fastv"))
     report = json.loads(out.read_text())
     assert report["model"] == "tiny" and report["question"] == QUESTION and report["max_cells"] == 4096
-    assert report["checkpoint"] == "tiny-charts-documents"  # the app's default: the first made for the model
+    assert report["checkpoint"] == "prior (untrained)"  # the default rule: no shipped layer's evidence passes
     assert "answers are meaningless" in report["notice"]
     assert set(report["versions"]) == {"torch", "transformers", "arr_coc"} and all(report["versions"].values())
     results = report["pipelines"]

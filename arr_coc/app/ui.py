@@ -28,13 +28,13 @@ from PIL import Image, UnidentifiedImageError
 
 from arr_coc import checkpoints
 from arr_coc.viz import rank_correlation, saccade_overlap
-from arr_coc.checkpoints import PRIOR  # the checkpoint choice that means the hand-designed prior layer
+from arr_coc.checkpoints import CONFIG_FILE, PRIOR, WEIGHTS_FILE  # PRIOR: the choice that means the untrained layer
 from arr_coc.errors import InputError, OutOfMemory, Stopped
 from arr_coc.vlm.images import open_image
 from arr_coc.eval.faithfulness import FaithfulnessCurves
 from arr_coc.eval.metrics import answers_agree
 from arr_coc.model import ARRCOCQwen, Answer, check_question
-from arr_coc.relevance.layer import (CONFIG_FILE, WEIGHTS_FILE, ARRCOCLayer, ARRCOCOutput, CheckpointError,
+from arr_coc.relevance.layer import (ARRCOCLayer, ARRCOCOutput, CheckpointError,
                                      choose_checkpoint, list_checkpoints, read_checkpoint_config)
 from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
 from arr_coc.relevance.texture import CHANNELS
@@ -73,9 +73,11 @@ TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "TTFT m
 TURN_WIDTHS = ["5%", "15%", "12%", "12%", "7%", "7%", "8%", "8%", "7%", "7%", "12%"]
 SACCADE_HEADERS = ["rank", "row", "col", "score", "fed"]  # rank 1 = most relevant; fed: its place in the LLM's input
 FALLBACKS = {
-    "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (a busy "
-                     "image, noise or a dense texture with no cells that stand out, counts as flat)",
+    "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (under "
+                     "busy_pages: grid, a busy image, with no cells that stand out, counts as flat too)",
     "non_finite": "non-finite relevance: the map has NaN or inf values, so the saccades fall back to an even grid",
+    "busy": "busy image: no cells stand out in its content (noise, a dense texture or a dense page), but the "
+            "saccades are the relevance map's own (busy_pages: keep)",
 }
 USER_ERRORS = (InputError, CheckpointError, OutOfMemory, Stopped)  # their messages are written for the user
 # the Microscope's tension sliders: name -> (label, lowest, highest, step, the prior it starts at)

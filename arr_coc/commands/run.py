@@ -37,7 +37,8 @@ log-likelihood as they are removed in rank order, in a random order, and inserte
 curves in the JSON and, with --save-dir, faithfulness.png.
 
 The ARR layer follows the app's rule: --checkpoint (a name under checkpoints/, a folder, a hub id, or
-"prior"), else the first checkpoint in checkpoints/ made for the model, else the untrained prior.
+"prior"), else the first checkpoint in checkpoints/ made for the model whose evidence.json shows it beats the
+prior (python -m arr_coc.commands.evidence), else the untrained prior.
 Progress lines and notes go to stderr; the table to stdout. The JSON records the model, the checkpoint,
 the question, any notice about the model and the package versions, beside each pipeline's results.
 
@@ -238,7 +239,9 @@ def print_turn(results: dict, arr_answer) -> None:
             print(tension_line(name, result["tensions"]))
     for line in filter(None, (refixation_line(name, r) for name, r in results.items())):
         print(line)
-    if arr_answer is not None and arr_answer.arr.fallback[0]:
+    if arr_answer is not None and arr_answer.arr.fallback[0] == "busy":
+        print("note: a busy image (no cells stand out in its content); ARR kept its own saccades")
+    elif arr_answer is not None and arr_answer.arr.fallback[0]:
         print(f"note: ARR fell back to an even grid ({arr_answer.arr.fallback[0]})")
 
 

@@ -132,7 +132,7 @@ class TrainConfig:
                                   "added to the loss (0: none)", cli.bounded_float(0.0))
     saccade_order: str | None = flag(None, "feed the saccades to the LLM in this order, in training and wherever the "
                                            "checkpoint is used: 'relevance' (most relevant first) or 'raster' (row by "
-                                           "row); default: the --init checkpoint's, else relevance",
+                                           "row); default: the --init checkpoint's, else raster",
                                      cli.one_of(SACCADE_ORDERS))
     init: str | None = flag(None, "start from this checkpoint (a name under checkpoints/, a folder or a hub id) "
                                   "instead of the untrained prior")

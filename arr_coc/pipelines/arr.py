@@ -177,7 +177,7 @@ def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_t
     if exclude is not None and budget != AUTO:
         budget = min(int(budget), int((~exclude).sum()))
     return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude,
-                                      include))
+                                      include, ablation.busy_pages))
 
 
 def included_cells(request: Request, grid: tuple[int, int]) -> torch.Tensor | None:
@@ -324,7 +324,8 @@ def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: 
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
         out = ablation.feed(layer.select(maps, views.candidate_grid, K2, request.strategy,
-                                         tension_settings(request.tensions, ablation), read.view(-1, *first.grid)))
+                                         tension_settings(request.tensions, ablation), read.view(-1, *first.grid),
+                                         ablation.busy_pages))
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
     return out, saccades, guide_tokens

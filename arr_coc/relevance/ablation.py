@@ -6,6 +6,7 @@ callers at four well-defined points, so every part of ARR has to earn its keep a
     weights  the balancer's weights, fixed instead of learned                  (Ablation.mix, after scoring)
     budget   the saccade count: no gestalt reads budget + its tokens as saccades (Ablation.saccade_budget)
     order    the order the saccades are fed to the LLM: raster or relevance     (Ablation.feed, after selection)
+    busy     what a busy page's selection becomes: a grid, or kept             (Ablation.busy_pages, at selection)
 
 and one on the LLM's input: whether the gestalt block is in the prompt (Ablation.gestalt).
 
@@ -46,6 +47,8 @@ class Ablation:
     gestalt: bool = True  # False: no gestalt block; its token count goes to the saccades instead
     tensions: TensionSettings | None = None  # tensions fixed at these values (None: the balancer's)
     auto_budget: bool = False  # True: the adaptive budget (--budget auto) whatever budget is asked for
+    busy_pages: str | None = None  # what a busy image's selection becomes ("grid" or "keep"); None: the layer's own
+    # (ARRCOCConfig.busy_pages)
 
     def prior(self, prior: torch.Tensor | None) -> torch.Tensor | None:
         """The participatory prior [B, gh, gw] the scorer gets: the VLM's, or none."""
@@ -93,6 +96,10 @@ ABLATIONS = {a.name: a for a in (
     Ablation("diversify", "focus<->diversify on: topk with a spacing penalty (lambda = 2 standard units)",
              tensions=TensionSettings(diversify=2.0)),
     Ablation("auto-budget", "compress<->particularize on: the adaptive budget (--budget auto)", auto_budget=True),
+    Ablation("busy-grid", "a busy page's selection swapped for an even grid (its fallback: semantic_void)",
+             busy_pages="grid"),
+    Ablation("busy-keep", "a busy page's selection kept, the page only recorded as busy (its fallback: busy)",
+             busy_pages="keep"),
 )}
 
 

@@ -15,7 +15,8 @@ Two tensions shape the selection (arr_coc.relevance.tensions; both 0 by default,
 - diversify λ (topk) a greedy pick of relevance (standardised) minus λ x proximity to the cells picked so far
 
 A map that is not finite, or flat, or of a busy image (voids: noise, a dense texture) is a "semantic void": it
-falls back to `grid` and says why. Cells marked in `exclude` (those a first fixation already read) are never
+falls back to `grid` and says why. With busy_pages "keep", a busy image's picks stay the strategy's own and its
+fallback only says "busy" (a dense page's asked box is still where relevance points; a grid holds little of it). Cells marked in `exclude` (those a first fixation already read) are never
 chosen: the strategy picks on the map with them at -inf, and any it still lands on are swapped for the best cells
 left (see `avoid`). Cells marked in `include` (evaluate's oracle row: the asked box's) are always chosen, most
 relevant first where they outnumber the budget (`forced_cells`, kind FORCED); the strategy picks the rest of the
@@ -28,10 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.relevance.config import ARRCOCConfig, STRATEGIES
+from arr_coc.relevance.config import BUSY_PAGES, STRATEGIES, ARRCOCConfig
 from arr_coc.relevance.tensions import COVERAGE, FORCED, RELEVANCE, SPACED
 
-FALLBACKS = (None, "non_finite", "semantic_void")  # why a map was not trusted (Allocation.fallback), by code
+FALLBACKS = (None, "non_finite", "semantic_void", "busy")  # why a map was not trusted (Allocation.fallback), by
+# code; "busy" (busy_pages "keep"): a busy image, recorded, its selection kept
+KEPT = (None, "busy")  # the fallbacks under which the strategy's own picks stay
 
 
 @dataclass
@@ -39,7 +42,7 @@ class Allocation:
     indices: torch.Tensor  # [B, K] flat cell index row * gw + col, relevance-ordered
     positions: torch.Tensor  # [B, K, 2] (row, col) of each saccade
     scores: torch.Tensor  # [B, K] relevance of each saccade (non-finite values reported as 0)
-    fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
+    fallback: list[str | None]  # per image: one of FALLBACKS (None: the map was trusted)
     kinds: torch.Tensor  # [B, K] what picked each saccade: tensions.RELEVANCE, SPACED (the spacing penalty) or COVERAGE
 
 
@@ -158,25 +161,31 @@ def cell_mask(cells: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | 
 
 class TokenAllocator:
     def __init__(self, budget: int = ARRCOCConfig.budget, strategy: str = "topk", seed: int = 0, rho_bins: int = 16,
-                 theta_bins: int = 17, void_tolerance: float = 1e-4, spacing_radius: float = 2.0):
+                 theta_bins: int = 17, void_tolerance: float = 1e-4, spacing_radius: float = 2.0,
+                 busy_pages: str = ARRCOCConfig.busy_pages):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if busy_pages not in BUSY_PAGES:
+            raise ValueError(f"busy_pages must be one of {BUSY_PAGES}, got {busy_pages!r}")
         self.budget, self.strategy, self.seed = budget, strategy, seed
         self.rho_bins, self.theta_bins, self.void_tolerance = rho_bins, theta_bins, void_tolerance
-        self.spacing_radius = spacing_radius
+        self.spacing_radius, self.busy_pages = spacing_radius, busy_pages
 
     def fallback_codes(self, flat: torch.Tensor, empty: torch.Tensor | None = None,
                        busy: torch.Tensor | None = None) -> torch.Tensor:
         """[B, N] scores, [B] bool empty and busy images -> [B] each map's index into FALLBACKS (0: it can be
-        trusted), with no host sync: a map not finite is "non_finite"; of an empty or busy image, or flat within the
-        void tolerance of its largest value (compared in float64), "semantic_void"."""
+        trusted), with no host sync: a map not finite is "non_finite"; of an empty image, or flat within the void
+        tolerance of its largest value (compared in float64), "semantic_void"; of a busy image, "semantic_void" too
+        (busy_pages "grid") or "busy" (busy_pages "keep")."""
         finite = torch.isfinite(flat).all(1)  # [B]
         span = (flat.amax(1) - flat.amin(1)).double()  # [B]
         void = span <= self.void_tolerance * flat.abs().amax(1).double().clamp_min(1.0)  # [B]
-        for marked in (empty, busy):
-            if marked is not None:
-                void = void | torch.as_tensor(marked, dtype=torch.bool, device=flat.device)
-        return torch.where(finite, torch.where(void, 2, 0), 1)  # [B] FALLBACKS' order
+        marks = [torch.zeros_like(finite) if m is None else torch.as_tensor(m, dtype=torch.bool, device=flat.device)
+                 for m in (empty, busy)]  # [B] each
+        if self.busy_pages == "grid":
+            void = void | marks[1]
+        codes = torch.where(void | marks[0], 2, torch.where(marks[1], 3, 0))  # [B]
+        return torch.where(finite, codes, 1)  # [B] FALLBACKS' order
 
     def select(self, scores: torch.Tensor, grid: tuple[int, int], strategy: str, budget: int | None = None,
                explore: float = 0.0, diversify: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,7 +216,8 @@ class TokenAllocator:
         """
         relevance [B, gh, gw] -> Allocation of exactly K cells per image (budgets: each image's K; default the
         budget). empty_images marks images with nothing in them, busy_images those without structure: whatever
-        the map says there (e.g. attention that only follows position), it is a void. explore and diversify are
+        the map says there (e.g. attention that only follows position), it is a void (busy_pages "grid"), or only
+        said to be busy, its picks kept (busy_pages "keep"). explore and diversify are
         each image's e and λ (default 0: plain topk). exclude [B, gh, gw] bool: cells never to choose (a second
         fixation's already-read cells). include [B, gh, gw] bool: cells always chosen (at most K, most relevant
         first), the strategy choosing the rest among the others (evaluate's oracle row: the asked box's cells).
@@ -232,7 +242,7 @@ class TokenAllocator:
         fallbacks = [FALLBACKS[code] for code in self.fallback_codes(flat, empty_images, busy_images).tolist()]
         picks = []
         for b, reason in enumerate(fallbacks):  # B is small (1 in the app); each image may take a different strategy
-            chosen, kinds = self.pick(flat[b], (gh, gw), "grid" if reason else strategy, budgets[b],
+            chosen, kinds = self.pick(flat[b], (gh, gw), strategy if reason in KEPT else "grid", budgets[b],
                                       explore[b] if explore else 0.0, diversify[b] if diversify else 0.0,
                                       None if excluded is None else excluded[b],
                                       None if included is None else included[b])

@@ -13,7 +13,8 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
     out = layer.select(maps, (32, 32), "auto", settings=TensionSettings(explore=0.25))   # adaptive K, e fixed
     layer.save_pretrained("checkpoints/mine")
     layer = ARRCOCLayer.from_pretrained("checkpoints/mine", expect_hidden_size=1536)
-    folder = choose_checkpoint(None, "qwen2_vl", 1536)   # none asked for: the first made for the model, else None
+    folder = choose_checkpoint(None, "qwen2_vl", 1536)   # none asked for: the first made for the model that passed
+                                                         # the default rule (its evidence.json), else None: the prior
 """
 
 import json
@@ -28,19 +29,17 @@ from huggingface_hub import PyTorchModelHubMixin
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model
 
-from arr_coc.checkpoints import PRIOR_NAMES, ROOT, resolve_checkpoint
+from arr_coc.checkpoints import CONFIG_FILE, PRIOR_NAMES, ROOT, WEIGHTS_FILE, evidence_passes, resolve_checkpoint
 from arr_coc.runtime.graphs import CUDAGraphed
 from arr_coc.relevance import balancing
-from arr_coc.relevance.attending import Allocation, TokenAllocator
+from arr_coc.relevance.attending import FALLBACKS, KEPT, Allocation, TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
 from arr_coc.relevance.concentration import image_structure
-from arr_coc.relevance.config import AUTO, NO_SETTINGS, ARRCOCConfig, TensionSettings
+from arr_coc.relevance.config import AUTO, LEGACY_SACCADE_ORDER, NO_SETTINGS, ARRCOCConfig, TensionSettings
 from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
 from arr_coc.relevance.tensions import Tensions, budgets, gates, soft_budget, tension_values
 from arr_coc.relevance.texture import is_flat
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 OPTIONAL_PREFIXES = ("balancer.tension_head.", "participatory.states.")  # newer than some checkpoints: missing
 # there, they load at their fresh values (each one's last layer zero: the layer those checkpoints were)
 CARD_FILE = "README.md"  # the model card; the one arr_coc.train writes names the model it trained for
@@ -93,13 +92,13 @@ class ARRCOCOutput:
     particularize: torch.Tensor  # [B] f in [0, 1]: where the adaptive K falls between its bounds (with grad)
     budgets: list[int]  # per image: K, the saccades selected
     auto_budget: bool  # whether K was the adaptive budget (--budget auto) rather than a fixed one
-    structure: torch.Tensor  # [B] the image's content structure (below config.void_structure: a busy image, grid)
+    structure: torch.Tensor  # [B] the image's content structure (below config.void_structure: a busy image)
     kinds: torch.Tensor  # [B, K] what picked each saccade (tensions.RELEVANCE, SPACED, COVERAGE)
     gates: torch.Tensor  # [B, K] straight-through gates to the tensions: exactly 1 forward (tensions.gates)
-    fallback: list[str | None]  # per image: None, "semantic_void" or "non_finite"
+    fallback: list[str | None]  # per image: one of attending.FALLBACKS (None: the map was trusted; "busy": kept)
     strategy: str  # strategy that was asked for
     grid: tuple[int, int]  # (gh, gw) candidate grid
-    saccade_order: str = "relevance"  # the order of the per-saccade fields: "relevance" or "raster" (in_order)
+    saccade_order: str = "raster"  # the order of the per-saccade fields: "raster" or "relevance" (in_order)
 
     def token_weights(self) -> torch.Tensor:
         """[B, K] what training multiplies the saccades' tokens by: (1 + (s - s.detach())) * gates, the straight-through
@@ -163,10 +162,12 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         self.graphed_score, self.graphed_topk = CUDAGraphed(self.forward), CUDAGraphed(self._topk)
         return out
 
-    def allocator(self, budget: int | None = None, strategy: str | None = None) -> TokenAllocator:
+    def allocator(self, budget: int | None = None, strategy: str | None = None,
+                  busy_pages: str | None = None) -> TokenAllocator:
         c = self.config
         return TokenAllocator(c.budget if budget is None else budget, strategy or c.strategy, c.seed,
-                              c.logpolar_rho, c.logpolar_theta, c.void_tolerance, c.spacing_radius)
+                              c.logpolar_rho, c.logpolar_theta, c.void_tolerance, c.spacing_radius,
+                              busy_pages or c.busy_pages)
 
     def forward(
         self,
@@ -202,28 +203,31 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
 
     def select(self, maps: ScoreMaps, grid: tuple[int, int], budget: int | str | None = None,
                strategy: str | None = None, settings: TensionSettings | None = None,
-               exclude: torch.Tensor | None = None, include: torch.Tensor | None = None) -> ARRCOCOutput:
+               exclude: torch.Tensor | None = None, include: torch.Tensor | None = None,
+               busy_pages: str | None = None) -> ARRCOCOutput:
         """
         Run the allocator over scored maps; cheap, so the app re-selects without re-scoring. budget: a fixed K,
         "auto" (tensions.AUTO: K from the map's concentration) or None (the config's); settings fix tensions by hand;
         exclude [B, gh, gw] bool: cells never to select (those a first fixation read); include [B, gh, gw] bool:
-        cells always selected, the most relevant K of them where they are more (evaluate's oracle: the asked box).
+        cells always selected, the most relevant K of them where they are more (evaluate's oracle: the asked box);
+        busy_pages: what a busy image's selection becomes, "grid" or "keep" (None: the config's; an ablation's).
         """
         c, settings, grid = self.config, settings or NO_SETTINGS, tuple(grid)
-        strategy, auto = strategy or c.strategy, budget == AUTO
+        strategy, auto, busy_pages = strategy or c.strategy, budget == AUTO, busy_pages or c.busy_pages
         K = c.budget if budget is None or auto else budget
         tensions = structure = None
         served = exclude is None and include is None  # nothing excluded or forced in
         if strategy == "topk" and not auto and served and K <= grid[0] * grid[1]:  # as served: one graph
-            saccades, tensions, structure, plain = self.graphed_topk(  # replay and one host sync
-                maps.relevance, maps.textures, maps.tension_residuals, grid, K, settings)
-            if bool(plain.all()):  # no fallback, coverage or spacing: what the allocator below would pick
-                return self._output(maps, grid, saccades, tensions, structure, False, [None] * len(plain), strategy)
+            saccades, tensions, structure, codes, plain = self.graphed_topk(  # replay and one host sync
+                maps.relevance, maps.textures, maps.tension_residuals, grid, K, settings, busy_pages)
+            if bool(plain.all()):  # no fallback but "busy", coverage or spacing: what the allocator below would pick
+                fallback = [FALLBACKS[code] for code in codes.tolist()]
+                return self._output(maps, grid, saccades, tensions, structure, False, fallback, strategy)
         if tensions is None:  # not read off the graph above (the allocator takes its tensions and structure too)
             tensions = tension_values(maps.tension_residuals, maps.relevance, c.budget_temperature, settings)
             structure = self.structure(maps.textures)  # [B]
         bounds = self.budget_bounds(grid, settings)
-        allocator = self.allocator(None if auto else budget, strategy)
+        allocator = self.allocator(None if auto else budget, strategy, busy_pages)
         allocation = allocator(maps.relevance, empty_images=is_flat(maps.textures),
                                busy_images=structure < c.void_structure,
                                budgets=budgets(tensions.particularize, bounds) if auto else None,
@@ -235,24 +239,30 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
 
     def structure(self, textures: torch.Tensor) -> torch.Tensor:
         """[B, 13, gh, gw] -> [B] the image's content structure from the scorers' priors, not their trained maps:
-        every checkpoint agrees on busyness (below config.void_structure: a busy image, which falls back to grid)."""
+        every checkpoint agrees on busyness (below config.void_structure: a busy image; config.busy_pages says what its
+        selection becomes)."""
         return image_structure(self.information.prior(textures), self.perspectival.prior(textures),
                                self.config.void_top_fraction)
 
     def _topk(self, relevance: torch.Tensor, textures: torch.Tensor, tension_residuals: torch.Tensor,
-              grid: tuple[int, int], budget: int, settings: TensionSettings):
+              grid: tuple[int, int], budget: int, settings: TensionSettings, busy_pages: str):
         """select's served case (topk, a fixed budget, nothing excluded) with no host sync, so that it replays as one
-        CUDA graph -> (the saccades in order, the tensions, the structure, [B] bool plain): where an image is not
-        plain (its map falls back, or its tensions bring coverage or spacing), select runs the allocator instead."""
+        CUDA graph -> (the saccades in order, the tensions, the structure, [B] fallback codes, [B] bool plain): where
+        an image is not plain (its map falls back to a grid, or its tensions bring coverage or spacing), select runs
+        the allocator instead; a busy image whose picks are kept ("busy") is plain."""
         c = self.config
         tensions = tension_values(tension_residuals, relevance, c.budget_temperature, settings)
         structure = self.structure(textures)  # [B]
-        allocator = self.allocator(budget, "topk")
+        allocator = self.allocator(budget, "topk", busy_pages)
         flat = relevance.detach().flatten(1).float()  # [B, N]
-        fallback = allocator.fallback_codes(flat, is_flat(textures), structure < c.void_structure)  # [B]
+        codes = allocator.fallback_codes(flat, is_flat(textures), structure < c.void_structure)  # [B]
+        kept = torch.zeros_like(codes, dtype=torch.bool)
+        for reason in KEPT:
+            kept = kept | (codes == FALLBACKS.index(reason))
         coverage = (tensions.explore.double() * budget).round()  # [B] the allocator's round(e * K)
-        plain = (fallback == 0) & (coverage == 0) & (tensions.diversify == 0)  # [B]
-        return self._saccades(relevance, allocator.topk(flat, grid), tensions, None), tensions, structure, plain
+        plain = kept & (coverage == 0) & (tensions.diversify == 0)  # [B]
+        saccades = self._saccades(relevance, allocator.topk(flat, grid), tensions, None)
+        return saccades, tensions, structure, codes, plain
 
     def _saccades(self, relevance: torch.Tensor, allocation: Allocation, tensions: Tensions,
                   soft_k: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -347,8 +357,9 @@ def read_checkpoint_config(folder: Path) -> ARRCOCConfig:
     if not isinstance(raw, dict) or not {"base_model_family", "hidden_size"} <= raw.keys():
         raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not an ARR-COC config "
                               f"(expected keys base_model_family, hidden_size, ...)")
-    try:
-        return ARRCOCConfig(**{k: v for k, v in raw.items() if k in known})
+    order = {} if "saccade_order" in raw else {"saccade_order": LEGACY_SACCADE_ORDER}  # trained before raster was
+    try:  # the default: it keeps the order it was trained in
+        return ARRCOCConfig(**{**order, **{k: v for k, v in raw.items() if k in known}})
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{folder.name}/{CONFIG_FILE}: {e}") from None
 
@@ -389,20 +400,23 @@ def list_checkpoints(root: str | os.PathLike = "checkpoints") -> list[str]:
 
 
 def default_checkpoint(model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
-    """The first checkpoint under root whose config.json was made for this model (its folder), else None."""
+    """The first checkpoint under root whose config.json was made for this model and whose evidence.json says it
+    beats the untrained prior (arr_coc.checkpoints.evidence_passes; issue 61) (its folder), else None: the prior."""
     for name in list_checkpoints(root):
         try:
             config = read_checkpoint_config(Path(root) / name)
         except CheckpointError:
             continue  # unreadable: not a candidate for the default
-        if config.base_model_family == model_family and config.hidden_size == hidden_size:
+        if (config.base_model_family == model_family and config.hidden_size == hidden_size
+                and evidence_passes(Path(root) / name)):
             return str(Path(root) / name)
     return None
 
 
 def choose_checkpoint(requested: str | None, model_family: str, hidden_size: int, root: Path = ROOT) -> str | None:
     """The checkpoint to load (folder or hub id), or None for the untrained prior: the one rule of the app and every
-    command. Asked for by name, it is resolved (arr_coc.checkpoints.resolve_checkpoint); else the default."""
+    command. Asked for by name, it is resolved (arr_coc.checkpoints.resolve_checkpoint); else the default: a
+    checkpoint made for the model whose evidence shows it beats the prior, else the prior."""
     if requested in PRIOR_NAMES:
         return None
     if requested:

@@ -102,6 +102,29 @@ def test_an_empty_image_is_a_void_whatever_its_map_says():
     assert out.fallback == [None, "semantic_void"]
 
 
+MAP_4X4 = torch.tensor([[[0.10, 0.90, 0.20, 0.80],  # a hand-made map of a busy image: its top 4 are cells 13 (0.95),
+                         [0.30, 0.05, 0.70, 0.00],  # 1 (0.90), 3 (0.80) and 6 (0.70)
+                         [0.60, 0.15, 0.40, 0.50],
+                         [0.25, 0.95, 0.35, 0.45]]])
+
+
+def test_a_busy_image_keeps_its_selection_where_busy_pages_says_keep():
+    """busy_pages "grid": a busy image's picks are an even grid (grid_cells of 4 in 16: cells 2, 6, 10, 14), said
+    "semantic_void"; "keep": the map's own top 4, most relevant first, said "busy". An empty image is a void
+    either way."""
+    grid = TokenAllocator(4, "topk", busy_pages="grid")(MAP_4X4, busy_images=[True])
+    assert grid.fallback == ["semantic_void"] and grid.indices.tolist() == [[6, 10, 14, 2]]  # by relevance
+    kept = TokenAllocator(4, "topk", busy_pages="keep")(MAP_4X4, busy_images=[True])
+    assert kept.fallback == ["busy"] and kept.indices.tolist() == [[13, 1, 3, 6]]
+    assert kept.positions.tolist() == [[[3, 1], [0, 1], [0, 3], [1, 2]]]
+    calm = TokenAllocator(4, "topk", busy_pages="keep")(MAP_4X4, busy_images=[False])
+    assert calm.fallback == [None] and calm.indices.tolist() == [[13, 1, 3, 6]]
+    empty = TokenAllocator(4, "topk", busy_pages="keep")(MAP_4X4, empty_images=[True], busy_images=[True])
+    assert empty.fallback == ["semantic_void"] and empty.indices.tolist() == [[6, 10, 14, 2]]
+    with pytest.raises(ValueError, match="busy_pages must be one of"):
+        TokenAllocator(4, busy_pages="ignore")
+
+
 # ----------------------------------------------------------------------------- the tensions' selection
 
 
@@ -159,9 +182,9 @@ def test_logpolar_explores_too_and_grid_ignores_the_tensions():
     assert torch.equal(grid(relevance, explore=[0.25], diversify=[2.0]).indices, grid(relevance).indices)
 
 
-def test_a_busy_image_falls_back_to_grid():
+def test_a_busy_image_falls_back_to_grid_under_busy_pages_grid():
     relevance = peaked_map()
-    out = TokenAllocator(50, "topk")(relevance, busy_images=[True])
+    out = TokenAllocator(50, "topk", busy_pages="grid")(relevance, busy_images=[True])
     assert out.fallback == ["semantic_void"]
     assert torch.equal(out.indices, TokenAllocator(50, "grid")(relevance).indices)
 

@@ -46,7 +46,8 @@ def test_top_mass_ratio_is_one_for_a_uniform_map_and_large_for_a_peak():
     ("fine-print page", make_scene("fine_print", 0, 1792).image, False),
     ("document", make_scene("document", 0, 896).image, False),
 ])
-def test_busy_images_fall_back_to_grid_and_documents_do_not(arr_model, name, image, busy):
+def test_busy_images_are_said_busy_and_documents_are_not(arr_model, name, image, busy):
+    """A busy image keeps its selection (busy_pages "keep", the default since issue 61) and is recorded as busy."""
     arr_model.layer, layer = arr_model.prior_layer(), arr_model.layer
     try:
         out = arr.prepare(arr_model.parts, arr_model.views(image), "What does it say?", Request()).select(arr_model.layer)
@@ -54,7 +55,7 @@ def test_busy_images_fall_back_to_grid_and_documents_do_not(arr_model, name, ima
         arr_model.layer = layer
     threshold = ARRCOCConfig().void_structure
     assert (float(out.structure[0]) < threshold) == busy, float(out.structure[0])
-    assert out.fallback == (["semantic_void"] if busy else [None])
+    assert out.fallback == (["busy"] if busy else [None])
 
 
 def test_every_checkpoint_agrees_on_busyness(arr_model):

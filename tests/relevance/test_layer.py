@@ -91,7 +91,7 @@ def test_the_served_selection_is_the_maps_topk_most_relevant_first_without_the_a
     from arr_coc.relevance.attending import TokenAllocator
 
     monkeypatch.setattr(TokenAllocator, "__call__", lambda *a, **k: pytest.fail("the allocator's loop ran"))
-    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, saccade_order="relevance"))
     maps = scored(layer, structured_images(2))
     out = layer.select(maps, (32, 32), 40)
     for b in range(2):
@@ -103,8 +103,74 @@ def test_the_served_selection_is_the_maps_topk_most_relevant_first_without_the_a
     assert out.fallback == [None, None] and out.kinds.eq(0).all() and out.gates.eq(1).all()
 
 
+MAP_4X4 = [[0.10, 0.90, 0.20, 0.80],  # a hand-made relevance map: its top 6 are 0.95 (cell 13), 0.90 (1), 0.80 (3),
+           [0.30, 0.05, 0.70, 0.00],  # 0.70 (6), 0.60 (8) and 0.50 (11)
+           [0.60, 0.15, 0.40, 0.50],
+           [0.25, 0.95, 0.35, 0.45]]
+
+
+def test_a_fresh_layer_feeds_its_saccades_row_by_row():
+    """Issue 61: raster order is the default. A fresh layer's 6 saccades of a 4x4 map come row by row; the
+    relevance-order ablation gives the same cells most relevant first."""
+    from dataclasses import replace
+
+    from arr_coc.relevance.ablation import ABLATIONS
+
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    assert layer.config.saccade_order == "raster"
+    image = torch.zeros(1, 3, 112, 112)
+    image[:, :, 28:56, 56:84] = 1.0  # one bright cell: a page with structure, not a busy one (no grid fallback)
+    with torch.no_grad():
+        maps = layer(generate_texture_array(image, (4, 4)), torch.randn(1, 5, D))
+    maps = replace(maps, relevance=torch.tensor([MAP_4X4]))  # [1, 4, 4]
+    out = layer.select(maps, (4, 4), 6)
+    assert out.fallback == [None] and out.saccade_order == "raster"
+    assert out.indices.tolist() == [[1, 3, 6, 8, 11, 13]]
+    assert out.positions.tolist() == [[[0, 1], [0, 3], [1, 2], [2, 0], [2, 3], [3, 1]]]
+    assert torch.equal(out.scores, torch.tensor([[0.90, 0.80, 0.70, 0.60, 0.50, 0.95]]))
+    assert ABLATIONS["relevance-order"].feed(out).indices.tolist() == [[13, 1, 3, 6, 8, 11]]
+
+
+def test_a_busy_page_kept_is_its_maps_topk_and_only_recorded_as_busy():
+    """A busy image (uniform noise: no cells stand out) under busy_pages "keep", the default since issue 61: the
+    served selection is the map's own top 6 of a hand-made 4x4 map (cells 1, 3, 6, 8, 11, 13 in raster order), its
+    fallback "busy"; busy_pages "grid" swaps them for the even grid (cells 1, 4, 6, 9, 12, 14), "semantic_void"."""
+    from dataclasses import replace
+
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    assert layer.config.busy_pages == "keep"
+    torch.manual_seed(0)
+    with torch.no_grad():
+        maps = layer(generate_texture_array(torch.rand(1, 3, 112, 112), (4, 4)), torch.randn(1, 5, D))
+    maps = replace(maps, relevance=torch.tensor([MAP_4X4]))  # [1, 4, 4]
+    assert float(layer.structure(maps.textures)[0]) < layer.config.void_structure  # busy
+    kept = layer.select(maps, (4, 4), 6)
+    assert kept.fallback == ["busy"] and kept.indices.tolist() == [[1, 3, 6, 8, 11, 13]]
+    swapped = layer.select(maps, (4, 4), 6, busy_pages="grid")
+    assert swapped.fallback == ["semantic_void"] and swapped.indices.tolist() == [[1, 4, 6, 9, 12, 14]]
+
+
+def test_a_checkpoint_that_names_no_order_keeps_relevance_order(tmp_path):
+    """A config.json without saccade_order was written when relevance order was the default: it loads in the order
+    it was trained in; one that names an order keeps it; the shipped folders say which they are."""
+    import json
+
+    from arr_coc.checkpoints import ROOT
+
+    ARRCOCLayer(ARRCOCConfig(hidden_size=D)).save_pretrained(tmp_path / "ck")
+    path = tmp_path / "ck" / "config.json"
+    config = json.loads(path.read_text())
+    assert config["saccade_order"] == "raster"  # a new checkpoint records the new default
+    path.write_text(json.dumps({k: v for k, v in config.items() if k != "saccade_order"}))
+    assert ARRCOCLayer.from_pretrained(tmp_path / "ck").config.saccade_order == "relevance"
+    shipped = {name: json.loads((ROOT / name / "config.json").read_text()).get("saccade_order")
+               for name in ("pocket-fineprint", "tiny-charts-documents", "tiny-text-vs-distractor")}
+    assert shipped == {"pocket-fineprint": "raster", "tiny-charts-documents": "relevance",
+                       "tiny-text-vs-distractor": "relevance"}
+
+
 @pytest.mark.parametrize("case", ["plain", "raster order", "explore rounding to no coverage", "explore", "diversify",
-                                  "busy image"])
+                                  "busy image", "busy image kept"])
 def test_the_served_selection_equals_the_allocators_in_every_case(case):
     """select's one-graph path (or, where an image is not plain, its hand-back to the allocator) against the
     allocator itself, made to run by an exclusion of no cells: every per-saccade field, the tensions, the
@@ -115,14 +181,17 @@ def test_the_served_selection_equals_the_allocators_in_every_case(case):
     K = 40
     settings = {"explore rounding to no coverage": TensionSettings(explore=0.45 / K),
                 "explore": TensionSettings(explore=0.25), "diversify": TensionSettings(diversify=3.0)}.get(case)
-    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, saccade_order="raster" if case == "raster order" else "relevance"))
-    images = torch.rand(2, 3, 448, 448) if case == "busy image" else structured_images(2)
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, saccade_order="raster" if case == "raster order" else "relevance",
+                                     busy_pages="keep" if case == "busy image kept" else "grid"))
+    torch.manual_seed(5)  # noise whose two images are both busy (structure 2.11, 1.90: noise at 448² is near 2.15)
+    images = torch.rand(2, 3, 448, 448) if case.startswith("busy image") else structured_images(2)
     maps = scored(layer, images)
     served = layer.select(maps, (32, 32), K, settings=settings)
     allocated = layer.select(maps, (32, 32), K, settings=settings, exclude=torch.zeros(2, 32, 32, dtype=torch.bool))
     for name in PER_SACCADE + ("explore", "diversify", "particularize", "structure"):
         assert torch.equal(getattr(served, name), getattr(allocated, name)), name
-    assert served.fallback == allocated.fallback == (["semantic_void"] * 2 if case == "busy image" else [None] * 2)
+    fallback = {"busy image": ["semantic_void"] * 2, "busy image kept": ["busy"] * 2}.get(case, [None] * 2)
+    assert served.fallback == allocated.fallback == fallback
     assert served.saccade_order == allocated.saccade_order and served.budgets == allocated.budgets == [K, K]
     coverage = {"explore": round(0.25 * K), "explore rounding to no coverage": 0}.get(case, 0)
     assert int(served.kinds.eq(2).sum()) == 2 * coverage
