@@ -1,6 +1,7 @@
 """
 How sure a measured accuracy is: the Wilson score interval of a proportion, and the one way this project prints an
-accuracy with it; a percentile bootstrap interval of a mean of per-item values (box recall: a share per item). Pure arithmetic, torch-free, importing nothing of the project: the evaluation (arr_coc.eval) and
+accuracy with it; a percentile bootstrap interval of a mean of per-item values (box recall, a share per
+item). Pure arithmetic, torch-free, importing nothing of the project: the evaluation (arr_coc.eval) and
 the pocket model's training (arr_coc.pocket.train) both report with it.
 
     from arr_coc.intervals import interval_text, wilson

@@ -217,8 +217,8 @@ def main(argv=None) -> int:
 
 def table(layers: dict[str, dict[str, dict[str, Measure]]], families: tuple[str, ...]) -> str:
     """Markdown: every family and kind, each layer's box recall and exact match with their 95% intervals."""
-    lines = ["| family | kind | items | " + " | ".join(f"{layer}: box recall | {layer}: exact match" for layer in layers)
-             + " |", "|---|---|---|" + "---|---|" * len(layers)]
+    heads = " | ".join(f"{layer}: box recall | {layer}: exact match" for layer in layers)
+    lines = [f"| family | kind | items | {heads} |", "|---|---|---|" + "---|---|" * len(layers)]
     for family in families:
         for kind, m in next(iter(layers.values()))[family].items():
             cells = [f"{shown(by[family][kind].box_recall)} | {shown(by[family][kind].exact_match)}"

@@ -15,8 +15,9 @@ Two tensions shape the selection (arr_coc.relevance.tensions; both 0 by default,
 - diversify λ (topk) a greedy pick of relevance (standardised) minus λ x proximity to the cells picked so far
 
 A map that is not finite, or flat, or of a busy image (voids: noise, a dense texture) is a "semantic void": it
-falls back to `grid` and says why. With busy_pages "keep", a busy image's picks stay the strategy's own and its
-fallback only says "busy" (a dense page's asked box is still where relevance points; a grid holds little of it). Cells marked in `exclude` (those a first fixation already read) are never
+falls back to `grid` and says why. With busy_pages "keep" (the default), a busy image's picks stay the strategy's
+own and its fallback only says "busy" (a dense page's asked box is still where relevance points; a grid holds
+little of it). Cells marked in `exclude` (those a first fixation already read) are never
 chosen: the strategy picks on the map with them at -inf, and any it still lands on are swapped for the best cells
 left (see `avoid`). Cells marked in `include` (evaluate's oracle row: the asked box's) are always chosen, most
 relevant first where they outnumber the budget (`forced_cells`, kind FORCED); the strategy picks the rest of the

@@ -260,7 +260,8 @@ def test_microscope_keeps_cpu_maps_and_reselects_from_them(arr_model):
     assert holds_only_cpu_data(kept) == [] and isinstance(kept.maps, ScoreMaps)
     assert summary.startswith("**273 saccades**") and len(saccades) == 273
     heatmap, summary, fewer, mosaic = handlers.reselect(arr_model, kept, "topk", 50, 5)
-    assert summary.startswith("**50 saccades**") and fewer == saccades[:50]
+    assert summary.startswith("**50 saccades**") and [r[:4] for r in fewer] == [r[:4] for r in saccades[:50]]
+    assert sorted(r[4] for r in fewer) == list(range(1, 51))  # fed row by row: each its place among the 50
     _, summary, spread, _ = handlers.reselect(arr_model, kept, "grid", 50, 5)
     assert "strategy `grid`" in summary and spread != fewer
 

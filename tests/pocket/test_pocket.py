@@ -207,9 +207,10 @@ def test_the_offline_app_answers_its_fine_print_examples(served):
 
 
 def test_arr_reads_fine_print_best_with_its_saccades_in_reading_order(served):
-    """The same 273 saccades of the pocket model's default layer, fed row by row or most relevant first, on 12 held-out pages at
-    896 px: reading order reads at least as many (measured with step 65329: 11 and 9; step 58266, trained before the
-    layout families: 6 and 1, when the model read a key and its digits in reading order only)."""
+    """The same 273 saccades of the pocket model's default layer (the prior since issue 61), fed row by row or most
+    relevant first, on 12 held-out pages at 896 px: reading order reads at least as many (measured with
+    pocket-fineprint, step 65329: 11 and 9; step 58266, trained before the layout families: 6 and 1, when the model
+    read a key and its digits in reading order only)."""
     from arr_coc.pocket.heldout import heldout
 
     model, _ = served
