@@ -210,6 +210,26 @@ def test_pickle_renamed_to_safetensors_is_never_unpickled(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_safetensors_whose_header_length_begins_with_0x80_loads(tmp_path):
+    """A header length of 0x1480 = 5248 bytes starts the file with byte 0x80, a pickle's first byte: the file is
+    still safetensors (8-byte length, then a JSON header starting with '{') and loads; a real pickle still does not."""
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    layer.save_pretrained(tmp_path / "ck")
+    state = {k: v.contiguous() for k, v in layer.state_dict().items()}
+    weights = tmp_path / "ck" / "model.safetensors"
+    for pad in range(512):  # the header grows 8 bytes at a time (safetensors aligns it): one of these is 5248
+        save_file(state, weights, metadata={"pad": "x" * pad})
+        if weights.read_bytes()[:9] == b"\x80\x14\x00\x00\x00\x00\x00\x00{":
+            break
+    assert weights.read_bytes()[:9] == b"\x80\x14\x00\x00\x00\x00\x00\x00{"
+    loaded = ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    for name, value in layer.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value)
+    weights.write_bytes(pickle.dumps({"w": 1}, protocol=2))  # b"\x80\x02...": a pickle is still refused
+    with pytest.raises(CheckpointError, match="is a pickle/torch.save file"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
+
+
 @pytest.mark.parametrize("config_text, message", [
     ("{not json", "not valid JSON"),
     ('{"model_type": "bert"}', "not an ARR-COC config"),
