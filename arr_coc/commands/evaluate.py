@@ -81,7 +81,7 @@ from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.rows import REFIX, split_row
-from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
+from arr_coc.eval.sets import SCHEMAS, Item, Source, check_questions, guess_schema, open_source, synthetic_source
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.config import AUTO
@@ -507,6 +507,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main,
                                            fallback=args.fallback)
         args.model = model.vlm.name  # "pocket" where the default model fell back to it: run.json records it
+        check_questions(source, model.check_question)  # their tokens: refused now, not at their item
         jobs = job_list(args)
         settings = run_settings(args, source, metric, checkpoint)
         if process.is_main:

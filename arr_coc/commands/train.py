@@ -67,7 +67,7 @@ from arr_coc import cli
 from arr_coc.runtime import distributed
 from arr_coc.relevance.config import AUTO, SACCADE_ORDERS
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.eval.data import SCENE_KINDS, Sample, make_dataset
+from arr_coc.eval.data import SCENE_KINDS, Sample, check_at, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 
@@ -256,7 +256,7 @@ def data_samples(cfg: TrainConfig) -> list[TaughtSample]:
             continue
         answer = item.answers[0] if item.answers else target.answer if target is not None else ""
         samples.append(TaughtSample(item.open(), source.prompt(item), answer, item.box, item.kind or source.schema,
-                                    target=None if target is None else target.map))
+                                    where=item.where, target=None if target is None else target.map))
     if not samples:
         need = f"a teacher's map in {cfg.distill}" if cache is not None else "a target box"
         raise InputError(f"no item of {cfg.data} has {need}")
@@ -286,7 +286,8 @@ def observe_all(model: ARRCOCQwen, samples: list[Sample], show: bool = True) -> 
 
     observed, device = [], model.vlm.device
     for sample in tqdm(samples, desc="observe", unit="sample", disable=not show):
-        observation = arr.observe(model.parts, model.views(sample.image), model.check_question(sample.question))
+        question = check_at(sample.where, model.check_question, sample.question)  # its tokens: refused naming its line
+        observation = arr.observe(model.parts, model.views(sample.image), question)
         views, target = observation.views, getattr(sample, "target", None)
         observed.append((sample, observation, None if sample.box is None else views.box_coverage(sample.box).to(device),
                          None if target is None else on_grid(target, views.candidate_grid).to(device)))

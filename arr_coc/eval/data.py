@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -61,6 +61,7 @@ class Sample:
     box: Box | None  # (x0, y0, x1, y1) half-open pixel box of the region the question is about; None if none
     kind: str  # scene kind (one of SCENE_KINDS) or a free label for real data
     family: str = ""  # a pocket page's layout family (arr_coc.synth.families), "" for the suite's own pages
+    where: str = ""  # the data.jsonl line it was read from ("file:line"), "" for a generated scene
 
 
 @dataclass(frozen=True)
@@ -432,8 +433,21 @@ def _parse_box(value, where: str) -> Box | None:
     return (x0, y0, x1, y1)
 
 
+def check_at(where: str, check: Callable[[str], str], question: str) -> str:
+    """check(question) (a question check: arr_coc.pipelines.request.check_question, ARRCOCQwen.check_question), its
+    InputError naming `where` first (a JSONL line, "file:line"; "" adds nothing)."""
+    try:
+        return check(question)
+    except InputError as e:
+        if not where:
+            raise
+        raise InputError(f"{where}: {e}") from None
+
+
 def _parse_record(line: str, root: Path, where: str) -> Sample:
-    """One jsonl line -> Sample; every problem is a ValueError that starts with `where` (file:line)."""
+    """One jsonl line -> Sample; every problem is an InputError that starts with `where` (file:line)."""
+    from arr_coc.pipelines.request import check_question  # here, not above: the commands parse without torch
+
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
@@ -443,6 +457,7 @@ def _parse_record(line: str, root: Path, where: str) -> Sample:
     for key in ("image", "question", "answer"):
         if not isinstance(record.get(key), str):
             raise InputError(f"{where}: missing or non-string {key!r}")
+    check_at(where, check_question, record["question"])  # empty or too long: refused here, not in the middle of a run
     kind = record.get("kind", "unknown")
     if not isinstance(kind, str):
         raise InputError(f"{where}: 'kind' must be a string, got {kind!r}")
@@ -462,12 +477,13 @@ def _parse_record(line: str, root: Path, where: str) -> Sample:
     family = record.get("family", "")
     if not isinstance(family, str):
         raise InputError(f"{where}: 'family' must be a string, got {family!r}")
-    return Sample(image, record["question"], record["answer"], box, kind, family)
+    return Sample(image, record["question"], record["answer"], box, kind, family, where)
 
 
 def load_jsonl(path: str | Path) -> list[Sample]:
     """Read a data.jsonl (or a folder holding one). Image paths are relative to the jsonl's folder.
-    Blank lines are skipped; a malformed line or a missing image raises ValueError naming file and line."""
+    Blank lines are skipped; a malformed line, a question the pipelines refuse (empty, over MAX_QUESTION_CHARS) or a
+    missing image raises InputError naming file and line."""
     path = Path(path)
     if path.is_dir():
         path = path / "data.jsonl"

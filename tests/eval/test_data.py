@@ -266,6 +266,22 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, bad, message):
         load_jsonl(path)
 
 
+@pytest.mark.parametrize("question, message", [
+    ("", "the question is empty: type a question about the image"),
+    (" \t ", "the question is empty: type a question about the image"),
+    ("x" * 4001, "the question is 4001 characters long; the limit is 4000"),
+])
+def test_a_question_the_pipelines_refuse_is_refused_at_load_naming_file_and_line(tmp_path, question, message):
+    """The pipelines' own check (request.check_question), at load: not at its item in the middle of a run, where a
+    resumed run would meet it again."""
+    bad = json.dumps({"image": "ok.png", "question": question, "answer": "a"})
+    path = write_dataset(tmp_path, [GOOD, "", bad])
+    with pytest.raises(InputError) as refused:
+        load_jsonl(path)
+    assert str(refused.value) == f"{path}:3: {message}"
+    assert load_jsonl(write_dataset(tmp_path, [GOOD.replace('"q?"', json.dumps("x" * 4000))]))[0].where == f"{path}:1"
+
+
 def test_minimal_records_and_blank_lines_load(tmp_path):
     path = write_dataset(tmp_path, [GOOD, "", '{"image": "ok.png", "question": "q?", "answer": "a"}'])
     first, second = load_jsonl(path)
