@@ -187,6 +187,15 @@ def config_parser(config, description: str | None = None) -> ArgumentParser:
     return p
 
 
+def check_fresh_folder(parser: argparse.ArgumentParser, folder: str, overwrite: bool, flag: str = "--out") -> None:
+    """Refuse, in one line and exit 2, writing into `folder` where it already holds files, unless --overwrite says
+    to (train's checkpoint folder, arr_coc.eval.data's dataset): nothing is overwritten silently."""
+    path = Path(folder)
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        parser.error(f"argument {flag}: {folder} already exists and is not empty; pass --overwrite to write into it, "
+                     "or choose another folder")
+
+
 def parse_config(config, argv=None, parser: ArgumentParser | None = None):
     """The config dataclass `config` of the command line argv (sys.argv when None), refused in one line if bad."""
     parser = parser or config_parser(config)

@@ -69,7 +69,7 @@ from arr_coc.relevance.config import AUTO, SACCADE_ORDERS
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, Sample, check_at, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
-from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
+from arr_coc.flags import check_fresh_folder, config_parser, device_flag, flag, parse_config, seed_flag
 
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
     import torch
@@ -557,9 +557,7 @@ def parse_args(argv=None) -> TrainConfig:
         p.error(f"argument --resume: {cfg.out} holds no training state to resume (--save-every N saves one)")
     if out.resolve() in (Path.cwd(), *Path.cwd().parents):
         p.error(f"argument --out: {cfg.out} holds the working folder; give the checkpoint a folder of its own")
-    if not cfg.resume and out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
-        p.error(f"argument --out: {cfg.out} already exists and is not empty; pass --overwrite to write into it, "
-                "or choose another folder")
+    check_fresh_folder(p, cfg.out, cfg.overwrite or cfg.resume)  # --resume writes into its own run's folder
     with_defaults(cfg)
     if cfg.distill and not cfg.data:
         p.error("argument --distill: needs --data, the set whose item ids the teacher's maps are cached by")

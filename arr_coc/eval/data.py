@@ -50,6 +50,7 @@ from arr_coc.vlm.images import open_image
 
 Box = tuple[int, int, int, int]
 
+IMAGE_NAME = re.compile(r"\d{6}_[A-Za-z0-9_-]+\.png")  # the name save_jsonl gives a sample's image under images/
 SCENE_KINDS = ("text_vs_distractor", "distractor_query", "noise", "chart", "document", *PAGE_KINDS)
 
 
@@ -405,7 +406,7 @@ def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:
     path = folder / "data.jsonl"
     with path.open("w", encoding="utf-8") as f:
         for i, sample in enumerate(samples):
-            rel = f"images/{i:06d}_{re.sub(r'[^A-Za-z0-9_-]+', '_', sample.kind) or 'sample'}.png"
+            rel = f"images/{i:06d}_{re.sub(r'[^A-Za-z0-9_-]+', '_', sample.kind) or 'sample'}.png"  # IMAGE_NAME
             sample.image.convert("RGB").save(folder / rel)
             record = {
                 "image": rel,
@@ -418,6 +419,15 @@ def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:
             }
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
+
+
+def remove_stale_images(path: Path) -> None:
+    """Remove the images of a dataset written before into path's folder (save_jsonl's names) that path's lines no
+    longer name: after --overwrite, the folder holds the new set alone."""
+    named = {json.loads(line)["image"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    for image in (path.parent / "images").glob("*.png"):
+        if IMAGE_NAME.fullmatch(image.name) and f"images/{image.name}" not in named:
+            image.unlink()
 
 
 def _parse_box(value, where: str) -> Box | None:
@@ -514,6 +524,8 @@ class DataConfig:
     families: tuple[str, ...] = flags.flag((), "draw the pocket kinds on these layout families (comma-separated names, "
                                                f"or 'trained' / 'held-out'); any of: {','.join(FAMILIES)}",
                                            families_flag, shown="–")
+    overwrite: bool = flags.flag(False, "write into --out even if it already holds files (e.g. another dataset): its "
+                                        "data.jsonl is replaced, and the old set's images the new one lacks removed")
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -523,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         parser.error(f"argument --families: layout families draw the pocket kinds ({','.join(PAGE_KINDS)}) only")
     if blocker := next((p for p in (Path(args.out), *Path(args.out).parents) if p.is_file()), None):
         parser.error(f"argument --out: {args.out} cannot be a folder: {blocker} is a file")
+    flags.check_fresh_folder(parser, args.out, args.overwrite)
 
     kinds = tuple(flags.names(args.kinds))
     counts: Counter[str] = Counter()
@@ -533,6 +546,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
             yield sample
 
     path = save_jsonl(counted(iter_dataset(args.n, kinds, args.seed, args.size, families=args.families)), args.out)
+    remove_stale_images(path)
     summary = ", ".join(f"{k}={v}" for k, v in counts.items()) or "nothing"
     print(f"wrote {sum(counts.values())} samples ({summary}) at {args.size}px to {path}")
     return path
