@@ -84,7 +84,6 @@ from arr_coc.eval.rows import REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, check_questions, guess_schema, open_source, synthetic_source
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
-from arr_coc.relevance.config import AUTO
 from arr_coc.settings import REFIXATE_GUIDES, PipelineConfig
 
 if TYPE_CHECKING:
@@ -219,6 +218,11 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         check_pocket_pages(p, args, "--families", "draws")
     if args.conversation:
         check_conversation(p, args)
+    elif "turns" in p.given:
+        p.error("argument --turns: only used with --conversation")
+    for name in ("synthetic", "kinds", "size"):
+        if name in p.given and args.dataset:
+            p.error(f"argument --{name}: draws synthetic scenes, not with --dataset (--limit takes a set's first items)")
 
 
 def check_pocket_pages(p: argparse.ArgumentParser, args: argparse.Namespace, flag: str, does: str) -> None:
@@ -387,8 +391,7 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
 def adaptive_bounds(args: argparse.Namespace) -> dict:
     """--min-budget and --max-budget, where a row uses them (--budget auto or the arr-auto-budget row); else
     nothing, so that a folder from before the adaptive budget resumes."""
-    used = args.budget == AUTO or "auto-budget" in cli.names(args.ablations)
-    return dict(min_budget=args.min_budget, max_budget=args.max_budget) if used else {}
+    return dict(min_budget=args.min_budget, max_budget=args.max_budget) if cli.reads_adaptive_budget(args) else {}
 
 
 class ResultsFolder:

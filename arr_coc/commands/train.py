@@ -569,8 +569,7 @@ def parse_args(argv=None) -> TrainConfig:
                 "--distill-weight 0)")
     if cfg.token_cost > 0 and cfg.budget != AUTO:
         p.error("argument --token-cost: prices the adaptive budget; it needs --budget auto")
-    if cfg.min_budget > cfg.max_budget:
-        p.error(f"argument --min-budget: {cfg.min_budget} exceeds --max-budget {cfg.max_budget}")
+    cli.check_budget(p, cfg)
     if cfg.batch_size % distributed.world_size():
         p.error(f"argument --batch-size: {cfg.batch_size} does not split evenly over the {distributed.world_size()} "
                 "processes torchrun started; choose a multiple of their number")
