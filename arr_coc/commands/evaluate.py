@@ -394,6 +394,11 @@ def adaptive_bounds(args: argparse.Namespace) -> dict:
     return dict(min_budget=args.min_budget, max_budget=args.max_budget) if cli.reads_adaptive_budget(args) else {}
 
 
+class OtherRun(InputError):
+    """--out holds another run's results (ResultsFolder.check_settings): they are left as they are, and this
+    command cannot resume them."""
+
+
 class ResultsFolder:
     """--out: the settings, each process's appended results, and the merged results.jsonl."""
 
@@ -409,8 +414,8 @@ class ResultsFolder:
             changed = [f"{k}: {before.get(k)!r} there, {settings.get(k)!r} now"
                        for k in dict.fromkeys([*before, *settings]) if before.get(k) != settings.get(k)]
             if changed:
-                raise InputError(f"{self.folder} holds the results of another run ({'; '.join(changed)}); "
-                                 "choose another --out")
+                raise OtherRun(f"{self.folder} holds the results of another run ({'; '.join(changed)}); choose "
+                               "another --out, or resume that run with its own settings")
         self.folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=2))
 
@@ -522,7 +527,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
         skipped = evaluate_items(model, source, jobs, done, metric, args, folder, process)
     except (InputError, CheckpointError, OutOfMemory) as e:
         process.log(f"error: {e}")
-        if folder.read():
+        if folder.read() and not isinstance(e, OtherRun):  # another run's results: this command cannot resume them
             process.log(f"the results finished so far are kept in {args.out}; run the same command again to resume")
         return 2
     process.barrier()
