@@ -243,20 +243,31 @@ def max_budget_flag():
                                          "grid's cells)", bounded_int(1, MAX_CELLS))
 
 
-def check_budget(p: argparse.ArgumentParser, args, max_cells: int | None = None) -> None:
-    """Refuse a fixed --budget over --max-cells, and adaptive bounds the wrong way round."""
+def reads_adaptive_budget(args) -> bool:
+    """Whether a row of the command reads the adaptive budget's bounds (--min-budget, --max-budget): --budget auto,
+    or an ablation on it (--ablations auto-budget, where the command has --ablations)."""
+    return args.budget == AUTO or any(ABLATIONS[name].auto_budget for name in names(getattr(args, "ablations", "")))
+
+
+def check_budget(p: ArgumentParser, args, max_cells: int | None = None) -> None:
+    """Refuse a fixed --budget over --max-cells, adaptive bounds the wrong way round, and adaptive bounds given
+    where no row reads them (run, train and evaluate)."""
     if max_cells is not None and args.budget != AUTO and args.budget > max_cells:
         p.error(f"argument --budget: {args.budget} exceeds --max-cells {max_cells}")
     if args.min_budget > args.max_budget:
         p.error(f"argument --min-budget: {args.min_budget} exceeds --max-budget {args.max_budget}")
+    for name in ("min_budget", "max_budget"):
+        if name in p.given and not reads_adaptive_budget(args):
+            p.error(f"argument --{name.replace('_', '-')}: only used with --budget auto"
+                    + (" or --ablations auto-budget" if hasattr(args, "ablations") else ""))
 
 
-def check_refixate(p: argparse.ArgumentParser, args) -> None:
-    """Refuse the second look's settings without --refixate (run and evaluate)."""
-    if args.refixate_budget is not None and args.refixate is None:
-        p.error("argument --refixate-budget: only used with --refixate")
-    if args.refixate_guide != REFIXATE_GUIDES[0] and args.refixate is None:
-        p.error("argument --refixate-guide: only used with --refixate")
+def check_refixate(p: ArgumentParser, args) -> None:
+    """Refuse the second look's settings without --refixate (run and evaluate), given on the command line at any
+    value (ArgumentParser.given)."""
+    for name in ("refixate_budget", "refixate_guide"):
+        if name in p.given and args.refixate is None:
+            p.error(f"argument --{name.replace('_', '-')}: only used with --refixate")
 
 
 def budget_settings(args) -> TensionSettings:

@@ -26,18 +26,35 @@ def command_name() -> str:
     return Path(sys.argv[0]).name
 
 
+NOT_GIVEN = object()  # ArgumentParser.given's mark of a flag the command line left out
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """
     argparse's parser, whose errors are one line: the reason (which names the flag), then where the flags are
-    listed. argparse's own puts the whole usage block first, burying the reason under it.
+    listed. argparse's own puts the whole usage block first, burying the reason under it. After a parse, `given`
+    names the flags (their dests) that the command line gave, whatever their values: a flag that needs another is
+    refused when given without it, even at its default value (`--turns 4` without --conversation).
     """
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("prog", command_name())
         super().__init__(*args, **kwargs)
+        self.given: frozenset[str] = frozenset()  # the last parse's flags given on the command line
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed = super().parse_known_args(args, namespace)  # a bad flag is refused here, in one line
+        # again, into a namespace that holds a mark for every flag already: argparse sets a default only where the
+        # namespace lacks the name, so a mark left in place is a flag the command line did not give. A store
+        # overwrites its mark; append and count build on theirs, so theirs is None (given: a list, a number)
+        marks = {a.dest: NOT_GIVEN if isinstance(a, (argparse._StoreAction, argparse._StoreConstAction)) else None
+                 for a in self._actions if a.dest != argparse.SUPPRESS}
+        again, _ = super().parse_known_args(args, argparse.Namespace(**marks))
+        self.given = frozenset(dest for dest, mark in marks.items() if getattr(again, dest) is not mark)
+        return parsed
 
 
 def bounded_int(lo: int, hi: int):
@@ -185,6 +202,15 @@ def config_parser(config, description: str | None = None) -> ArgumentParser:
         to.add_argument(name, type=meta["type"] or str, default=default_of(f), required=meta["required"],
                         action="append" if meta["append"] else "store", help=help, **extra)
     return p
+
+
+def check_fresh_folder(parser: argparse.ArgumentParser, folder: str, overwrite: bool, flag: str = "--out") -> None:
+    """Refuse, in one line and exit 2, writing into `folder` where it already holds files, unless --overwrite says
+    to (train's checkpoint folder, arr_coc.eval.data's dataset): nothing is overwritten silently."""
+    path = Path(folder)
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        parser.error(f"argument {flag}: {folder} already exists and is not empty; pass --overwrite to write into it, "
+                     "or choose another folder")
 
 
 def parse_config(config, argv=None, parser: ArgumentParser | None = None):

@@ -1,12 +1,17 @@
 """Shared fixtures and helpers: the offline tiny ARRCOCQwen, one fixture over every family's tiny model, the stock
-model's inputs and logits, both engines' answers, local parquet copies of the hub sets, and `python app.py --model
-tiny` served once per session."""
+model's inputs and logits, both engines' answers, the relevance tests' maps and layer runs, local parquet copies of
+the hub sets, the side venvs' command runner and install lock, and `python app.py --model tiny` served once per
+session. Test modules import these as `from conftest import ...` (pytest puts this folder first on sys.path), never
+from one another through `tests.`: an installed top-level `tests` package would shadow it (tests/test_collection.py)."""
 
+import fcntl
+import hashlib
 import importlib.util
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -145,6 +150,58 @@ def upload_folder(tmp_path, monkeypatch) -> Path:
     read (arr_coc.app.ui.cached_file), as gradio's own uploads are."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     return tmp_path
+
+
+D = 64  # the hidden size of the relevance tests' layers (tests/relevance: test_layer, test_tensions)
+
+
+def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):
+    """[1, gh, gw] a relevance map with one smooth bump at `centre`, a little noise beside it (seeded)."""
+    torch.manual_seed(seed)
+    yy, xx = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    bump = torch.exp(-((yy - centre[0]) ** 2 + (xx - centre[1]) ** 2).float() / 50)
+    return (bump + 0.01 * torch.rand(gh, gw)).unsqueeze(0)
+
+
+def structured_images(n=2):
+    """[n, 3, 448, 448]: faint noise with two bright blocks (pure noise is a busy image: it falls back to grid)."""
+    images = 0.05 * torch.rand(n, 3, 448, 448)
+    images[:, :, 60:160, 80:260] = 1.0
+    images[:, 0, 300:380, 250:400] = 0.8
+    return images
+
+
+def select_saccades(layer, seed=0, budget=None, strategy=None, settings=None, n=2, **kw):
+    """A layer's ARRCOCOutput on n structured_images (their texture channels on a 32 x 32 grid) with random question
+    and gestalt embeddings of size D, seeded; kw go to the layer's forward."""
+    from arr_coc.relevance.texture import generate_texture_array
+
+    torch.manual_seed(seed)
+    textures = generate_texture_array(structured_images(n), (32, 32))  # [n, 13, 32, 32]
+    maps = layer(textures, torch.randn(n, 5, D), gestalt_embeds=torch.randn(n, 16, D), **kw)
+    return layer.select(maps, (32, 32), budget, strategy, settings)
+
+
+def run_checked(command: list, cwd: Path, timeout: int, **env: str) -> subprocess.CompletedProcess:
+    """A command that must succeed (the side venvs' installs and runs); its output shown when it does not."""
+    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, \
+        f"{command[:4]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
+
+
+@contextmanager
+def one_install_at_a_time():
+    """A lock on this work tree's side venvs (.venv-lmms, .venv-vllm): two test runs in one tree (or two people)
+    never install into them at once."""
+    name = f"arr-coc-side-venvs-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]}.lock"
+    with open(Path(tempfile.gettempdir()) / name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def free_port() -> int:

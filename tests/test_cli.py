@@ -117,6 +117,58 @@ def one_line_refusal(parse, argv, capsys) -> str:
     return err[0]
 
 
+BUDGET_AUTO = "only used with --budget auto or --ablations auto-budget"
+# a flag that needs another, given without it, at its default value too (given on the command line, not told by its
+# value: flags.ArgumentParser.given): (parse, arguments, the refusal); before, each was silently ignored
+NEEDS_ANOTHER = [
+    (run.parse_args, [*RUN, "--min-budget", "64"], f"argument --min-budget: {BUDGET_AUTO}"),
+    (run.parse_args, [*RUN, "--max-budget", "300", "--budget", "100"], f"argument --max-budget: {BUDGET_AUTO}"),
+    (run.parse_args, [*RUN, "--refixate-guide", "prior"], "argument --refixate-guide: only used with --refixate"),
+    (run.parse_args, [*RUN, "--refixate-budget", "20"], "argument --refixate-budget: only used with --refixate"),
+    (train.parse_args, ["--min-budget", "30"], "argument --min-budget: only used with --budget auto"),
+    (train.parse_args, ["--max-budget", "512"], "argument --max-budget: only used with --budget auto"),
+    (evaluate.parse_args, ["--min-budget", "64"], f"argument --min-budget: {BUDGET_AUTO}"),
+    (evaluate.parse_args, ["--max-budget=300", "--ablations", "raster"], f"argument --max-budget: {BUDGET_AUTO}"),
+    (evaluate.parse_args, ["--refixate-guide", "prior"], "argument --refixate-guide: only used with --refixate"),
+    (evaluate.parse_args, ["--turns", "4"], "argument --turns: only used with --conversation"),
+    *((evaluate.parse_args, ["--dataset", "lmms-lab/textvqa", f"--{name}", value],
+       f"argument --{name}: draws synthetic scenes, not with --dataset (--limit takes a set's first items)")
+      for name, value in (("synthetic", "16"), ("kinds", "noise"), ("size", "896"))),
+]
+# ... and with the flag it needs, taken
+WITH_THE_OTHER = [
+    (run.parse_args, [*RUN, "--budget", "auto", "--min-budget", "64", "--max-budget", "300"]),
+    (run.parse_args, [*RUN, "--ablations", "auto-budget", "--max-budget", "300"]),
+    (run.parse_args, [*RUN, "--refixate", "0.5", "--refixate-guide", "prior", "--refixate-budget", "20"]),
+    (train.parse_args, ["--budget", "auto", "--min-budget", "30", "--max-budget", "512"]),
+    (evaluate.parse_args, ["--ablations", "auto-budget", "--min-budget", "64"]),
+    (evaluate.parse_args, ["--conversation", "--kinds", "box_word", "--turns", "4"]),
+    (evaluate.parse_args, ["--dataset", "lmms-lab/textvqa", "--limit", "3", "--seed", "5"]),
+    (evaluate.parse_args, ["--synthetic", "16", "--kinds", "noise", "--size", "896"]),
+]
+
+
+def test_the_parser_names_the_flags_the_command_line_gave_whatever_their_values():
+    """flags.ArgumentParser.given: a store, a switch, an append flag given twice, `--flag=value` and argparse's
+    abbreviation (--min-b) count; a flag left out does not, and each parse forgets the last."""
+    p = flags.config_parser(run.RunConfig)
+    p.parse_args([*RUN, "--question", "and?", "--min-b=64", "--faithfulness", "--budget", "273"])
+    assert p.given == {"image", "question", "min_budget", "faithfulness", "budget"}
+    p.parse_args(RUN)
+    assert p.given == {"image", "question"}
+
+
+@pytest.mark.parametrize("parse, argv, refusal", NEEDS_ANOTHER)
+def test_a_flag_that_needs_another_is_refused_without_it_in_one_line(parse, argv, refusal, capsys):
+    reason = one_line_refusal(parse, argv, capsys)
+    assert reason.split(": error: ")[1].split(" (see ")[0] == refusal
+
+
+@pytest.mark.parametrize("parse, argv", WITH_THE_OTHER)
+def test_a_flag_with_the_flag_it_needs_is_taken(parse, argv):
+    parse(argv)
+
+
 @pytest.mark.parametrize("parse, argv, flag", BAD_FLAGS)
 def test_bad_flags_exit_2_naming_the_flag_in_one_line(parse, argv, flag, capsys):
     reason = one_line_refusal(parse, argv, capsys)
@@ -202,7 +254,8 @@ def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look
 
     args = run.parse_args([*RUN, "--max-new-tokens", "8", "--strategy", "grid", "--budget", "40", "--max-cells",
                            "2048", "--fastv-layer", "3", "--refixate", "0.5", "--refixate-budget", "20",
-                           "--refixate-guide", "attention", "--min-budget", "30", "--max-budget", "300", "--pixelprune-tau", "4", "--gestalt-tokens", "400"])
+                           "--refixate-guide", "attention", "--ablations", "auto-budget", "--min-budget", "30",
+                           "--max-budget", "300", "--pixelprune-tau", "4", "--gestalt-tokens", "400"])
     request = cli.request(args, ablation="raster")
     assert request == Request(max_new_tokens=8, strategy="grid", budget=40, max_cells=2048, gestalt_tokens=400,
                               fastv_layer=3, pixelprune_tau=4.0, refixate=0.5, refixate_budget=20,
@@ -222,9 +275,12 @@ def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look
 @pytest.mark.parametrize("module, bad", [
     ("run", [["--image", "nowhere.png", "--question", "hi"], ["--image", "assets", "--question", "hi"],
              [*RUN, "--device", "tpu"], [*RUN, "--json", "assets"], ["--image", "pyproject.toml", "--question", "hi"],
-             ["--image", "assets/chelsea.png", "--question", "x" * 5000], [*RUN, "--model", "pocket-fineprint"]]),
-    ("train", [["--device", "tpu"], ["--out", "/proc/arr-coc/ck"], ["--model", "checkpoints/pocket-fineprint"]]),
-    ("evaluate", [["--dataset", "/nonexistent"], ["--device", "tpu"], ["--dataset", "nowhere-xyz/does-not-exist"]]),
+             ["--image", "assets/chelsea.png", "--question", "x" * 5000], [*RUN, "--model", "pocket-fineprint"],
+             [*RUN, "--min-budget", "64"]]),
+    ("train", [["--device", "tpu"], ["--out", "/proc/arr-coc/ck"], ["--model", "checkpoints/pocket-fineprint"],
+               ["--max-budget", "300"]]),
+    ("evaluate", [["--dataset", "/nonexistent"], ["--device", "tpu"], ["--dataset", "nowhere-xyz/does-not-exist"],
+                  ["--turns", "4"], ["--min-budget", "64"], ["--dataset", "lmms-lab/textvqa", "--synthetic", "16"]]),
     ("bench", [["--device", "tpu"], ["--json", "assets"]]),
     ("eval.data", []),
 ])

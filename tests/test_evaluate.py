@@ -20,6 +20,7 @@ from arr_coc import bench, evaluate
 from arr_coc.pipelines import PIPELINES
 from arr_coc.pipelines import FAST_ENGINE_ONLY
 from arr_coc.eval import metrics, report
+from arr_coc.eval.data import make_dataset, save_jsonl
 from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.sets import Source
 
@@ -255,8 +256,9 @@ def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     capsys.readouterr()
     assert evaluate.main([*FAST, "--synthetic", "1", "--seed", "7", "--out", str(out)]) == 2
-    error = capsys.readouterr().err
-    assert "holds the results of another run (synthetic: 2 there, 1 now; seed: 1234 there, 7 now)" in error
+    error = capsys.readouterr().err.splitlines()
+    assert error[next(i for i, line in enumerate(error) if line.startswith("error")):] == [f"error: {out} holds the results of another run (synthetic: 2 there, 1 now; seed: 1234 there, 7 "
+                      "now); choose another --out, or resume that run with its own settings"]  # no "run it again"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing evaluated, nothing rewritten
     assert evaluate.main([*FAST, "--synthetic", "2", "--out", str(out)]) == 0  # the same command: resumed, all done
     assert json.loads((out / "report.json").read_text())["throughput"]["items"] == 0
@@ -430,10 +432,25 @@ def test_bad_sets_exit_2_in_one_line_and_keep_the_finished_items(tmp_path, capsy
     assert [(r["item"], r["row"]) for r in kept] == [(0, "gestalt"), (0, "arr:topk"), (1, "gestalt"), (1, "arr:topk")]
 
     assert evaluate.main([*FAST, "--dataset", str(bad), "--max-new-tokens", "3", "--out", str(out)]) == 2
-    assert "holds the results of another run (max_new_tokens: 2 there, 3 now)" in capsys.readouterr().err
+    error = capsys.readouterr().err  # its finished items are another run's: no "run the same command again"
+    assert "holds the results of another run (max_new_tokens: 2 there, 3 now)" in error and "resume\n" not in error
     missing = write_parquet_set(tmp_path / "docvqa", "docvqa", 2, drop="question")
     assert evaluate.main([*FAST, "--dataset", str(missing), "--out", str(tmp_path / "other")]) == 2
     assert "has no question column" in capsys.readouterr().err
+
+
+def test_a_question_over_the_token_limit_is_refused_before_the_first_item_naming_its_line(tmp_path, capsys):
+    """3000 characters (under MAX_QUESTION_CHARS) that are 3000 of the tiny model's tokens (over MAX_QUESTION_TOKENS,
+    2048): refused once the model is loaded, before any item runs, naming the JSONL line; before, the run stopped at
+    that item, and every resume stopped there again."""
+    samples = make_dataset(2, kinds=("text_vs_distractor",), size=224)
+    samples[1].question = "\N{GRINNING FACE}" * 3000
+    path = save_jsonl(samples, tmp_path / "set")
+    out = tmp_path / "eval"
+    assert evaluate.main([*FAST, "--dataset", str(tmp_path / "set"), "--out", str(out)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert errors == [f"error: {path}:2: the question is 3000 tokens long; the limit is 2048 tokens: shorten it"]
+    assert not list(out.glob("*.jsonl"))  # not one item ran
 
 
 @contextmanager

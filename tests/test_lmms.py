@@ -14,17 +14,14 @@ The budget is 16, where the pocket model misses some pages (at 273 it reads all 
 answers would not tell two budgets apart): passing lmms-eval budget=8 instead was seen failing, 3 of 6 answers apart.
 """
 
-import fcntl
 import hashlib
 import json
-import os
 import subprocess
 import sys
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import one_install_at_a_time, run_checked
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-lmms"
@@ -40,27 +37,6 @@ def installed_from() -> str:
     return hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in INSTALLED_FROM)).hexdigest()
 
 
-def run(command: list, cwd: Path, timeout: int, **env: str) -> subprocess.CompletedProcess:
-    """A command that must succeed; its output shown when it does not."""
-    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **env})
-    assert done.returncode == 0, \
-        f"{command[:4]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return done
-
-
-@contextmanager
-def one_install_at_a_time():
-    """A lock on this work tree's venv: two test runs in one tree (or two people) never install into it at once."""
-    name = f"arr-coc-venv-lmms-{hashlib.sha256(str(VENV).encode()).hexdigest()[:16]}.lock"
-    with open(Path(tempfile.gettempdir()) / name, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="module")
 def lmms_python() -> Path:
     """The lmms-eval venv's python, installed from requirements-lmms.txt if missing or stale."""
@@ -68,8 +44,8 @@ def lmms_python() -> Path:
     with one_install_at_a_time():
         if not (PYTHON.exists() and STAMP.exists() and STAMP.read_text() == want):
             if not PYTHON.exists():
-                run([sys.executable, "-m", "venv", VENV], ROOT, 300)
-            run([PYTHON, "-m", "pip", "install", "-q", "-r", "requirements-lmms.txt"], ROOT, 3600)
+                run_checked([sys.executable, "-m", "venv", VENV], ROOT, 300)
+            run_checked([PYTHON, "-m", "pip", "install", "-q", "-r", "requirements-lmms.txt"], ROOT, 3600)
             STAMP.write_text(want)
     return PYTHON
 
@@ -78,8 +54,8 @@ def lmms_python() -> Path:
 def pages(tmp_path_factory) -> Path:
     """A folder holding data/pocket-suite: the task's JSONL of 6 pocket-suite pages, 2 of each kind."""
     folder = tmp_path_factory.mktemp("lmms")
-    run([sys.executable, "-m", "arr_coc.eval.data", "--out", folder / "data" / "pocket-suite", "--n", ITEMS,
-         "--kinds", "fine_print,box_word,shape_colour", "--seed", 0, "--size", 896], ROOT, 300)
+    run_checked([sys.executable, "-m", "arr_coc.eval.data", "--out", folder / "data" / "pocket-suite", "--n", ITEMS,
+                 "--kinds", "fine_print,box_word,shape_colour", "--seed", 0, "--size", 896], ROOT, 300)
     return folder
 
 
@@ -87,9 +63,9 @@ def evaluate_answers(folder: Path) -> tuple[dict[int, str], float]:
     """evaluate's answer to each item (its index) of the folder's set, ARR under topk at BUDGET, and its exact match
     over them."""
     out = folder / "evaluate"
-    run([sys.executable, "-m", "arr_coc.evaluate", "--model", "pocket", "--dataset", folder / "data" / "pocket-suite",
-         "--metric", "exact", "--baselines", "", "--strategies", "topk", "--budget", BUDGET, "--device", "cpu",
-         "--out", out], ROOT, 1200)
+    run_checked([sys.executable, "-m", "arr_coc.evaluate", "--model", "pocket", "--dataset",
+                 folder / "data" / "pocket-suite", "--metric", "exact", "--baselines", "", "--strategies", "topk",
+                 "--budget", BUDGET, "--device", "cpu", "--out", out], ROOT, 1200)
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     return {r["item"]: r["prediction"] for r in results}, sum(r["score"] for r in results) / len(results)
 
@@ -97,9 +73,9 @@ def evaluate_answers(folder: Path) -> tuple[dict[int, str], float]:
 def lmms_answers(python: Path, folder: Path, model_args: str) -> tuple[dict[int, str], dict]:
     """lmms-eval's answer to each doc (its id) of the local pocket task through --model arr_coc, and its results."""
     out = folder / "lmms"
-    run([python, "-m", "lmms_eval", "eval", "--model", "arr_coc", "--model_args", model_args,
-         "--tasks", "arr_coc_pocket", "--include_path", ROOT / "lmms_tasks", "--device", "cpu", "--log_samples",
-         "--output_path", out], folder, 1200, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    run_checked([python, "-m", "lmms_eval", "eval", "--model", "arr_coc", "--model_args", model_args,
+                 "--tasks", "arr_coc_pocket", "--include_path", ROOT / "lmms_tasks", "--device", "cpu",
+                 "--log_samples", "--output_path", out], folder, 1200, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     samples = [json.loads(line) for path in out.rglob("*_samples_arr_coc_pocket.jsonl")
                for line in path.read_text().splitlines()]
     results = [json.loads(path.read_text()) for path in out.rglob("*_results.json")]
@@ -135,7 +111,7 @@ print(json.dumps({"rows": rows, "request": [request.strategy, request.budget, re
 def test_model_args_name_evaluates_rows_and_refuse_what_it_cannot_run(lmms_python, tmp_path):
     asked = [["arr", {}], ["arr", {"strategy": "grid"}], ["arr:logpolar", {}], ["full", {}], ["fastv", {"budget": 64}],
              ["arr-no-gestalt:topk", {}], ["arr+refix:topk", {"refixate": 0.9}]]
-    done = run([lmms_python, "-c", ROWS_SCRIPT, json.dumps(asked)], tmp_path, 300)
+    done = run_checked([lmms_python, "-c", ROWS_SCRIPT, json.dumps(asked)], tmp_path, 300)
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["rows"] == ["arr:topk", "arr:grid", "arr:logpolar", "full", "fastv", "arr-no-gestalt:topk",
                              "arr+refix:topk"]

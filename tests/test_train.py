@@ -352,3 +352,21 @@ def test_an_interrupted_save_leaves_the_old_checkpoint_whole(tmp_path, monkeypat
     save(model, cfg, log)
     assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").read_bytes() != before["model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # no temporary folder left beside it
+
+
+@pytest.mark.usefixtures("tiny_loaded_once")
+@pytest.mark.parametrize("question, message", [
+    ("", "the question is empty: type a question about the image"),  # the pipelines' check, at load
+    ("\N{GRINNING FACE}" * 3000, "the question is 3000 tokens long; the limit is 2048 tokens: shorten it"),  # tokens
+])
+def test_a_data_question_that_cannot_run_is_refused_naming_its_line(tmp_path, capsys, question, message):
+    """train --data as evaluate: a question the pipelines refuse fails before training, in one line naming the
+    JSONL line (the 3000 characters are 3000 of the tiny model's tokens, over MAX_QUESTION_TOKENS)."""
+    from arr_coc.eval.data import save_jsonl
+
+    samples = make_dataset(10, kinds=("text_vs_distractor",), size=224)
+    samples[7].question = question
+    path = save_jsonl(samples, tmp_path / "set")
+    assert main([*ONE_STEP, "--data", str(tmp_path / "set"), "--out", str(tmp_path / "ck")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert errors == [f"error: {path}:8: {message}"]

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_lmms import one_install_at_a_time, run
+from conftest import one_install_at_a_time, run_checked
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-vllm"
@@ -148,7 +148,7 @@ print(json.dumps({"text": r.choices[0].message.content, "prompt_tokens": r.usage
 def ask(python: Path, port: int, image: Path, question: str, **mm_kwargs) -> dict:
     """One OpenAI-client chat request with an image, greedy -> its text, usage and least token probability."""
     extra = {"mm_processor_kwargs": mm_kwargs} if mm_kwargs else {}
-    done = run([python, "-c", ASK_SCRIPT, port, image, question, json.dumps(extra)], ROOT, 300)
+    done = run_checked([python, "-c", ASK_SCRIPT, port, image, question, json.dumps(extra)], ROOT, 300)
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -189,14 +189,14 @@ for row in rows:
 def pages(tmp_path_factory) -> Path:
     """6 pocket-suite pages, 2 of each kind (arr_coc.eval.data, seed 0, 896 px)."""
     folder = tmp_path_factory.mktemp("pages")
-    run([sys.executable, "-m", "arr_coc.eval.data", "--out", folder, "--n", 6, "--kinds",
-         "fine_print,box_word,shape_colour", "--seed", 0, "--size", 896], ROOT, 300)
+    run_checked([sys.executable, "-m", "arr_coc.eval.data", "--out", folder, "--n", 6, "--kinds",
+                 "fine_print,box_word,shape_colour", "--seed", 0, "--size", 896], ROOT, 300)
     return folder
 
 
 def test_plugin_equals_the_project_arr(vllm_python, server, pages):
     port, looks = server
-    done = run([sys.executable, "-c", REFERENCE_SCRIPT, pages], ROOT, 900)
+    done = run_checked([sys.executable, "-c", REFERENCE_SCRIPT, pages], ROOT, 900)
     expected = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     rows = [json.loads(line) for line in (pages / "data.jsonl").read_text().splitlines()]
     assert len(expected) == len(rows) == 6

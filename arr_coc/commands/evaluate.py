@@ -88,10 +88,9 @@ from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.rows import ORACLE, ORACLE_STRATEGY, REFIX, split_row
-from arr_coc.eval.sets import SCHEMAS, Item, Source, guess_schema, open_source, synthetic_source
+from arr_coc.eval.sets import SCHEMAS, Item, Source, check_questions, guess_schema, open_source, synthetic_source
 from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
-from arr_coc.relevance.config import AUTO
 from arr_coc.settings import REFIXATE_GUIDES, PipelineConfig
 
 if TYPE_CHECKING:
@@ -230,6 +229,11 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         check_pocket_pages(p, args, "--families", "draws")
     if args.conversation:
         check_conversation(p, args)
+    elif "turns" in p.given:
+        p.error("argument --turns: only used with --conversation")
+    for name in ("synthetic", "kinds", "size"):
+        if name in p.given and args.dataset:
+            p.error(f"argument --{name}: draws synthetic scenes, not with --dataset (--limit takes a set's first items)")
 
 
 def check_pocket_pages(p: argparse.ArgumentParser, args: argparse.Namespace, flag: str, does: str) -> None:
@@ -425,8 +429,12 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
 def adaptive_bounds(args: argparse.Namespace) -> dict:
     """--min-budget and --max-budget, where a row uses them (--budget auto or the arr-auto-budget row); else
     nothing, so that a folder from before the adaptive budget resumes."""
-    used = args.budget == AUTO or "auto-budget" in cli.names(args.ablations)
-    return dict(min_budget=args.min_budget, max_budget=args.max_budget) if used else {}
+    return dict(min_budget=args.min_budget, max_budget=args.max_budget) if cli.reads_adaptive_budget(args) else {}
+
+
+class OtherRun(InputError):
+    """--out holds another run's results (ResultsFolder.check_settings): they are left as they are, and this
+    command cannot resume them."""
 
 
 class ResultsFolder:
@@ -444,8 +452,8 @@ class ResultsFolder:
             changed = [f"{k}: {before.get(k)!r} there, {settings.get(k)!r} now"
                        for k in dict.fromkeys([*before, *settings]) if before.get(k) != settings.get(k)]
             if changed:
-                raise InputError(f"{self.folder} holds the results of another run ({'; '.join(changed)}); "
-                                 "choose another --out")
+                raise OtherRun(f"{self.folder} holds the results of another run ({'; '.join(changed)}); choose "
+                               "another --out, or resume that run with its own settings")
         self.folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=2))
 
@@ -545,6 +553,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
         model, checkpoint = cli.load_model(args.model, args.checkpoint, process.device, quiet=not process.is_main,
                                            fallback=args.fallback)
         args.model = model.vlm.name  # "pocket" where the default model fell back to it: run.json records it
+        check_questions(source, model.check_question)  # their tokens: refused now, not at their item
         jobs = job_list(args)
         settings = run_settings(args, source, metric, checkpoint)
         if process.is_main:
@@ -556,7 +565,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
         skipped = evaluate_items(model, source, jobs, done, metric, args, folder, process)
     except (InputError, CheckpointError, OutOfMemory) as e:
         process.log(f"error: {e}")
-        if folder.read():
+        if folder.read() and not isinstance(e, OtherRun):  # another run's results: this command cannot resume them
             process.log(f"the results finished so far are kept in {args.out}; run the same command again to resume")
         return 2
     process.barrier()

@@ -67,9 +67,9 @@ from arr_coc import cli
 from arr_coc.runtime import distributed
 from arr_coc.relevance.config import AUTO, SACCADE_ORDERS
 from arr_coc.errors import InputError, OutOfMemory
-from arr_coc.eval.data import SCENE_KINDS, Sample, make_dataset
+from arr_coc.eval.data import SCENE_KINDS, Sample, check_at, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
-from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
+from arr_coc.flags import check_fresh_folder, config_parser, device_flag, flag, parse_config, seed_flag
 
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
     import torch
@@ -256,7 +256,7 @@ def data_samples(cfg: TrainConfig) -> list[TaughtSample]:
             continue
         answer = item.answers[0] if item.answers else target.answer if target is not None else ""
         samples.append(TaughtSample(item.open(), source.prompt(item), answer, item.box, item.kind or source.schema,
-                                    target=None if target is None else target.map))
+                                    where=item.where, target=None if target is None else target.map))
     if not samples:
         need = f"a teacher's map in {cfg.distill}" if cache is not None else "a target box"
         raise InputError(f"no item of {cfg.data} has {need}")
@@ -286,7 +286,8 @@ def observe_all(model: ARRCOCQwen, samples: list[Sample], show: bool = True) -> 
 
     observed, device = [], model.vlm.device
     for sample in tqdm(samples, desc="observe", unit="sample", disable=not show):
-        observation = arr.observe(model.parts, model.views(sample.image), model.check_question(sample.question))
+        question = check_at(sample.where, model.check_question, sample.question)  # its tokens: refused naming its line
+        observation = arr.observe(model.parts, model.views(sample.image), question)
         views, target = observation.views, getattr(sample, "target", None)
         observed.append((sample, observation, None if sample.box is None else views.box_coverage(sample.box).to(device),
                          None if target is None else on_grid(target, views.candidate_grid).to(device)))
@@ -556,9 +557,7 @@ def parse_args(argv=None) -> TrainConfig:
         p.error(f"argument --resume: {cfg.out} holds no training state to resume (--save-every N saves one)")
     if out.resolve() in (Path.cwd(), *Path.cwd().parents):
         p.error(f"argument --out: {cfg.out} holds the working folder; give the checkpoint a folder of its own")
-    if not cfg.resume and out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
-        p.error(f"argument --out: {cfg.out} already exists and is not empty; pass --overwrite to write into it, "
-                "or choose another folder")
+    check_fresh_folder(p, cfg.out, cfg.overwrite or cfg.resume)  # --resume writes into its own run's folder
     with_defaults(cfg)
     if cfg.distill and not cfg.data:
         p.error("argument --distill: needs --data, the set whose item ids the teacher's maps are cached by")
@@ -570,8 +569,7 @@ def parse_args(argv=None) -> TrainConfig:
                 "--distill-weight 0)")
     if cfg.token_cost > 0 and cfg.budget != AUTO:
         p.error("argument --token-cost: prices the adaptive budget; it needs --budget auto")
-    if cfg.min_budget > cfg.max_budget:
-        p.error(f"argument --min-budget: {cfg.min_budget} exceeds --max-budget {cfg.max_budget}")
+    cli.check_budget(p, cfg)
     if cfg.batch_size % distributed.world_size():
         p.error(f"argument --batch-size: {cfg.batch_size} does not split evenly over the {distributed.world_size()} "
                 "processes torchrun started; choose a multiple of their number")

@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -50,6 +50,7 @@ from arr_coc.vlm.images import open_image
 
 Box = tuple[int, int, int, int]
 
+IMAGE_NAME = re.compile(r"\d{6}_[A-Za-z0-9_-]+\.png")  # the name save_jsonl gives a sample's image under images/
 SCENE_KINDS = ("text_vs_distractor", "distractor_query", "noise", "chart", "document", *PAGE_KINDS)
 
 
@@ -61,6 +62,7 @@ class Sample:
     box: Box | None  # (x0, y0, x1, y1) half-open pixel box of the region the question is about; None if none
     kind: str  # scene kind (one of SCENE_KINDS) or a free label for real data
     family: str = ""  # a pocket page's layout family (arr_coc.synth.families), "" for the suite's own pages
+    where: str = ""  # the data.jsonl line it was read from ("file:line"), "" for a generated scene
 
 
 @dataclass(frozen=True)
@@ -404,7 +406,7 @@ def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:
     path = folder / "data.jsonl"
     with path.open("w", encoding="utf-8") as f:
         for i, sample in enumerate(samples):
-            rel = f"images/{i:06d}_{re.sub(r'[^A-Za-z0-9_-]+', '_', sample.kind) or 'sample'}.png"
+            rel = f"images/{i:06d}_{re.sub(r'[^A-Za-z0-9_-]+', '_', sample.kind) or 'sample'}.png"  # IMAGE_NAME
             sample.image.convert("RGB").save(folder / rel)
             record = {
                 "image": rel,
@@ -417,6 +419,15 @@ def save_jsonl(samples: Iterable[Sample], folder: str | Path) -> Path:
             }
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
+
+
+def remove_stale_images(path: Path) -> None:
+    """Remove the images of a dataset written before into path's folder (save_jsonl's names) that path's lines no
+    longer name: after --overwrite, the folder holds the new set alone."""
+    named = {json.loads(line)["image"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    for image in (path.parent / "images").glob("*.png"):
+        if IMAGE_NAME.fullmatch(image.name) and f"images/{image.name}" not in named:
+            image.unlink()
 
 
 def _parse_box(value, where: str) -> Box | None:
@@ -432,8 +443,21 @@ def _parse_box(value, where: str) -> Box | None:
     return (x0, y0, x1, y1)
 
 
+def check_at(where: str, check: Callable[[str], str], question: str) -> str:
+    """check(question) (a question check: arr_coc.pipelines.request.check_question, ARRCOCQwen.check_question), its
+    InputError naming `where` first (a JSONL line, "file:line"; "" adds nothing)."""
+    try:
+        return check(question)
+    except InputError as e:
+        if not where:
+            raise
+        raise InputError(f"{where}: {e}") from None
+
+
 def _parse_record(line: str, root: Path, where: str) -> Sample:
-    """One jsonl line -> Sample; every problem is a ValueError that starts with `where` (file:line)."""
+    """One jsonl line -> Sample; every problem is an InputError that starts with `where` (file:line)."""
+    from arr_coc.pipelines.request import check_question  # here, not above: the commands parse without torch
+
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
@@ -443,6 +467,7 @@ def _parse_record(line: str, root: Path, where: str) -> Sample:
     for key in ("image", "question", "answer"):
         if not isinstance(record.get(key), str):
             raise InputError(f"{where}: missing or non-string {key!r}")
+    check_at(where, check_question, record["question"])  # empty or too long: refused here, not in the middle of a run
     kind = record.get("kind", "unknown")
     if not isinstance(kind, str):
         raise InputError(f"{where}: 'kind' must be a string, got {kind!r}")
@@ -462,12 +487,13 @@ def _parse_record(line: str, root: Path, where: str) -> Sample:
     family = record.get("family", "")
     if not isinstance(family, str):
         raise InputError(f"{where}: 'family' must be a string, got {family!r}")
-    return Sample(image, record["question"], record["answer"], box, kind, family)
+    return Sample(image, record["question"], record["answer"], box, kind, family, where)
 
 
 def load_jsonl(path: str | Path) -> list[Sample]:
     """Read a data.jsonl (or a folder holding one). Image paths are relative to the jsonl's folder.
-    Blank lines are skipped; a malformed line or a missing image raises ValueError naming file and line."""
+    Blank lines are skipped; a malformed line, a question the pipelines refuse (empty, over MAX_QUESTION_CHARS) or a
+    missing image raises InputError naming file and line."""
     path = Path(path)
     if path.is_dir():
         path = path / "data.jsonl"
@@ -498,6 +524,8 @@ class DataConfig:
     families: tuple[str, ...] = flags.flag((), "draw the pocket kinds on these layout families (comma-separated names, "
                                                f"or 'trained' / 'held-out'); any of: {','.join(FAMILIES)}",
                                            families_flag, shown="–")
+    overwrite: bool = flags.flag(False, "write into --out even if it already holds files (e.g. another dataset): its "
+                                        "data.jsonl is replaced, and the old set's images the new one lacks removed")
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -507,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         parser.error(f"argument --families: layout families draw the pocket kinds ({','.join(PAGE_KINDS)}) only")
     if blocker := next((p for p in (Path(args.out), *Path(args.out).parents) if p.is_file()), None):
         parser.error(f"argument --out: {args.out} cannot be a folder: {blocker} is a file")
+    flags.check_fresh_folder(parser, args.out, args.overwrite)
 
     kinds = tuple(flags.names(args.kinds))
     counts: Counter[str] = Counter()
@@ -517,6 +546,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
             yield sample
 
     path = save_jsonl(counted(iter_dataset(args.n, kinds, args.seed, args.size, families=args.families)), args.out)
+    remove_stale_images(path)
     summary = ", ".join(f"{k}={v}" for k, v in counts.items()) or "nothing"
     print(f"wrote {sum(counts.values())} samples ({summary}) at {args.size}px to {path}")
     return path

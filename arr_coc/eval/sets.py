@@ -29,11 +29,11 @@ import io
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from PIL import Image, UnidentifiedImageError
 
-from arr_coc.eval.data import Box, Sample, load_jsonl, make_dataset
+from arr_coc.eval.data import Box, Sample, check_at, load_jsonl, make_dataset
 from arr_coc.vlm.images import open_image
 from arr_coc.synth.fineprint import PAGE_KINDS
 from arr_coc.errors import InputError
@@ -83,6 +83,7 @@ class Item:
     box: Box | None = None  # half-open pixel box of the region the question is about, where the set has one
     kind: str = ""  # the schema, or the synthetic scene kind
     family: str = ""  # a pocket page's layout family (synth/families.py), "" for every other item
+    where: str = ""  # its data.jsonl line ("file:line"), "" for a hub row or a generated scene
 
     def open(self) -> Image.Image:
         """The item's image, RGB-ready; InputError naming the item if it cannot be read."""
@@ -124,6 +125,15 @@ class Source:
         return f"{question}\n{instruction}" if instruction else question
 
 
+def check_questions(source: Source, check: Callable[[str], str]) -> None:
+    """Every question of a source read whole (a JSONL set, generated scenes) as the model is asked it, by `check`
+    (ARRCOCQwen.check_question: its length in the model's tokens too), before the first item runs: one that cannot
+    run is refused naming its line, not met in the middle of a run, where resuming would meet it again."""
+    if isinstance(source.items, list):  # a hub set streams: its rows are not read ahead
+        for item in source.items:
+            check_at(item.where, check, source.prompt(item))
+
+
 def guess_schema(name: str) -> str:
     """The schema of a source: data.jsonl -> jsonl, a known hub id, else a schema named in the path or id."""
     path = Path(name)
@@ -156,7 +166,8 @@ def synthetic_source(n: int, kinds: tuple[str, ...], seed: int, size: int = 896,
 
 
 def from_samples(samples: list[Sample]) -> list[Item]:
-    return [Item(i, str(i), s.question, [s.answer], s.image, s.box, s.kind, s.family) for i, s in enumerate(samples)]
+    return [Item(i, str(i), s.question, [s.answer], s.image, s.box, s.kind, s.family, s.where)
+            for i, s in enumerate(samples)]
 
 
 def load_rows(name: str, split: str, config: str | None):

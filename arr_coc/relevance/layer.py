@@ -369,8 +369,10 @@ def check_weights(path: Path, expected: dict[str, torch.Tensor]) -> None:
     if not path.is_file():
         raise CheckpointError(f"{path.parent.name}: no {WEIGHTS_FILE}")
     with open(path, "rb") as f:
-        head = f.read(8)
-    if head[:2] == b"PK" or head[:1] == b"\x80":
+        head = f.read(9)  # a safetensors file: its header's length (8 bytes, little-endian), then the JSON header
+    header_length = int.from_bytes(head[:8], "little")
+    safetensors = len(head) == 9 and head[8:] == b"{" and header_length <= path.stat().st_size - 8
+    if not safetensors and (head[:2] == b"PK" or head[:1] == b"\x80"):  # a zip (torch.save) or a pickle (protocol 2+)
         raise CheckpointError(f"{path.parent.name}/{WEIGHTS_FILE} is a pickle/torch.save file, not safetensors; "
                               "pickles can run code and are never loaded")
     try:

@@ -266,6 +266,22 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, bad, message):
         load_jsonl(path)
 
 
+@pytest.mark.parametrize("question, message", [
+    ("", "the question is empty: type a question about the image"),
+    (" \t ", "the question is empty: type a question about the image"),
+    ("x" * 4001, "the question is 4001 characters long; the limit is 4000"),
+])
+def test_a_question_the_pipelines_refuse_is_refused_at_load_naming_file_and_line(tmp_path, question, message):
+    """The pipelines' own check (request.check_question), at load: not at its item in the middle of a run, where a
+    resumed run would meet it again."""
+    bad = json.dumps({"image": "ok.png", "question": question, "answer": "a"})
+    path = write_dataset(tmp_path, [GOOD, "", bad])
+    with pytest.raises(InputError) as refused:
+        load_jsonl(path)
+    assert str(refused.value) == f"{path}:3: {message}"
+    assert load_jsonl(write_dataset(tmp_path, [GOOD.replace('"q?"', json.dumps("x" * 4000))]))[0].where == f"{path}:1"
+
+
 def test_minimal_records_and_blank_lines_load(tmp_path):
     path = write_dataset(tmp_path, [GOOD, "", '{"image": "ok.png", "question": "q?", "answer": "a"}'])
     first, second = load_jsonl(path)
@@ -344,6 +360,28 @@ def test_cli_writes_a_loadable_dataset(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["--out", str(out), "--kinds", "bogus"])
     assert exit.value.code == 2
+
+
+def test_the_cli_refuses_an_existing_dataset_unless_overwrite_and_then_leaves_the_new_set_alone(tmp_path, capsys):
+    """Onto a folder that holds files, refused in one line (exit 2) and nothing touched, as train refuses its --out
+    (flags.check_fresh_folder); with --overwrite the folder holds the new set alone: the old set's extra images go."""
+    out = tmp_path / "set"
+    main(["--out", str(out), "--n", "6", "--kinds", "noise", "--size", "64"])
+    before = {p.name: p.read_bytes() for p in (out / "images").iterdir()} | {"data.jsonl": (out / "data.jsonl").read_bytes()}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main(["--out", str(out), "--n", "2", "--kinds", "document", "--size", "64"])
+    assert exit.value.code == 2
+    error = capsys.readouterr().err.splitlines()  # the command's name as pytest started it, then the reason
+    assert len(error) == 1 and error[0].split(": error: ")[1].split(" (see ")[0] == (
+        f"argument --out: {out} already exists and is not empty; pass --overwrite to write into it, or choose another "
+        "folder")
+    assert {p.name: p.read_bytes() for p in (out / "images").iterdir()} | {
+        "data.jsonl": (out / "data.jsonl").read_bytes()} == before
+    (out / "images" / "mine.png").write_bytes(b"not the dataset's")  # a file save_jsonl never names: kept
+    main(["--out", str(out), "--n", "2", "--kinds", "document", "--size", "64", "--overwrite"])
+    assert sorted(p.name for p in (out / "images").iterdir()) == ["000000_document.png", "000001_document.png", "mine.png"]
+    assert [s.kind for s in load_jsonl(out)] == ["document", "document"]
 
 
 # -----------------------------------------------------------------------------

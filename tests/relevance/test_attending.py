@@ -8,13 +8,7 @@ import torch
 from arr_coc.relevance.config import STRATEGIES
 from arr_coc.relevance.attending import TokenAllocator
 from arr_coc.relevance.tensions import COVERAGE, FORCED, RELEVANCE
-
-
-def peaked_map(gh=32, gw=32, centre=(16, 16), seed=0):
-    torch.manual_seed(seed)
-    yy, xx = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
-    bump = torch.exp(-((yy - centre[0]) ** 2 + (xx - centre[1]) ** 2).float() / 50)
-    return (bump + 0.01 * torch.rand(gh, gw)).unsqueeze(0)
+from conftest import peaked_map
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

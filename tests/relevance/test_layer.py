@@ -10,27 +10,10 @@ from arr_coc.runtime import graphs
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError, ScoreMaps
 from arr_coc.relevance.texture import generate_texture_array
-
-D = 64
-
-
-def structured_images(n=2):
-    """[n, 3, 448, 448]: faint noise with two bright blocks (pure noise is a busy image: it falls back to grid)."""
-    images = 0.05 * torch.rand(n, 3, 448, 448)
-    images[:, :, 60:160, 80:260] = 1.0
-    images[:, 0, 300:380, 250:400] = 0.8
-    return images
-
-
-def run(layer, seed=0, budget=None, strategy=None, settings=None, n=2, **kw):
-    torch.manual_seed(seed)
-    textures = generate_texture_array(structured_images(n), (32, 32))  # [n, 13, 32, 32]
-    maps = layer(textures, torch.randn(n, 5, D), gestalt_embeds=torch.randn(n, 16, D), **kw)
-    return layer.select(maps, (32, 32), budget, strategy, settings)
-
+from conftest import D, select_saccades, structured_images
 
 def test_output_holds_everything_the_microscope_shows():
-    out = run(ARRCOCLayer(ARRCOCConfig(hidden_size=D)), participatory_prior=torch.rand(2, 32, 32))
+    out = select_saccades(ARRCOCLayer(ARRCOCConfig(hidden_size=D)), participatory_prior=torch.rand(2, 32, 32))
     assert out.indices.shape == (2, 273) and out.positions.shape == (2, 273, 2)
     assert out.textures.shape == (2, 13, 32, 32)
     for m in (out.relevance, out.information, out.perspectival, out.participatory, out.participatory_prior):
@@ -72,7 +55,7 @@ def test_a_graph_replay_hands_back_score_maps_of_its_own(monkeypatch):
 
 
 def test_budget_and_strategy_can_be_overridden_per_call():
-    out = run(ARRCOCLayer(ARRCOCConfig(hidden_size=D)), budget=50, strategy="grid")
+    out = select_saccades(ARRCOCLayer(ARRCOCConfig(hidden_size=D)), budget=50, strategy="grid")
     assert out.indices.shape == (2, 50) and out.strategy == "grid"
 
 
@@ -204,7 +187,7 @@ def test_straight_through_gradient_reaches_every_parameter():
     layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D, min_budget=200, max_budget=300))
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     for step in range(2):  # zero-initialised last layers block the layers below them until the first step
-        out = run(layer, seed=step, budget="auto", n=1, participatory_prior=torch.rand(1, 32, 32),
+        out = select_saccades(layer, seed=step, budget="auto", n=1, participatory_prior=torch.rand(1, 32, 32),
                   gestalt_states=torch.randn(1, 4, 4, D), question_states=torch.randn(1, 6, D))  # the prior pass's
         K = out.indices.shape[1]
         target = torch.randn(1, K, D)
@@ -222,7 +205,7 @@ def test_straight_through_gradient_reaches_every_parameter():
 def test_token_weights_keep_the_tokens_and_pass_them_as_the_scores_gradient():
     """ARRCOCOutput.token_weights, training's straight-through product: forward exactly the gates (1 from the
     layer); backward, d(sum(tokens * w * v))/ds = the row sums of tokens * v, and the gate's own gradient too."""
-    out = run(ARRCOCLayer(ARRCOCConfig(hidden_size=D, budget=4)), n=1)
+    out = select_saccades(ARRCOCLayer(ARRCOCConfig(hidden_size=D, budget=4)), n=1)
     s = torch.tensor([[0.3, -1.2, 2.0, 0.7]], requires_grad=True)  # selected scores
     gates = torch.tensor([[1.0, 1.0, 1.0, 1.0]], requires_grad=True)
     out.selected_scores, out.gates = s, gates
@@ -244,7 +227,7 @@ def test_checkpoint_round_trip(tmp_path):
     assert loaded.config == layer.config
     for (n, a), (_, b) in zip(layer.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), n
-    torch.testing.assert_close(run(loaded).relevance, run(layer).relevance)
+    torch.testing.assert_close(select_saccades(loaded).relevance, select_saccades(layer).relevance)
 
 
 def test_wrong_model_is_refused_naming_both(tmp_path):
@@ -277,6 +260,26 @@ def test_pickle_renamed_to_safetensors_is_never_unpickled(tmp_path):
     with pytest.raises(CheckpointError, match="pickle"):
         ARRCOCLayer.from_pretrained(tmp_path / "ck")
     assert not (tmp_path / "pwned").exists()
+
+
+def test_safetensors_whose_header_length_begins_with_0x80_loads(tmp_path):
+    """A header length of 0x1480 = 5248 bytes starts the file with byte 0x80, a pickle's first byte: the file is
+    still safetensors (8-byte length, then a JSON header starting with '{') and loads; a real pickle still does not."""
+    layer = ARRCOCLayer(ARRCOCConfig(hidden_size=D))
+    layer.save_pretrained(tmp_path / "ck")
+    state = {k: v.contiguous() for k, v in layer.state_dict().items()}
+    weights = tmp_path / "ck" / "model.safetensors"
+    for pad in range(512):  # the header grows 8 bytes at a time (safetensors aligns it): one of these is 5248
+        save_file(state, weights, metadata={"pad": "x" * pad})
+        if weights.read_bytes()[:9] == b"\x80\x14\x00\x00\x00\x00\x00\x00{":
+            break
+    assert weights.read_bytes()[:9] == b"\x80\x14\x00\x00\x00\x00\x00\x00{"
+    loaded = ARRCOCLayer.from_pretrained(tmp_path / "ck")
+    for name, value in layer.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value)
+    weights.write_bytes(pickle.dumps({"w": 1}, protocol=2))  # b"\x80\x02...": a pickle is still refused
+    with pytest.raises(CheckpointError, match="is a pickle/torch.save file"):
+        ARRCOCLayer.from_pretrained(tmp_path / "ck")
 
 
 @pytest.mark.parametrize("config_text, message", [
