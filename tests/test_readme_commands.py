@@ -48,3 +48,12 @@ def test_the_quick_start_gives_a_cpu_torch_and_keeps_the_default_command():
     quick = section(README, "Quick start")
     assert f"```bash\n{DEFAULT_INSTALL}\n```" in quick
     assert CPU_TORCH in quick and "no NVIDIA GPU" in quick
+
+
+def test_the_cpu_install_is_two_plain_commands_torch_then_the_app():
+    """Issue 67 item 4: the sentence once said "then the same command:" and showed the torch command instead; now the
+    CPU torch install and the app's command stand as two lines of one block, to copy as they are."""
+    cpu = ("```bash\npython3 -m venv .venv && .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu"
+           "\n.venv/bin/pip install -r requirements.txt && .venv/bin/python app.py\n```")
+    assert cpu in section(README, "Quick start")
+    assert "same command" not in section(README, "Quick start")

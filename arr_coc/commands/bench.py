@@ -53,6 +53,7 @@ from arr_coc.pipelines import PIPELINES
 from arr_coc.flags import config_parser, device_flag, flag, parse_config
 from arr_coc.pipelines import BUDGET_FREE, FAST_ENGINE_ONLY, FROM_EMBEDS, REDUCERS
 from arr_coc.relevance.ablation import ABLATIONS
+from arr_coc.runtime import distributed
 
 CHOICES = (*PIPELINES, *(f"arr-{name}" for name in ABLATIONS))  # --pipelines: the pipelines and ARR's ablations
 CHECK_TOLERANCE = 0.15  # --check fails on ARR's TTFT or decode more than this much slower than the baseline's
@@ -123,11 +124,7 @@ def parse_args(argv=None) -> BenchConfig:
 
 def on_cpu(device: str | None) -> bool:
     """Whether the bench will run on the CPU: asked for, or no CUDA GPU to default to."""
-    if device is not None:
-        return device == "cpu"
-    import torch
-
-    return not torch.cuda.is_available()
+    return distributed.default_device(device) == "cpu"
 
 
 def tiny_models() -> tuple[str, ...]:

@@ -7,9 +7,14 @@ The pocket model's trainer from the command line (the trainer itself is arr_coc.
     python -m arr_coc.pocket.train --out runs/pocket --export models/pocket-qwen2-vl --steps 0 --resume  # export
     python -m arr_coc.pocket.train --tokenizer-only --export models/pocket-qwen2-vl                        # tokenizer
 
-(arr_coc/pocket/train.py is the shim that runs this; the trainer's docstring has every example.)
+(arr_coc/pocket/train.py is the shim that runs this; the trainer's docstring has every example.) Under torchrun
+with no CUDA GPU (or --device cpu) it refuses in one line, exit 2: one process per GPU, or one alone. --resume
+into a folder with no run yet says in one line what it starts from: --init's exported folder, by default the
+shipped model.
 """
 
+import os
+import sys
 from pathlib import Path
 
 from arr_coc.checkpoints import POCKET_FOLDER
@@ -28,8 +33,16 @@ def main(argv=None):
     if cfg.tokenizer_only:
         build_tokenizer().save_pretrained(cfg.export or POCKET_FOLDER)
         return
+    if distributed.world_size() > 1 and distributed.default_device(cfg.device) == "cpu":
+        if os.environ.get("RANK", "0") != "0":  # rank 0 alone says why: one line, not one a process
+            sys.exit(2)
+        parser.error(f"torchrun started {distributed.world_size()} processes, and with no CUDA GPU (or --device "
+                     f"cpu) they would all train on the CPU, each with {cfg.workers} page workers, contending for the "
+                     "same cores: run one process instead, python -m arr_coc.pocket.train ...")
     cfg.eval_sizes = tuple(cfg.eval_sizes)
     process = distributed.start(cfg.device)
+    if process.is_main and (line := trainer.resume_line(Path(cfg.out), cfg.resume, Path(cfg.init))):
+        process.log(line)
     if cfg.steps > 0 or not (Path(cfg.out) / "state.json").is_file():
         state = train(cfg, cfg.resume, process)
         process.log(f"done: step {state['step']}, {state['gpu_seconds'] / 60:.1f} GPU-minutes in all")

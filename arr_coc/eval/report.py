@@ -18,7 +18,9 @@ table of the mean visual tokens and accuracy per scene kind (tokens_by_kind: eac
                                                          # accuracy_vs_ttft.png (+ faithfulness.png)
 
 A sweep's report has a table per budget (full and gestalt in each), its report.json the curves (each row's
-points in budget order), and its two plots one curve per row: accuracy against visual tokens and against TTFT.
+points in budget order), and its two plots one curve per row: accuracy against visual tokens and against TTFT. Each
+plot gives every row's 95% Wilson interval (a band, or a bar at a lone point) on a y-axis of 0 to 1, under a title
+naming the model and the items.
 
 Rows evaluated on different items (a sweep's budget skipped over an image's grid, a result lost) are flagged at
 the top of report.md, and listed under "uneven_items" in report.json (row -> the items it lacks). The oracle row
@@ -251,8 +253,29 @@ def curves(summary: dict[str, dict]) -> dict[str, list[dict]]:
     return {row: sorted(mine, key=lambda p: p["budget"] or 0) for row, mine in points.items()}
 
 
-def sweep_plot(rows: dict[str, list[dict]], x: str, x_label: str, metric: str, path: Path) -> Figure:
-    """Accuracy against a cost, one curve per row through its budgets (a lone square for a row that reads none)."""
+def interval_bars(ax, xs: list[float], intervals: list[tuple[float, float]], color=None) -> None:
+    """95% Wilson intervals (summarise's "interval") as a band over a curve's points, or a vertical bar at a lone
+    point (a band of one x has no width)."""
+    lows, highs = [low for low, _ in intervals], [high for _, high in intervals]
+    if len(xs) > 1:
+        ax.fill_between(xs, lows, highs, color=color, alpha=0.15, linewidth=0)
+    else:
+        ax.vlines(xs, lows, highs, colors=color, alpha=0.6, linewidth=2)
+
+
+def accuracy_axes(ax, x_label: str, metric: str, title: str) -> None:
+    """The plots' shared frame: labels, the title, and the accuracy's whole range, 0 to 1 (a y-axis of 0.80-0.87
+    made six items' noise look like a difference)."""
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(f"accuracy ({metric})")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+
+
+def sweep_plot(rows: dict[str, list[dict]], x: str, x_label: str, metric: str, path: Path, title: str = "") -> Figure:
+    """Accuracy against a cost, one curve per row through its budgets (a lone square for a row that reads none),
+    each with its 95% Wilson band."""
     fig = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
     ax = fig.subplots()
     palette = colormaps["tab20"]
@@ -263,29 +286,35 @@ def sweep_plot(rows: dict[str, list[dict]], x: str, x_label: str, metric: str, p
         budget_free = scored[0]["budget"] is None
         ax.plot([p[x] for p in scored], [p["accuracy"] for p in scored], label=row, color=palette(i % 20),
                 marker="s" if budget_free else "o", linestyle="none" if budget_free else "-", markersize=5)
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(f"accuracy ({metric})")
-    ax.grid(alpha=0.3)
+        interval_bars(ax, [p[x] for p in scored], [p["interval"] for p in scored], palette(i % 20))
+    accuracy_axes(ax, x_label, metric, title)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.savefig(path)
     return fig
 
 
-def accuracy_plot(summary: dict[str, dict], x: str, x_label: str, metric: str, path: Path) -> None:
-    """Accuracy against a cost (visual tokens, TTFT), one labelled point per row."""
+def accuracy_plot(summary: dict[str, dict], x: str, x_label: str, metric: str, path: Path, title: str = "") -> Figure:
+    """Accuracy against a cost (visual tokens, TTFT), one labelled point per row with its 95% Wilson interval."""
     fig = Figure(figsize=(6, 4), dpi=110, layout="constrained")
     ax = fig.subplots()
     labels: dict[tuple[float, float], list[str]] = {}  # rows on the same point share one label
     for row, means in summary.items():
         marker = "o" if row.startswith("arr") else "s"  # ARR rows round, stock baselines square
-        ax.scatter(means[x], means["accuracy"], marker=marker, s=40)
+        dots = ax.scatter(means[x], means["accuracy"], marker=marker, s=40)
+        interval_bars(ax, [means[x]], [means["interval"]], dots.get_facecolor()[0])
         labels.setdefault((means[x], means["accuracy"]), []).append(row)
     for point, rows in labels.items():
         ax.annotate(", ".join(rows), point, textcoords="offset points", xytext=(5, 4), fontsize=8)
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(f"accuracy ({metric})")
-    ax.grid(alpha=0.3)
+    accuracy_axes(ax, x_label, metric, title)
     fig.savefig(path)
+    return fig
+
+
+def plot_title(what: str, header: dict) -> str:
+    """A plot's title: what it shows, the model that answered and the items (the intervals are per row's own)."""
+    model = header.get("model_name") or header.get("model")
+    return (f"{what}" + (f", {model}" if model else "") + (f", {header['items']} items" if header.get("items") else "")
+            + "; bands: 95% Wilson intervals")
 
 
 def faithfulness_plot(records: list[EvalRecord], path: Path) -> bool:
@@ -335,12 +364,12 @@ def write_report(folder: str | Path, summary: dict[str, dict], header: dict, rec
     (folder / "report.json").write_text(json.dumps(dict(header, summary=summary, refixation=refixation, **(
         {"curves": curves(summary)} if sweep else {}), uneven_items=uneven), indent=2))
     paths = [folder / "report.md", folder / "report.json"]
-    for x, x_label, name, _ in PLOTS:
+    for x, x_label, name, what in PLOTS:
         if any("accuracy" in means for means in summary.values()):  # not when every item is unscored (a test split)
             if sweep:
-                sweep_plot(curves(summary), x, x_label, metric, folder / name)
+                sweep_plot(curves(summary), x, x_label, metric, folder / name, plot_title(what, header))
             else:
-                accuracy_plot(summary, x, x_label, metric, folder / name)
+                accuracy_plot(summary, x, x_label, metric, folder / name, plot_title(what, header))
             paths.append(folder / name)
     if faithfulness_plot(records, folder / "faithfulness.png"):
         paths.append(folder / "faithfulness.png")

@@ -289,6 +289,28 @@ def make_optimizer(model, cfg: TrainConfig, head=None, binding=None):
                              lr=cfg.lr, betas=(0.9, 0.95), fused=params[0].is_cuda)
 
 
+def resumed_from(folder: Path, resume: bool, init: Path = POCKET_FOLDER) -> Path | None:
+    """The folder whose weights a run starts from: with --resume the run's own in `folder` (its state.json), else
+    the exported folder `init` (its config.json: by default the shipped model); None: fresh weights."""
+    if resume and (folder / "state.json").is_file():
+        return folder
+    if resume and (init / "config.json").is_file():
+        return init
+    return None
+
+
+def resume_line(folder: Path, resume: bool, init: Path = POCKET_FOLDER) -> str | None:
+    """What --resume into a folder with no run yet starts from, in one line (None: a run to resume, or no --resume)."""
+    start = resumed_from(folder, resume, init)
+    if not resume or start == folder:
+        return None
+    if start is None:
+        return f"pocket: --resume, and {folder} holds no run (state.json) yet, nor {init} a model: starting fresh"
+    step = json.loads((init / "training_state.json").read_text()).get("step", 0)
+    return (f"pocket: --resume, and {folder} holds no run (state.json) yet: starting from {init} (--init), at its step "
+            f"{step}")
+
+
 def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, init: Path = POCKET_FOLDER,
                  vit_depth: int | None = None, vit_mlp_ratio: int | None = None, llm_width: int | None = None):
     """(model, reading head, tokenizer, state, binding head): the run's if resuming, else the exported folder `init`
@@ -300,11 +322,11 @@ def load_or_init(folder: Path, resume: bool, device, stage: int | None = None, i
 
     tok_folder = folder / "weights" if (folder / "weights" / "tokenizer.json").is_file() else init
     tokenizer = AutoTokenizer.from_pretrained(tok_folder)
-    heads = None
-    if resume and (folder / "state.json").is_file():
+    heads, start = None, resumed_from(folder, resume, init)
+    if start == folder:
         model = Qwen2VLForConditionalGeneration.from_pretrained(folder / "weights", dtype=torch.float32)
         state, heads = json.loads((folder / "state.json").read_text()), folder
-    elif resume and (init / "config.json").is_file():  # a new machine: continue from an exported folder
+    elif start == init:  # a new machine: continue from an exported folder
         model = Qwen2VLForConditionalGeneration.from_pretrained(init, dtype=torch.float32)
         state, heads = json.loads((init / "training_state.json").read_text()), init
     else:

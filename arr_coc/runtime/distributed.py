@@ -30,6 +30,13 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def default_device(device: str | None) -> str:
+    """The device a command runs on: the user's --device, else cuda where a CUDA GPU is, else cpu (loads torch)."""
+    import torch
+
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 @dataclass(frozen=True)
 class Process:
     rank: int  # this process's index among all processes, 0 .. world_size - 1
@@ -87,7 +94,7 @@ def start(device: str | None = None) -> Process:
     """
     import torch
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     if world_size() == 1:
         return Process(0, 1, device)
     import torch.distributed as dist
