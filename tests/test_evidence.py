@@ -138,3 +138,17 @@ def test_a_layer_deaf_to_the_question_is_refused_by_the_rule(deaf_layer_evidence
         assert layers["deaf"][family]["all"]["box_recall"][2] < layers[checkpoints.PRIOR][family]["all"]["box_recall"][1]
     assert not evidence_passes(folder)
     assert choose_checkpoint(None, "qwen2_vl", 256, folder.parent) is None  # the pocket model keeps the prior
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "/"], "argument --out: / is a folder"),
+    (["--pages", "nan"], "argument --pages: expected an integer, got 'nan'"),
+    (["--checkpoint", "no-such-layer"], "argument --checkpoint: no-such-layer is no checkpoint folder here"),
+])
+def test_a_wrong_flag_is_refused_before_any_page_is_drawn(argv, message, capsys):
+    """Issue 66's sweep of this turn's surfaces: --out onto a folder ran every page before failing to write; each
+    wrong flag is one line, exit 2, at parse time."""
+    with pytest.raises(SystemExit) as stop:
+        evidence.parse_args(["--checkpoint", "pocket-fineprint", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and message in err[0], err

@@ -50,7 +50,8 @@ class EvidenceConfig:
     seed: int = seed_flag(SEED, "the pages (the same for both layers: the items are paired)")
     work: str | None = flag(None, "evaluate's folders, one per layer and family, resumed when run again (default: "
                                   "runs/evidence/SIZEpx-PAGESp-bBUDGET-sSEED)", cli.output_folder)
-    out: str | None = flag(None, f"where the evidence goes (default: the checkpoint's own {EVIDENCE_FILE})")
+    out: str | None = flag(None, f"where the evidence goes (default: the checkpoint's own {EVIDENCE_FILE})",
+                           cli.output_file)
     device: str | None = device_flag()
 
 
