@@ -470,11 +470,10 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     try:
         views = None if chat.arr.answers else model.views(chat.arr.image)  # turn 1 reads the image: once for both
         gh, gw = (views or chat.arr.answers[0].views).candidate_grid  # the slider allows the largest grid
-        request = Request(max_new_tokens=int(max_new_tokens), budget=min(int(budget), gh * gw),
-                          fresh_cells=bool(fresh_cells))
-        a = model.answer(views, question, request=request, conversation=chat.arr)
-        b = model.answer(views, question, request=replace(request, budget=None, fresh_cells=False),
-                         conversation=chat.baseline)
+        request = Request(max_new_tokens=int(max_new_tokens))
+        ours = replace(request, budget=min(int(budget), gh * gw), fresh_cells=bool(fresh_cells))
+        a = model.answer(views, question, request=ours, conversation=chat.arr)
+        b = model.answer(views, question, request=request, conversation=chat.baseline)
         image, grid = a.views.image, a.views.candidate_grid
         ranked = a.arr.in_order("relevance")
         heatmap = viz.heatmap_overlay(image, a.arr.relevance[0], ranked.positions[0], numbered=int(numbered))
@@ -484,7 +483,7 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
         chat.rows.append(ui.turn_row(question, b, a, moved))
     finally:
         chat.to("cpu")
-    fresh = ui.fresh_cells_note(a, request.fresh_cells, request.budget)
+    fresh = ui.fresh_cells_note(a, ours.fresh_cells, ours.budget)
     status = (f"Turn {a.turn}: ARR prefilled {a.prefilled} tokens (its conversation holds {a.context}), "
               f"{baseline} {b.prefilled} (holds {b.context}).{fresh} Ask a follow-up, or press New image to start "
               "again.")
