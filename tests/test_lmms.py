@@ -65,8 +65,9 @@ def evaluate_answers(folder: Path) -> tuple[dict[int, str], float]:
     out = folder / "evaluate"
     run_checked([sys.executable, "-m", "arr_coc.evaluate", "--model", "pocket", "--dataset",
                  folder / "data" / "pocket-suite", "--metric", "exact", "--baselines", "", "--strategies", "topk",
-                 "--budget", BUDGET, "--device", "cpu", "--out", out], ROOT, 1200)
-    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+                 "--no-oracle", "--budget", BUDGET, "--device", "cpu", "--out", out], ROOT, 1200)
+    results = [r for line in (out / "results.jsonl").read_text().splitlines()
+               if (r := json.loads(line))["row"] == "arr:topk"]
     return {r["item"]: r["prediction"] for r in results}, sum(r["score"] for r in results) / len(results)
 
 
