@@ -303,7 +303,7 @@ def test_one_session_cannot_fill_the_queue(hostile_server):
         joins = [http.post("/queue/join", json=dict(data=data, fn_index=index, session_hash=flood, event_data=None,
                                                      trigger_id=None)) for _ in range(12)]
     refused = [j for j in joins if j.status_code == 429]
-    assert 4 <= 12 - len(refused) <= 5 and refused
+    assert 4 <= 12 - len(refused) <= 6 and refused  # 4 waiting, beside the one running (or one that ended meanwhile)
     assert {j.json()["detail"] for j in refused} == {"this session already has 4 requests waiting: wait for them, "
                                                      "or stop one"}
     assert answers(call(url, index, data, uuid.uuid4().hex))[0].startswith("Done in")
