@@ -151,8 +151,7 @@ def forced_cells(scores: torch.Tensor, included: torch.Tensor, budget: int) -> t
     """[N] scores, [N] bool included cells -> the included cells, most relevant first (raster order on ties; a
     non-finite score counts as 0), at most `budget` of them."""
     cells = included.nonzero().squeeze(1)  # [M] raster order
-    safe = torch.nan_to_num(scores[cells], nan=0.0, posinf=0.0, neginf=0.0)  # [M]
-    return cells[safe.argsort(descending=True, stable=True)][:budget]
+    return ranked(scores, cells, cells)[0][:budget]  # ranked's order: most relevant first, raster on ties
 
 
 def cell_mask(cells: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
