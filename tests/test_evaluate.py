@@ -76,6 +76,8 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
                                                         if (i, row) != (1, "oracle")]  # item 1 (noise) has no box
     noise = [r for r in records if r["kind"] == "noise"]
     assert noise and all("box_recall" not in r for r in noise)  # no target box, no box metric
+    peaks = {r["row"]: r.get("prior_peak") for r in records if r["kind"] != "noise"}
+    assert isinstance(peaks["arr:topk"], bool) and peaks["full"] is None  # ARR's prior is there to peak; full's not
 
 
 def test_ablations_are_rows_at_the_same_visual_tokens(tmp_path, capsys):

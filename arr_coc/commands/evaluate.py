@@ -323,7 +323,7 @@ def scored(model: ARRCOCQwen, item: Item, row: str, budget: int | None, a, metri
     scored None and gets no faithfulness curves; a benchmark metric also gets the lenient one as an extra field;
     the oracle row (`include`: the cells it forced in) says whether its box held more cells than its budget."""
     from arr_coc.eval.faithfulness import faithfulness_curves
-    from arr_coc.eval.metrics import box_recall_precision
+    from arr_coc.eval.metrics import box_recall_precision, peak_on_box
     from arr_coc.pipelines.answer import tension_record
 
     _, _, ablation, refix = split_row(row)
@@ -343,6 +343,8 @@ def scored(model: ARRCOCQwen, item: Item, row: str, budget: int | None, a, metri
         coverage = a.views.box_coverage(item.box)
         result.box_recall, result.box_precision = box_recall_precision(coverage, cells_read(a))
         result.fallback = a.arr.fallback[0] if a.arr is not None else None
+        if a.arr is not None and a.arr.participatory_prior is not None:  # [1, GH, GW]: the prior's peak cell
+            result.prior_peak = peak_on_box(coverage, a.arr.participatory_prior[0])
     if include is not None:  # the box's cells beyond the budget: only the most relevant of them were forced in
         result.box_clipped = int(include.sum()) > a.arr.indices.shape[1]
     faithful = a.arr is not None and not ablation and not refix and row != ORACLE  # ARR's strategy rows

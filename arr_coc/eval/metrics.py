@@ -226,3 +226,9 @@ def box_recall_precision(coverage, indices) -> tuple[float, float]:
     target = coverage.flatten() > 0  # [N] cells the box touches
     hits = int(target[indices.to(target.device)].sum())
     return hits / max(int(target.sum()), 1), hits / max(indices.numel(), 1)
+
+
+def peak_on_box(coverage, relevance) -> bool:
+    """Whether a map's highest cell (the first in raster order on ties) is one the box touches (coverage, relevance
+    [GH, GW]): for the question->gestalt attention prior, whether the model's own look lands on the asked box."""
+    return bool(coverage.flatten()[relevance.flatten().argmax().cpu()] > 0)

@@ -49,6 +49,8 @@ class EvalRecord:
     box_precision: float | None = optional()  # and the share of the cells read that are on it
     fallback: str | None = optional(lambda r, name: r.box_recall is not None and r.tensions is not None)  # an ARR
     # row's, on an item with a box: why its map was not trusted ("semantic_void", "non_finite"), None where it was
+    prior_peak: bool | None = optional()  # an ARR row's, on an item with a box: whether its question->gestalt
+    # attention prior (the participatory prior map, on the candidate grid) peaks on a cell of the asked box
     box_clipped: bool | None = optional()  # the oracle row's: whether the asked box touches more candidate cells than
     # its budget, so that only the budget's most relevant of them were forced in (its box recall then below 1)
     faithfulness: dict | None = optional()  # an ARR strategy row's curves (faithfulness.FaithfulnessCurves.to_json)

@@ -55,6 +55,7 @@ COLUMNS = (
     ("gflops", "GFLOPs", "{:.1f}"),
     ("box_recall", "box recall", "{:.3f}"),
     ("box_precision", "box precision", "{:.3f}"),
+    ("prior_peak", "prior peak on box", "{:.3f}"),  # the share of items whose attention prior peaks on the box
     *((f"{name}_area", f"{name} area", "{:.3f}") for name in CURVES),
 )
 
@@ -90,7 +91,7 @@ def summarise(records: list[EvalRecord], rows: list[str]) -> dict[str, dict]:
         if unscored:
             means["unscored"] = float(unscored)
         for key in ("score", "contains", "visual_tokens", "ttft_ms", "total_ms", "gflops", "box_recall",
-                    "box_precision"):
+                    "box_precision", "prior_peak"):
             values = [getattr(r, key) for r in mine if getattr(r, key) is not None]
             if values:
                 means["accuracy" if key == "score" else key] = statistics.fmean(values)

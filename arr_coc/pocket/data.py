@@ -17,14 +17,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from PIL import Image
 
-from arr_coc.pocket.binding import binding_targets
+from arr_coc.pocket.binding import CHANNELS, DIGITS, binding_targets
 from arr_coc.pocket.pointing import digit_targets, pointing_targets, value_cells
 from arr_coc.pocket.reading import reading_targets
 from arr_coc.synth.families import FAMILIES, TRAINED, make_family_page
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
-from arr_coc.vlm.views import PIPELINE, fit_grid
+from arr_coc.vlm.views import PIPELINE, fit_grid, resize
 
 READ_PAGE = "Read the page."  # the transcription question: dense supervision of every glyph, as OCR pre-training
 IGNORE = -100
@@ -45,6 +46,7 @@ class Stage:
     budget: int = 10**9  # move on after this many steps at this stage, passed or not
     gate: tuple[str, ...] = ("fine_print",)  # the kinds whose held-out pages must reach PASS_MARK to move on early
     families: float = 0.0  # share of batches whose pages come from the trained layout families (families.TRAINED)
+    glance: float = 0.0  # share of batches whose pages are shown whole at the gestalt's size only (glance_pages)
 
     @property
     def style(self) -> PageStyle:
@@ -63,6 +65,10 @@ SMALL_PRINT = PageStyle(fields=(16, 32), field_font=(10, 12), word_font=(11, 13)
 # the last two stages: the suite and its hardest corner, half their shape_colour pages with the shapes over scattered
 # fields (with clean backgrounds only, shapes over print, fineprint.LAYOUTS, held out, were read at 0.27: step 47213)
 _LATE = tuple(replace(style, fields_under_shapes=0.5) for style in (SPEC, SMALL_PRINT))
+GLANCE_SHARE = 0.15  # the last two stages: this share of batches shows each page whole at the gestalt's size, with
+# the questions such a view answers (issue #65: at 1792² the question->gestalt attention peaked on the asked box on
+# 0.25-0.44 of dense held-out pages, though the box's colour is visible in that view; a VLM trained at every size
+# sees pages shrunk so; this one rarely did)
 FAMILY_SHARE = 0.6  # the last two stages: this share of batches from the trained layout families (issue #51), the
 # rest from the suite's own pages; the held-out families (families.HELD_OUT) are never drawn
 # every stage but the last has a step budget; the first two's are ~1.3x the steps the shipped line took to pass their
@@ -72,8 +78,8 @@ CURRICULUM = (
     Stage((168, 336), (_MEDIUM,), turns=4, read=0.5, budget=10_000, gate=("fine_print", "box_word")),
     Stage((224, 560), (_MID,), turns=6, read=0.35, budget=300),
     Stage((336, 896), (_SMALLER, SMALL_PRINT), turns=8, read=0.25, budget=300),
-    Stage((448, 1344), _LATE, turns=8, read=0.15, budget=400, families=FAMILY_SHARE),
-    Stage((448, 1792), _LATE, turns=8, read=0.1, families=FAMILY_SHARE),  # the last stage: the suite at every size
+    Stage((448, 1344), _LATE, turns=8, read=0.15, budget=400, families=FAMILY_SHARE, glance=GLANCE_SHARE),
+    Stage((448, 1792), _LATE, turns=8, read=0.1, families=FAMILY_SHARE, glance=GLANCE_SHARE),  # the last stage
 )
 PASS_MARK = 0.7  # a stage may end early when held-out exact match on its own pages reaches this on its gate kinds:
 # its remaining errors (which field a key names) keep being trained on the next stage, whose pages hold more fields
@@ -211,6 +217,8 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
     if family is not None:  # the family's own aspect at the drawn page's area
         w, h = family_page_size(shape, family, w * h)
     rng = random.Random(f"arr_coc:pocket:{seed}:{stage}:{index}:pages")  # this batch's own pages
+    if s.glance and shape.random() < s.glance:  # whole pages at the gestalt's size (the step's one draw more)
+        return glance_pages(rng, s, family, w, h, image_tokens, max_pages)
     tokens = w * h // 784 + (math.prod(fit_grid(w, h, GESTALT_TOKENS)) if gestalt_first else 0)  # per conversation
     n = min(max_pages, max(2, image_tokens // tokens))
     images, conversations, readings, bindings, values = [], [], [], [], []
@@ -230,16 +238,93 @@ def batch_pages(index: int, seed: int, stage: int, image_tokens: int, max_pages:
     return images, conversations, readings, gestalt_first, bindings, values
 
 
-def draw_page(rng: random.Random, stage: Stage, family: str | None, w: int, h: int):
-    """One training page: of a trained layout family (its kinds weighted as KIND_WEIGHTS), or of the suite in one
-    of the stage's styles."""
+def draw_page(rng: random.Random, stage: Stage, family: str | None, w: int, h: int,
+              kinds: tuple[str, ...] = PAGE_KINDS):
+    """One training page of one of `kinds`: of a trained layout family (its kinds among them, weighted as
+    KIND_WEIGHTS), or of the suite in one of the stage's styles."""
     if family is None:
         style = rng.choice(stage.styles) if len(stage.styles) > 1 else stage.styles[0]
-        return make_page(rng.choices(PAGE_KINDS, KIND_WEIGHTS)[0], rng.getrandbits(40), w, h, style)
+        return make_page(rng.choices(kinds, [KIND_WEIGHTS[PAGE_KINDS.index(k)] for k in kinds])[0],
+                         rng.getrandbits(40), w, h, style)
     assert family in TRAINED, family  # a held-out family is never trained on
-    kinds = FAMILIES[family].kinds
+    kinds = tuple(k for k in FAMILIES[family].kinds if k in kinds)
     kind = rng.choices(kinds, [KIND_WEIGHTS[PAGE_KINDS.index(k)] for k in kinds])[0]
     return make_family_page(family, kind, rng.getrandbits(40), w, h)
+
+
+# -----------------------------------------------------------------------------
+# glances: whole pages at the gestalt's size
+
+
+GLANCE_KINDS = ("box_word", "shape_colour")  # the kinds whose marks a glance can see: boxes' and shapes' colours
+UNSEEN = ("word", "key") + DIGITS  # binding channels a glance cannot see (print): no targets there
+ROWS, COLUMNS = ("top", "middle", "bottom"), ("left", "centre", "right")  # a page's thirds
+
+
+def glance_pages(rng: random.Random, stage: Stage, family: str | None, w: int, h: int, image_tokens: int,
+                 max_pages: int):
+    """batch_pages' tuple for a glance batch: each page drawn at (w, h), then shown whole at the gestalt's size only
+    (ARR's gestalt view: fit_grid at GESTALT_TOKENS, views.resize), one image block, with the questions that view
+    answers (glance_questions); its tokens learn the colours and shapes they hold (binding's ink, shape and inside
+    channels) and nothing of print (no reading targets, no word, key or digit targets). A normal VLM's
+    mixed-resolution training; never sparse cells, never ARR. A family without box or shape pages: the suite's."""
+    if family is not None and not set(FAMILIES[family].kinds) & set(GLANCE_KINDS):
+        family = None
+    grid = fit_grid(w, h, GESTALT_TOKENS)  # (rows, cols) of the glance's merged tokens
+    size = (grid[1] * 28, grid[0] * 28)  # the glance's (width, height) in px
+    empty = np.full_like(reading_targets([], *size), IGNORE)  # [cells, slots]: print unread
+    images, conversations, readings, bindings, values = [], [], [], [], []
+    while len(images) < min(max_pages, max(2, image_tokens // math.prod(grid))):
+        page = draw_page(rng, stage, family, w, h, GLANCE_KINDS)
+        pool = glance_questions(page.marks, w, h)
+        if not pool:
+            continue
+        pixels = torch.from_numpy(np.array(page.image.convert("RGB"))).permute(2, 0, 1)[None]  # [1, 3, h, w]
+        small = (resize(pixels, grid)[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()  # [H, W, 3]
+        images.append(Image.fromarray(small))
+        conversations.append(rng.sample(pool, rng.randint(1, min(stage.turns, len(pool)))))
+        readings.append(empty)
+        bindings.append(glance_bindings(page.marks, w, h, size))
+        values.append({})
+    return images, conversations, readings, False, bindings, values
+
+
+def glance_bindings(marks, w: int, h: int, size: tuple[int, int]) -> np.ndarray:
+    """binding_targets of a w x h page's marks shown at `size` (width, height): each mark's box scaled (outwards),
+    its border at least 1 px; the UNSEEN channels IGNORE. int64 [cells, channels]."""
+    sx, sy = size[0] / w, size[1] / h
+    small = [replace(m, box=scaled(m.box, sx, sy), border=max(1, round(m.border * sx)) if m.border else 0)
+             for m in marks]
+    targets = binding_targets(small, *size)  # [cells, channels]
+    targets[:, [CHANNELS.index(c) for c in UNSEEN]] = IGNORE
+    return targets
+
+
+def glance_questions(marks, w: int, h: int) -> list[tuple[str, str]]:
+    """The questions a page's glance answers: where each box is, by its colour (the pointing loss points the answer
+    at the box's tokens, as for "What word is in the red box?"), each shape's colour and each colour's shape; a
+    colour or shape that two marks share is not asked."""
+    boxes = [m for m in marks if m.kind == "box"]
+    shapes = [m for m in marks if m.kind == "shape"]
+    out = [(f"Where is the {m.colour} box?", where(m.box, w, h)) for m in boxes
+           if [b.colour for b in boxes].count(m.colour) == 1]
+    out += [(f"What colour is the {m.shape}?", m.colour) for m in shapes if [s.shape for s in shapes].count(m.shape) == 1]
+    out += [(f"Which shape is {m.colour}?", m.shape) for m in shapes if [s.colour for s in shapes].count(m.colour) == 1]
+    return out
+
+
+def where(box, w: int, h: int) -> str:
+    """A box's place on a w x h page by its centre's third: "top left", "top", ..., "centre", ..., "bottom right"."""
+    row = ROWS[min(2, int(3 * (box[1] + box[3]) / 2 / h))]
+    col = COLUMNS[min(2, int(3 * (box[0] + box[2]) / 2 / w))]
+    return {("middle", "centre"): "centre"}.get((row, col), col if row == "middle" else row if col == "centre"
+                                                else f"{row} {col}")
+
+
+def scaled(box, sx: float, sy: float) -> tuple[int, int, int, int]:
+    """A pixel box scaled by (sx, sy), rounded outwards: its marks keep at least one pixel."""
+    return (math.floor(box[0] * sx), math.floor(box[1] * sy), max(math.floor(box[0] * sx) + 1, math.ceil(box[2] * sx)),
+            max(math.floor(box[1] * sy) + 1, math.ceil(box[3] * sy)))
 
 
 def family_page_size(rng: random.Random, family: str, area: int) -> tuple[int, int]:

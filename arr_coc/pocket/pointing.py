@@ -38,10 +38,12 @@ POINTING_ATTENTION = "sdpa_pointing"  # the LLM's attention in pocket training (
 POINT_LAYER = 2  # the supervised layer (of 4): the question's words have reached the answer position by then
 POINT_HEAD = 0  # the supervised query head of that layer
 VALUE_QUESTION = re.compile(r"What is the value of (\w+)\?")  # fine_print: the answer is its field's NNNN
-QUESTIONS = (  # a suite question -> the binding channel whose class names its target
-    (re.compile(r"What word is in the (\w+) box\?"), "inside"),
-    (VALUE_QUESTION, "key"),
-    (re.compile(r"What colour is the (\w+)\?"), "shape"),
+QUESTIONS = (  # a suite question -> the binding channels whose class names its target (any of them)
+    (re.compile(r"What word is in the (\w+) box\?"), ("inside",)),
+    (VALUE_QUESTION, ("key",)),
+    (re.compile(r"What colour is the (\w+)\?"), ("shape",)),
+    # a glance's (data.glance_questions): at the gestalt's size a box's interior may hold no cell's centre
+    (re.compile(r"Where is the (\w+) box\?"), ("inside", "ink")),
 )
 
 
@@ -113,9 +115,10 @@ def pointing_targets(conversations: list[list[tuple[str, str]]], labels: torch.T
     queries, targets = [], []
     page_tokens = len(bindings[0]) if bindings else 0  # one page size a batch
     for row, question, start, page in _answers(conversations, labels, input_ids, image_token_id, page_tokens):
-        for pattern, channel in QUESTIONS:
+        for pattern, channels in QUESTIONS:
             if match := pattern.fullmatch(question):
-                hit = bindings[row][:, CHANNELS.index(channel)] == CLASSES[channel].index(match.group(1))  # [cells]
+                hit = np.any([bindings[row][:, CHANNELS.index(c)] == CLASSES[c].index(match.group(1))
+                              for c in channels], 0)  # [cells]
                 if hit.any():
                     mask = torch.zeros(labels.shape[1], dtype=torch.bool)
                     mask[page[torch.from_numpy(hit)]] = True

@@ -49,3 +49,16 @@ def test_each_row_reads_its_own_cells():
     assert evaluate.cells_read(divprune).tolist() == [1, 2]
     assert evaluate.cells_read(full).tolist() == [0, 1, 2, 3]  # a stock view reads every cell: recall 1
     assert evaluate.cells_read(arr).tolist() == [3, 1]
+
+
+def test_the_prior_peaks_on_the_box_only_where_its_highest_cell_touches_it():
+    from arr_coc.eval.metrics import peak_on_box
+    from arr_coc.vlm.views import box_coverage
+
+    coverage = box_coverage((40, 40, 80, 80), (100, 100), (4, 4))  # a 100 px image, 25 px cells: rows/cols 1-3
+    prior = torch.zeros(4, 4)
+    prior[0, 0] = 1.0
+    assert not peak_on_box(coverage, prior)  # the top-left cell: off the box
+    prior[3, 3] = 2.0
+    assert peak_on_box(coverage, prior)  # (3, 3) holds a corner of the box (75-80 px)
+    assert not peak_on_box(coverage, torch.zeros(4, 4))  # a flat map's first cell, (0, 0): off it
