@@ -256,6 +256,9 @@ def draw_page(rng: random.Random, stage: Stage, family: str | None, w: int, h: i
 # glances: whole pages at the gestalt's size
 
 
+GLANCE_PAGES = 8  # at most this many pages a glance batch: each is drawn at its full size before it is shrunk, so a
+# batch of image_tokens // 256 of them (32) cost the page workers 16x a large page's batch (run 37: the GPU waited for
+# pages 75% of the time, 37-60 pages/s)
 GLANCE_KINDS = ("box_word", "shape_colour")  # the kinds whose marks a glance can see: boxes' and shapes' colours
 UNSEEN = ("word", "key") + DIGITS  # binding channels a glance cannot see (print): no targets there
 ROWS, COLUMNS = ("top", "middle", "bottom"), ("left", "centre", "right")  # a page's thirds
@@ -274,7 +277,7 @@ def glance_pages(rng: random.Random, stage: Stage, family: str | None, w: int, h
     size = (grid[1] * 28, grid[0] * 28)  # the glance's (width, height) in px
     empty = np.full_like(reading_targets([], *size), IGNORE)  # [cells, slots]: print unread
     images, conversations, readings, bindings, values = [], [], [], [], []
-    while len(images) < min(max_pages, max(2, image_tokens // math.prod(grid))):
+    while len(images) < min(max_pages, GLANCE_PAGES, max(2, image_tokens // math.prod(grid))):
         page = draw_page(rng, stage, family, w, h, GLANCE_KINDS)
         pool = glance_questions(page.marks, w, h)
         if not pool:

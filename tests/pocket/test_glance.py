@@ -92,3 +92,9 @@ def test_the_answer_to_where_a_box_is_points_at_its_border_or_interior():
     point_at = pointing_targets([[("Where is the red box?", "top left")]], labels, ids, 9, [binding])
     assert point_at.queries.tolist() == [[0, 4]]
     assert point_at.targets[0].nonzero()[:, 0].tolist() == [1, 4]  # the image tokens at positions 1 and 4
+
+
+def test_a_glance_batch_holds_at_most_eight_pages():
+    """Each glance page is drawn whole before it is shrunk: 8192 image tokens would be 32 pages of 256 tokens."""
+    images = data.glance_pages(random.Random(0), data.CURRICULUM[5], None, 896, 896, 8192, 96)[0]
+    assert len(images) == 8
