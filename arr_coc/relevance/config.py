@@ -45,7 +45,8 @@ class ARRCOCConfig:
     seed: int = 0  # seed of the `random` strategy
     # the order the saccades are fed to the LLM, at their true positions either way: "raster" (row by row: the
     # order of every image the VLM was trained on; the default since issue 61: the pocket model reads the asked box
-    # forced into 64 saccades 0.66 / 0.72 in raster order, 0.50 / 0.53 in relevance order, docs/accuracy.md) or
+    # forced into 64 saccades 0.66 / 0.72 in raster order, 0.50 / 0.53 in relevance order;
+    # benchmarks/pocket75135_defaults_issue61/README.md) or
     # "relevance" (most relevant first: sequence position as a priority signal, the seeds' lesson 4; an ablation)
     saccade_order: str = "raster"
     # --- texture and scorers ---
@@ -68,7 +69,7 @@ class ARRCOCConfig:
     # what a busy image's selection becomes: "keep" (the strategy's own picks kept, Allocation.fallback "busy":
     # recorded, not acted on) or "grid" (swapped for an even grid, "semantic_void"); one of BUSY_PAGES. "keep" since
     # issue 61: on 43 busy box_grid pages (pocket model, 896², 64 saccades) a grid held 0.07 of the asked box and read
-    # 0.02 of its words, the kept selection 0.45 and 0.30 (docs/accuracy.md)
+    # 0.02 of its words, the kept selection 0.45 and 0.30 (benchmarks/pocket75135_defaults_issue61/README.md)
     busy_pages: str = "keep"
     # --- the three tensions (arr_coc.relevance.tensions); each prior is what a fresh or older checkpoint does ---
     spacing_radius: float = 2.0  # cells: the width of the proximity a spacing penalty lambda > 0 pushes picks apart by
