@@ -8,7 +8,7 @@ Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --sa
 - kept_overlay      the cells a token reducer (divprune, visionzip, fastv) kept, boxed as ARR's saccades are, over
                     the image or ARR's relevance map; VisionZip's merged context cells shaded
 - channel_grid      the 13 texture channels, on one [0, 1] scale
-- scorer_maps       the three scorer maps, the participatory prior and the balanced relevance
+- scorer_maps       the scorer maps (config.SCORERS), the participatory prior and the balanced relevance
 - weights_bar       the balancer's three weights, and each scorer map's share of the saccades' relevance
 - difference_map    B - A of two relevance maps, with both saccade sets marked
 - moves_overlay     a conversation's turn against the one before: cells new in it, kept from it, dropped
@@ -41,6 +41,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
+from arr_coc.relevance.config import scorer_names
 from arr_coc.relevance.texture import CHANNELS, minmax
 from arr_coc.vlm.views import box_coverage, to_rgb
 
@@ -58,8 +59,8 @@ TOP_LABELS = 20  # saccades numbered by default: at 64x64 or finer, 273 numbers 
 MOSAIC_SCALE = 3  # each 28 px saccade cell is shown 3x (84 px): nearest, so every pixel the ViT read is visible
 MOSAIC_GAP = 2  # px between mosaic tiles
 MOSAIC_BACKGROUND = (32, 32, 32)  # the gaps and the empty places of the last row
-SCORERS = ("information", "perspectival", "participatory")
-SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # one per scorer, in weights_bar
+SCORER_COLOURS = ("#4c72b0", "#dd8452", "#55a868")  # weights_bar's, by scorer index (config.SCORERS' order),
+# round again past the third
 EQUAL_WEIGHTS = 0.05  # weights_bar: balancer weights closer than this are said to be about equal
 FAITHFULNESS_TITLE_CHARS = 56  # a long answer in the chart's title is cut to fit the chart's width
 FAITHFULNESS_STYLES = {"deletion": ("#c44e52", "-"), "random": ("#8c8c8c", "--"), "insertion": ("#4c72b0", "-")}
@@ -489,10 +490,10 @@ def channel_grid(textures: MapLike, channels: Sequence[tuple[str, str]] = CHANNE
 
 
 def scorer_panels(out, index: int = 0) -> list[tuple[str, torch.Tensor]]:
-    """(title, map) of the three scorer maps, titled with their balancer weights, the prior and the relevance."""
+    """(title, map) of the scorer maps (config.SCORERS), titled with their balancer weights, the prior and the
+    relevance."""
     weights = out.weights[index].tolist()
-    maps = [out.information, out.perspectival, out.participatory]
-    panels = [(f"{name} (w={w:.2f})", m[index]) for name, w, m in zip(SCORERS, weights, maps)]
+    panels = [(f"{name} (w={w:.2f})", m) for name, w, m in zip(scorer_names(), weights, out.scorers[index])]
     if out.participatory_prior is not None:
         panels.append(("participatory prior\n(gestalt attention)", out.participatory_prior[index]))
     panels.append(("balanced relevance", out.relevance[index]))
@@ -513,17 +514,18 @@ def weights_bar(weights: MapLike | Sequence[float], shares: MapLike | Sequence[f
     which tells the scorers apart where the weights do not (a trained balancer may give all three the same weight:
     the chart then says so), and under it the maps' `agreement` (ARRCOCOutput.agreement: maps that agree share alike).
     """
-    w = as_array(weights).ravel()
-    if w.size != len(SCORERS):
-        raise ValueError(f"expected {len(SCORERS)} weights, got {w.size}")
+    w, names = as_array(weights).ravel(), scorer_names()
+    colours = [SCORER_COLOURS[i % len(SCORER_COLOURS)] for i in range(len(names))]
+    if w.size != len(names):
+        raise ValueError(f"expected {len(names)} weights, got {w.size}")
     share = None if shares is None else as_array(shares).ravel()
-    if share is not None and share.size != len(SCORERS):
-        raise ValueError(f"expected {len(SCORERS)} shares, got {share.size}")
+    if share is not None and share.size != len(names):
+        raise ValueError(f"expected {len(names)} shares, got {share.size}")
     fig = Figure(figsize=(4.8 if share is None else 9.6, 1.9 if agreement is None else 2.2), dpi=DPI,
                  layout="constrained")
     axes = fig.subplots(1, 1 if share is None else 2, squeeze=False)[0]
     ax = axes[0]
-    ax.barh(SCORERS, w, color=SCORER_COLOURS)
+    ax.barh(names, w, color=colours)
     ax.invert_yaxis()  # information on top, as in the scorer maps
     ax.set_xlim(0, max(1.0, float(w.max()) * 1.15))  # sigmoid weights: a fixed 0..1 axis compares runs
     for y, v in enumerate(w):
@@ -533,7 +535,7 @@ def weights_bar(weights: MapLike | Sequence[float], shares: MapLike | Sequence[f
     if share is None:
         return render(fig)
     ax = axes[1]
-    ax.barh(SCORERS, share, color=SCORER_COLOURS)
+    ax.barh(names, share, color=colours)
     ax.invert_yaxis()
     ax.set_xlim(min(0.0, float(share.min()) * 1.3), max(1.0, float(share.max()) * 1.3))
     ax.axvline(0, color="black", linewidth=0.8)

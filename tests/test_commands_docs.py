@@ -30,6 +30,21 @@ def test_the_page_holds_exactly_the_tables_the_configs_generate():
     assert block == docs.tables(), "docs/commands.md's flag tables are stale: run python -m arr_coc.commands.docs --write"
 
 
+def test_the_results_page_and_the_readmes_speed_table_are_what_the_json_generates():
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert page == docs.results_page(), "docs/results.md is stale: run python -m arr_coc.commands.docs --write"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme == docs.readme_with_speed(readme), "the README's speed table is stale: run ... docs --write"
+
+
+def test_the_generated_tables_hold_the_runs_numbers():
+    """Two cells written out from the JSON by hand: ARR's 1792² row of the 2b72a87 bench (ttft_ms 25.366,
+    decode 1.857, peak 5438 MB) and step 75135's held-out sparse fine_print at 896² (59 of 96)."""
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert "| **ARR-COC** | fast | 256 + 273 | 11.2 | 6.8 | 7.4 | **25.4** | 1.86 | 5438 | 1.00× |" in page
+    assert "| held-out sparse | 896² | `full` | 96 | 0.61 [0.51, 0.71] | 0.97 [0.91, 0.99] | 0.99 [0.94, 1.00] |" in page
+
+
 def test_a_configs_rows_and_parser_read_its_fields():
     @dataclass
     class Config:

@@ -84,7 +84,7 @@ def test_only_a_checkpoint_whose_evidence_passes_is_the_default(tmp_path):
 def test_the_shipped_folders_evidence_agrees_with_the_default_each_model_gets():
     """Every shipped evidence.json names its own folder and was measured on its files as they are now (not stale);
     each model a shipped folder is made for gets as its default the first folder whose evidence passes, else the
-    prior. Today no shipped layer passes: pocket-fineprint loses to the prior (docs/accuracy.md), so the pocket model
+    prior. Today no shipped layer passes: pocket-fineprint loses to the prior (benchmarks/pocket75135_defaults_issue61/README.md), so the pocket model
     and the tiny ones run the prior."""
     root = ROOT / "checkpoints"
     for name in list_checkpoints(root):

@@ -1,8 +1,8 @@
 """
 The README (and the pages under docs/) against the code and the files: what a newcomer reads must be true.
 
-- README.md is at most 25 KB and its sections come in the order a newcomer reads them;
-- every link and in-page anchor of README.md and docs/*.md resolves, and every repo path they name exists;
+- README.md is at most 15 KB and its sections come in the order a newcomer reads them;
+- every link and in-page anchor of README.md, docs/*.md and the run write-ups under benchmarks/ resolves, and every repo path they name exists;
 - every `python -m arr_coc.X` names a module that exists;
 - the counts: the examples the app offers (assets/examples.json), the images they use, the checkpoints shipped;
 - every endpoint the app registers (each `api_name` in app.py and arr_coc/app/) is named, and no other;
@@ -32,11 +32,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-PAGES = [README, *DOCS]
-MAX_README_BYTES = 25 * 1024
+RUNS = sorted([*(ROOT / "benchmarks").glob("*.md"), *(ROOT / "benchmarks").glob("*/README.md")])  # the run write-ups
+PAGES = [[README], *([page] for page in DOCS), RUNS]  # each test's pages: one at a time, the write-ups together
+MAX_README_BYTES = 15 * 1024
 SECTIONS = ["Contents", "Quick start", "How it works", "What you get offline", "The app", "The command line",
-            "Performance", "Accuracy", "Where ARR's selection matters", "Conversations",
-            "Serving and evaluating at scale"]  # the README's second-level headings, in reading order
+            "Performance", "Accuracy", "Where ARR's selection matters", "Where to read on"]  # the README's second-level headings, in reading order
 OUTPUT_DIRS = {"runs", "out", "data", "build"}  # where the commands write: named in examples, not in the repo
 INSTALLED = ("arr_coc/shipped",)  # made by `pip install .` (setup.py), not in the repo
 EXAMPLES = ROOT / "assets" / "examples.json"
@@ -146,7 +146,7 @@ def number(cell: str) -> float:
 # ----------------------------------------------------------------------------- size and order
 
 
-def test_readme_is_at_most_25_kb():
+def test_readme_is_at_most_15_kb():
     size = README.stat().st_size
     assert size <= MAX_README_BYTES, f"README.md is {size} bytes, over {MAX_README_BYTES}: move reference to docs/"
 
@@ -168,37 +168,38 @@ def test_readme_sections_come_in_reading_order():
 # ----------------------------------------------------------------------------- links, paths, modules
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_links_and_anchors_resolve(page):
-    text = read(page)
+@pytest.mark.parametrize("pages", PAGES, ids=lambda p: p[0].name if len(p) == 1 else "benchmarks")
+def test_links_and_anchors_resolve(pages):
     broken = []
-    for target in links(text):
-        if re.match(r"[a-z]+:", target):
-            continue  # http(s), mailto
-        path, _, anchor = target.partition("#")
-        file = (page.parent / path).resolve() if path else page
-        if not file.exists():
-            broken.append(target)
-        elif anchor and file.suffix == ".md" and anchor not in slugs(read(file)):
-            broken.append(target)
-    assert not broken, f"{page.name}: links that lead nowhere: {broken}"
+    for page in pages:
+        for target in links(read(page)):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in slugs(read(file))):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, f"links that lead nowhere: {broken}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_every_repo_path_named_exists(page):
-    missing = sorted(p for p in repo_paths(read(page)) if not exists(p))
-    assert not missing, f"{page.name} names paths that do not exist: {missing}"
+@pytest.mark.parametrize("pages", PAGES, ids=lambda p: p[0].name if len(p) == 1 else "benchmarks")
+def test_every_repo_path_named_exists(pages):
+    missing = sorted(f"{page.relative_to(ROOT)}: {p}" for page in pages for p in repo_paths(read(page)) if not exists(p))
+    assert not missing, f"paths named that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_every_module_named_exists(page):
-    text = read(page)
-    run = set(re.findall(r"-m (arr_coc(?:\.\w+)+)", text))  # python -m / torchrun -m: a module
-    named = set(re.findall(r"`(arr_coc(?:\.\w+)+)`", text))  # a module, or a name in one
-    placeholder = re.compile(r"\.[A-Z]$")  # python -m arr_coc.X
-    missing = sorted({m for m in run if not module_exists(m) and not placeholder.search(m)} |
-                     {m for m in named if not module_exists(m, attribute=True) and not placeholder.search(m)})
-    assert not missing, f"{page.name} names modules that do not exist: {missing}"
+@pytest.mark.parametrize("pages", PAGES, ids=lambda p: p[0].name if len(p) == 1 else "benchmarks")
+def test_every_module_named_exists(pages):
+    missing = []
+    for page in pages:
+        text = read(page)
+        run = set(re.findall(r"-m (arr_coc(?:\.\w+)+)", text))  # python -m / torchrun -m: a module
+        named = set(re.findall(r"`(arr_coc(?:\.\w+)+)`", text))  # a module, or a name in one
+        placeholder = re.compile(r"\.[A-Z]$")  # python -m arr_coc.X
+        missing += sorted(f"{page.relative_to(ROOT)}: {m}" for m in
+                          {m for m in run if not module_exists(m) and not placeholder.search(m)} |
+                          {m for m in named if not module_exists(m, attribute=True) and not placeholder.search(m)})
+    assert not missing, f"modules named that do not exist: {missing}"
 
 
 # ----------------------------------------------------------------------------- counts
@@ -283,26 +284,15 @@ def bench() -> tuple[str, dict]:
     return performance, json.loads(read(ROOT / names[0]))
 
 
-def test_performance_tables_are_the_json():
+def test_performance_table_is_the_json():
     performance, run = bench()
     assert run["device"] in performance and "bf16" in performance and run["dtype"] == "torch.bfloat16"
-    rows = {r[0]: r for r in table_rows(performance)}
-    for side, measured in run["sizes"].items():
-        p = measured["pipelines"]
-        arr, fast, stock = p["arr/fast"], p["full/fast"], p["full/hf"]
-        row = rows[f"{side}²"]
-        expected = [arr["ttft_ms"], arr["timings_ms"]["vision"], arr["timings_ms"]["selection"],
-                    arr["timings_ms"]["prefill"], arr["decode_ms_per_token"], fast["ttft_ms"], stock["ttft_ms"],
-                    arr["ttft_ms"] / stock["ttft_ms"]]
-        digits = [1, 1, 1, 1, 2, 1, 1, 2]
-        assert [number(c) for c in row[1:]] == [round(v, d) for v, d in zip(expected, digits)], row
-        assert row[6].endswith(f"({fast['tokens']['total_visual']})"), row
     p = run["sizes"]["1792"]["pipelines"]
     arr = p["arr/fast"]
-    labels = {"**ARR-COC**": "arr", "`divprune`": "divprune", "`visionzip`": "visionzip", "`fastv`": "fastv",
-              "`full`": "full"}
+    labels = {"**ARR-COC**": "arr", "`pixelprune_n`": "pixelprune_n", "`divprune`": "divprune",
+              "`visionzip`": "visionzip", "`fastv`": "fastv", "`full`": "full"}
     readers = [r for r in table_rows(performance) if r[0] in labels]
-    assert len(readers) == 6, readers
+    assert len(readers) == 7, readers
     for row in readers:
         key = f"{labels[row[0]]}/{'hf' if row[1] == 'stock' else 'fast'}"
         got, t, tokens = p[key], p[key]["timings_ms"], p[key]["tokens"]

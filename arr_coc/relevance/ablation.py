@@ -24,23 +24,23 @@ from __future__ import annotations  # torch-free at import: the commands check -
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
+from arr_coc.relevance.config import AUTO, TensionSettings, prior_weights, scorer_names, scorers
 
 if TYPE_CHECKING:
     import torch
 
     from arr_coc.relevance.layer import ScoreMaps
 
-SCORERS = ("information", "perspectival", "participatory")  # the balancer's maps, in its weights' order
-PRIOR_WEIGHTS = tuple(ARRCOCConfig().prior_weights)  # (0.2, 0.2, 0.6): the untrained balancer's weights
+SCORERS = scorer_names()  # the scorers' names, derived from config.SCORERS (the one declaration), in the weights' order
+PRIOR_WEIGHTS = tuple(prior_weights())  # (0.2, 0.2, 0.6): the untrained balancer's weights, one a scorer
 
 
 @dataclass(frozen=True)
 class Ablation:
     name: str  # the row's and the app's name for it, e.g. "no-gestalt"
     description: str  # one line: what it removes or fixes
-    weights: tuple[float, float, float] | None = None  # fixed balancer weights (information, perspectival,
-    # participatory) in place of the learned ones; one-hot = one scorer alone; None: the balancer's own
+    weights: tuple[float, ...] | None = None  # fixed balancer weights, one a scorer (config.SCORERS' order), in
+    # place of the learned ones; one-hot = one scorer alone; None: the balancer's own
     participatory_prior: bool = True  # False: the participatory scorer without the question->gestalt prior
     saccade_order: str | None = None  # the order the saccades are fed to the LLM in ("raster" or "relevance");
     # None: the layer's own (ARRCOCConfig.saccade_order)
@@ -62,9 +62,9 @@ class Ablation:
 
         from arr_coc.relevance.balancing import mix
 
-        stacked = torch.stack([getattr(maps, name) for name in SCORERS], dim=1)  # [B, 3, gh, gw]
-        weights = torch.tensor(self.weights, dtype=stacked.dtype, device=stacked.device).expand(len(stacked), 3)
-        return replace(maps, relevance=mix(stacked, weights), weights=weights)  # [B, gh, gw], [B, 3]
+        stacked = maps.scorers  # [B, S, gh, gw]
+        weights = torch.tensor(self.weights, dtype=stacked.dtype, device=stacked.device).expand(*stacked.shape[:2])
+        return replace(maps, relevance=mix(stacked, weights), weights=weights)  # [B, gh, gw], [B, S]
 
     def saccade_budget(self, budget: int | str, gestalt_tokens: int) -> int | str:
         """How many saccades to select: the budget (adaptive: "auto"), plus the gestalt's tokens when the gestalt is
@@ -79,28 +79,40 @@ class Ablation:
 
 
 NO_ABLATION = Ablation("none", "ARR as trained: nothing removed")
-ABLATIONS = {a.name: a for a in (
-    Ablation("information", "the information (propositional) scorer alone", weights=(1.0, 0.0, 0.0)),
-    Ablation("perspectival", "the perspectival (salience) scorer alone", weights=(0.0, 1.0, 0.0)),
-    Ablation("participatory", "the participatory (query coupling) scorer alone", weights=(0.0, 0.0, 1.0)),
-    Ablation("fixed-weights", "the prior's fixed balancer weights (0.2, 0.2, 0.6) over the trained scorers",
-             weights=PRIOR_WEIGHTS),
-    Ablation("no-prior", "the participatory scorer without the question->gestalt attention prior",
-             participatory_prior=False),
-    Ablation("raster", "the saccades fed in raster order (row by row)", saccade_order="raster"),
-    Ablation("relevance-order", "the saccades fed in relevance order (most relevant first)",
-             saccade_order="relevance"),
-    Ablation("no-gestalt", "no gestalt: budget + gestalt-token saccades and nothing else", gestalt=False),
-    Ablation("explore", "exploit<->explore on: a quarter of the budget on coverage (e = 0.25)",
-             tensions=TensionSettings(explore=0.25)),
-    Ablation("diversify", "focus<->diversify on: topk with a spacing penalty (lambda = 2 standard units)",
-             tensions=TensionSettings(diversify=2.0)),
-    Ablation("auto-budget", "compress<->particularize on: the adaptive budget (--budget auto)", auto_budget=True),
-    Ablation("busy-grid", "a busy page's selection swapped for an even grid (its fallback: semantic_void)",
-             busy_pages="grid"),
-    Ablation("busy-keep", "a busy page's selection kept, the page only recorded as busy (its fallback: busy)",
-             busy_pages="keep"),
-)}
+
+
+def alone(index: int, count: int) -> tuple[float, ...]:
+    """One-hot balancer weights: scorer `index` of `count` alone."""
+    return tuple(float(i == index) for i in range(count))
+
+
+def ablations() -> dict[str, Ablation]:
+    """Every ablation by name: each scorer alone (one a config.SCORERS entry), then the rest."""
+    entries = scorers()
+    weights = tuple(s.prior_weight for s in entries)
+    return {a.name: a for a in (
+        *(Ablation(s.name, f"{s.what} alone", weights=alone(i, len(entries))) for i, s in enumerate(entries)),
+        Ablation("fixed-weights", f"the prior's fixed balancer weights {weights} over the trained scorers",
+                 weights=weights),
+        Ablation("no-prior", "the participatory scorer without the question->gestalt attention prior",
+                 participatory_prior=False),
+        Ablation("raster", "the saccades fed in raster order (row by row)", saccade_order="raster"),
+        Ablation("relevance-order", "the saccades fed in relevance order (most relevant first)",
+                 saccade_order="relevance"),
+        Ablation("no-gestalt", "no gestalt: budget + gestalt-token saccades and nothing else", gestalt=False),
+        Ablation("explore", "exploit<->explore on: a quarter of the budget on coverage (e = 0.25)",
+                 tensions=TensionSettings(explore=0.25)),
+        Ablation("diversify", "focus<->diversify on: topk with a spacing penalty (lambda = 2 standard units)",
+                 tensions=TensionSettings(diversify=2.0)),
+        Ablation("auto-budget", "compress<->particularize on: the adaptive budget (--budget auto)", auto_budget=True),
+        Ablation("busy-grid", "a busy page's selection swapped for an even grid (its fallback: semantic_void)",
+                 busy_pages="grid"),
+        Ablation("busy-keep", "a busy page's selection kept, the page only recorded as busy (its fallback: busy)",
+                 busy_pages="keep"),
+    )}
+
+
+ABLATIONS = ablations()  # the commands' and the app's choices
 
 
 def describe() -> str:

@@ -1,4 +1,10 @@
 """
+SCORERS: the relevance layer's ways of knowing, one entry each: the layer builds a scorer module per entry (named
+by it: the checkpoint's key prefix), the balancer weighs their maps ([B, S, gh, gw], in this order), the ablations
+run each alone, the drawing titles each map, and the untrained balancer gives each its prior weight. A new scorer
+is one entry here plus its module (arr_coc.relevance.knowing's classes show the two methods it needs); a checkpoint
+saved with fewer scorers loads with the newer ones at their priors (ARRCOCLayer.from_pretrained).
+
 ARRCOCConfig: the ARR relevance layer's own knobs (scorer sizes, budget, strategy). A checkpoint's config.json
 is this dataclass, serialised; how a pipeline looks at an image (views, caps, the prior's layer) is
 arr_coc.settings.PipelineConfig and never part of a checkpoint. TensionSettings: the tensions a request fixes by
@@ -11,6 +17,39 @@ hand (arr_coc.relevance.tensions), never part of a checkpoint either. Torch-free
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """One way of knowing, as the layer, the balancer, the ablations and the drawing take it."""
+    name: str  # the layer's attribute, its checkpoint keys' prefix, its map's name (ScoreMaps.information, ...) and
+    # the ablation that runs it alone
+    what: str  # what it scores, in a few words: the ablation's description says "<what> alone"
+    prior_weight: float  # its balancer weight in the untrained layer (ARRCOCConfig.prior_weights), in [0, 1]
+    module: str  # "package.module.Class": an nn.Module with from_config(ARRCOCConfig) and score(textures, inputs)
+
+
+SCORERS = (  # in the balancer's order; a new scorer goes last, so that older checkpoints' scorers keep their places
+    Scorer("information", "the information (propositional) scorer", 0.2, "arr_coc.relevance.knowing.InformationScorer"),
+    Scorer("perspectival", "the perspectival (salience) scorer", 0.2, "arr_coc.relevance.knowing.PerspectivalScorer"),
+    Scorer("participatory", "the participatory (query coupling) scorer", 0.6,
+           "arr_coc.relevance.knowing.ParticipatoryScorer"),
+)
+
+
+def scorers() -> tuple[Scorer, ...]:
+    """SCORERS, read at each call (a test may add an entry)."""
+    return SCORERS
+
+
+def scorer_names() -> tuple[str, ...]:
+    """The scorers' names, in the balancer's order (read at each call: a test may add an entry)."""
+    return tuple(s.name for s in SCORERS)
+
+
+def prior_weights() -> list[float]:
+    """Each scorer's prior weight, in the balancer's order: the untrained layer's balancer weights."""
+    return [s.prior_weight for s in SCORERS]
 
 STRATEGIES = ("topk", "logpolar", "grid", "random")
 SACCADE_ORDERS = ("relevance", "raster")  # the orders the saccades can be fed to the LLM in
@@ -45,7 +84,8 @@ class ARRCOCConfig:
     seed: int = 0  # seed of the `random` strategy
     # the order the saccades are fed to the LLM, at their true positions either way: "raster" (row by row: the
     # order of every image the VLM was trained on; the default since issue 61: the pocket model reads the asked box
-    # forced into 64 saccades 0.66 / 0.72 in raster order, 0.50 / 0.53 in relevance order, docs/accuracy.md) or
+    # forced into 64 saccades 0.66 / 0.72 in raster order, 0.50 / 0.53 in relevance order;
+    # benchmarks/pocket75135_defaults_issue61/README.md) or
     # "relevance" (most relevant first: sequence position as a priority signal, the seeds' lesson 4; an ablation)
     saccade_order: str = "raster"
     # --- texture and scorers ---
@@ -54,7 +94,7 @@ class ARRCOCConfig:
     persp_hidden: int = 16  # width of the perspectival scorer's learned residual CNN
     partic_dim: int = 32  # width of the participatory cross-attention (cells x query tokens)
     balancer_hidden: int = 32  # width of the balancer MLP
-    prior_weights: list[float] = field(default_factory=lambda: [0.2, 0.2, 0.6])  # balancer weights of the untrained layer
+    prior_weights: list[float] = field(default_factory=prior_weights)  # the untrained balancer's weights, one a scorer
     # --- allocation ---
     logpolar_rho: int = 16  # radial bins of the logpolar strategy
     logpolar_theta: int = 17  # angular bins of the logpolar strategy (16 x 17 = 272 <= 273)
@@ -68,7 +108,7 @@ class ARRCOCConfig:
     # what a busy image's selection becomes: "keep" (the strategy's own picks kept, Allocation.fallback "busy":
     # recorded, not acted on) or "grid" (swapped for an even grid, "semantic_void"); one of BUSY_PAGES. "keep" since
     # issue 61: on 43 busy box_grid pages (pocket model, 896², 64 saccades) a grid held 0.07 of the asked box and read
-    # 0.02 of its words, the kept selection 0.45 and 0.30 (docs/accuracy.md)
+    # 0.02 of its words, the kept selection 0.45 and 0.30 (benchmarks/pocket75135_defaults_issue61/README.md)
     busy_pages: str = "keep"
     # --- the three tensions (arr_coc.relevance.tensions); each prior is what a fresh or older checkpoint does ---
     spacing_radius: float = 2.0  # cells: the width of the proximity a spacing penalty lambda > 0 pushes picks apart by
@@ -100,9 +140,9 @@ def check_field(name: str, kind: str, value) -> None:
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string, got {shown(value)}")
     elif name == "prior_weights":
-        if not (isinstance(value, (list, tuple)) and len(value) == 3 and all(is_number(v) for v in value)
+        if not (isinstance(value, (list, tuple)) and len(value) == len(SCORERS) and all(is_number(v) for v in value)
                 and all(0 <= v <= 1 for v in value)):
-            raise TypeError(f"{name} must be a list of 3 numbers in [0, 1], got {shown(value)}")
+            raise TypeError(f"{name} must be a list of {len(SCORERS)} numbers in [0, 1], got {shown(value)}")
     else:
         lo, hi = LIMITS[name]
         if not is_number(value) or (kind == "int" and not isinstance(value, int)):

@@ -1,5 +1,7 @@
 """
-The three ways of knowing: each scorer maps the texture array to a relevance map [B, gh, gw].
+The three ways of knowing: each scorer maps the texture array to a relevance map [B, gh, gw]. Each is one entry of
+arr_coc.relevance.config.SCORERS; as the layer builds and calls it, a scorer module has from_config(ARRCOCConfig) and
+score(textures, ScoringInputs) (its forward keeps the arguments it reads).
 
 Each scorer is a hand-designed prior plus a learned residual whose last layer starts at zero, so a fresh
 scorer equals its prior exactly and training only improves on it (docs/ARCHITECTURE.md §1).
@@ -12,6 +14,7 @@ scorer equals its prior exactly and training only improves on it (docs/ARCHITECT
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -21,6 +24,16 @@ from arr_coc.relevance.texture import CHANNEL_NAMES
 
 DETAIL_CHANNELS = [CHANNEL_NAMES.index(n) for n in ("edge_magnitude", "highpass_energy", "colour_variance")]
 SALIENCY_CHANNELS = [CHANNEL_NAMES.index(n) for n in ("spectral_saliency", "colour_contrast", "colour_rarity")]
+
+
+@dataclass(frozen=True)
+class ScoringInputs:
+    """What a scorer may read besides the texture array (the layer's forward arguments; None: the caller has none)."""
+    query_embeds: torch.Tensor  # [B, L, D] token embeddings of the question
+    query_mask: torch.Tensor | None = None  # [B, L], 1 for real tokens
+    participatory_prior: torch.Tensor | None = None  # [B, gh, gw] the gestalt attention prior
+    gestalt_states: torch.Tensor | None = None  # [B, ggh, ggw, D] the prior pass's gestalt states
+    question_states: torch.Tensor | None = None  # [B, Lq, D] its question rows' states
 
 
 def mean_of(textures: torch.Tensor, channels: list[int]) -> torch.Tensor:
@@ -45,6 +58,13 @@ class InformationScorer(nn.Module):
             nn.Conv2d(channels, hidden, 3, padding=1), nn.GELU(), _zero_(nn.Conv2d(hidden, 1, 1))
         )
 
+    @classmethod
+    def from_config(cls, config) -> "InformationScorer":
+        return cls(config.texture_channels, config.info_hidden)
+
+    def score(self, textures: torch.Tensor, inputs: ScoringInputs) -> torch.Tensor:
+        return self(textures)  # [B, gh, gw]
+
     def prior(self, textures: torch.Tensor) -> torch.Tensor:
         return mean_of(textures, DETAIL_CHANNELS)  # [B, gh, gw]
 
@@ -62,6 +82,13 @@ class PerspectivalScorer(nn.Module):
             nn.Conv2d(hidden, hidden, 3, padding=2, dilation=2), nn.GELU(),  # wider context: salience is relative
             _zero_(nn.Conv2d(hidden, 1, 1)),
         )
+
+    @classmethod
+    def from_config(cls, config) -> "PerspectivalScorer":
+        return cls(config.texture_channels, config.persp_hidden)
+
+    def score(self, textures: torch.Tensor, inputs: ScoringInputs) -> torch.Tensor:
+        return self(textures)  # [B, gh, gw]
 
     def prior(self, textures: torch.Tensor) -> torch.Tensor:
         return mean_of(textures, SALIENCY_CHANNELS)  # [B, gh, gw]
@@ -88,6 +115,15 @@ class ParticipatoryScorer(nn.Module):
         self.gain = nn.Parameter(torch.zeros(()))  # zero: a fresh scorer is its prior
         self.scale = dim**-0.5
         self.states = StateScorer(channels, hidden_size, dim, heads=math.gcd(4, dim))
+
+    @classmethod
+    def from_config(cls, config) -> "ParticipatoryScorer":
+        return cls(config.texture_channels, config.hidden_size, config.partic_dim)
+
+    def score(self, textures: torch.Tensor, inputs: ScoringInputs) -> torch.Tensor:
+        x = inputs
+        return self(textures, x.query_embeds, x.query_mask, x.participatory_prior, x.gestalt_states,
+                    x.question_states)  # [B, gh, gw]
 
     def forward(
         self,

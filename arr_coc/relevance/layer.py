@@ -8,7 +8,8 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
     layer = ARRCOCLayer(ARRCOCConfig(hidden_size=1536))
     textures = generate_texture_array(images, (32, 32))   # [B, 13, 32, 32], not learned
     maps = layer(textures, query_embeds)                  # -> ScoreMaps: the differentiable part (maps, relevance)
-    maps.relevance, maps.weights                          # [B, 32, 32], [B, 3]
+    maps.relevance, maps.weights                          # [B, 32, 32], [B, S]: S scorers (config.SCORERS)
+    maps.scorers, maps.information                        # [B, S, 32, 32], [B, 32, 32]: every map, one by name
     out = layer.select(maps, (32, 32))                    # -> ARRCOCOutput
     out = layer.select(maps, (32, 32), "auto", settings=TensionSettings(explore=0.25))   # adaptive K, e fixed
     layer.save_pretrained("checkpoints/mine")
@@ -17,6 +18,7 @@ card), written and read with huggingface_hub's PyTorchModelHubMixin and loaded s
                                                          # the default rule (its evidence.json), else None: the prior
 """
 
+import importlib
 import json
 import os
 import re
@@ -35,8 +37,9 @@ from arr_coc.relevance import balancing
 from arr_coc.relevance.attending import FALLBACKS, KEPT, Allocation, TokenAllocator
 from arr_coc.relevance.balancing import AdaptiveTensionBalancer
 from arr_coc.relevance.concentration import image_structure
-from arr_coc.relevance.config import AUTO, LEGACY_SACCADE_ORDER, NO_SETTINGS, ARRCOCConfig, TensionSettings
-from arr_coc.relevance.knowing import InformationScorer, ParticipatoryScorer, PerspectivalScorer
+from arr_coc.relevance.config import (AUTO, LEGACY_SACCADE_ORDER, NO_SETTINGS, ARRCOCConfig, TensionSettings,
+                                     scorer_names, scorers)
+from arr_coc.relevance.knowing import ScoringInputs
 from arr_coc.relevance.tensions import Tensions, budgets, gates, soft_budget, tension_values
 from arr_coc.relevance.texture import is_flat
 
@@ -50,17 +53,30 @@ class CheckpointError(ValueError):
     """A checkpoint folder that cannot be loaded; the message says what is wrong and what was expected."""
 
 
+class NamedMaps:
+    """ScoreMaps' and ARRCOCOutput's scorer maps: `scorers` [B, S, gh, gw] in config.SCORERS' order, and each one by
+    its name as an attribute (maps.information: [B, gh, gw])."""
+
+    def __getattr__(self, name: str):
+        stacked = self.__dict__.get("scorers")  # only reached for names that are no field (copy, pickle: none yet)
+        if stacked is not None and name in scorer_names():
+            return stacked[:, scorer_names().index(name)]  # [B, gh, gw]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+
+    def scorer_maps(self) -> torch.Tensor:
+        """[B, S, gh, gw] the scorer maps, in the weights' order, detached, in fp32."""
+        return self.scorers.detach().float()
+
+
 @dataclass
-class ScoreMaps:
+class ScoreMaps(NamedMaps):
     """What the layer's forward scores (everything but the selection): select reads it, the app keeps it on the CPU
     to re-select without the VLM, and an ablation re-mixes it (Ablation.mix). Its fields are ARRCOCOutput's too."""
     textures: torch.Tensor  # [B, 13, gh, gw] the texture array, on the layer's device and dtype
-    information: torch.Tensor  # [B, gh, gw] propositional scorer map
-    perspectival: torch.Tensor  # [B, gh, gw] perspectival scorer map
-    participatory: torch.Tensor  # [B, gh, gw] participatory scorer map
+    scorers: torch.Tensor  # [B, S, gh, gw] the scorers' maps, in config.SCORERS' order (maps.information: one)
     participatory_prior: torch.Tensor | None  # [B, gh, gw] the gestalt attention prior the participatory scorer read
     relevance: torch.Tensor  # [B, gh, gw] balanced relevance map
-    weights: torch.Tensor  # [B, 3] balancer weights (information, perspectival, participatory)
+    weights: torch.Tensor  # [B, S] balancer weights, in config.SCORERS' order
     tension_residuals: torch.Tensor  # [B, 3] the balancer's tension_head (explore, diversify, particularize)
 
     def to(self, device) -> "ScoreMaps":
@@ -74,18 +90,16 @@ class ScoreMaps:
 
 
 @dataclass
-class ARRCOCOutput:
+class ARRCOCOutput(NamedMaps):
     indices: torch.Tensor  # [B, K] selected cells (row * gw + col), in the order fed to the LLM (in_order)
     positions: torch.Tensor  # [B, K, 2] (row, col) of each saccade on the candidate grid
     scores: torch.Tensor  # [B, K] relevance of each saccade (detached)
     selected_scores: torch.Tensor  # [B, K] the same scores with gradient, for the straight-through estimator
     relevance: torch.Tensor  # [B, gh, gw] balanced relevance map
     textures: torch.Tensor  # [B, 13, gh, gw] texture array
-    information: torch.Tensor  # [B, gh, gw] propositional scorer map
-    perspectival: torch.Tensor  # [B, gh, gw] perspectival scorer map
-    participatory: torch.Tensor  # [B, gh, gw] participatory scorer map
+    scorers: torch.Tensor  # [B, S, gh, gw] the scorers' maps, in config.SCORERS' order (out.information: one)
     participatory_prior: torch.Tensor | None  # [B, gh, gw] gestalt attention prior, if given
-    weights: torch.Tensor  # [B, 3] balancer weights (information, perspectival, participatory)
+    weights: torch.Tensor  # [B, S] balancer weights, in config.SCORERS' order
     tension_residuals: torch.Tensor  # [B, 3] the balancer's tension_head (explore, diversify, particularize)
     explore: torch.Tensor  # [B] e in [0, 0.5]: the share of the budget spent on coverage (with grad)
     diversify: torch.Tensor  # [B] lambda >= 0: topk's spacing penalty (with grad)
@@ -113,12 +127,8 @@ class ARRCOCOutput:
         return replace(self, saccade_order=order,
                        **saccades_in_order({name: getattr(self, name) for name in PER_SACCADE}, order))
 
-    def scorer_maps(self) -> torch.Tensor:
-        """[B, 3, gh, gw] the three scorer maps, in the weights' order (information, perspectival, participatory)."""
-        return torch.stack([self.information, self.perspectival, self.participatory], dim=1).detach().float()
-
     def shares(self) -> torch.Tensor:
-        """[B, 3] each scorer map's share of the selected saccades' relevance (balancing.shares): what tells the
+        """[B, S] each scorer map's share of the selected saccades' relevance (balancing.shares): what tells the
         scorers apart when the balancer's weights are equal."""
         return balancing.shares(self.scorer_maps(), self.weights.detach().float(), self.indices)
 
@@ -148,13 +158,16 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
     def __init__(self, config: ARRCOCConfig | None = None):
         super().__init__()
         self.config = config = config or ARRCOCConfig()
-        C = config.texture_channels
-        self.information = InformationScorer(C, config.info_hidden)
-        self.perspectival = PerspectivalScorer(C, config.persp_hidden)
-        self.participatory = ParticipatoryScorer(C, config.hidden_size, config.partic_dim)
+        for scorer in scorers():  # each a submodule named by its entry: its checkpoint keys' prefix
+            self.add_module(scorer.name, scorer_class(scorer.module).from_config(config))
         self.balancer = AdaptiveTensionBalancer(config.hidden_size, config.balancer_hidden, config.prior_weights)
         self.graphed_score = CUDAGraphed(self.forward)  # inference on CUDA: one graph replay per input shape
         self.graphed_topk = CUDAGraphed(self._topk)  # select's served case (topk, a fixed K): one replay, one sync
+
+    @property
+    def scorer_modules(self) -> dict[str, nn.Module]:
+        """The scorers keyed by name, in config.SCORERS' order."""
+        return {name: getattr(self, name) for name in scorer_names()}
 
     def _apply(self, *args, **kwargs):
         """Moving or casting the layer makes new tensors: graphs captured on the old ones must go."""
@@ -180,19 +193,16 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
         question_states: torch.Tensor | None = None,  # [B, Lq, D] the prior pass's question rows' states
     ) -> ScoreMaps:
         """
-        Everything but the selection: the three maps, the weights and the relevance map. It is the module's
+        Everything but the selection: the scorers' maps, the weights and the relevance map. It is the module's
         forward because it is the differentiable part that uses every parameter: what DDP wraps in training.
         """
         param = next(self.parameters())
         textures = textures.to(param.device, param.dtype)
-        information = self.information(textures)  # [B, gh, gw]
-        perspectival = self.perspectival(textures)  # [B, gh, gw]
-        participatory = self.participatory(textures, query_embeds, query_mask, participatory_prior,
-                                           gestalt_states, question_states)  # [B, gh, gw]
-        maps = torch.stack([information, perspectival, participatory], dim=1)  # [B, 3, gh, gw]
+        inputs = ScoringInputs(query_embeds, query_mask, participatory_prior, gestalt_states, question_states)
+        maps = torch.stack([scorer.score(textures, inputs) for scorer in self.scorer_modules.values()],
+                           dim=1)  # [B, S, gh, gw]
         relevance, weights, tension_residuals = self.balancer(maps, query_embeds, query_mask, gestalt_embeds)
-        return ScoreMaps(textures=textures, information=information, perspectival=perspectival,
-                         participatory=participatory, participatory_prior=participatory_prior,
+        return ScoreMaps(textures=textures, scorers=maps, participatory_prior=participatory_prior,
                          relevance=relevance, weights=weights, tension_residuals=tension_residuals)
 
     def budget_bounds(self, grid: tuple[int, int], settings: TensionSettings = NO_SETTINGS) -> tuple[int, int]:
@@ -306,12 +316,64 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                                   config.hidden_size)
             loaded = model_text(expect_model or "another", expect_family, expect_hidden_size)
             raise CheckpointError(f"checkpoint {folder.name} was made for {made_for}, but the loaded model is {loaded}")
+        saved = saved_scorers(folder / WEIGHTS_FILE)  # how many of SCORERS the file holds (the first ones)
         with torch.device("meta"):  # the layer's names and shapes, no memory: the file's header must match them
-            check_weights(folder / WEIGHTS_FILE, cls(config).state_dict())
+            check_weights(folder / WEIGHTS_FILE, as_saved(cls(config).state_dict(), saved))
         layer = cls(config)  # only now allocated: its sizes are those of the file
-        # strict but for the newer heads an older checkpoint lacks (check_weights allows only those): they stay zero
-        load_model(layer, str(folder / WEIGHTS_FILE), strict=False, device=map_location)
+        if saved == len(scorers()):
+            # strict but for the newer heads an older checkpoint lacks (check_weights allows only those): they stay zero
+            load_model(layer, str(folder / WEIGHTS_FILE), strict=False, device=map_location)
+        else:  # fewer scorers: the newer ones and their balancer rows stay at their priors (balancing.grown)
+            layer.load_state_dict(with_newer_scorers(folder / WEIGHTS_FILE, layer.state_dict(), saved), strict=False)
+            layer.to(map_location)
         return layer
+
+
+def scorer_class(path: str) -> type[nn.Module]:
+    """A Scorer entry's module, "package.module.Class" -> the class."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def saved_scorers(path: Path) -> int:
+    """How many of config.SCORERS a checkpoint's weights hold, from their names: a file saved before the newer
+    entries holds the first ones (an unreadable file: all of them, and check_weights says what is wrong)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())
+    except (SafetensorError, OSError, ValueError):
+        return len(scorers())
+    held = [any(n.startswith(s + ".") for n in names) for s in scorer_names()]
+    count = held.index(False) if False in held else len(held)
+    return count if count > 0 and not any(held[count:]) else len(held)
+
+
+def as_saved(state: dict[str, torch.Tensor], saved: int) -> dict[str, torch.Tensor]:
+    """A layer's state dict as a checkpoint of its first `saved` scorers holds it: the newer scorers' tensors left
+    out, the balancer's SIZED tensors at the smaller size (meta tensors: names and shapes only)."""
+    total = len(scorers())
+    if saved == total:
+        return state
+    newer = tuple(s + "." for s in scorer_names()[saved:])
+    out = {}
+    for name, tensor in state.items():
+        part = name.removeprefix("balancer.")
+        shape = balancing.saved_part(part, tuple(tensor.shape), saved, total) if part in balancing.SIZED else None
+        if not name.startswith(newer):
+            out[name] = tensor if shape is None else torch.empty(shape, device="meta")
+    return out
+
+
+def with_newer_scorers(path: Path, fresh: dict[str, torch.Tensor], saved: int) -> dict[str, torch.Tensor]:
+    """The state dict of a checkpoint of the first `saved` scorers, grown to every scorer's: the newer scorers at
+    their fresh (prior) values, the balancer's SIZED tensors grown (balancing.grown)."""
+    state = dict(fresh)
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            part = name.removeprefix("balancer.")
+            value = f.get_tensor(name)
+            state[name] = balancing.grown(part, value, fresh[name], saved) if part in balancing.SIZED else value
+    return state
 
 
 def _download(repo_id: str) -> Path:
@@ -357,11 +419,21 @@ def read_checkpoint_config(folder: Path) -> ARRCOCConfig:
     if not isinstance(raw, dict) or not {"base_model_family", "hidden_size"} <= raw.keys():
         raise CheckpointError(f"{folder.name}/{CONFIG_FILE} is not an ARR-COC config "
                               f"(expected keys base_model_family, hidden_size, ...)")
+    raw = with_newer_priors(raw)
     order = {} if "saccade_order" in raw else {"saccade_order": LEGACY_SACCADE_ORDER}  # trained before raster was
     try:  # the default: it keeps the order it was trained in
         return ARRCOCConfig(**{**order, **{k: v for k, v in raw.items() if k in known}})
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{folder.name}/{CONFIG_FILE}: {e}") from None
+
+
+def with_newer_priors(raw: dict) -> dict:
+    """A config.json saved with fewer scorers than config.SCORERS: its prior_weights completed with the newer
+    scorers' priors (anything else is left for ARRCOCConfig's checks)."""
+    weights = raw.get("prior_weights")
+    if isinstance(weights, list) and 0 < len(weights) < len(scorers()):
+        return {**raw, "prior_weights": weights + [s.prior_weight for s in scorers()[len(weights):]]}
+    return raw
 
 
 def check_weights(path: Path, expected: dict[str, torch.Tensor]) -> None:

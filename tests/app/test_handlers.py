@@ -429,7 +429,8 @@ def test_the_weights_chart_shows_each_scorers_share_of_the_saccades(arr_model):
     lift = standard[:, out.indices[0]].mean(1)  # each map's mean over the saccades: what lifted them
     torch.testing.assert_close(shares, lift / lift.sum())
     assert float(shares.sum()) == pytest.approx(1.0) and float(shares.max() - shares.min()) > 0.05
-    one_map = dataclasses.replace(out, perspectival=out.information, participatory=2 * out.information + 1)
+    info = out.information  # [1, gh, gw]
+    one_map = dataclasses.replace(out, scorers=torch.stack([info, info, 2 * info + 1], 1))  # [1, 3, gh, gw]
     assert float(one_map.agreement()[0]) == pytest.approx(1.0, abs=1e-4) and float(out.agreement()[0]) < 0.99
     final = list(handlers.compare(arr_model, CAT, QUESTION, "gestalt", 1, "topk", CELLS, 5))[-1]
     assert final[7].width > viz.weights_bar(answer.arr.weights[0]).width  # the shares' chart beside the weights'
