@@ -30,7 +30,7 @@ BENCH_SIDE = "1792"  # the image side of BENCH's table
 READERS = [("**ARR-COC**", "arr/fast"), ("`pixelprune_n`", "pixelprune_n/fast"), ("`divprune`", "divprune/fast"),
            ("`visionzip`", "visionzip/fast"), ("`fastv`", "fastv/fast"), ("`full`", "full/fast"),
            ("`full`", "full/hf")]  # the speed table's rows: (label, BENCH's pipeline/engine key)
-HELDOUT = "benchmarks/pocket75135_heldout_families.json"  # the shipped pocket model's held-out check
+HELDOUT = "benchmarks/pocket78202_heldout_families.json"  # the shipped pocket model's held-out check
 KINDS = ("fine_print", "box_word", "shape_colour")  # the pocket suite's question kinds, the accuracy columns
 
 
@@ -129,7 +129,9 @@ def results_page() -> str:
         f"`box_grid` are layout families training never draws ([`{HELDOUT}`](../{HELDOUT})):", "",
         heldout_table(check), "",
         "## Where ARR's selection matters", "",
-        "The held-out sweep's every table is [its write-up](../benchmarks/h200_pocket75135_prior_sweep_heldout/README.md);",
+        "Step 78202 against 75135, ARR at 64 and 273 saccades with box recall, the oracle and the prior's peak on the",
+        "asked box: [the glances' write-up](../benchmarks/h200_pocket78202_glances/README.md). Step 75135's held-out",
+        "sweep, every reducer, `random` and `budget`: [its write-up](../benchmarks/h200_pocket75135_prior_sweep_heldout/README.md);",
         "its figures at 1792², accuracy against visual tokens and against the 2B architecture's TTFT (one H200):", "",
         "![Accuracy against visual tokens at 1792², with 95% bands](figures/accuracy_vs_tokens.png)", "",
         "![Accuracy against the 2B architecture's time to first token at 1792²](figures/accuracy_vs_ttft.png)", ""])
