@@ -43,7 +43,6 @@ PYTHON = VENV / "bin" / "python"
 STAMP = VENV / "installed-from.sha256"
 INSTALLED_FROM = ("requirements-vllm.txt", "requirements-vllm-torch.txt", "requirements.txt", "pyproject.toml")
 MODEL = ROOT / "models" / "pocket-qwen2-vl"
-ARCHITECTURE = "ArrCocQwen2VLForConditionalGeneration"
 FINE_PRINT = ROOT / "assets" / "pocket_fine_print.png"
 MAX_TOKENS = 64  # the project's default max_new_tokens (Request)
 
@@ -82,14 +81,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(python: Path, port: int, architecture: str | None, *extra: str) -> list[str]:
-    """The OpenAI-compatible server on the pocket model (fp32, eager), ARR-COC's architecture when given."""
-    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--dtype", "float32",
-               "--enforce-eager", "--port", str(port), "--host", "127.0.0.1", "--max-model-len", "4096",
-               "--gpu-memory-utilization", "0.1", *extra]
-    if architecture:
-        command += ["--hf-overrides", json.dumps({"architectures": [architecture]})]
-    return command
+VLLM_ARGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--gpu-memory-utilization", "0.1")
+
+
+def server_command(python: Path, port: int, *extra: str) -> list[str]:
+    """ARR-COC's server as the README starts it (arr-coc-serve, arr_coc/engines/serve.py) on the pocket model (fp32,
+    eager): vLLM's arguments after `--`."""
+    return [str(python), "-m", "arr_coc.engines.serve", "--model", str(MODEL), "--port", str(port), "--", *VLLM_ARGS,
+            *extra]
 
 
 def server_env(**more: str) -> dict:
@@ -117,7 +116,7 @@ def server(vllm_python, tmp_path_factory):
     folder = tmp_path_factory.mktemp("vllm")
     port, looks, log = free_port(), folder / "looks.jsonl", folder / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen(server_command(vllm_python, port, ARCHITECTURE, "--trust-request-mm-kwargs"),
+        process = subprocess.Popen(server_command(vllm_python, port, "--trust-request-mm-kwargs"),
                                    cwd=folder, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env=server_env(ARR_COC_VLLM_LOG=str(looks)))
     try:
@@ -157,6 +156,18 @@ def looks_of(path: Path) -> list[dict]:
     """The plugin's log: a look (question, cells) per new image and question, a layout (prompt ids, M-RoPE
     positions) per request."""
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_printed_client_example_answers(vllm_python, server, tmp_path):
+    """arr-coc-serve's first line of output: the one-line client example, which answers when pasted (page.png: the
+    fine-print page)."""
+    port, looks = server
+    lines = (looks.parent / "server.log").read_text().splitlines()
+    assert lines[0].startswith("arr-coc-serve: ARR-COC (") and lines[1].startswith("python -c ")
+    (tmp_path / "page.png").write_bytes(FINE_PRINT.read_bytes())
+    done = subprocess.run(["bash", "-c", lines[1]], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": f"{vllm_python.parent}:{os.environ['PATH']}"})
+    assert (done.returncode, done.stdout) == (0, "6407\n"), done.stderr[-2000:]
 
 
 def test_fine_print_answer_and_usage(vllm_python, server):

@@ -23,9 +23,9 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from arr_coc.cli import checkpoint_flag
+from arr_coc.cli import checkpoint_flag, max_cells_flag
 from arr_coc.flags import bounded_int, flag, one_of
-from arr_coc.settings import MAX_CELLS, MIN_CELLS, PipelineConfig
+from arr_coc.settings import MAX_CELLS
 
 ARCHITECTURE = "ArrCocQwen2VLForConditionalGeneration"  # the name --hf-overrides' architectures chooses
 MODEL_CLASS = "arr_coc.engines.vllm_model:ArrCocQwen2VL"  # imported by vLLM when chosen (lazily, by this string)
@@ -43,8 +43,7 @@ class ServerSettings:
                                     "encoding it); a request may ask for fewer (mm_processor_kwargs arr_budget). "
                                     "Default: the checkpoint's budget (273)", bounded_int(1, MAX_CELLS))
     strategy: str | None = flag(None, "ARR's allocator (default: the checkpoint's)", one_of(STRATEGIES))
-    max_cells: int = flag(PipelineConfig.max_cells, "cap on the native-resolution candidate grid (cells of 28 px)",
-                          bounded_int(MIN_CELLS, MAX_CELLS))
+    max_cells: int = max_cells_flag()  # cap on the candidate grid (PipelineConfig.max_cells)
 
 
 def register() -> None:
