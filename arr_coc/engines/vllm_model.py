@@ -39,11 +39,11 @@ from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import ImageProcessorItems, ImageSize
 from vllm.multimodal.processing.processor import PromptReplacement, PromptUpdateDetails
 
+from arr_coc.engines.layout import arr_positions, arr_slot
 from arr_coc.engines.vllm_plugin import (STRATEGIES, ServerSettings, checkpoint_folder, default_budget, log_look,
                                          request_settings, server_settings)
 from arr_coc.pipelines.request import checked_question
 from arr_coc.settings import MAX_IMAGE_PIXELS, PipelineConfig
-from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
 from arr_coc.vlm.qwen2_vl import QwenVL
 from arr_coc.vlm.views import fit_grid, to_rgb
 
@@ -157,12 +157,12 @@ class ArrProcessor(Qwen2VLMultiModalProcessor):
                 for name in ("arr_image", "arr_layout", "arr_question", "arr_key")}
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
-        vocab = self.info.get_tokenizer().get_vocab()
-        pad, end, start = vocab[IMAGE_PAD], vocab[VISION_END], vocab[VISION_START]
+        chat = self.chat()
+        pad = chat.image_token_id
 
-        def slot(item_idx: int):
+        def slot(item_idx: int):  # ARR's two blocks, as the pipelines lay them out (arr_slot: ChatLayout.prompt_ids)
             gh, gw, budget = out_mm_kwargs["image"][item_idx]["arr_layout"].data[:3].tolist()
-            return PromptUpdateDetails.select_token_id([pad] * (gh * gw) + [end, start] + [pad] * budget, pad)
+            return PromptUpdateDetails.select_token_id(arr_slot(chat, gh * gw, budget), pad)
 
         return [PromptReplacement(modality="image", target=[pad], replacement=slot)]
 
@@ -265,16 +265,15 @@ class ArrCocQwen2VL(Qwen2VLForConditionalGeneration):
     def get_mrope_input_positions(self, input_tokens, mm_features):
         """The prompt's M-RoPE positions, as the project's ARR prompt has them: the gestalt block in raster order and
         the saccade block at the selected cells' true places (the selection is made here, when the request joins)."""
-        blocks = []
-        for feature in sorted(mm_features, key=lambda f: f.mm_position.offset):
-            if feature.modality != "image":
-                raise ValueError(f"ARR-COC reads images, not {feature.modality}")
-            cells = self.looker.cells_of(feature.data)
-            blocks += [raster_block(cells.gestalt_grid), ImageBlock(cells.candidate_grid, cells.cells)]
         ids = torch.tensor([list(input_tokens)], dtype=torch.long)
-        # a prompt without an image is all text, whatever ids it holds (an <|image_pad|> typed in a text-only chat)
-        positions = mrope_position_ids(ids, self.config.image_token_id if blocks else -1, blocks)[:, 0]  # [3, L]
-        log_look({"prompt_ids": ids[0].tolist(), "positions": positions.tolist()}) if blocks else None
+        images = [feature for feature in mm_features if feature.modality == "image"]  # one at most (ArrInfo)
+        if not images:  # a text-only prompt is all text, whatever ids it holds (an <|image_pad|> typed in a chat)
+            positions = arr_positions(None, ids, None, None, None)  # [3, L]
+        else:
+            cells = self.looker.cells_of(images[0].data)
+            positions = arr_positions(self.looker.load().vlm.chat, ids, cells.gestalt_grid, cells.candidate_grid,
+                                      cells.cells)  # [3, L], as arr_prompt lays them out
+            log_look({"prompt_ids": ids[0].tolist(), "positions": positions.tolist()})
         return positions, int(positions.max()) + 1 - len(input_tokens)
 
     def embed_multimodal(self, **kwargs):
