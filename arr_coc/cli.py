@@ -534,3 +534,7 @@ def bench() -> int:
 
 def data() -> int:
     return _script("eval.data")
+
+
+def serve() -> int:
+    return _script("engines.serve")

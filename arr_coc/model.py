@@ -34,15 +34,15 @@ import torch
 from PIL import Image
 
 from arr_coc import pipelines
-from arr_coc.settings import DEFAULT_MODEL, MAX_QUESTION_TOKENS, PipelineConfig
-from arr_coc.errors import InputError, OutOfMemory, Stopped, check_text
+from arr_coc.settings import DEFAULT_MODEL, PipelineConfig
+from arr_coc.errors import InputError, OutOfMemory, Stopped
 from arr_coc.runtime.graphs import CUDAGraphed
 from arr_coc.pipelines import PIPELINES, check_pipeline
 from arr_coc.pipelines.answer import Answer
 from arr_coc.pipelines.arr import Observation, Saccade, Scene  # noqa: F401
 from arr_coc.pipelines.conversation import Conversation
 from arr_coc.pipelines.request import (MAX_QUESTION_CHARS, Parts, Request, check_question,  # noqa: F401
-                                       check_request, check_stop, with_settings)
+                                       check_request, check_stop, checked_question, with_settings)
 from arr_coc.pipelines.steps import finished, views_of
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer
@@ -169,17 +169,9 @@ class ARRCOCQwen:
         return layer.to(self.vlm.device).eval()
 
     def check_question(self, question) -> str:
-        """
-        check_question's checks (some text, at most MAX_QUESTION_CHARS characters), then its length in this model's
-        tokens, before any VLM work: at most MAX_QUESTION_TOKENS (4000 four-byte characters can be 16,000 tokens;
-        one prompt that long took 12 GB). -> the question, stripped.
-        """
-        question = check_text(check_question(question), "question")
-        tokens = len(self.vlm.question_ids(question))
-        if tokens > MAX_QUESTION_TOKENS:
-            raise InputError(f"the question is {tokens} tokens long; the limit is {MAX_QUESTION_TOKENS} tokens: "
-                             "shorten it")
-        return question
+        """The question checked for this model (checked_question: its text, then its length in this model's tokens)
+        before any VLM work -> the question, stripped."""
+        return checked_question(question, self.vlm.question_ids)
 
     def views(self, image, max_cells: int | None = None, gestalt_tokens: int | None = None) -> Views:
         """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap, gestalt_tokens

@@ -454,7 +454,8 @@ def test_what_the_readme_steps_leave_behind_is_ignored():
 def test_console_scripts_point_at_callables():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     scripts = project["scripts"]
-    assert set(scripts) == {"arr-coc-run", "arr-coc-train", "arr-coc-evaluate", "arr-coc-bench", "arr-coc-data"}
+    assert set(scripts) == {"arr-coc-run", "arr-coc-train", "arr-coc-evaluate", "arr-coc-bench", "arr-coc-data",
+                            "arr-coc-serve"}
     for target in scripts.values():
         module, _, name = target.partition(":")
         assert callable(getattr(__import__(module, fromlist=[name]), name))

@@ -20,7 +20,11 @@ OWN = {("arr_coc/pocket/heldout.py", "model"): "an exported pocket folder that s
                                                "for the façade: its own flag",
        ("arr_coc/commands/evidence.py", "checkpoint"): "the one folder the default rule judges (required; no 'prior', "
                                                        "no hub id): its own flag",
-       ("arr_coc/commands/evidence.py", "budget"): "the rule's fixed budget (64, never 'auto'): its own flag"}
+       ("arr_coc/commands/evidence.py", "budget"): "the rule's fixed budget (64, never 'auto'): its own flag",
+       ("arr_coc/engines/vllm_plugin.py", "budget"): "a vLLM server's fixed budget (vLLM sizes an image's tokens before "
+                                                     "encoding it: never 'auto'): its own flag",
+       ("arr_coc/engines/serve.py", "model"): "what vLLM loads (a folder or hub id; 'pocket' its folder; never a tiny "
+                                              "model, built in memory): its own flag"}
 
 
 def test_the_page_holds_exactly_the_tables_the_configs_generate():

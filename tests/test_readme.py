@@ -38,7 +38,8 @@ MAX_README_BYTES = 15 * 1024
 SECTIONS = ["Contents", "Quick start", "How it works", "What you get offline", "The app", "The command line",
             "Performance", "Accuracy", "Where ARR's selection matters", "Where to read on"]  # the README's second-level headings, in reading order
 OUTPUT_DIRS = {"runs", "out", "data", "build"}  # where the commands write: named in examples, not in the repo
-INSTALLED = ("arr_coc/shipped",)  # made by `pip install .` (setup.py), not in the repo
+INSTALLED = ("arr_coc/shipped", ".venv-vllm/bin/", ".venv-lmms/bin/")  # made by `pip install .` (setup.py) and
+# the README's venv steps (a console script there appears once the venv is rebuilt), not in the repo
 EXAMPLES = ROOT / "assets" / "examples.json"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 POCKET_EXAMPLE = "pocket_"  # arr_coc/app/ui.py: an example image named so is a page the pocket model answers

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -39,14 +39,17 @@ from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import ImageProcessorItems, ImageSize
 from vllm.multimodal.processing.processor import PromptReplacement, PromptUpdateDetails
 
-from arr_coc.engines.vllm_plugin import (STRATEGIES, ServerSettings, check_strategy, checkpoint_folder,
-                                         default_budget, log_look, server_settings)
-from arr_coc.settings import PipelineConfig
-from arr_coc.vlm.positions import ImageBlock, mrope_position_ids, raster_block
+from arr_coc.engines.layout import arr_positions, arr_slot
+from arr_coc.engines.vllm_plugin import (STRATEGIES, ServerSettings, checkpoint_folder, default_budget, log_look,
+                                         request_settings, server_settings)
+from arr_coc.pipelines.request import checked_question
+from arr_coc.settings import MAX_IMAGE_PIXELS, PipelineConfig
+from arr_coc.vlm.qwen2_vl import QwenVL
 from arr_coc.vlm.views import fit_grid, to_rgb
 
 GESTALT = PipelineConfig().gestalt_max_tokens  # at most this many gestalt tokens (16 x 16 at 448 px)
 VISION_END, VISION_START, IMAGE_PAD, END_OF_TURN = "<|vision_end|>", "<|vision_start|>", "<|image_pad|>", "<|im_end|>"
+IMAGE_TAG = VISION_START + IMAGE_PAD + VISION_END  # an image in the chat template's prompt
 FULL_LOOKS = 8  # looks kept whole (views, gestalt, selection) between a request's positions and its encoding
 CELLS_KEPT = 65536  # selections kept (grids and cells: a few KB each) for a later request's positions
 
@@ -64,13 +67,25 @@ def server(hf_config) -> tuple[ServerSettings, str | None, int]:
 
 
 def question_in(prompt: str) -> str:
-    """The question of a chat prompt: the user's text after the image, up to the end of the turn."""
-    if VISION_END not in prompt:
+    """The question of a chat prompt (vLLM's rendering, decoded): the text after the image's tag, up to the end of
+    the user's turn (the prompt's last <|im_end|>). Special tokens typed in it stay in it, as text."""
+    if IMAGE_TAG not in prompt:
         raise ValueError("ARR-COC reads one image and the question after it; this prompt has no image")
-    question = prompt.rsplit(VISION_END, 1)[1].split(END_OF_TURN, 1)[0].strip()
-    if not question:
+    question = prompt.split(IMAGE_TAG, 1)[1]
+    question = question.rsplit(END_OF_TURN, 1)[0] if END_OF_TURN in question else question
+    if not question.strip():
         raise ValueError("ARR-COC chooses its cells for a question: put the question after the image")
-    return question
+    return question.strip()
+
+
+def checked_image(image) -> np.ndarray:
+    """An item's image as ARR reads it -> [H, W, 3] uint8; ValueError in one line for one that is empty or no
+    image (to_rgb) or past the app's MAX_IMAGE_PIXELS."""
+    rgb = to_rgb(image)
+    if rgb.width * rgb.height > MAX_IMAGE_PIXELS:
+        raise ValueError(f"the image is {rgb.width}x{rgb.height} pixels; the limit is {MAX_IMAGE_PIXELS // 10**6} "
+                         "megapixels, as in the app: downscale it first")
+    return np.asarray(rgb)
 
 
 class ArrInfo(Qwen2VLProcessingInfo):
@@ -97,33 +112,37 @@ class ArrDummyInputs(Qwen2VLDummyInputsBuilder):
                                                 overrides=mm_options.get("image"))}
 
 
-def request_settings(hf_config, kwargs) -> tuple[int, str | None, int]:
-    """(budget, strategy, max_cells) of one request: mm_processor_kwargs arr_budget / arr_strategy over the server's."""
-    settings, _, budget = server(hf_config)
-    asked = int(kwargs.get("arr_budget") or budget)
-    if not 1 <= asked <= budget:
-        raise ValueError(f"arr_budget must be between 1 and the server's budget {budget}, got {asked}")
-    strategy = kwargs.get("arr_strategy") or settings.strategy
-    check_strategy(strategy)
-    return asked, strategy, settings.max_cells
-
-
 class ArrProcessor(Qwen2VLMultiModalProcessor):
     """Each image -> its pixels, its question and its layout (gestalt grid, budget, strategy, max cells), and a
     prompt slot of ARR's two blocks. The question is a processor kwarg, so it is hashed with the image."""
 
     def apply(self, inputs, timing_ctx):
+        """The request's prompt laid out anew by the project's own ChatLayout over its question, checked as the app
+        checks one (checked_question): a special token typed in the question is plain text, as in the app, so no
+        request adds an image pad or a turn. Every refusal here is one line (HTTP 400): nothing reaches the engine."""
+        chat = self.chat()
         prompt = self.info.get_tokenizer().decode(inputs.prompt, skip_special_tokens=False)
-        kwargs = {**inputs.hf_processor_mm_kwargs, "arr_question": question_in(prompt)}
-        return super().apply(_with_kwargs(inputs, kwargs), timing_ctx)
+        question = checked_question(question_in(prompt), chat.question_ids)
+        ids = chat.prompt_ids(question, [1])[0].tolist()  # one image pad: the slot _get_prompt_updates fills
+        kwargs = {**inputs.hf_processor_mm_kwargs, "arr_question": question}
+        return super().apply(replace(inputs, prompt=ids, hf_processor_mm_kwargs=kwargs), timing_ctx)
+
+    def chat(self):
+        """The family's ChatLayout over vLLM's tokenizer (the project's template rule: QwenVL.chat_layout)."""
+        if not hasattr(self, "_chat"):
+            tokenizer = self.info.get_tokenizer()
+            self._chat = QwenVL.chat_layout(tokenizer, tokenizer.convert_tokens_to_ids(IMAGE_PAD), [])
+        return self._chat
 
     def _apply_hf_processor_main(self, mm_items, hf_kwargs) -> BatchFeature:
-        budget, strategy, max_cells = request_settings(self.info.get_hf_config(), hf_kwargs)
+        settings, _, server_budget = server(self.info.get_hf_config())
+        budget, strategy = request_settings(settings, server_budget, hf_kwargs)
+        max_cells = settings.max_cells
         question = str(hf_kwargs["arr_question"]).encode()
         out = {"arr_image": [], "arr_layout": [], "arr_question": [], "arr_key": []}
         items = mm_items.get_items("image", ImageProcessorItems) if "image" in mm_items else []
         for i in range(len(items)):
-            rgb = np.asarray(to_rgb(items.get(i)))  # [H, W, 3] uint8
+            rgb = checked_image(items.get(i))  # [H, W, 3] uint8
             gh, gw = fit_grid(rgb.shape[1], rgb.shape[0], GESTALT)
             layout = torch.tensor([gh, gw, budget, STRATEGIES.index(strategy) if strategy else -1, max_cells])
             key = hashlib.sha256(rgb.tobytes() + question + str(layout.tolist()).encode()).digest()
@@ -138,20 +157,14 @@ class ArrProcessor(Qwen2VLMultiModalProcessor):
                 for name in ("arr_image", "arr_layout", "arr_question", "arr_key")}
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
-        vocab = self.info.get_tokenizer().get_vocab()
-        pad, end, start = vocab[IMAGE_PAD], vocab[VISION_END], vocab[VISION_START]
+        chat = self.chat()
+        pad = chat.image_token_id
 
-        def slot(item_idx: int):
+        def slot(item_idx: int):  # ARR's two blocks, as the pipelines lay them out (arr_slot: ChatLayout.prompt_ids)
             gh, gw, budget = out_mm_kwargs["image"][item_idx]["arr_layout"].data[:3].tolist()
-            return PromptUpdateDetails.select_token_id([pad] * (gh * gw) + [end, start] + [pad] * budget, pad)
+            return PromptUpdateDetails.select_token_id(arr_slot(chat, gh * gw, budget), pad)
 
         return [PromptReplacement(modality="image", target=[pad], replacement=slot)]
-
-
-def _with_kwargs(inputs, kwargs):
-    from dataclasses import replace
-
-    return replace(inputs, hf_processor_mm_kwargs=kwargs)
 
 
 @dataclass
@@ -252,15 +265,15 @@ class ArrCocQwen2VL(Qwen2VLForConditionalGeneration):
     def get_mrope_input_positions(self, input_tokens, mm_features):
         """The prompt's M-RoPE positions, as the project's ARR prompt has them: the gestalt block in raster order and
         the saccade block at the selected cells' true places (the selection is made here, when the request joins)."""
-        blocks = []
-        for feature in sorted(mm_features, key=lambda f: f.mm_position.offset):
-            if feature.modality != "image":
-                raise ValueError(f"ARR-COC reads images, not {feature.modality}")
-            cells = self.looker.cells_of(feature.data)
-            blocks += [raster_block(cells.gestalt_grid), ImageBlock(cells.candidate_grid, cells.cells)]
         ids = torch.tensor([list(input_tokens)], dtype=torch.long)
-        positions = mrope_position_ids(ids, self.config.image_token_id, blocks)[:, 0]  # [3, L]
-        log_look({"prompt_ids": ids[0].tolist(), "positions": positions.tolist()}) if blocks else None
+        images = [feature for feature in mm_features if feature.modality == "image"]  # one at most (ArrInfo)
+        if not images:  # a text-only prompt is all text, whatever ids it holds (an <|image_pad|> typed in a chat)
+            positions = arr_positions(None, ids, None, None, None)  # [3, L]
+        else:
+            cells = self.looker.cells_of(images[0].data)
+            positions = arr_positions(self.looker.load().vlm.chat, ids, cells.gestalt_grid, cells.candidate_grid,
+                                      cells.cells)  # [3, L], as arr_prompt lays them out
+            log_look({"prompt_ids": ids[0].tolist(), "positions": positions.tolist()})
         return positions, int(positions.max()) + 1 - len(input_tokens)
 
     def embed_multimodal(self, **kwargs):

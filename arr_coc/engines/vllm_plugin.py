@@ -17,24 +17,33 @@ This module imports neither torch nor vLLM: vLLM loads it in its front-end proce
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from arr_coc.cli import checkpoint_flag, max_cells_flag
+from arr_coc.flags import bounded_int, flag, one_of
+from arr_coc.settings import MAX_CELLS
+
 ARCHITECTURE = "ArrCocQwen2VLForConditionalGeneration"  # the name --hf-overrides' architectures chooses
 MODEL_CLASS = "arr_coc.engines.vllm_model:ArrCocQwen2VL"  # imported by vLLM when chosen (lazily, by this string)
 STRATEGIES = ("topk", "logpolar", "grid", "random")  # the allocators (arr_coc.relevance.attending)
+REQUEST_KWARGS = ("arr_budget", "arr_strategy")  # what a request's mm_processor_kwargs may set of ARR
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """One server's ARR settings: from --hf-overrides (arr_<field>), else $ARR_COC_<FIELD>, else these defaults."""
-    checkpoint: str | None = None  # an ARR checkpoint (name under checkpoints/, folder, "prior"); None: the default
-    budget: int | None = None  # saccades per image (fixed: vLLM sizes an image's tokens before encoding it); None:
-    # the checkpoint's budget
-    strategy: str | None = None  # the allocator (STRATEGIES); None: the checkpoint's
-    max_cells: int = 4096  # cap on the candidate grid (PipelineConfig.max_cells)
+    """One server's ARR settings: from --hf-overrides (arr_<field>), else $ARR_COC_<FIELD>, else these defaults.
+    Each field is also arr-coc-serve's flag (--budget ...), with its help and its check (server_settings reads the
+    overrides and the environment through the same checks)."""
+    checkpoint: str | None = checkpoint_flag()
+    budget: int | None = flag(None, "saccades per image, fixed for the server (vLLM sizes an image's tokens before "
+                                    "encoding it); a request may ask for fewer (mm_processor_kwargs arr_budget). "
+                                    "Default: the checkpoint's budget (273)", bounded_int(1, MAX_CELLS))
+    strategy: str | None = flag(None, "ARR's allocator (default: the checkpoint's)", one_of(STRATEGIES))
+    max_cells: int = max_cells_flag()  # cap on the candidate grid (PipelineConfig.max_cells)
 
 
 def register() -> None:
@@ -46,23 +55,47 @@ def register() -> None:
 
 
 def server_settings(hf_config) -> ServerSettings:
-    """The server's settings from its HF config (--hf-overrides put arr_* keys there) or the environment."""
+    """The server's settings from its HF config (--hf-overrides put arr_* keys there) or the environment, each checked
+    as its arr-coc-serve flag is: ValueError in one line for an unknown arr_* key or a value out of range."""
+    names = [f.name for f in fields(ServerSettings)]
+    unknown = sorted(k for k in vars(hf_config) if k.startswith("arr_") and k[4:] not in names)
+    if unknown:
+        raise ValueError(f"unknown ARR-COC setting {', '.join(unknown)} in --hf-overrides; the settings are "
+                         + ", ".join(f"arr_{name}" for name in names))
     values = {}
     for f in fields(ServerSettings):
-        value = getattr(hf_config, f"arr_{f.name}", None)
-        value = os.environ.get(f"ARR_COC_{f.name.upper()}") if value is None else value
+        value, where = getattr(hf_config, f"arr_{f.name}", None), f"--hf-overrides arr_{f.name}"
+        if value is None:
+            value, where = os.environ.get(f"ARR_COC_{f.name.upper()}"), f"$ARR_COC_{f.name.upper()}"
         if value is not None:
-            values[f.name] = int(value) if f.name in ("budget", "max_cells") else str(value)
+            values[f.name] = checked(f.metadata["type"] or str, value, where)
     settings = ServerSettings(**values)
-    check_strategy(settings.strategy)
-    if settings.budget is not None and settings.budget < 1:
-        raise ValueError(f"arr_budget must be at least 1, got {settings.budget}")
+    if settings.budget is not None and settings.budget > settings.max_cells:
+        raise ValueError(f"arr_budget {settings.budget} exceeds arr_max_cells {settings.max_cells}")
     return settings
 
 
-def check_strategy(strategy: str | None) -> None:
-    if strategy is not None and strategy not in STRATEGIES:
-        raise ValueError(f"arr_strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+def checked(parse, value, where: str):
+    """`value` (a JSON value, or an environment string) read by a flag's argparse type -> the value; ValueError in
+    one line naming `where` it came from (1.5 or true is no integer: their text is refused)."""
+    try:
+        return parse(value if isinstance(value, str) else json.dumps(value))
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def request_settings(settings: ServerSettings, budget: int, kwargs) -> tuple[int, str | None]:
+    """(budget, strategy) of one request: its mm_processor_kwargs arr_budget (1 to the server's budget) and
+    arr_strategy over the server's; ValueError in one line for one out of range or an unknown arr_* key."""
+    unknown = sorted(str(k) for k in kwargs if str(k).startswith("arr_") and k not in REQUEST_KWARGS + ("arr_question",))
+    if unknown:
+        raise ValueError(f"unknown mm_processor_kwargs {', '.join(unknown)}; ARR-COC takes {', '.join(REQUEST_KWARGS)}")
+    asked, strategy = kwargs.get("arr_budget"), kwargs.get("arr_strategy")
+    asked = budget if asked is None else checked(bounded_int(1, budget), asked, "mm_processor_kwargs arr_budget "
+                                                 "(at most the server's budget)")
+    strategy = settings.strategy if strategy is None else checked(one_of(STRATEGIES), strategy,
+                                                                  "mm_processor_kwargs arr_strategy")
+    return asked, strategy
 
 
 def checkpoint_folder(settings: ServerSettings, family: str, hidden_size: int) -> str | None:

@@ -16,12 +16,13 @@ from typing import Callable
 
 import torch
 
-from arr_coc.errors import InputError, Stopped
+from arr_coc.errors import InputError, Stopped, check_text
 from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.layer import ARRCOCLayer
-from arr_coc.settings import MAX_NEW_TOKENS, MAX_QUESTION_CHARS, REFIXATE_GUIDES, PipelineConfig
+from arr_coc.settings import (MAX_NEW_TOKENS, MAX_QUESTION_CHARS, MAX_QUESTION_TOKENS, REFIXATE_GUIDES,
+                              PipelineConfig)
 from arr_coc.vlm.base import VLM
 
 
@@ -71,6 +72,21 @@ def check_question(question) -> str:
     if len(question) > MAX_QUESTION_CHARS:
         raise InputError(f"the question is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}")
     return question.strip()
+
+
+def checked_question(question, question_ids: Callable[[str], list[int]]) -> str:
+    """
+    check_question's checks (some text, at most MAX_QUESTION_CHARS characters, valid Unicode), then its length in
+    the model's tokens (question_ids: ChatLayout.question_ids, special tokens as plain text), before any VLM work:
+    at most MAX_QUESTION_TOKENS (4000 four-byte characters can be 16,000 tokens; one prompt that long took 12 GB).
+    The façade's check (ARRCOCQwen.check_question) and vLLM's front end's. -> the question, stripped.
+    """
+    question = check_text(check_question(question), "question")
+    tokens = len(question_ids(question))
+    if tokens > MAX_QUESTION_TOKENS:
+        raise InputError(f"the question is {tokens} tokens long; the limit is {MAX_QUESTION_TOKENS} tokens: "
+                         "shorten it")
+    return question
 
 
 def with_settings(request: Request | None, settings: dict) -> Request:

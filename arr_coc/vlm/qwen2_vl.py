@@ -38,6 +38,14 @@ class QwenVL(VLM):
     default_chat_template = CHAT_TEMPLATE  # the family's template, for a folder that ships none
     vision_class = QwenVision  # the family's vision tower (vision.py; Qwen2.5-VL's windows, Qwen3-VL's DeepStack)
 
+    @classmethod
+    def chat_layout(cls, tokenizer, image_token_id: int, eos_token_ids: list[int], embeddings=None,
+                    device=lambda: torch.device("cpu")) -> ChatLayout:
+        """The family's prompt layout over a tokenizer (the folder's own chat template, else the family's): the
+        model's own, and vLLM's front end's (arr_coc/engines/vllm_model.py: no weights there, so no embeddings)."""
+        template = getattr(tokenizer, "chat_template", None) or cls.default_chat_template
+        return ChatLayout(tokenizer, template, image_token_id, eos_token_ids, embeddings, device)
+
     def __init__(self, model, tokenizer, image_processor, name: str, engine: str = "fast"):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -52,10 +60,10 @@ class QwenVL(VLM):
         self.family = cfg.model_type
         eos = model.generation_config.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
-        self.chat_template = getattr(tokenizer, "chat_template", None) or self.default_chat_template  # the folder's own
         self.decoder = Decoder(model)
-        self.chat = ChatLayout(tokenizer, self.chat_template, self.image_token_id, self.eos_token_ids,
-                               model.get_input_embeddings(), lambda: self.device)
+        self.chat = self.chat_layout(tokenizer, self.image_token_id, self.eos_token_ids, model.get_input_embeddings(),
+                                     lambda: self.device)
+        self.chat_template = self.chat.chat_template  # the folder's own, else the family's
         self.vision = self.vision_class(self.visual, image_processor, self.decoder.pool, lambda: self.decoder.use_graphs)
         self.check = None  # called before each block and layer when set (set_block_check)
 
