@@ -15,9 +15,10 @@ at 64 saccades, exact match per kind, Wilson intervals) and writes the verdict b
     python -m arr_coc.commands.prior --model pocket --judge --pages-judged 96          # the rule's run (resumable)
     python -m arr_coc.commands.prior --model Qwen/Qwen2-VL-2B-Instruct --pages 96 --max-layer 14
 
-Cost (pocket model, 2-core CPU): about 1 s a page (the page drawn, one gestalt encode, two reads of every layer);
-the choice itself is < 1 s. Qwen2-VL-2B on one GPU: a gestalt encode and two 28-layer eager passes a page, well
-under a second (on a 2-core CPU, about 10 s a page).
+Cost: a page is drawn, its gestalt encoded, and every layer read twice (the question, the generic question); the
+choice itself takes < 1 s. Pocket model on a shared 2-core CPU: 1-5 s a page. Qwen2-VL-2B: about 3.1 TFLOP a page
+(arr_coc.flops: 1.48 for the gestalt, 0.79 a 300-token pass), about a minute a page on a 2-core CPU, well under a
+second on one H200 (estimated from the FLOPs, not measured).
 """
 
 import json
