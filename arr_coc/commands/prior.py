@@ -2,7 +2,7 @@
 python -m arr_coc.commands.prior: calibrate a model's prior readout (issue 61, part 2; arr_coc.distill.prior): on
 --pages synthetic pages of the trained layout families (never the held-out ones), every layer, head and row rule of
 the question->gestalt attention, plain and relative to a generic question (ViCrop), scored by the box recall of
-the prior map's --budget top cells; the best one, where it beats today's readout there, is written as prior.json
+the prior map's --top-cells top cells; the best one, where it beats today's readout there, is written as prior.json
 beside the model (a folder's own; for a hub id under checkpoints/priors/), which the prior pass then reads. Works
 for any Qwen-VL loaded by from_pretrained (hub id or folder): the pages are generated, no data set is read.
 
@@ -43,7 +43,8 @@ class PriorConfig:
     out: str | None = flag(None, "where the readout goes (default: the model folder's prior.json; a hub id's under "
                                  "checkpoints/priors/)", cli.output_file)
     pages: int = flag(96, "calibration pages (trained layout families, boxes known)", bounded_int(1, 100_000))
-    budget: int = flag(RULE.budget, "top cells whose box recall scores a readout", bounded_int(1, cli.MAX_CELLS))
+    top_cells: int = flag(RULE.budget, "top cells of a readout's map whose box recall scores it (the default rule's "
+                                       "saccades)", bounded_int(1, cli.MAX_CELLS))
     size: int = flag(RULE.size, "page area of the synthetic pages (about size^2 px)", bounded_int(112, 8192))
     max_layer: int | None = flag(None, "read no layer above this one (a deeper prior costs more: every layer below "
                                        "it runs; default: any)", bounded_int(0, 1000))
@@ -76,9 +77,9 @@ def calibrate(vlm, args: PriorConfig):
                                                                      "prior")):
         readings.append(read_prior(vlm, image, question, box, args.max_cells))
         cli.log(f"calibration page {i + 1}/{args.pages} {item}")
-    readout = choose_readout(readings, vlm.name, args.budget, args.max_layer)
-    cli.log(f"chosen: {readout.describe()}, box recall of the top {args.budget} {readout.recall:.3f} on {args.pages} "
-            f"pages (today's readout {readout.default_recall:.3f}) -> {readout.save(readout_path(args))}")
+    readout = choose_readout(readings, vlm.name, args.top_cells, args.max_layer)
+    cli.log(f"chosen: {readout.describe()}, box recall of the top {args.top_cells} {readout.recall:.3f} on "
+            f"{args.pages} pages (today's readout {readout.default_recall:.3f}) -> {readout.save(readout_path(args))}")
     return readout
 
 
@@ -95,12 +96,12 @@ def measure(vlm, readout, args: PriorConfig) -> dict:
                                                                      "heldout")):
         reading = read_prior(vlm, image, question, box, args.max_cells)
         for name, chosen in (("today", DEFAULT), ("chosen", readout)):
-            recalls[item.split(":")[0]][name].append(top_recall(readout_map(reading, chosen), reading, args.budget))
+            recalls[item.split(":")[0]][name].append(top_recall(readout_map(reading, chosen), reading, args.top_cells))
         cli.log(f"held-out page {i + 1}/{args.heldout} {item}")
     result = {}
     for family, by in recalls.items():
         result[family] = {name: [sum(v) / max(len(v), 1), *bootstrap_mean(v), len(v)] for name, v in by.items()}
-        print(f"{family}: prior map's box recall of the top {args.budget}, {vlm.name} at {args.size}^2 (n="
+        print(f"{family}: prior map's box recall of the top {args.top_cells}, {vlm.name} at {args.size}^2 (n="
               f"{len(by['today'])}): today's " + ", chosen ".join(
                   f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi, _ in (result[family]["today"],
                                                                         result[family]["chosen"])))
@@ -114,9 +115,9 @@ def judge_runs(args: PriorConfig):
     from arr_coc.commands import evaluate, evidence
     from arr_coc.synth.families import HELD_OUT
 
-    work = args.work or f"runs/prior-evidence/{args.size}px-{args.pages_judged}p-b{args.budget}"
+    work = args.work or f"runs/prior-evidence/{args.size}px-{args.pages_judged}p-b{RULE.budget}"
     ev = evidence.EvidenceConfig(checkpoint="prior", model=args.model, pages=args.pages_judged, size=args.size,
-                                 budget=args.budget, families=HELD_OUT, seed=JUDGE_SEED, work=work, device=args.device)
+                                 budget=RULE.budget, families=HELD_OUT, seed=JUDGE_SEED, work=work, device=args.device)
     layers = {}
     for which in PRIOR_READOUTS[::-1]:  # "default" (today's), then "calibrated"
         layers[which] = {}
@@ -145,7 +146,7 @@ def judge(args: PriorConfig) -> int:
         return layers
     ruling = evidence.verdict(layers["default"], layers["calibrated"], ev)
     result = dict(readout=PriorReadout.load(path).describe(), model=args.model, rule=asdict(RULE), row=evidence.ROW,
-                  pages=args.pages_judged, size=args.size, budget=args.budget, seed=JUDGE_SEED, **evidence.commit(),
+                  pages=args.pages_judged, size=args.size, budget=RULE.budget, seed=JUDGE_SEED, **evidence.commit(),
                   readouts={which: {family: {kind: asdict(m) for kind, m in kinds.items()}
                                     for family, kinds in by.items()} for which, by in layers.items()},
                   verdict=asdict(ruling))
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
         if args.heldout:
             result = measure(vlm, readout, args)
             readout_path(args).with_name(f"{readout_path(args).stem}_heldout.json").write_text(
-                json.dumps(dict(readout=readout.describe(), size=args.size, budget=args.budget, seed=EVAL_SEED,
+                json.dumps(dict(readout=readout.describe(), size=args.size, budget=args.top_cells, seed=EVAL_SEED,
                                 families=result), indent=1) + "\n")
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)

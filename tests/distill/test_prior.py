@@ -158,3 +158,25 @@ def test_a_deeper_or_relative_readout_is_counted_in_the_gflops(tiny):
                                                                        + 2 * prefill_gflops(text, 300, 3, False))
     assert tiny.gflops([], 100, 300, 1.0)["prefill"] == pytest.approx(prefill_gflops(text, 100)
                                                                        + prefill_gflops(text, 300, 4, False))
+
+
+def test_the_command_refuses_bad_flags_before_loading(capsys):
+    from arr_coc.commands import prior
+
+    for argv in (["--pages", "0"], ["--top-cells", "0"], ["--rows", "x"]):
+        with pytest.raises(SystemExit) as exit:
+            prior.main(["--model", "tiny", *argv])
+        assert exit.value.code == 2
+    assert prior.main(["--model", "tiny", "--judge", "--out", "elsewhere.json"]) == 2
+    assert "--judge reads the readout the model loads" in capsys.readouterr().err
+
+
+def test_the_command_calibrates_the_tiny_model_into_out(tiny_loaded_once, tmp_path):
+    from arr_coc.commands import prior
+
+    out = tmp_path / "prior.json"
+    assert prior.main(["--model", "tiny", "--pages", "2", "--size", "224", "--top-cells", "8", "--max-layer", "1",
+                       "--out", str(out), "--device", str(tiny_loaded_once.vlm.device)]) == 0
+    readout = PriorReadout.load(out)
+    assert (readout.model, readout.pages, readout.budget) == ("tiny", 2, 8)
+    assert readout.layer in (None, 0, 1) and len(readout.scores) == 2 * 4 * 2 * (4 + 1 + 2)  # layers 0-1 only
