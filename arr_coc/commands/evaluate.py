@@ -426,6 +426,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 refixate=args.refixate, refixate_budget=args.refixate_budget,
                 **({"refixate_guide": args.refixate_guide}  # absent at the default: older folders resume
                    if args.refixate_guide != REFIXATE_GUIDES[0] else {}),
+                **({"prior_readout": args.prior_readout}  # absent at the default: older folders resume (main adds
+                   if args.prior_readout != PRIOR_READOUTS[0] else {}),  # the calibrated readout's own, prior_readout)
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
                 conversation_turns=args.turns if args.conversation else None)
 
