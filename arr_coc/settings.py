@@ -25,6 +25,9 @@ TINY_NAMES = ("tiny", "tiny-qwen2.5-vl", "tiny-qwen3-vl")  # arr_coc.vlm.tiny.TI
 TINY_LLM_LAYERS = 4  # their LLM depth (arr_coc.vlm.tiny builds them so): --fastv-layer is checked against it before
 # torch loads
 MAX_NEW_TOKENS = 1024  # the most tokens one request generates (the pipelines and --max-new-tokens check it)
+PRIOR_READOUTS = ("calibrated", "default")  # which attention the prior pass reads: the model's calibrated readout
+# (its prior.json, arr_coc.vlm.readout; today's where it has none), or today's (every head, the question's rows, the
+# middle layer) whatever it has
 REFIXATE_GUIDES = ("prior", "attention")  # what points ARR's second look (Request.refixate_guide), the default first
 MAX_CONVERSATION_TOKENS = 16384  # the most tokens a conversation's context holds: a turn that would pass it is
 # refused (start a new conversation); Qwen2-VL-2B's K/V cache of that many is 464 MB in bf16

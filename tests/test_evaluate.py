@@ -269,6 +269,7 @@ def test_resuming_with_other_settings_is_refused_naming_them(tmp_path, capsys):
 # an evaluate flag -> (the flags of the run it changes, another value); every flag but --device and --out
 OTHER_VALUES = {
     "model": ([], ["--model", "tiny-qwen3-vl"]), "checkpoint": ([], ["--checkpoint", "prior"]),
+    "prior_readout": ([], ["--prior-readout", "default"]),
     "dataset": (["--dataset", "lmms-lab/textvqa"], ["--dataset", "lmms-lab/DocVQA"]),
     "split": (["--dataset", "lmms-lab/textvqa"], ["--split", "test"]),
     "config": (["--dataset", "lmms-lab/textvqa"], ["--config", "other"]),

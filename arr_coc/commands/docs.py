@@ -40,6 +40,7 @@ def configs() -> list[tuple[str, type]]:
     from arr_coc.commands import bench, evaluate, run, train
     from arr_coc.app.options import AppConfig
     from arr_coc.commands.evidence import EvidenceConfig
+    from arr_coc.commands.prior import PriorConfig
     from arr_coc.commands.student import StudentConfig
     from arr_coc.commands.teacher import TeacherConfig
     from arr_coc.eval.data import DataConfig
@@ -53,7 +54,7 @@ def configs() -> list[tuple[str, type]]:
             ("python -m arr_coc.eval.figures", FiguresConfig), ("python -m arr_coc.pocket.train", PocketConfig),
             ("python -m arr_coc.pocket.heldout", HeldoutConfig), ("python -m arr_coc.commands.teacher", TeacherConfig),
             ("python -m arr_coc.commands.student", StudentConfig),
-            ("python -m arr_coc.commands.evidence", EvidenceConfig)]
+            ("python -m arr_coc.commands.evidence", EvidenceConfig), ("python -m arr_coc.commands.prior", PriorConfig)]
 
 
 def table(command: str, config: type) -> str:

@@ -89,9 +89,9 @@ from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.rows import ORACLE, ORACLE_STRATEGY, REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, check_questions, guess_schema, open_source, synthetic_source
-from arr_coc.flags import config_parser, device_flag, flag, parse_config, seed_flag
+from arr_coc.flags import config_parser, device_flag, flag, one_of, parse_config, seed_flag
 from arr_coc.relevance import ablation as ablations
-from arr_coc.settings import REFIXATE_GUIDES, PipelineConfig
+from arr_coc.settings import PRIOR_READOUTS, REFIXATE_GUIDES, PipelineConfig
 
 if TYPE_CHECKING:
     from arr_coc.runtime.distributed import Process
@@ -177,6 +177,10 @@ class EvalConfig:
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
     refixate_guide: str = cli.refixate_guide_flag()
+    prior_readout: str = flag(PRIOR_READOUTS[0], "the prior pass's readout: the model's calibrated one (its "
+                                                 "prior.json: python -m arr_coc.commands.prior; today's where it has "
+                                                 "none) or today's (every head, the question's rows, the middle layer)",
+                              one_of(PRIOR_READOUTS))
     faithfulness: bool = flag(False, "for every ARR strategy row (not the ablations), also measure the deletion / "
                                      "random / insertion curves of the reference answer (3 x (steps + 1) "
                                      "teacher-forced forwards per item)")
@@ -424,8 +428,22 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 refixate=args.refixate, refixate_budget=args.refixate_budget,
                 **({"refixate_guide": args.refixate_guide}  # absent at the default: older folders resume
                    if args.refixate_guide != REFIXATE_GUIDES[0] else {}),
+                **({"prior_readout": args.prior_readout}  # absent at the default: older folders resume (main adds
+                   if args.prior_readout != PRIOR_READOUTS[0] else {}),  # the calibrated readout's own, prior_readout)
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,
                 conversation_turns=args.turns if args.conversation else None)
+
+
+def prior_readout(model: ARRCOCQwen, which: str) -> dict:
+    """--prior-readout on the loaded model: "default" puts today's readout in place of its calibrated one -> the
+    run's settings entry, the readout described where it is not today's (absent then, so older folders resume, and a
+    folder measured with today's readout never resumes under a calibrated one)."""
+    from arr_coc.vlm.readout import DEFAULT
+
+    if which == "default":
+        model.vlm.prior_readout = DEFAULT
+    readout = model.vlm.prior_readout
+    return {} if readout.choice == DEFAULT.choice else {"prior_readout": readout.describe()}
 
 
 def adaptive_bounds(args: argparse.Namespace) -> dict:
@@ -557,7 +575,7 @@ def evaluate_all(args: argparse.Namespace) -> int:
         args.model = model.vlm.name  # "pocket" where the default model fell back to it: run.json records it
         check_questions(source, model.check_question)  # their tokens: refused now, not at their item
         jobs = job_list(args)
-        settings = run_settings(args, source, metric, checkpoint)
+        settings = {**run_settings(args, source, metric, checkpoint), **prior_readout(model, args.prior_readout)}
         if process.is_main:
             folder.check_settings(settings)
         done = {(r.item, *job_of(r)) for r in folder.read()}
@@ -644,6 +662,7 @@ def evaluate_conversations(args: argparse.Namespace) -> int:
 
     try:
         model, checkpoint = cli.load_model(args.model, args.checkpoint, args.device, fallback=args.fallback)
+        prior_readout(model, args.prior_readout)
         args.max_new_tokens = args.max_new_tokens or SCHEMAS["suite"].max_new_tokens
         rows = conversation_rows(args)
         if set(cli.names(args.baselines)) & set(pipelines.FAST_ENGINE_ONLY):

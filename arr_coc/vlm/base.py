@@ -94,7 +94,8 @@ class AnswerAttention:
 @dataclass
 class PriorPass:
     """The prior pass at its middle layer (VLM.prior_pass): the question's gaze on the gestalt, the layer's states."""
-    attention: torch.Tensor  # [Ng] the question rows' attention to each gestalt token, mean over heads and rows
+    attention: torch.Tensor  # [Ng] the query rows' attention to each gestalt token, mean over the readout's heads
+    # and rows (arr_coc.vlm.readout; by default every head and the question's rows)
     gestalt_states: torch.Tensor  # [Ng, D] the gestalt tokens' hidden states entering that layer
     question_states: torch.Tensor  # [Lq, D] the question rows' hidden states entering it (the question to the end)
 
@@ -255,6 +256,11 @@ class VLM(ABC):
     def prior_pass(self, question: str, gestalt: VisualTokens, layer_fraction: float,
                    context: list[VisualTokens] = ()) -> PriorPass:
         """prior_attention's pass, with the hidden states of the gestalt and question rows entering that layer."""
+
+    @abstractmethod
+    def prior_rows(self, question: str, gestalt: VisualTokens, layers: list[int]) -> tuple[torch.Tensor, int]:
+        """Every query row's attention to the gestalt per head at `layers` -> ([len(layers), H, R, Ng], the
+        question's tokens among the R rows): what the prior's calibration (arr_coc.distill.prior) chooses from."""
 
     @abstractmethod
     def answer_logprobs(self, prompts: list[Prompt], batch_size: int = 8) -> torch.Tensor:

@@ -90,10 +90,11 @@ def _attend(q, k, v, scale, causal=False, mask=None):
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def _weighted_attention(q, k, scale: float, weights, chunk: int = PRIOR_CHUNK):
+def _weighted_attention(q, k, scale: float, weights, chunk: int = PRIOR_CHUNK, heads=None):
     """
-    Causal softmax attention q [1, H, L, hd] to k [1, H, L, hd], averaged over heads and weighted over query rows
-    by weights [L] -> [L] attention mass per key. The rows go `chunk` at a time, so memory grows with L, not L².
+    Causal softmax attention q [1, H, L, hd] to k [1, H, L, hd], weighted over heads by heads [H] (None: their
+    mean) and over query rows by weights [L] -> [L] attention mass per key. The rows go `chunk` at a time, so
+    memory grows with L, not L².
     """
     L = q.shape[2]
     keys = torch.arange(L, device=q.device)
@@ -102,7 +103,9 @@ def _weighted_attention(q, k, scale: float, weights, chunk: int = PRIOR_CHUNK):
         rows = keys[start:start + chunk]  # [c]
         scores = (q[:, :, start:start + chunk] @ k.transpose(-1, -2)) * scale  # [1, H, c, L]
         scores = scores.masked_fill(keys > rows[:, None], float("-inf"))  # causal: row r reads keys <= r
-        mass += weights[start:start + chunk] @ scores.softmax(-1).mean(dim=(0, 1))  # [c] @ [c, L]
+        probs = scores.softmax(-1)[0]  # [H, c, L]
+        per_row = probs.mean(0) if heads is None else torch.einsum("h,hcl->cl", heads, probs)  # [c, L]
+        mass += weights[start:start + chunk] @ per_row  # [c] @ [c, L]
     return mass
 
 
@@ -445,17 +448,18 @@ class Decoder:
         state.rope.add_(1)
         return state.token, logits, probability(logits, token)
 
-    def _prior(self, embeds, position_ids, query_weights, index: int, deepstack=None):
+    def _prior(self, embeds, position_ids, query_weights, head_weights, index: int, deepstack=None):
         """
         The LLM up to layer `index` over [prompt + gestalt + question] (plus DeepStack, if any), then that layer's
-        attention, recomputed in fp32 and averaged over heads, weighted over query rows -> ([L] attention mass per
+        attention, recomputed in fp32, weighted over heads [H] and over query rows [L] -> ([L] attention mass per
         key, [L, D] the hidden states entering layer `index`).
         """
         x = self.forward(embeds, position_ids, deepstack, stop=index)  # [1, L, D] entering layer `index`
         cos, sin = self._rope(embeds, position_ids)
         layer = self.lm.layers[index]
         q, k = self._fp32_heads(layer, x, cos, sin)  # [1, H, L, hd] each
-        return _weighted_attention(q, k, layer.self_attn.scaling, query_weights.float()), x[0]  # [L], [L, D]
+        return _weighted_attention(q, k, layer.self_attn.scaling, query_weights.float(),
+                                   heads=head_weights.float()), x[0]  # [L], [L, D]
 
     # ----------------------------------------------------------------------------- entry points
 
@@ -490,18 +494,20 @@ class Decoder:
         return torch.stack(probe.read)[asked], torch.stack(probe.norms)[asked]  # [len(layers), H, A, n], [.., n]
 
     @torch.no_grad()
-    def prior_attention(self, embeds, position_ids, query: tuple[int, int], layer_fraction: float,
+    def prior_attention(self, embeds, position_ids, rows: torch.Tensor, heads: torch.Tensor, index: int,
                         deepstack=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean attention of the tokens in [query) to every token, at one middle layer -> ([L], sums to 1; the hidden
-        states entering that layer [L, D])."""
+        """Attention of the query rows, weighted by rows [L], and the heads, weighted by heads [H] (both sum to 1:
+        arr_coc.vlm.readout), to every token at layer `index` -> ([L], sums to 1; the hidden states entering that
+        layer [L, D])."""
         L = embeds.shape[1]
-        index = min(len(self.lm.layers) - 1, int(layer_fraction * len(self.lm.layers)))
+        if not 0 <= index < len(self.lm.layers):
+            raise ValueError(f"the prior's layer must be in 0..{len(self.lm.layers) - 1}, got {index}")
         embeds, position_ids, deepstack = self._pad(embeds, position_ids, deepstack)
         weights = torch.zeros(embeds.shape[1], device=embeds.device)
-        weights[query[0]:query[1]] = 1.0 / (query[1] - query[0])
+        weights[:L] = rows.to(embeds.device)
         run = self.graphed_prior if self.use_graphs else self._prior
         with self.lock:  # a graph's static inputs are shared: one caller replays it at a time
-            attention, states = run(embeds, position_ids, weights, index, deepstack)
+            attention, states = run(embeds, position_ids, weights, heads.to(embeds.device), index, deepstack)
         return attention[:L], states[:L]
 
     def _state(self, cap: int, dtype: torch.dtype) -> DecodeState:

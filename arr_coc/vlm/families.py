@@ -18,6 +18,7 @@ from huggingface_hub.errors import EntryNotFoundError
 
 from arr_coc.settings import DEFAULT_MODEL
 from arr_coc.checkpoints import POCKET, POCKET_FOLDER
+from arr_coc.vlm.readout import DEFAULT, PriorReadout, prior_file
 from arr_coc.vlm.tiny import TINY_MODELS, tiny_model_path, tokenizer_folder
 from arr_coc.errors import InputError
 
@@ -51,11 +52,12 @@ def load_vlm(name: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.
     Load a Qwen-VL from a hub id (downloaded or cached; HF_HUB_OFFLINE=1 for cache only), a folder laid out as
     the hub ships it, a tiny offline model's name (TINY_MODELS) or "pocket" (the shipped pocket-qwen2-vl), with
     the adapter of its family. The chat
-    template and image processor settings come from the folder.
+    template and image processor settings come from the folder, and the prior's calibrated readout from its
+    prior.json (a hub id's from checkpoints/priors/: arr_coc.vlm.readout.prior_file), else today's.
     """
     import transformers
 
-    path = str(tiny_model_path(name)) if name in TINY_MODELS else str(POCKET_FOLDER) if name == POCKET else name
+    path = model_path(name)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or default_dtype(device)
     adapter = adapter_class(transformers.AutoConfig.from_pretrained(path).model_type)
@@ -64,7 +66,14 @@ def load_vlm(name: str = DEFAULT_MODEL, device: str | None = None, dtype: torch.
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = tokenizer.chat_template or shipped_chat_template(path)
     image_processor = transformers.AutoImageProcessor.from_pretrained(path)
-    return adapter(model, tokenizer, image_processor, name, engine)
+    vlm = adapter(model, tokenizer, image_processor, name, engine)
+    vlm.prior_readout = PriorReadout.load(prior_file(path)) or DEFAULT  # the calibrated prior, where it has one
+    return vlm
+
+
+def model_path(name: str) -> str:
+    """What load_vlm loads a name from: a tiny model's or the pocket model's folder, else the name (folder, hub id)."""
+    return str(tiny_model_path(name)) if name in TINY_MODELS else str(POCKET_FOLDER) if name == POCKET else name
 
 
 def shipped_chat_template(path: str) -> str | None:

@@ -27,6 +27,8 @@ from arr_coc.vlm.base import (VLM, AnswerAttention, CompileSeconds, Generation, 
                               SavedCache, StockInputs, VisionAttention, VisualTokens)
 from arr_coc.vlm.chat import CHAT_TEMPLATE, ChatLayout
 from arr_coc.vlm.decoder import Decoder, Pruning
+from arr_coc.vlm.readout import (DEFAULT, GENERIC_QUESTION, PriorReadout, head_weights, prior_index,
+                                 relative_attention, row_weights)
 from arr_coc.vlm.vision import QwenVision
 from arr_coc.vlm.views import MERGE
 
@@ -66,6 +68,8 @@ class QwenVL(VLM):
         self.chat_template = self.chat.chat_template  # the folder's own, else the family's
         self.vision = self.vision_class(self.visual, image_processor, self.decoder.pool, lambda: self.decoder.use_graphs)
         self.check = None  # called before each block and layer when set (set_block_check)
+        self.prior_readout: PriorReadout = DEFAULT  # which attention the prior pass reads (load_vlm sets a model's
+        # calibrated one, arr_coc.vlm.readout)
 
     @property
     def device(self) -> torch.device:
@@ -204,19 +208,48 @@ class QwenVL(VLM):
     def prior_pass(self, question: str, gestalt: VisualTokens, layer_fraction: float = 0.5,
                    context: list[VisualTokens] = ()) -> PriorPass:
         """
-        "Gestalt guides gaze": run the LLM up to one middle layer over [prompt + gestalt [Ng, D] + question] and
-        read the attention of the question's tokens (from the one after the last <|vision_end|> to the end) to
-        the gestalt tokens there, averaged over heads and tokens; the layers above never run -> PriorPass: that
-        attention mass [Ng], and the hidden states entering the layer of the gestalt [Ng, D] and question rows
-        [Lq, D]. `context`: image blocks read after the gestalt (a second fixation: the first one's saccades).
+        "Gestalt guides gaze": run the LLM up to the prior's layer over [prompt + gestalt [Ng, D] + question] and
+        read the attention of the query rows to the gestalt tokens there; the layers above never run. Which layer,
+        heads and rows is self.prior_readout's (arr_coc.vlm.readout; the default: every head over the question's
+        rows, from the one after the last <|vision_end|> to the end, at layer_fraction of the depth); a relative
+        readout divides by GENERIC_QUESTION's map (a second pass). -> PriorPass: that attention mass [Ng], and the
+        hidden states entering the layer of the gestalt [Ng, D] and question rows [Lq, D]. `context`: image blocks
+        read after the gestalt (a second fixation: the first one's saccades).
         """
+        readout = self.prior_readout
+        index = prior_index(readout, layer_fraction, self.num_layers)
+        attention, states, start, end, query = self._prior_read(question, gestalt, context, readout, index)
+        if readout.relative:
+            generic = self._prior_read(GENERIC_QUESTION, gestalt, context, readout, index)[0]
+            attention = relative_attention(attention[start:end], generic[start:end])
+        else:
+            attention = attention[start:end]
+        return PriorPass(attention, states[start:end], states[query:])
+
+    def _prior_read(self, question: str, gestalt: VisualTokens, context: list[VisualTokens], readout: PriorReadout,
+                    index: int) -> tuple:
+        """One prior pass at layer `index` with the readout's rows and heads -> (attention [L], states [L, D], the
+        gestalt's [start, end), the first query row)."""
         prompt = self.prompt(question, [gestalt, *context])
         at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]
-        start, end, L = int(at[0]), int(at[len(gestalt) - 1]) + 1, prompt.length
-        query = (int(at[-1]) + 2, L)
-        attention, states = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, query, layer_fraction,
+        start, end, query = int(at[0]), int(at[len(gestalt) - 1]) + 1, int(at[-1]) + 2
+        rows = row_weights(readout.rows, query, len(self.chat.question_ids(question)), prompt.length)  # [L]
+        heads = head_weights(readout.heads, self.model.config.text_config.num_attention_heads)  # [H]
+        attention, states = self.decoder.prior_attention(prompt.embeds, prompt.position_ids, rows, heads, index,
                                                          prompt.deepstack)  # [L], [L, D]
-        return PriorPass(attention[start:end], states[start:end], states[query[0]:query[1]])
+        return attention, states, start, end, query
+
+    @torch.no_grad()
+    def prior_rows(self, question: str, gestalt: VisualTokens, layers: list[int]) -> tuple[torch.Tensor, int]:
+        """Every query row's attention (from the one after <|vision_end|> to the end) to the gestalt tokens, per head,
+        at each of `layers` (the prior's calibration reads them all) -> ([len(layers), H, R, Ng] fp32, the
+        question's own tokens among the R rows: the first ones)."""
+        prompt = self.prompt(question, [gestalt])
+        at = (prompt.ids[0] == self.image_token_id).nonzero()[:, 0]  # [Ng]
+        rows = torch.arange(int(at[-1]) + 2, prompt.length, device=self.device)  # [R]
+        weights, _ = self.decoder.answer_attention(prompt.embeds, prompt.position_ids, rows, at, layers,
+                                                   prompt.deepstack)
+        return weights, len(self.chat.question_ids(question))
 
     # --- generation ---
 
@@ -300,12 +333,17 @@ class QwenVL(VLM):
                prior_layer_fraction: float = 0.5, pruned: tuple[int, int] | None = None) -> dict:
         """
         Estimated compute (arr_coc.flops) of one vision pass per entry of vision_cells (cells = merged tokens),
-        the prior pass over prior_tokens up to its layer (no logits), and the prefill of prefill_tokens.
+        the prior pass over prior_tokens up to its layer (no logits; the calibrated readout's layer where it has
+        one, twice for a relative readout), and the prefill of prefill_tokens.
         pruned = (K, full tokens): FastV's prefill, its first K layers over the full prompt, the rest over prefill_tokens.
         """
         config, text = self.model.config, self.model.config.text_config
-        layers = int(prior_layer_fraction * text.num_hidden_layers)
-        prior = prefill_gflops(text, prior_tokens, layers, False) if prior_tokens else 0.0
+        if prior_layer_fraction >= 1.0:  # a pass through every layer (a second look's guide), never the readout's
+            layers, passes = text.num_hidden_layers, 1
+        else:  # the prior's layers below the one it reads; a relative readout's generic pass counted as long
+            layers = prior_index(self.prior_readout, prior_layer_fraction, text.num_hidden_layers)
+            passes = 2 if self.prior_readout.relative else 1
+        prior = passes * prefill_gflops(text, prior_tokens, layers, False) if prior_tokens else 0.0
         if pruned is None:
             prefill = prefill_gflops(text, prefill_tokens)
         else:
