@@ -60,6 +60,9 @@ class Request:
     stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
     converse: bool = False  # keep the conversation after the answer (Answer.history) for a follow-up question
     fresh_cells: bool = False  # arr's follow-ups: select only cells no earlier turn of the conversation read
+    upsample: bool = False  # arr: choose saccades even where the native view holds no more cells than its LLM
+    # would read (the candidate grid then upsampled past the image: the warm-up, studies of selection on small
+    # images); default: read the native view whole there, as full does (Answer.reads_native says why)
 
 
 def check_question(question) -> str:
