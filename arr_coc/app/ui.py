@@ -289,7 +289,7 @@ def fresh_cells_note(answer: Answer, fresh_cells: bool, budget: int) -> str:
     and says so."""
     if not fresh_cells or answer.reads_native:  # read whole: nothing chosen, fresh or not
         return ""
-    read = 0 if answer.arr is None else answer.arr.indices.shape[1]  # None: no cell was left to select
+    read = answer.tokens.saccade  # not answer.arr: Conversation.to drops it before this note is written
     if read >= budget:
         return ""
     if read == 0:
