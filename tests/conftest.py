@@ -259,9 +259,10 @@ SET_COLUMNS = {
 
 
 def write_parquet_set(folder: Path, schema: str, n: int, split: str = "validation", corrupt: tuple[int, ...] = (),
-                      drop: str | None = None) -> Path:
+                      drop: str | None = None, size: tuple[int, int] = (120, 90)) -> Path:
     """A local copy of a hub set's schema: folder/data/<split>-00000-of-00001.parquet with n rows of small
-    images (an Image feature); items in `corrupt` get bytes that are no image; `drop` leaves a column out."""
+    images (an Image feature: item i (width + 10 i) x height px, `size` = (width, height)); items in `corrupt` get
+    bytes that are no image; `drop` leaves a column out."""
     import io
 
     import datasets
@@ -270,7 +271,7 @@ def write_parquet_set(folder: Path, schema: str, n: int, split: str = "validatio
     rows = []
     for i in range(n):
         buffer = io.BytesIO()
-        Image.new("RGB", (120 + 10 * i, 90), (40 * i % 255, 120, 200)).save(buffer, format="PNG")
+        Image.new("RGB", (size[0] + 10 * i, size[1]), (40 * i % 255, 120, 200)).save(buffer, format="PNG")
         image = {"bytes": b"not an image" if i in corrupt else buffer.getvalue(), "path": None}
         rows.append({**SET_COLUMNS[schema](i), "image": image})
     columns = {key: [row[key] for row in rows] for key in rows[0] if key != drop}

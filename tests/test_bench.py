@@ -34,7 +34,7 @@ def test_arr_beside_each_reducer_and_full_in_one_table_with_its_ratios(arr_model
     with pytest.raises(SystemExit):
         bench.parse_args(["--model", "tiny", "--device", "cpu", "--pipelines", "arr-nope"])
     assert "unknown ['arr-nope']" in capsys.readouterr().err
-    results = bench.bench_pipelines(arr_model, bench.test_image(448), rows, ["fast"], 2, 1, 1024)
+    results = bench.bench_pipelines(arr_model, bench.test_image(896), rows, ["fast"], 2, 1, 1024)  # 32x32 cells: ARR chooses
     assert list(results) == [f"{row}/fast" for row in rows]
     no_gestalt, arr = results["arr-no-gestalt/fast"]["tokens"], results["arr/fast"]["tokens"]
     assert no_gestalt["gestalt"] == 0 and no_gestalt["saccade"] == arr["total_visual"] == 256 + 273  # the ablation ran
@@ -57,7 +57,7 @@ def test_arr_beside_each_reducer_and_full_in_one_table_with_its_ratios(arr_model
 def test_a_conversation_times_its_follow_ups_against_the_same_questions_asked_afresh(arr_model):
     vlm = arr_model.vlm
     before = vlm.engine, vlm.model.generation_config.min_new_tokens
-    r = bench.bench_conversation(arr_model, bench.test_image(448), "arr", 3, 4, 1, 1024)
+    r = bench.bench_conversation(arr_model, bench.test_image(896), "arr", 3, 4, 1, 1024)  # 32x32 cells: ARR chooses
     assert (vlm.engine, vlm.model.generation_config.min_new_tokens) == before
     assert r["first_prefilled"] == 256 + 273 + 29  # the gestalt, 273 saccades and the prompt's text
     turn = [len(vlm.tokenizer(f"<|im_end|>\n<|im_start|>user\n<|vision_start|><|vision_end|>{q}<|im_end|>\n"

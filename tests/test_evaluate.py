@@ -27,6 +27,7 @@ from arr_coc.eval.sets import Source
 pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
 
 FAST = ["--model", "tiny", "--baselines", "gestalt", "--strategies", "topk", "--max-new-tokens", "2", "--no-oracle"]
+PAGE = (1000, 700)  # 25x36 native cells or more, more than ARR reads: it chooses saccades, whose faithfulness is measured
 
 
 def results(folder: Path) -> list[dict]:
@@ -318,7 +319,7 @@ def test_the_settings_check_knows_every_flag(capsys):
 
 
 def test_a_parquet_set_gets_its_metric_a_report_and_plots(tmp_path):
-    folder = write_parquet_set(tmp_path / "docvqa", "docvqa", 3)
+    folder = write_parquet_set(tmp_path / "docvqa", "docvqa", 3, size=PAGE)
     out = tmp_path / "eval"
     assert evaluate.main([*FAST, "--dataset", str(folder), "--limit", "2", "--faithfulness",
                           "--faithfulness-steps", "3", "--out", str(out)]) == 0
@@ -363,7 +364,7 @@ def test_items_without_answers_are_answered_counted_and_left_out_of_the_mean(tmp
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder = write_parquet_set(tmp_path / "textvqa", "textvqa", 3)
+    folder = write_parquet_set(tmp_path / "textvqa", "textvqa", 3, size=PAGE)
     path = next(folder.rglob("*.parquet"))
     table = pq.read_table(path)  # a test split's items: answers None or empty; item 1 keeps its ten
     answers = pa.array([None, ["stop"] * 10, []], type=table.schema.field("answers").type)

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.gpu
 QUESTION = "What does the gray text say?"
 
 
-def image():
-    return Image.fromarray(np.random.default_rng(0).integers(0, 255, (448, 448, 3), dtype=np.uint8))
+def image():  # 32x32 native cells, more than ARR reads (16x16 + 273): it chooses (a 448 px image it reads whole)
+    return Image.fromarray(np.random.default_rng(0).integers(0, 255, (896, 896, 3), dtype=np.uint8))
 
 
 def test_pinned_uploads_back_to_back_each_keep_their_own_bytes():
@@ -39,7 +39,7 @@ def cuda_model(request):
 
 def test_arr_runs_in_half_precision_on_cuda(cuda_model):
     # a scene with structure, not noise: noise is a busy image, which falls back to grid (ARRCOCConfig.void_structure)
-    a = cuda_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4)
+    a = cuda_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=4)
     assert a.tokens.saccade == 273 and a.arr.fallback == [None]  # ARR's own selection, no fallback
     assert torch.isfinite(a.arr.relevance).all() and torch.isfinite(a.arr.weights).all()
     assert a.peak_memory_mb > 0 and all(getattr(a.timings, k) > 0 for k in ("vision", "selection", "prefill"))
@@ -48,7 +48,7 @@ def test_arr_runs_in_half_precision_on_cuda(cuda_model):
 def test_an_attention_guided_second_look_runs_in_half_precision_on_cuda(cuda_model):
     """The first answer's attention (read in fp32 from half-precision states) points 32 new cells beside the 64
     read; the final answer reads both rounds."""
-    a = cuda_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, budget=64, refixate=1.0,
+    a = cuda_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=3, budget=64, refixate=1.0,
                           refixate_budget=32, refixate_guide="attention")
     first, second = a.arr.indices[0].tolist(), a.fixations[1].arr.indices[0].tolist()
     assert a.refixated and len(set(second)) == 32 and not set(first) & set(second) and a.tokens.saccade == 96
@@ -152,7 +152,7 @@ def test_every_family_answers_in_half_precision_through_fused_compiled_graphs(na
     finite maps through the fused projections and the captured graphs, and the compiled decode graph steps as the
     uncompiled one."""
     model = ARRCOCQwen.from_pretrained(name, device="cuda", dtype=dtype)
-    a = model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4)
+    a = model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=4)
     assert a.tokens.saccade == 273 and torch.isfinite(a.arr.relevance).all()
     vlm = model.vlm
     assert vlm.decoder.fused is not None and vlm.decoder.decode_graphs and vlm.vision.graphed.graphs

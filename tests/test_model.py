@@ -20,7 +20,7 @@ from conftest import QUESTION, scene_image
 
 
 def test_arr_answer_carries_every_diagnostic(arr_model):
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3)
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=3)
     assert a.tokens.saccade == 273 and a.tokens.gestalt == 256 and a.tokens.total_visual == 529
     assert a.tokens.text > 10 and 1 <= a.new_tokens <= 3
     assert set(asdict(a.timings)) == {"vision", "selection", "prefill", "decode", "total"}
@@ -36,7 +36,7 @@ def test_arr_answer_carries_every_diagnostic(arr_model):
 
 
 def test_arr_prefers_the_detailed_half(arr_model):
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1)
     info = a.arr.information[0]
     assert info[16:, :16].mean() > 5 * info[:16].mean()  # the information prior sees the detail
     in_detail = sum(s.row >= 16 and s.col < 16 for s in a.saccades)
@@ -44,28 +44,31 @@ def test_arr_prefers_the_detailed_half(arr_model):
     assert in_detail > 120
 
 
-@pytest.mark.parametrize("pipeline, visual", [("full", 256), ("gestalt", 256), ("budget", 529)])  # full: native 448^2
+@pytest.mark.parametrize("pipeline, visual", [("full", 1024), ("gestalt", 256), ("budget", 529)])  # full: native 896^2
 def test_baselines_use_their_views(arr_model, pipeline, visual):
-    a = arr_model.answer(scene_image(), QUESTION, pipeline, max_new_tokens=2)
+    a = arr_model.answer(scene_image(896, 896), QUESTION, pipeline, max_new_tokens=2)
     assert a.tokens.total_visual == visual and a.tokens.saccade == 0 and a.arr is None
     assert a.timings.vision > 0 and a.timings.selection == 0
 
 
 def test_zero_budget_arr_answers_like_the_gestalt_baseline(arr_model):
-    arr = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=4, budget=0)
-    stock = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=4)
+    arr = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=4, budget=0)
+    stock = arr_model.answer(scene_image(896, 896), QUESTION, "gestalt", max_new_tokens=4)
     assert arr.tokens.saccade == 0 and arr.text == stock.text
 
 
-@pytest.mark.parametrize("size", [(1, 1), (28, 28), (4000, 300), (3000, 3000)])
-def test_exactly_273_saccades_for_any_size(arr_model, size):
+@pytest.mark.parametrize("size, saccades", [((1, 1), 0), ((28, 28), 0), ((4000, 300), 273), ((3000, 3000), 273)])
+def test_exactly_273_saccades_for_any_size_that_holds_more_cells_than_arr_reads(arr_model, size, saccades):
+    """11x143 and 64x64 native cells: 273 saccades. 1 px and 28 px hold Qwen2-VL's least, 2x2 cells, fewer than the
+    gestalt plus the budget: ARR reads those 4 whole, as full does (Answer.reads_native)."""
     a = arr_model.answer(Image.new("RGB", size, (90, 60, 30)), QUESTION, "arr", max_new_tokens=1)
-    assert a.tokens.saccade == 273 and len({(s.row, s.col) for s in a.saccades}) == 273
+    assert a.tokens.saccade == saccades and len({(s.row, s.col) for s in a.saccades}) == saccades
+    assert (a.reads_native is None) == bool(saccades) and (saccades or a.tokens.total_visual == 4)
 
 
 @pytest.mark.parametrize("mode", ["L", "RGBA", "P", "I;16"])
 def test_odd_image_modes_answer(arr_model, mode):
-    image = scene_image(224, 168).convert("L" if mode == "I;16" else mode)
+    image = scene_image(896, 672).convert("L" if mode == "I;16" else mode)  # 32x24 cells: more than ARR reads
     if mode == "I;16":
         image = Image.fromarray(np.asarray(image, dtype=np.uint16) * 257)
     assert arr_model.answer(image, QUESTION, "arr", max_new_tokens=1).tokens.saccade == 273
@@ -82,7 +85,7 @@ def test_both_pipelines_run_the_same_weights(arr_model):
             vlm.engine = engine
             for pipeline in ("full", "arr"):
                 seen.clear()
-                arr_model.answer(scene_image(), QUESTION, pipeline, max_new_tokens=1)
+                arr_model.answer(scene_image(896, 896), QUESTION, pipeline, max_new_tokens=1)
                 assert set(seen) == {id(m) for m in modules}, (engine, pipeline)
     finally:
         vlm.engine, vlm.decoder.graphs_enabled = "fast", True
@@ -97,7 +100,7 @@ def test_both_pipelines_run_the_same_weights(arr_model):
 def test_fp16_arr_path_gives_finite_logits():
     model = ARRCOCQwen.from_pretrained("tiny", dtype=torch.float16)
     assert model.vlm.model.model.language_model.dtype == torch.float16 and model.vlm.visual.dtype == torch.float32
-    scene = arr.prepare(model.parts, model.views(scene_image()), QUESTION, Request())
+    scene = arr.prepare(model.parts, model.views(scene_image(896, 896)), QUESTION, Request())
     assert torch.isfinite(scene.maps.relevance).all()
     vlm = model.vlm
     out = scene.select(model.layer)
@@ -109,7 +112,7 @@ def test_fp16_arr_path_gives_finite_logits():
 
 
 def test_reselection_needs_no_vlm(arr_model):
-    scene = arr.prepare(arr_model.parts, arr_model.views(scene_image()), QUESTION, Request())
+    scene = arr.prepare(arr_model.parts, arr_model.views(scene_image(896, 896)), QUESTION, Request())
     calls = []
     hook = arr_model.vlm.model.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
@@ -127,7 +130,7 @@ def test_checkpoint_swaps_without_reloading_the_vlm(arr_model, tmp_path):
     layer.save_pretrained(tmp_path / "info_only")
     vlm_before = arr_model.vlm.model
     loaded = arr_model.load_layer(tmp_path / "info_only")
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, layer=loaded)
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1, layer=loaded)
     assert arr_model.vlm.model is vlm_before and a.arr.weights[0, 0] > 0.9
     ARRCOCLayer(ARRCOCConfig(hidden_size=1536)).save_pretrained(tmp_path / "for_2b")
     with pytest.raises(CheckpointError, match="hidden size 1536.*hidden size 64"):
@@ -157,13 +160,13 @@ def test_non_finite_relevance_falls_back_to_grid_and_says_so(arr_model):
     broken = arr_model.prior_layer()
     with torch.no_grad():
         broken.balancer.head[1].bias.fill_(float("nan"))
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, layer=broken)
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1, layer=broken)
     assert a.arr.fallback == ["non_finite"] and a.tokens.saccade == 273
     assert a.to_json()["fallback"] == "non_finite"
 
 
 def test_a_flat_image_is_a_semantic_void(arr_model):
-    a = arr_model.answer(Image.new("RGB", (448, 448), (128, 128, 128)), "What is here?", "arr", max_new_tokens=1)
+    a = arr_model.answer(Image.new("RGB", (896, 896), (128, 128, 128)), "What is here?", "arr", max_new_tokens=1)
     assert a.arr.fallback == ["semantic_void"] and a.tokens.saccade == 273
 
 
@@ -175,29 +178,29 @@ def test_a_flat_image_is_a_semantic_void(arr_model):
 ])
 def test_bad_input_is_a_clear_value_error(arr_model, image, question, message):
     with pytest.raises(ValueError, match=message):
-        arr_model.answer(scene_image() if image == "scene" else image, question, "arr")
+        arr_model.answer(scene_image(896, 896) if image == "scene" else image, question, "arr")
     with pytest.raises(InputError, match="pipeline"):
-        arr_model.answer(scene_image(), QUESTION, "everything")
+        arr_model.answer(scene_image(896, 896), QUESTION, "everything")
 
 
 def test_a_request_is_passed_whole_or_its_settings_by_name_over_it(arr_model):
     """answer and stream take one Request (arr_coc.pipelines.answer), any of its fields by name over it: the same
     answer either way, the ablation by name or as itself; a setting a Request lacks is named, and a number where
     answer once took max_new_tokens is refused."""
-    whole = arr_model.answer(scene_image(), QUESTION, "arr", Request(max_new_tokens=2, budget=40, ablation="raster"))
-    named = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, budget=40, ablation=ABLATIONS["raster"])
-    over = arr_model.answer(scene_image(), QUESTION, "arr", Request(max_new_tokens=9, budget=7, ablation="no-prior"),
+    whole = arr_model.answer(scene_image(896, 896), QUESTION, "arr", Request(max_new_tokens=2, budget=40, ablation="raster"))
+    named = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=2, budget=40, ablation=ABLATIONS["raster"])
+    over = arr_model.answer(scene_image(896, 896), QUESTION, "arr", Request(max_new_tokens=9, budget=7, ablation="no-prior"),
                             max_new_tokens=2, budget=40, ablation="raster")
-    streamed = list(arr_model.stream(scene_image(), QUESTION, "arr", Request(budget=40), max_new_tokens=2,
+    streamed = list(arr_model.stream(scene_image(896, 896), QUESTION, "arr", Request(budget=40), max_new_tokens=2,
                                      ablation="raster"))[-1]
     assert whole.ablation == "raster" and whole.tokens.saccade == 40
     for a in (named, over, streamed):
         assert (a.text, a.tokens, a.ablation) == (whole.text, whole.tokens, whole.ablation)
         assert [(s.row, s.col) for s in a.saccades] == [(s.row, s.col) for s in whole.saccades]
     with pytest.raises(InputError, match="unknown request setting 'max_tokens'"):
-        arr_model.answer(scene_image(), QUESTION, "arr", max_tokens=2)
+        arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_tokens=2)
     with pytest.raises(TypeError, match="pass settings by name"):
-        arr_model.answer(scene_image(), QUESTION, "arr", 2)
+        arr_model.answer(scene_image(896, 896), QUESTION, "arr", 2)
 
 
 def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
@@ -209,19 +212,19 @@ def test_cuda_oom_is_reported_and_the_next_call_works(arr_model, monkeypatch):
 
     monkeypatch.setattr(arr_model.vlm, "generate_tokens", oom)
     with pytest.raises(OutOfMemory, match="memory was freed"):
-        arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
-    assert arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1).tokens.saccade == 273
+        arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1)
+    assert arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1).tokens.saccade == 273
 
 
 def test_stream_ends_with_the_answer_a_plain_call_gives(arr_model):
     """(the text growing token by token: tests/vlm/test_decoder.py, on a scripted sentence)"""
-    parts = list(arr_model.stream(scene_image(), QUESTION, "gestalt", max_new_tokens=4))
+    parts = list(arr_model.stream(scene_image(896, 896), QUESTION, "gestalt", max_new_tokens=4))
     final, texts = parts[-1], parts[:-1]
-    plain = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=4)
+    plain = arr_model.answer(scene_image(896, 896), QUESTION, "gestalt", max_new_tokens=4)
     assert final.pipeline == "gestalt" and (final.text, final.new_tokens) == (plain.text, plain.new_tokens)
     assert all(isinstance(t, str) for t in texts) and texts[-1].strip() == final.text
     with pytest.raises(InputError):
-        list(arr_model.stream(scene_image(), "", "arr"))
+        list(arr_model.stream(scene_image(896, 896), "", "arr"))
 
 
 def test_unloadable_model_falls_back_to_the_pocket_model_with_a_notice(tmp_path):
@@ -255,8 +258,8 @@ def test_a_new_pipeline_is_one_module_and_one_registry_line(arr_model, monkeypat
                                                                         request)
     monkeypatch.setitem(sys.modules, "echo_pipeline", module)
     monkeypatch.setitem(pipelines.REGISTRY, "echo", ("echo_pipeline", True, "stock: the gestalt view, once more"))
-    echo = arr_model.answer(scene_image(), QUESTION, "echo", max_new_tokens=2)
-    gestalt = arr_model.answer(scene_image(), QUESTION, "gestalt", max_new_tokens=2)
+    echo = arr_model.answer(scene_image(896, 896), QUESTION, "echo", max_new_tokens=2)
+    gestalt = arr_model.answer(scene_image(896, 896), QUESTION, "gestalt", max_new_tokens=2)
     assert echo.pipeline == "echo" and (echo.text, echo.tokens) == (gestalt.text, gestalt.tokens)
     with pytest.raises(InputError, match="pipeline must be one of"):
-        arr_model.answer(scene_image(), QUESTION, "nonesuch")
+        arr_model.answer(scene_image(896, 896), QUESTION, "nonesuch")

@@ -14,10 +14,12 @@ from arr_coc.run import load_image, main
 pytestmark = pytest.mark.usefixtures("tiny_loaded_once")  # the commands share the session's tiny model
 
 QUESTION = "What colour are the cat's eyes?"
+PAGE = "assets/hubble_deep_field.jpg"  # 1000x872 px: 31x36 native cells, more than ARR reads (15x17 gestalt + 273),
+# so ARR chooses its saccades (the cat's 11x16 it reads whole, as full does: tests/pipelines/test_reads_native.py)
 
 
 def test_run_measures_faithfulness_of_arrs_answer_or_a_given_one(tmp_path, capsys):
-    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "3",
+    args = ["--model", "tiny", "--image", PAGE, "--question", QUESTION, "--max-new-tokens", "3",
             "--pipelines", "arr", "--faithfulness", "--faithfulness-steps", "2", "--budget", "30"]
     assert main([*args, "--json", str(tmp_path / "own.json"), "--save-dir", str(tmp_path / "png")]) == 0
     printed = capsys.readouterr().out
@@ -35,7 +37,7 @@ def test_run_measures_faithfulness_of_arrs_answer_or_a_given_one(tmp_path, capsy
 
 def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
     out = tmp_path / "run.json"
-    code = main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
+    code = main(["--model", "tiny", "--image", PAGE, "--question", QUESTION, "--max-new-tokens", "2",
                  "--json", str(out), "--pipelines", "arr,full,gestalt,budget,fastv", "--strategy", "logpolar"])
     assert code == 0
     printed = capsys.readouterr().out
@@ -57,14 +59,14 @@ def test_run_writes_json_for_every_pipeline(tmp_path, capsys):
     first = arr["saccades"][0]
     assert set(first) == {"rank", "row", "col", "score", "box", "round"} and first["rank"] == 1 and first["round"] == 1
     assert "refixation" not in arr and 0 <= arr["confidence"] <= 1  # the second look is off by default
-    w, h = Image.open("assets/chelsea.png").size
+    w, h = Image.open(PAGE).size
     assert all(0 <= s["box"][0] < s["box"][2] <= w and 0 <= s["box"][1] < s["box"][3] <= h for s in arr["saccades"])
-    assert arr["grid"] == [26, 38] and len(arr["weights"]) == 3 and "fallback" in arr
+    assert arr["grid"] == [31, 36] and len(arr["weights"]) == 3 and "fallback" in arr  # the native grid
 
 
 def test_run_adds_a_row_per_ablation_at_the_same_budget(tmp_path, capsys):
     out = tmp_path / "run.json"
-    assert main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "1",
+    assert main(["--model", "tiny", "--image", PAGE, "--question", QUESTION, "--max-new-tokens", "1",
                  "--pipelines", "arr", "--ablations", "fixed-weights,no-gestalt", "--json", str(out)]) == 0
     assert "arr-fixed-weights" in capsys.readouterr().out
     results = json.loads(out.read_text())["pipelines"]
@@ -78,7 +80,7 @@ def test_run_adds_a_row_per_ablation_at_the_same_budget(tmp_path, capsys):
 
 def test_run_prints_and_records_the_tensions_and_the_adaptive_budget(tmp_path, capsys):
     out = tmp_path / "run.json"
-    assert main(["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "1",
+    assert main(["--model", "tiny", "--image", PAGE, "--question", QUESTION, "--max-new-tokens", "1",
                  "--pipelines", "arr", "--ablations", "explore", "--budget", "auto", "--min-budget", "30",
                  "--max-budget", "90", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -107,7 +109,7 @@ def test_run_saves_the_microscope_pngs(tmp_path):
 def test_run_prints_and_records_a_second_look(tmp_path, capsys):
     """--refixate 1 always fires (no answer is certain), --refixate 0 never: the line and the JSON say so, with
     both confidences and both answers; the baseline rows have no second look."""
-    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
+    args = ["--model", "tiny", "--image", PAGE, "--question", QUESTION, "--max-new-tokens", "2",
             "--pipelines", "arr,gestalt", "--budget", "40"]
     assert main([*args, "--refixate", "1", "--refixate-budget", "25", "--json", str(tmp_path / "on.json"),
                  "--save-dir", str(tmp_path / "on")]) == 0
@@ -136,7 +138,7 @@ def test_run_prints_and_records_a_second_look(tmp_path, capsys):
 
 
 def test_several_questions_are_one_conversation_with_a_json_entry_per_turn(tmp_path, capsys):
-    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--question", "And its nose?",
+    args = ["--model", "tiny", "--image", PAGE, "--question", QUESTION, "--question", "And its nose?",
             "--question", "Where is it?", "--max-new-tokens", "2", "--budget", "30", "--fresh-cells"]
     assert main([*args, "--json", str(tmp_path / "chat.json"), "--save-dir", str(tmp_path / "png")]) == 0
     printed = capsys.readouterr().out
@@ -262,7 +264,7 @@ def test_a_bad_path_or_device_is_one_line_before_the_model_loads(flags, reason):
 
 
 def test_faithfulness_answer_is_plain_text_and_capped_before_the_model_loads(tmp_path, capsys):
-    args = ["--model", "tiny", "--image", "assets/chelsea.png", "--question", QUESTION, "--max-new-tokens", "2",
+    args = ["--model", "tiny", "--image", PAGE, "--question", QUESTION, "--max-new-tokens", "2",
             "--pipelines", "arr", "--faithfulness", "--faithfulness-steps", "1", "--budget", "10"]
     assert main([*args, "--answer", "a <|image_pad|> b", "--json", str(tmp_path / "pad.json")]) == 0
     assert json.loads((tmp_path / "pad.json").read_text())["faithfulness"]["answer"] == "a <|image_pad|> b"

@@ -60,8 +60,9 @@ def test_trained_scorer_looks_where_the_question_points(tmp_path):
     held_out = make_dataset(8, ("text_vs_distractor", "distractor_query"), seed=50_000, size=448)
     text_wins = shape_wins = 0
     for text_q, shape_q in zip(held_out[::2], held_out[1::2]):  # same image, two questions
-        on_text = model.answer(text_q.image, text_q.question, "arr", max_new_tokens=1, budget=40)
-        on_shape = model.answer(shape_q.image, shape_q.question, "arr", max_new_tokens=1, budget=40)
+        # upsample: the 448 px scenes of training hold 256 native cells, which ARR would read whole as full does
+        on_text = model.answer(text_q.image, text_q.question, "arr", max_new_tokens=1, budget=40, upsample=True)
+        on_shape = model.answer(shape_q.image, shape_q.question, "arr", max_new_tokens=1, budget=40, upsample=True)
         text_wins += saccades_on(on_text, text_q.box) > saccades_on(on_text, shape_q.box)
         shape_wins += saccades_on(on_shape, shape_q.box) > saccades_on(on_shape, text_q.box)
     assert text_wins == 4 and shape_wins == 4
@@ -174,7 +175,7 @@ def test_the_saccade_order_is_trained_in_and_saved_with_the_checkpoint(tmp_path)
                  len(observation.gestalt))
     fed = out.indices[0].tolist()
     assert fed == sorted(fed) and len(fed) == 273  # row by row
-    answer = reloaded.answer(scene.image, scene.question, "arr", max_new_tokens=1)
+    answer = reloaded.answer(scene.image, scene.question, "arr", max_new_tokens=1, upsample=True)  # as it trained
     assert answer.to_json()["tensions"]["saccade_order"] == "raster"  # what run, evaluate and the app record
     saccades = answer.saccades
     assert [s.rank for s in saccades] == list(range(1, 274))  # the app still numbers them most relevant first

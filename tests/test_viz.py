@@ -312,8 +312,12 @@ def test_rank_correlation_is_spearman():
 # ----------------------------------------------------------------------------- files
 
 
+PAGE = "assets/hubble_deep_field.jpg"  # 31x36 native cells, more than ARR reads: it chooses (the 600x400 coffee it
+# reads whole, as full does, and has nothing to draw)
+
+
 def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
-    image = Image.open("assets/coffee.jpg")
+    image = Image.open(PAGE)
     answer = arr_model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
     paths = viz.save_all(answer, tmp_path / "run")
     assert [p.name for p in paths] == ["heatmap.png", "mosaic.png", "channels.png", "scorers.png"]
@@ -334,7 +338,7 @@ def test_save_all_numbers_a_raster_fed_answer_most_relevant_first(arr_model, tmp
 
     model = ARRCOCQwen(arr_model.vlm)
     model.layer.config.saccade_order = "raster"
-    image = Image.open("assets/coffee.jpg")
+    image = Image.open(PAGE)
     answer = model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
     assert answer.arr.saccade_order == "raster" and [s.rank for s in answer.saccades[:3]] == [1, 2, 3]
     heatmap, mosaic = (Image.open(p).convert("RGB") for p in viz.save_all(answer, tmp_path)[:2])

@@ -127,7 +127,7 @@ def test_nothing_is_compiled_captured_or_fused_on_zerogpu(on_zerogpu, monkeypatc
 
     monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: pytest.fail("torch.compile called on ZeroGPU"))
     model = ARRCOCQwen.from_pretrained("tiny", device="cuda", dtype=torch.bfloat16)
-    answer = model.answer(scene_image(), "What does the gray text say?", "arr", max_new_tokens=4)
+    answer = model.answer(scene_image(896, 896), "What does the gray text say?", "arr", max_new_tokens=4)
     vlm = model.vlm
     assert answer.tokens.saccade == 273
     assert vlm.decoder.fused is None and vlm.decoder.compiled_step is None and not vlm.decoder.decode_graphs

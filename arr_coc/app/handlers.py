@@ -137,6 +137,9 @@ def compare_outputs(status: str, base_text: str = "", base: Answer | None = None
     base_stats, arr_stats = (None if a is None else ui.stats_rows(a) for a in (base, arr))
     if arr is None:
         return status, base_text, base_stats, arr_text, arr_stats, None, None, None, None, base_cells, None
+    if arr.arr is None:  # it read the image whole, as full does (ui.native_note): no selection to draw
+        return (f"{status} {ui.native_note(arr)}", base_text, base_stats, arr_text, arr_stats, None,
+                arr.views.gestalt, None, None, base_cells, None)
     kept = kept_answer(arr)
     heatmap, mosaic = redraw(kept, numbered)
     weights = viz.weights_bar(arr.arr.weights[0], arr.arr.shares()[0], float(arr.arr.agreement()[0]))
@@ -316,6 +319,8 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
     request = Request(max_new_tokens=FAITHFULNESS_ANSWER_TOKENS, strategy=strategy, budget=min(int(budget), gh * gw),
                       max_cells=int(max_cells))
     arr = model.answer(views, question, "arr", request=request)
+    if arr.arr is None:  # no saccades to remove
+        raise ui.user_error(f"{ui.native_note(arr)} Faithfulness needs saccades to remove: try a larger image.")
     progress(0.3, desc="about 30 teacher-forced forward passes")
     with model.serving():  # the curves' forward passes use the VLM too
         curves = faithfulness_curves(model.parts, arr.observation, arr.arr, typed or arr.text)
@@ -416,10 +421,11 @@ def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question
             yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **{name}**…"
         answers.append(answer)
     a, b = answers
-    yield (viz.heatmap_overlay(a.views.image, a.arr.relevance[0], a.saccades),
-           viz.heatmap_overlay(b.views.image, b.arr.relevance[0], b.saccades),
-           viz.difference_map(a.arr.relevance[0], b.arr.relevance[0], a.saccades, b.saccades),
-           ui.answer_text(a), ui.answer_text(b), ui.ab_summary(a, b))
+    heatmaps = [None if x.arr is None else viz.heatmap_overlay(x.views.image, x.arr.relevance[0], x.saccades)
+                for x in answers]  # None: it read the image whole (ui.native_note), nothing chosen to draw
+    difference = None if None in heatmaps else viz.difference_map(a.arr.relevance[0], b.arr.relevance[0],
+                                                                  a.saccades, b.saccades)
+    yield *heatmaps, difference, ui.answer_text(a), ui.answer_text(b), ui.ab_summary(a, b)
 
 
 # ----------------------------------------------------------------------------- Conversation
@@ -474,20 +480,30 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
         ours = replace(request, budget=min(int(budget), gh * gw), fresh_cells=bool(fresh_cells))
         a = model.answer(views, question, request=ours, conversation=chat.arr)
         b = model.answer(views, question, request=request, conversation=chat.baseline)
-        image, grid = a.views.image, a.views.candidate_grid
-        ranked = a.arr.in_order("relevance")
-        heatmap = viz.heatmap_overlay(image, a.arr.relevance[0], ranked.positions[0], numbered=int(numbered))
-        moved = moves(chat.arr.answers[-2], a) if a.turn > 1 else None
-        drawing = None if moved is None else viz.moves_overlay(image, grid, moved.new, moved.kept, moved.dropped,
-                                                               a.arr.relevance[0], a.turn)
+        heatmap, drawing, moved = turn_drawings(chat.arr, a, int(numbered))
         chat.rows.append(ui.turn_row(question, b, a, moved))
     finally:
         chat.to("cpu")
-    fresh = ui.fresh_cells_note(a, ours.fresh_cells, ours.budget)
+    fresh = ui.fresh_cells_note(a, ours.fresh_cells, ours.budget) + (f" {ui.native_note(a)}" if a.reads_native else "")
     status = (f"Turn {a.turn}: ARR prefilled {a.prefilled} tokens (its conversation holds {a.context}), "
               f"{baseline} {b.prefilled} (holds {b.context}).{fresh} Ask a follow-up, or press New image to start "
               "again.")
     return chat, status, chat.rows, heatmap, drawing
+
+
+def turn_drawings(conversation: Conversation, a: Answer, numbered: int) -> tuple:
+    """An ARR turn's drawings -> (its relevance and numbered saccades, how they moved from the turn before, the
+    conversation.Moves: None on turn 1, or where the conversation read the image whole, ui.native_note); no drawing
+    where it chose nothing (read whole, or no fresh cell left)."""
+    moved = moves(conversation.answers[-2], a) if a.turn > 1 and a.reads_native is None else None
+    if a.arr is None:
+        return None, None, moved
+    image, grid = a.views.image, a.views.candidate_grid
+    heatmap = viz.heatmap_overlay(image, a.arr.relevance[0], a.arr.in_order("relevance").positions[0],
+                                  numbered=numbered)
+    drawing = None if moved is None else viz.moves_overlay(image, grid, moved.new, moved.kept, moved.dropped,
+                                                           a.arr.relevance[0], a.turn)
+    return heatmap, drawing, moved
 
 
 def new_conversation() -> tuple:

@@ -287,9 +287,9 @@ def fresh_cells_note(answer: Answer, fresh_cells: bool, budget: int) -> str:
     """What a follow-up with fresh cells only (`fresh_cells`) read, where it is fewer than the `budget` saccades
     asked for (earlier turns read the rest): '' otherwise. With none left, ARR answers from the conversation alone,
     and says so."""
-    if not fresh_cells:
+    if not fresh_cells or answer.reads_native:  # read whole: nothing chosen, fresh or not
         return ""
-    read = 0 if answer.arr is None else answer.arr.indices.shape[1]  # None: no cell was left to select
+    read = answer.tokens.saccade  # not answer.arr: Conversation.to drops it before this note is written
     if read >= budget:
         return ""
     if read == 0:
@@ -423,10 +423,20 @@ def stats_rows(answer: Answer) -> list[list]:
         ["GFLOPs: vision", round(answer.compute.vision)],
         ["GFLOPs: prefill", round(answer.compute.prefill)],
         ["peak memory MB", memory_text(answer.peak_memory_mb)],
+        *([["no selection", native_note(answer)]] if answer.reads_native else []),
         *([["safe mode", "fp16 overflowed: redone with an fp32 residual stream"]] if answer.safe_mode else []),
         *([["confidence (least probable token)", round(answer.confidence, 4)]] if answer.confidence is not None else []),
         *fixation_rows(answer),
     ]
+
+
+def native_note(answer: Answer) -> str:
+    """Why an ARR answer read the native view whole, as full does, and so has no selection to draw (Answer.reads_native:
+    the image holds no more cells than the gestalt plus the budget); '' where it chose saccades."""
+    if answer.reads_native is None:
+        return ""
+    return (f"ARR read the image whole, as full does ({answer.reads_native}): choosing saccades would read more "
+            "tokens than full, so there is no selection to draw.")
 
 
 def fixation_rows(answer: Answer) -> list[list]:
@@ -515,7 +525,12 @@ def faithfulness_summary(curves: FaithfulnessCurves) -> str:
 
 
 def ab_summary(a: Answer, b: Answer) -> str:
-    """How far checkpoints A and B agree: saccade IoU, Spearman correlation of the maps, the answers."""
+    """How far checkpoints A and B agree: saccade IoU, Spearman correlation of the maps, the answers; where either
+    read the image whole (native_note), only the answers, and why there is no selection to compare."""
+    if a.reads_native or b.reads_native:
+        return "\n\n".join([*(f"Checkpoint {name}: {native_note(x)}" for name, x in (("A", a), ("B", b))
+                               if x.reads_native),
+                              f"Answers: {'agree' if answers_agree(a.text, b.text) else 'differ'}."])
     rho = rank_correlation(a.arr.relevance[0], b.arr.relevance[0])
     return "\n".join([
         "| measure | value |",

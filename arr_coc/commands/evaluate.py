@@ -349,7 +349,8 @@ def scored(model: ARRCOCQwen, item: Item, row: str, budget: int | None, a, metri
         result.fallback = a.arr.fallback[0] if a.arr is not None else None
         if a.arr is not None and a.arr.participatory_prior is not None:  # [1, GH, GW]: the prior's peak cell
             result.prior_peak = peak_on_box(coverage, a.arr.participatory_prior[0])
-    if include is not None:  # the box's cells beyond the budget: only the most relevant of them were forced in
+    if include is not None and a.arr is not None:  # the box's cells beyond the budget: only the most relevant of
+        # them were forced in (an ARR that read the native view whole read them all)
         result.box_clipped = int(include.sum()) > a.arr.indices.shape[1]
     faithful = a.arr is not None and not ablation and not refix and row != ORACLE  # ARR's strategy rows
     if faithful and args.faithfulness and item.answers:  # of the 1st reference

@@ -10,6 +10,9 @@ The headless microscope: one image, one question, every pipeline, a table on std
 arr-explore, arr-diversify and arr-auto-budget switch one tension on instead. Every ARR row prints its tensions (the
 explore share e, the spacing penalty lambda, the budget K) after the table; the JSON records them per row.
 --budget auto spends K saccades chosen from the relevance map's concentration, in [--min-budget, --max-budget].
+Where the image holds no more cells than ARR would read (the gestalt plus the budget), ARR reads its native view
+whole, as full does, and a line under the table says so and why (the JSON's "reads_native"; --faithfulness then
+has no saccades to remove and says so; --save-dir draws no ARR pictures).
 
 --refixate TAU gives ARR a second look when its answer's confidence is below TAU: a line per ARR row says whether
 it fired, what guided it (--refixate-guide: the prior pass again, or where the first answer's attention fell), with
@@ -190,14 +193,15 @@ def warm_up(model, image, question: str, runs: list, args: argparse.Namespace) -
     """
     Each row's pipeline once, untimed, on a copy of the image at most WARMUP_SIDE px a side, one new token: the
     first request's one-time costs (kernels chosen, the relevance layer's first call) then land on no row's
-    timings (the first row's total carried them: ARR's 9092 ms against full's 9132 on the pocket page).
+    timings (the first row's total carried them: ARR's 9092 ms against full's 9132 on the pocket page). ARR warms
+    up choosing saccades (Request.upsample), as the small copy's native view holds fewer cells than it reads.
     """
     small = image.copy()
     small.thumbnail((WARMUP_SIDE, WARMUP_SIDE))
     start = time.perf_counter()
     for pipeline in dict.fromkeys(p for p, _ in runs):
         try:
-            cli.answer(model, small, question, pipeline, cli.request(args, max_new_tokens=1))
+            cli.answer(model, small, question, pipeline, cli.request(args, max_new_tokens=1, upsample=True))
         except ValueError:  # a budget past the small copy's cells: that pipeline warms up on its timed run
             pass
     cli.log(f"warmed up in {time.perf_counter() - start:.1f} s (each pipeline once, untimed, on a "
@@ -210,6 +214,12 @@ def tension_line(name: str, tensions: dict) -> str:
                                           else " (fixed)")
     return (f"{name} tensions: explore e={tensions['explore']:.3f}, diversify lambda={tensions['diversify']:.3f}, "
             f"{budget}; image structure {tensions['structure']:.2f}; saccades fed in {tensions['saccade_order']} order")
+
+
+def native_line(name: str, why: str) -> str:
+    """An ARR row that read the native view whole, as full does, and why (Answer.reads_native)."""
+    return (f"{name}: read the native view whole, as full does: {why} (choosing saccades would read more tokens, from "
+            "a candidate grid upsampled past the image)")
 
 
 def refixation_line(name: str, result: dict) -> str | None:
@@ -237,12 +247,15 @@ def print_turn(results: dict, arr_answer) -> None:
     for name, result in results.items():
         if "tensions" in result:
             print(tension_line(name, result["tensions"]))
+        if result.get("reads_native"):
+            print(native_line(name, result["reads_native"]))
     for line in filter(None, (refixation_line(name, r) for name, r in results.items())):
         print(line)
-    if arr_answer is not None and arr_answer.arr.fallback[0] == "busy":
+    fallback = arr_answer.arr.fallback[0] if arr_answer is not None and arr_answer.arr is not None else None
+    if fallback == "busy":
         print("note: a busy image (no cells stand out in its content); ARR kept its own saccades")
-    elif arr_answer is not None and arr_answer.arr.fallback[0]:
-        print(f"note: ARR fell back to an even grid ({arr_answer.arr.fallback[0]})")
+    elif fallback:
+        print(f"note: ARR fell back to an even grid ({fallback})")
 
 
 def ask(model, image, question: str, runs: list, chats: dict, args: argparse.Namespace) -> tuple[dict, object]:
@@ -316,6 +329,9 @@ def faithfulness(model, arr_answer, args: argparse.Namespace):
     question."""
     from arr_coc.eval.faithfulness import faithfulness_curves
 
+    if arr_answer.arr is None:
+        raise InputError(f"--faithfulness needs ARR's saccades, and ARR read the native view whole "
+                         f"({arr_answer.reads_native}): no saccades to remove")
     cli.log(f"faithfulness: {3 * args.faithfulness_steps + 1} teacher-forced forwards ...")
     return faithfulness_curves(model.parts, arr_answer.observation, arr_answer.arr,
                                args.answer or arr_answer.text, args.faithfulness_steps)
@@ -329,7 +345,7 @@ def save_pictures(save_dir: Path, image, turns: list, per_turn: bool, curves) ->
 
     paths, before = [], None
     for turn, (_, arr_answer) in enumerate(turns, start=1):
-        if arr_answer is None:
+        if arr_answer is None or arr_answer.arr is None:  # no ARR row, or it read the native view (nothing chosen)
             continue
         folder = save_dir / f"turn-{turn}" if per_turn else save_dir
         paths += viz.save_all(arr_answer, folder, image)
@@ -355,7 +371,7 @@ def teacher_pictures(model, image, questions: list[str], turns: list, args: argp
         return []
     heads, paths = TeacherHeads.load(args.teacher), []
     for turn, (question, (_, arr_answer)) in enumerate(zip(questions, turns), start=1):
-        if arr_answer is None:
+        if arr_answer is None or arr_answer.arr is None:  # no ARR row, or it read the native view (nothing chosen)
             continue
         target = teach(model.vlm, heads, image, question, max_cells=args.max_cells)
         ranked = arr_answer.arr.in_order("relevance").positions[0]

@@ -89,6 +89,8 @@ class Answer:
     history: History | None = field(default=None, repr=False)  # the conversation after this answer (Request.converse)
     turn: int | None = None  # in a conversation: this answer's turn, 1 for the first (None: a single question)
     context: int | None = None  # in a conversation: the tokens of the whole conversation after this answer
+    reads_native: str | None = None  # arr: why it read the native view whole, as full does, instead of choosing
+    # saccades (the image holds no more cells than the gestalt plus the budget: arr.native_reason); None: it chose
 
     @property
     def refixated(self) -> bool:
@@ -135,6 +137,8 @@ class Answer:
                        strategy=self.arr.strategy, ablation=self.ablation, tensions=tension_record(self.arr))
         if self.kept is not None:  # a reducer: the (row, col) native cells its LLM read, and the merged ones
             out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
+        if self.pipeline == "arr":  # why ARR read the whole native view (None: it chose saccades)
+            out["reads_native"] = self.reads_native
         if self.confidence is not None:
             out["confidence"] = round(self.confidence, 6)
         if self.turn is not None:

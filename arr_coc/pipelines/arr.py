@@ -4,6 +4,11 @@ arr: ARR-COC. The image walks down once:
     views -> VLM (gestalt tokens, the prior pass) -> relevance (textures, scorers, selection of `budget` cells)
           -> VLM (the selected cells encoded at their true places, gestalt + saccades + question, generate) -> Answer
 
+Where the native view holds no more cells than ARR's LLM would read (the gestalt plus the budget: native_reason),
+ARR chooses nothing and reads the native view whole, exactly as `full` does (read_native; Answer.reads_native says
+why): choosing would read more tokens than `full`, from a candidate grid upsampled past the image. Request.upsample
+chooses anyway. Under the adaptive budget the test waits for K, after selection.
+
 Under Request.refixate (tau), an answer whose confidence (answer_confidence: its least probable token's
 probability) is below tau makes ARR look again, from relevance down (refixate):
 
@@ -53,7 +58,8 @@ import torch.nn.functional as F
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confidence
 from arr_coc.pipelines.request import Parts, Request, ablation_named
-from arr_coc.pipelines.steps import continue_prompt, finish, generate, start_watch
+from arr_coc.pipelines.steps import continue_prompt, finish, generate, read_view, start_watch
+from arr_coc.pipelines.steps import follow_up as stock_follow_up
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
@@ -191,15 +197,52 @@ def included_cells(request: Request, grid: tuple[int, int]) -> torch.Tensor | No
     return request.include.bool().unsqueeze(0)
 
 
+def native_reason(views: Views, gestalt: int, saccades: int) -> str | None:
+    """
+    Why ARR reads the native view whole, as `full` does, instead of choosing saccades -> the reason, or None where
+    it has cells to choose. Where the native view holds no more cells than ARR's LLM would read (`gestalt` tokens
+    plus `saccades`), choosing them would read more tokens than `full` reads, from a candidate grid upsampled past
+    the image (views.make_views: at least twice the gestalt grid per side): the cat of 451x300 px holds 11x16 = 176
+    cells, and ARR would read 247 + 273 = 520 of a 26x38 grid of 1064x728 px.
+    """
+    nh, nw = views.native_grid
+    if nh * nw > gestalt + saccades:
+        return None
+    return f"the image holds {nh * nw} cells ({nh}x{nw}) <= gestalt {gestalt} + budget {saccades}"
+
+
+def planned_reason(parts: Parts, views: Views, request: Request, ablation: Ablation) -> str | None:
+    """native_reason at the request's fixed budget, before ARR looks (None under the adaptive budget, known only
+    after selection, or Request.upsample): the gestalt's tokens if the ablation reads it, and its saccade count."""
+    gestalt = views.gestalt_grid[0] * views.gestalt_grid[1]
+    K = ablation.saccade_budget((request.layer or parts.layer).config.budget if request.budget is None
+                                else request.budget, gestalt)
+    if request.upsample or K == AUTO:
+        return None
+    return native_reason(views, gestalt if ablation.gestalt else 0, int(K))
+
+
+def read_native(parts: Parts, views: Views, question: str, request: Request, watch: Stopwatch, start: float,
+                why: str, ablation: Ablation):
+    """ARR's answer where the native view holds no more cells than it would read (native_reason `why`): the native
+    view whole, as `full` reads it (steps.read_view), the work timed so far on `watch` counted in; Answer.reads_native
+    says why. Its tokens as they come, then its Answer."""
+    yield from read_view(parts, "arr", "native", views, question, request, watch, start, reads_native=why,
+                         ablation=None if ablation is NO_ABLATION else ablation.name)
+
+
 def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
-    """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades (the
-    reducers keep as many, so every row reads the same number of visual tokens). Under the adaptive budget
-    ("auto") the saccades are ARR's K for this image and question: ARR observes and scores them to know it."""
+    """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades, or the
+    native view's cells where it holds no more (native_reason: ARR reads it whole) (the reducers keep as many, so
+    every row reads the same number of visual tokens). Under the adaptive budget ("auto") the saccades are ARR's K
+    for this image and question: ARR observes and scores them to know it."""
     budget = request.budget if request.budget is not None else (request.layer or parts.layer).config.budget
     if budget == AUTO:
         budget = adaptive_budget(parts, views, request, question)
     gh, gw = views.gestalt_grid
-    return gh * gw + int(budget)
+    if request.upsample or native_reason(views, gh * gw, int(budget)) is None:
+        return gh * gw + int(budget)
+    return views.native_grid[0] * views.native_grid[1]  # ARR reads the native view whole (native_reason)
 
 
 @torch.no_grad()
@@ -381,12 +424,18 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     final answer's tokens are yielded)."""
     vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
+    include = included_cells(request, views.candidate_grid)  # [1, GH, GW] or None; checked even where ARR reads whole
+    if why := planned_reason(parts, views, request, ablation):  # the native view holds no more than ARR would read
+        return (yield from read_native(parts, views, question, request, watch, start, why, ablation))
     observation = observe(parts, views, question, watch)  # VLM: gestalt, prior; textures
     yield None
     with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
         maps = score(observation, layer.graphed_score, ablation)
         out = select(layer, maps, views.candidate_grid, len(observation.gestalt), request.budget, request.strategy,
-                     ablation, request.tensions, include=included_cells(request, views.candidate_grid))
+                     ablation, request.tensions, include=include)
+    read_gestalt = len(observation.gestalt) if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
+    if out.auto_budget and not request.upsample and (why := native_reason(views, read_gestalt, out.budgets[0])):
+        return (yield from read_native(parts, views, question, request, watch, start, why, ablation))
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     yield None
@@ -394,7 +443,6 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     refixing = request.refixate is not None  # then the first answer may not be the last: nothing yielded yet
     generation, new_tokens = yield from generate(vlm, prompt, watch, request, silent=refixing)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
-    read_gestalt = n_gestalt if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
     gflops = round_gflops(vlm, parts, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
     fixations, rows = [], saccade_list(observation, out)
     if refixing:
@@ -424,6 +472,8 @@ def follow_up(parts: Parts, last: Answer, question: str, request: Request, read:
     new image block, and the question, after the conversation so far (only this turn is prefilled). Yields its
     tokens, then its Answer.
     """
+    if last.reads_native is not None:  # the first turn read the whole native view: the question alone, as full's
+        return (yield from stock_follow_up(parts, "arr", last, question, request, reads_native=last.reads_native))
     vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
     first = last.observation

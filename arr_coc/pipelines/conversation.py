@@ -58,8 +58,9 @@ class Conversation:
 
     @property
     def read(self) -> torch.Tensor | None:
-        """ARR: [GH, GW] bool, the candidate cells any turn so far read (None before the first ARR turn)."""
-        if not self.answers or self.pipeline != "arr":
+        """ARR: [GH, GW] bool, the candidate cells any turn so far read (None before the first ARR turn, or after one
+        that read the whole native view: Answer.reads_native)."""
+        if not self.answers or self.pipeline != "arr" or self.answers[0].reads_native is not None:
             return None
         cells = torch.zeros(self.answers[0].views.candidate_grid, dtype=torch.bool)
         for answer in self.answers:

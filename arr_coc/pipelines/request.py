@@ -64,6 +64,9 @@ class Request:
     include: torch.Tensor | None = None  # [GH, GW] bool on the views' candidate grid: cells ARR's first look must
     # read, the rest of its budget chosen as ever, the most relevant of them where they outnumber the budget (arr
     # only; evaluate's oracle row forces the asked box's cells in)
+    upsample: bool = False  # arr: choose saccades even where the native view holds no more cells than its LLM
+    # would read (the candidate grid then upsampled past the image: the warm-up, studies of selection on small
+    # images); default: read the native view whole there, as full does (Answer.reads_native says why)
 
 
 def check_question(question) -> str:

@@ -1,7 +1,8 @@
 """
 The steps every pipeline shares: an image's views, made once where a request starts (views_of); the timed
 generation, a generator that yields each new token id as the engine makes it (generate); the Answer's assembly
-(finish); and the stock follow-up turn of a conversation (follow_up).
+(finish); one whole view read by the stock model (read_view: the stock baselines, and ARR where the native view
+holds no more cells than it would read); and the stock follow-up turn of a conversation (follow_up).
 
 Each pipeline is a generator, as nanochat's Engine.generate is: it yields token ids as the engine makes them, None
 between its stages (a tick: a consumer that must answer often, the app's Stop, gets its turn), and last its Answer.
@@ -20,7 +21,7 @@ from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer, Compute, TokenCounts, Timings, answer_confidence
 from arr_coc.pipelines.request import Parts, Request, check_stop
 from arr_coc.settings import GESTALT_PER_CELLS, MAX_CONVERSATION_TOKENS
-from arr_coc.runtime.timing import Stopwatch, peak_memory_mb, reset_peak_memory
+from arr_coc.runtime.timing import Stopwatch, peak_memory_mb, reset_peak_memory, timed_module
 from arr_coc.vlm.base import VLM, Generation, Prompt, StockInputs, VisualTokens
 from arr_coc.vlm.views import Views, make_views
 
@@ -76,6 +77,35 @@ def generate(vlm: VLM, inputs: Prompt | StockInputs, watch: Stopwatch, request: 
         tokens.close()
 
 
+@torch.no_grad()
+def read_view(parts: Parts, pipeline: str, view_name: str, views: Views, question: str, request: Request,
+              watch: Stopwatch, start: float, **fields):
+    """
+    The stock model's answer from one whole view of `views` ("native", "gestalt", "budget"), timed into the
+    request's `watch` from `start`: its tokens as they come, then its Answer (`fields`: more of its fields). The fast
+    engine encodes the view and prompts with its tokens; the hf engine runs transformers' own forward from pixels.
+    """
+    vlm = parts.vlm
+    with watch.section("vision"):
+        view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
+    n = grid[0] * grid[1]
+    if vlm.engine == "fast":
+        with watch.section("vision"):
+            tokens = vlm.encode_view(view)  # [n, D]
+        yield None
+        inputs = vlm.prompt(question, [tokens])
+        generation, new_tokens = yield from generate(vlm, inputs, watch, request)
+    else:
+        inputs = vlm.stock_inputs(question, view)
+        before = watch.ms["vision"]
+        with timed_module(vlm.vision_tower, watch, "vision"):  # vision runs inside the stock prefill
+            generation, new_tokens = yield from generate(vlm, inputs, watch, request)
+        watch.ms["prefill"] -= watch.ms["vision"] - before  # prefill excl. the vision tower inside it
+    tokens = TokenCounts.of_prompt(inputs.length, n if view_name == "gestalt" else 0, 0, total_visual=n)
+    yield finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views, vlm.gflops([n], inputs.length),
+                 **fields)
+
+
 def start_watch(device) -> tuple[Stopwatch, float]:
     """A request's stopwatch and its start, with the device's peak memory reset: each Answer reports its own peak."""
     watch = Stopwatch(device)
@@ -108,16 +138,16 @@ def continue_prompt(vlm: VLM, last: Answer, question: str, images: list[VisualTo
 
 
 @torch.no_grad()
-def follow_up(parts: Parts, pipeline: str, last: Answer, question: str, request: Request):
+def follow_up(parts: Parts, pipeline: str, last: Answer, question: str, request: Request, **fields):
     """
     A later turn of a conversation whose image was read once, in its first turn (the stock baselines and the
-    reducers): the question after the last answer, as the stock chat template continues a conversation, only
-    the new turn prefilled after the earlier turns' cache. ARR reads anew each turn (arr.follow_up). Yields its
-    tokens, then its Answer.
+    reducers, and ARR after a first turn that read the whole native view): the question after the last answer, as
+    the stock chat template continues a conversation, only the new turn prefilled after the earlier turns' cache.
+    ARR reads anew each turn (arr.follow_up). Yields its tokens, then its Answer (`fields`: more of its fields).
     """
     vlm = parts.vlm
     watch, start = start_watch(vlm.device)
     prompt = continue_prompt(vlm, last, question, [], request)
     generation, new_tokens = yield from generate(vlm, prompt, watch, request)
     yield finish(vlm, pipeline, generation, new_tokens, TokenCounts.of_prompt(prompt.length, 0, 0), watch, start,
-                 last.views, vlm.gflops([], prompt.length))
+                 last.views, vlm.gflops([], prompt.length), **fields)

@@ -1,7 +1,8 @@
 """
 The stock baselines' one path: one view, the whole vision tower, one image block, generated with the fast
 engine (our encoder and decoder) or, under the hf engine, transformers' own forward from pixels end to end
-(the reference the fast engine is measured against). full.py, gestalt.py and budget.py each name their view; the
+(the reference the fast engine is measured against): steps.read_view, which ARR takes too where the native view
+holds no more cells than it would read (arr.native_reason). full.py, gestalt.py and budget.py each name their view; the
 budget view is sized to what ARR's LLM reads at the request's budget (arr.arr_visual_tokens), so a budget sweep
 moves it with ARR.
 
@@ -19,37 +20,20 @@ import torch
 from arr_coc.pipelines.answer import TokenCounts
 from arr_coc.pipelines.arr import arr_visual_tokens
 from arr_coc.pipelines.request import Parts, Request
-from arr_coc.pipelines.steps import finish, generate, start_watch
-from arr_coc.runtime.timing import timed_module
+from arr_coc.pipelines.steps import finish, generate, read_view, start_watch
 from arr_coc.vlm.views import Views, fit_grid
 
 
 @torch.no_grad()
 def answer_view(parts: Parts, pipeline: str, view_name: str, views: Views, question: str, request: Request):
     """Answer from the view `view_name` of the image's views ("native", "gestalt", "budget"): its tokens as they
-    come, then its Answer."""
-    vlm = parts.vlm
-    watch, start = start_watch(vlm.device)
-    with watch.section("vision"):
-        if view_name == "budget":  # about as many tokens as ARR reads at this budget (529 at the default 273)
+    come, then its Answer (steps.read_view)."""
+    watch, start = start_watch(parts.vlm.device)
+    if view_name == "budget":  # about as many tokens as ARR reads at this budget (529 at the default 273)
+        with watch.section("vision"):
             n_arr = arr_visual_tokens(parts, views, request, question)
             views = replace(views, budget_grid=fit_grid(views.image.width, views.image.height, n_arr))
-        view, grid = views.tensor(view_name), views.grid(view_name)  # [1, 3, h, w]
-    n = grid[0] * grid[1]
-    if vlm.engine == "fast":
-        with watch.section("vision"):
-            tokens = vlm.encode_view(view)  # [n, D]
-        yield None
-        inputs = vlm.prompt(question, [tokens])
-        generation, new_tokens = yield from generate(vlm, inputs, watch, request)
-    else:
-        inputs = vlm.stock_inputs(question, view)
-        before = watch.ms["vision"]
-        with timed_module(vlm.vision_tower, watch, "vision"):  # vision runs inside the stock prefill
-            generation, new_tokens = yield from generate(vlm, inputs, watch, request)
-        watch.ms["prefill"] -= watch.ms["vision"] - before  # prefill excl. the vision tower inside it
-    tokens = TokenCounts.of_prompt(inputs.length, n if view_name == "gestalt" else 0, 0, total_visual=n)
-    yield finish(vlm, pipeline, generation, new_tokens, tokens, watch, start, views, vlm.gflops([n], inputs.length))
+    yield from read_view(parts, pipeline, view_name, views, question, request, watch, start)
 
 
 @torch.no_grad()

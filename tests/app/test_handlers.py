@@ -8,7 +8,6 @@ user error, and the answer box of the faithfulness curves.
 
 import dataclasses
 import logging
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.vlm.views import Views
 
 ROOT = Path(__file__).resolve().parents[2]
-CAT = Image.open(ROOT / "assets" / "chelsea.png")
+CAT = Image.open(ROOT / "assets" / "chelsea.png").resize((902, 600))  # 21x32 native cells (tiny) > 247 + 273: ARR
+# chooses saccades (the 451x300 photo's 176 cells it reads whole, as full does: test_reads_whole.py)
 QUESTION = "What colour are the cat's eyes?"
 CELLS = 4096
 
@@ -237,7 +237,8 @@ def test_an_examples_file_path_is_read_as_the_upload_it_stands_for(arr_model, up
     answers and selection as the image itself, and refuses a path to no image in the upload's one line, and the
     example's own file outside the cache as any path outside it (ui.cached_file)."""
     tmp_path = upload_folder
-    path = str(shutil.copy(ROOT / "assets" / "chelsea.png", upload_folder / "chelsea.png"))
+    CAT.save(upload_folder / "chelsea.png")  # the test's cat, as an upload in gradio's cache
+    path = str(upload_folder / "chelsea.png")
     by_path, by_image = (list(handlers.compare(arr_model, image, QUESTION, "gestalt", 2, "topk", CELLS, 5))[-1]
                          for image in (path, CAT))
     assert by_path[0].startswith("Done in") and (by_path[1], by_path[3]) == (by_image[1], by_image[3])
@@ -528,17 +529,21 @@ def test_a_conversation_turn_keeps_cpu_data_and_a_failed_one_leaves_it_as_it_was
 
 
 def test_a_follow_up_with_no_fresh_cell_left_says_so(arr_model):
-    """Issue 68: a first turn reads every cell of a 32 x 32 grid (the budget slider's 4096, cut to the grid's 1024);
-    a follow-up with fresh cells only then reads none, and the status line says ARR answered from the conversation
+    """Issue 68: two turns read every cell of a 32 x 32 grid (700 saccades, then the 324 left: ARR chooses, its
+    1024 native cells being more than 256 + 700; at 256 + 768 it would read the page whole, as full does); a
+    follow-up with fresh cells only then reads none, and the status line says ARR answered from the conversation
     alone (it said nothing). A follow-up that may re-read cells says nothing of it."""
     page = Image.fromarray(np.random.default_rng(0).integers(0, 255, (896, 896, 3), dtype=np.uint8))
-    chat, status, *_ = handlers.converse(arr_model, None, page, QUESTION, "full", 2, 4096, False, 5)
-    assert chat.arr.answers[0].tokens.saccade == 1024 and "Fresh cells" not in status
+    chat, status, *_ = handlers.converse(arr_model, None, page, QUESTION, "full", 2, 700, False, 5)
+    assert chat.arr.answers[0].tokens.saccade == 700 and "Fresh cells" not in status
+    chat, status, *_ = handlers.converse(arr_model, chat, page, "Where is it?", "full", 2, 700, True, 5)
+    assert chat.arr.answers[1].tokens.saccade == 324 and (
+        "Fresh cells only: 324 of the 700 saccades asked for were left unread by earlier turns.") in status
     fork = chat.fork()
-    _, status, *_ = handlers.converse(arr_model, chat, page, "And its nose?", "full", 2, 4096, True, 5)
+    _, status, *_ = handlers.converse(arr_model, chat, page, "And its nose?", "full", 2, 700, True, 5)
     assert ("Fresh cells only: earlier turns read every cell of the image, so ARR read no new cell and answered from "
             "the conversation alone.") in status
-    _, status, *_ = handlers.converse(arr_model, fork, page, "And its nose?", "full", 2, 4096, False, 5)
+    _, status, *_ = handlers.converse(arr_model, fork, page, "And its nose?", "full", 2, 700, False, 5)
     assert "Fresh cells" not in status
 
 

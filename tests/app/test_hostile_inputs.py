@@ -91,10 +91,15 @@ def test_a_checkpoint_whose_budget_the_image_cannot_give_is_one_line(arr_model, 
 
 
 def test_converse_caps_the_saccades_at_the_images_cells_as_the_other_tabs_do(arr_model):
+    """65536 saccades cut to the cat's 26 x 38 candidate cells: more than its 176 native ones, so ARR reads those
+    whole, as full does (a budget of every candidate cell always does: they are at least the native cells)."""
     chat, status, rows, *_ = handlers.converse(arr_model, None, CAT, QUESTION, "full", 1, 65536, False, 5)
-    assert status.startswith("Turn 1:") and len(chat.arr.answers[0].saccades) == 26 * 38
+    first = chat.arr.answers[0]
+    assert status.startswith("Turn 1:")
+    assert first.reads_native == "the image holds 176 cells (11x16) <= gestalt 247 + budget 988"
+    assert first.tokens.total_visual == 176 and first.saccades == []
     chat, status, *_ = handlers.converse(arr_model, chat, CAT, "And its nose?", "full", 1, 65536, False, 5)
-    assert status.startswith("Turn 2:") and len(chat.arr.answers[1].saccades) == 26 * 38
+    assert status.startswith("Turn 2:") and chat.arr.answers[1].reads_native == first.reads_native
 
 
 @pytest.mark.parametrize("out", ["file.txt", "file.txt/sub"])

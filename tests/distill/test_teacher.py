@@ -149,7 +149,7 @@ def test_run_draws_the_teacher_beside_arrs_relevance(tiny_loaded_once, tmp_path,
 
     from arr_coc import run
 
-    Image.new("RGB", (200, 150), "white").save(tmp_path / "page.png")
+    Image.new("RGB", (1000, 800), "white").save(tmp_path / "page.png")  # more cells than ARR reads: it chooses
     TeacherHeads("tiny", [(1, 0)], [0], 0).save(tmp_path / "heads")
     argv = ["--model", "tiny", "--image", str(tmp_path / "page.png"), "--question", "What is it?", "--pipelines", "arr",
             "--max-new-tokens", "2", "--save-dir", str(tmp_path / "out"), "--device", str(tiny_loaded_once.vlm.device)]

@@ -17,7 +17,7 @@ QUESTION = "What does the sign say?"
 ANSWER = "It says stop."
 
 
-def photo(seed=0, size=(420, 300)):
+def photo(seed=0, size=(1000, 700)):  # more native cells than ARR reads: it chooses saccades, whose removal is measured
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
 

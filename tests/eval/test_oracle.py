@@ -1,6 +1,6 @@
 """
 evaluate's oracle row (ARR with the asked box's cells forced into its budget) and the rows every sweep runs by
-default (random, the plain downsample `budget`), on the pocket model at 448² and at parse time. Run:
+default (random, the plain downsample `budget`), on the pocket model at 640² and at parse time. Run:
 
     nice .venv/bin/python -m pytest -q tests/eval/test_oracle.py
 """
@@ -32,13 +32,15 @@ def test_every_sweep_runs_random_budget_and_the_oracle_at_each_budget_by_default
 
 
 def test_the_oracle_reads_the_whole_box_where_it_fits_and_skips_items_without_one(tmp_path, capsys):
-    """The pocket model on a box_word page (its asked box touches 32 of the 32 x 32 candidate cells at 448²) and a
-    noise page (no box): at 64 saccades the oracle's box recall is 1 and half its cells are the box's; at 2 the box
-    is larger than the budget, so its 2 cells are both the box's (precision 1, recall 2 / 32) and the record says
+    """The pocket model on a box_word page (its asked box touches 16 of the 32 x 32 candidate cells of 20 px at 640²;
+    its 23 x 23 native cells are more than ARR reads, 256 + 64, so it chooses: at 448² it would read the 16 x 16
+    whole, as full does) and a noise page (no box): at 64 saccades the oracle's box recall is 1 and a quarter of its
+    cells are the box's; at 2 the box is larger than the budget, so its 2 cells are both the box's (precision 1,
+    recall 2 / 16) and the record says
     so; random and budget run beside it at both budgets; the noise page is skipped for the oracle alone, said on
     stderr and in report.md, and no row is flagged as uneven."""
     out = tmp_path / "oracle"
-    assert evaluate.main(["--model", "pocket", "--synthetic", "2", "--kinds", "box_word,noise", "--size", "448",
+    assert evaluate.main(["--model", "pocket", "--synthetic", "2", "--kinds", "box_word,noise", "--size", "640",
                           "--baselines", "budget", "--strategies", "random", "--budgets", "2,64",
                           "--max-new-tokens", "3", "--out", str(out)]) == 0
     err = capsys.readouterr().err
@@ -51,8 +53,8 @@ def test_the_oracle_reads_the_whole_box_where_it_fits_and_skips_items_without_on
         (1, "noise", "budget", 2), (1, "noise", "arr:random", 2),
         (1, "noise", "budget", 64), (1, "noise", "arr:random", 64)]
     oracle = {r.budget: r for r in records if r.row == "oracle"}
-    assert (oracle[64].box_recall, oracle[64].box_precision, oracle[64].box_clipped) == (1.0, 0.5, False)
-    assert (oracle[2].box_recall, oracle[2].box_precision, oracle[2].box_clipped) == (2 / 32, 1.0, True)
+    assert (oracle[64].box_recall, oracle[64].box_precision, oracle[64].box_clipped) == (1.0, 0.25, False)
+    assert (oracle[2].box_recall, oracle[2].box_precision, oracle[2].box_clipped) == (2 / 16, 1.0, True)
     assert oracle[64].visual_tokens == 256 + 64 and oracle[2].visual_tokens == 256 + 2  # ARR's tokens: gestalt + K
     assert all(r.box_clipped is None for r in records if r.row != "oracle")
     summary = json.loads((out / "report.json").read_text())["summary"]

@@ -45,7 +45,8 @@ def test_the_second_look_after_an_adaptive_first_is_capped_by_the_cells_left():
 def test_cells_forced_in_are_read_and_a_wrong_grid_or_another_pipeline_is_refused(arr_model):
     """Request.include on the tiny model: the box's cells (on the views' candidate grid: 32 x 32 of 14 px at 448²,
     the box [98, 112, 140, 140] covering rows 8-9, columns 7-9) are among ARR's 40 saccades, which stay unique;
-    include on another grid, or for a pipeline without saccades, is refused in one line."""
+    include on another grid, or for a pipeline without saccades, is refused in one line (also where ARR would read
+    the native view whole: the tiny model's 448² holds 16 x 16 cells, fewer than its gestalt plus 40)."""
     import pytest
 
     from arr_coc.errors import InputError
@@ -55,7 +56,8 @@ def test_cells_forced_in_are_read_and_a_wrong_grid_or_another_pipeline_is_refuse
     assert views.candidate_grid == (32, 32)
     box = views.box_coverage([98, 112, 140, 140]) > 0  # [32, 32]
     assert box.nonzero().tolist() == [[8, 7], [8, 8], [8, 9], [9, 7], [9, 8], [9, 9]]
-    a = arr_model.answer(views, "What is here?", "arr", Request(budget=40, include=box, max_new_tokens=1))
+    request = Request(budget=40, include=box, max_new_tokens=1, upsample=True)  # choose: its 16x16 native cells
+    a = arr_model.answer(views, "What is here?", "arr", request)  # ARR would read whole
     read = a.arr.indices[0].tolist()
     assert len(read) == len(set(read)) == 40 and {8 * 32 + 7, 8 * 32 + 8, 8 * 32 + 9, 9 * 32 + 7, 9 * 32 + 8,
                                                   9 * 32 + 9} <= set(read)

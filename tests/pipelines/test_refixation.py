@@ -37,7 +37,7 @@ def cells(saccades) -> set[tuple[int, int]]:
 
 @pytest.mark.parametrize("strategy, k2", [("topk", 50), ("grid", None), ("random", 7)])
 def test_refixation_never_revisits_a_cell_and_adds_exactly_k2(arr_model, strategy, k2):
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, strategy=strategy, refixate=1.0,
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=2, strategy=strategy, refixate=1.0,
                          refixate_budget=k2)
     K2 = k2 or round(REFIXATE_SHARE * 273)
     first = [s for s in a.saccades if s.round == 1]
@@ -50,11 +50,11 @@ def test_refixation_never_revisits_a_cell_and_adds_exactly_k2(arr_model, strateg
 
 
 def test_it_fires_below_tau_and_not_at_or_above(arr_model):
-    first = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=0.0)
+    first = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=3, refixate=0.0)
     c = first.fixations[0].confidence
     assert not first.refixated and len(first.fixations) == 1 and first.tokens.saccade == 273
-    at = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=c)  # not below: no second look
-    above = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=3, refixate=math.nextafter(c, 1.0))
+    at = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=3, refixate=c)  # not below: no second look
+    above = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=3, refixate=math.nextafter(c, 1.0))
     assert not at.refixated and above.refixated
     assert above.fixations[0].confidence == c and above.tokens.saccade == 273 + round(REFIXATE_SHARE * 273)
     j = above.to_json()["refixation"]
@@ -70,7 +70,7 @@ def test_it_fires_below_tau_and_not_at_or_above(arr_model):
 
 def test_with_tau_off_the_answer_and_visual_tokens_are_the_single_walks(pocket):
     """refixate None: the pipeline is the documented single walk, step by step (non-trivial pocket answers)."""
-    page = make_page("fine_print", 10**9 + 11, 448)
+    page = make_page("fine_print", 10**9 + 11, 896)
     question = page.questions[0].question
     a = pocket.answer(page.image, question, "arr", max_new_tokens=8)
     with torch.no_grad():
@@ -98,7 +98,7 @@ def test_the_final_answer_reads_both_rounds_at_their_true_places(family, monkeyp
                         lambda prompt, *a, **k: prompts.append(prompt) or generate(prompt, *a, **k))
     monkeypatch.setattr(vlm, "prior_pass", lambda q, g, f, context=(): priors.append(context)
                         or prior_pass(q, g, f, context))
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=40)
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=40)
     first, second = a.arr.positions[0].cpu(), a.fixations[1].arr.positions[0].cpu()
     assert len(prompts) == 2 and len(priors) == 2 and list(priors[0]) == []
     assert torch.equal(priors[1][0].positions, first)  # the second prior pass reads the first round's saccades
@@ -123,23 +123,24 @@ def test_the_final_answer_reads_both_rounds_at_their_true_places(family, monkeyp
 def test_a_second_look_that_cannot_fit_or_a_bad_tau_is_a_clear_error(arr_model):
     for tau in (-0.1, 1.5, float("nan")):
         with pytest.raises(InputError, match="between 0 and 1"):
-            arr_model.answer(scene_image(), QUESTION, "arr", refixate=tau)
+            arr_model.answer(scene_image(896, 896), QUESTION, "arr", refixate=tau)
     with pytest.raises(InputError, match="at least 1"):
-        arr_model.answer(scene_image(), QUESTION, "arr", refixate=0.5, refixate_budget=0)
+        arr_model.answer(scene_image(896, 896), QUESTION, "arr", refixate=0.5, refixate_budget=0)
     with pytest.raises(InputError, match="arr pipeline"):
-        arr_model.answer(scene_image(), QUESTION, "full", refixate=0.5)
+        arr_model.answer(scene_image(896, 896), QUESTION, "full", refixate=0.5)
     with pytest.raises(ValueError, match="not yet read"):  # 32 x 32 cells, 273 read: 751 left
-        arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, refixate=1.0, refixate_budget=752)
+        arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1, refixate=1.0, refixate_budget=752)
 
 
 def test_after_an_adaptive_first_look_k2_is_a_share_of_its_k_capped_by_the_cells_left(arr_model):
     """--budget auto: the second look reads REFIXATE_SHARE of the first look's own K, under the same tensions (here
     e = 0.25: a quarter of K2 on coverage), never more than the cells not yet read (32 x 32 = 1024); with none
-    left the first answer stands."""
+    left the first answer stands. upsample: 256 + 800 tokens would read the 896 px scene's 1024 native cells whole
+    (test_reads_native); here ARR chooses, as under Request.upsample, to reach the grid's edge."""
     def ask(lo, hi):
         settings = TensionSettings(explore=0.25, min_budget=lo, max_budget=hi)
-        return arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, budget="auto", refixate=1.0,
-                                tensions=settings)
+        return arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1, budget="auto", refixate=1.0,
+                                tensions=settings, upsample=True)
 
     a = ask(100, 300)
     K, K2 = (f.saccades for f in a.fixations)
@@ -153,7 +154,7 @@ def test_after_an_adaptive_first_look_k2_is_a_share_of_its_k_capped_by_the_cells
 
 
 def test_the_user_streamer_gets_the_final_answer_once(pocket):
-    page = make_page("box_word", 10**9 + 11, 448)
+    page = make_page("box_word", 10**9 + 11, 896)
     for tau in (0.0, 1.0):  # not fired: the first answer replayed; fired: the second one streamed
         parts = list(pocket.stream(page.image, page.questions[0].question, "arr", max_new_tokens=6, refixate=tau))
         final, texts = parts[-1], parts[:-1]
@@ -222,7 +223,7 @@ def test_an_attention_guided_second_look_reads_where_the_first_answer_looked(arr
     monkeypatch.setattr(vlm, "prior_pass", lambda *a, **k: priors.append(1) or prior_pass(*a, **k))
     monkeypatch.setattr(vlm, "answer_attention", lambda prompt, layers: read.append((prompt, layers))
                         or answer_attention(prompt, layers))
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=30,
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=30,
                          refixate_guide="attention")
     first, second = a.arr, a.fixations[1].arr
     assert a.refixated and len(priors) == 1 and len(read) == 1
@@ -237,7 +238,7 @@ def test_an_attention_guided_second_look_reads_where_the_first_answer_looked(arr
     guide = second.relevance.flatten().float()
     unread = torch.ones_like(guide, dtype=torch.bool).index_fill_(0, first.indices[0], False)
     assert guide[chosen].min() >= guide[unread].sort(descending=True).values[29]
-    prior_guided = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0,
+    prior_guided = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=2, refixate=1.0,
                                     refixate_budget=30)
     assert a.compute.prefill > prior_guided.compute.prefill
 
@@ -246,11 +247,11 @@ def test_an_empty_first_answer_has_no_attention_to_read_so_the_prior_guides(arr_
     vlm = arr_model.vlm
     monkeypatch.setattr(vlm, "decode", lambda ids: "")
     monkeypatch.setattr(vlm, "answer_attention", lambda *a: pytest.fail("an empty answer has no rows to read"))
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=30,
+    a = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=2, refixate=1.0, refixate_budget=30,
                          refixate_guide="attention")
     assert a.refixated and a.fixations[1].guide == "prior" and a.fixations[1].saccades == 30
 
 
 def test_a_guide_that_is_not_one_is_refused(arr_model):
     with pytest.raises(InputError, match="refixate_guide must be one of prior, attention, got 'gaze'"):
-        arr_model.answer(scene_image(), QUESTION, "arr", refixate=0.5, refixate_guide="gaze")
+        arr_model.answer(scene_image(896, 896), QUESTION, "arr", refixate=0.5, refixate_guide="gaze")

@@ -127,8 +127,9 @@ def test_no_gestalt_selects_budget_plus_gestalt_cells_from_the_same_map(scene):
 
 @pytest.mark.parametrize("name", [name for name, a in ABLATIONS.items() if not a.auto_budget])  # auto: its own K
 def test_every_ablation_reads_the_same_visual_tokens(arr_model, name):
-    base = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1)
-    a = arr_model.answer(scene_image(), QUESTION, "arr", max_new_tokens=1, ablation=name)
+    page = scene_image(896, 896)  # 32x32 native cells, more than ARR reads: it chooses (a 448 px scene it reads whole)
+    base = arr_model.answer(page, QUESTION, "arr", max_new_tokens=1)
+    a = arr_model.answer(page, QUESTION, "arr", max_new_tokens=1, ablation=name)
     assert a.tokens.total_visual == base.tokens.total_visual == BUDGET + 256
     if name == "no-gestalt":  # one image block: 256 more saccades, no gestalt, 2 fewer block markers
         assert a.tokens.gestalt == 0 and a.tokens.saccade == BUDGET + 256

@@ -225,7 +225,7 @@ def test_zero_saccades_answer_as_the_stock_gestalt_baseline(family):
 
 
 def test_arr_answers_with_273_ordered_unique_saccades(family):
-    answer = family.answer(photo(700, 500), QUESTION, "arr", max_new_tokens=4)
+    answer = family.answer(photo(1000, 700), QUESTION, "arr", max_new_tokens=4)  # more cells than ARR reads
     cells = [(s.row, s.col) for s in answer.saccades]
     assert answer.tokens.saccade == 273 and len(cells) == 273 == len(set(cells))
     assert [s.rank for s in answer.saccades] == list(range(1, 274))
@@ -253,7 +253,7 @@ def test_run_cli_with_the_family(family, tmp_path):
     from arr_coc.run import main
 
     out = tmp_path / "run.json"
-    code = main(["--model", family.vlm.name, "--image", "assets/chelsea.png", "--question", QUESTION,
+    code = main(["--model", family.vlm.name, "--image", "assets/hubble_deep_field.jpg", "--question", QUESTION,
                  "--max-new-tokens", "2", "--json", str(out), "--pipelines", "arr,gestalt", "--device", "cpu"])
     assert code == 0
     report = json.loads(out.read_text())
@@ -270,5 +270,5 @@ def test_random_weights_build_the_family_adapter(family):
     recipe = TINY_MODELS[family.vlm.name]
     vlm = random_vlm(recipe.config(), "cpu", torch.float32, "random tiny")
     assert type(vlm) is type(family.vlm) and vlm.chat_template == recipe.chat_template and vlm.cell == family.vlm.cell
-    assert ARRCOCQwen(vlm).answer(photo(), QUESTION, "arr", max_new_tokens=2).tokens.saccade == 273
+    assert ARRCOCQwen(vlm).answer(photo(1000, 700), QUESTION, "arr", max_new_tokens=2).tokens.saccade == 273
     assert FULL_SIZE[family.vlm.family][1]().model_type == family.vlm.family
