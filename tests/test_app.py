@@ -6,6 +6,7 @@ while the app stays up. Also the app helpers in arr_coc/app/ui.py that need no s
     .venv/bin/python -m pytest tests/test_app.py -q
 """
 
+import html
 import io
 import json
 import logging
@@ -611,8 +612,9 @@ def test_the_examples_that_answer_offline_come_first_with_their_answers(app_url)
         assert label == (f"{entry['question']} → {expected} (answers offline: the pocket model)" if pocket else
                          f"{entry['question']} · meaningful only with real Qwen-VL weights")
     config = json.load(urllib.request.urlopen(f"{app_url}/config", timeout=10))
-    shown = [c["props"].get("sample_labels") for c in config["components"] if c["type"] == "dataset"]
-    assert shown == [labels] * 4  # in every tab
+    shown = [[html.unescape(row[1]) for row in c["props"]["samples"]] for c in config["components"]
+             if c["type"] == "dataset"]
+    assert shown == [labels] * 4  # in every tab, beside each image's thumbnail (row[0])
 
 
 def test_answers_agree_up_to_case_spacing_and_end_punctuation():

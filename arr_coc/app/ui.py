@@ -57,6 +57,15 @@ THEME = gr.themes.Default(font=[gr.themes.LocalFont("Source Sans Pro", weights=(
 CSS = """
 .status-line > [data-testid="status-tracker"] { display: none !important; }  /* its Error pill hid the text */
 #chat-turns * { overflow-wrap: normal !important; word-break: normal !important; hyphens: none !important; }
+/* a failed event's red "Error" pill on each of its outputs (panels that merely wait for an image, say): the status
+   line and the toast say what went wrong, in one line */
+[data-testid="status-tracker"]:has(> .error) { display: none !important; }
+/* the examples beside the image box: small thumbnails, whole labels, a box of the image box's height that scrolls */
+.examples .table-wrap { max-height: 330px; overflow-y: auto; }
+.examples td { text-align: left !important; max-width: none !important; padding: 4px 8px !important; }
+.examples td.image img { width: 56px !important; height: 56px !important; object-fit: cover; }
+.examples td.image .container { width: 56px !important; height: 56px !important; }
+.examples-note p { margin: 0 !important; font-size: 0.9em; }
 """
 # Enter in a slider's number box ends the edit as leaving the box does: the slider's release event (the
 # Microscope's budget re-selects on it), where gradio's number box only listens for leaving
