@@ -282,14 +282,16 @@ def microscope_tab(model: ARRCOCQwen) -> None:
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
             reducer = gr.Dropdown([handlers.NO_REDUCER, *REDUCERS], value=handlers.NO_REDUCER,
                                   label="Draw a reducer's kept cells over the relevance", elem_id="microscope-reducer",
-                                  info="as many visual tokens as ARR reads at the budget (runs the reducer)")
+                                  info="as many visual tokens as ARR reads at the budget (runs the reducer); "
+                                       "drawn just below")
+            with gr.Column(visible=False) as reduced_panel:  # shown once a reducer is chosen, under its dropdown
+                reduced = output_image("The reducer's kept cells over ARR's relevance", "microscope-reducer-cells",
+                                       height=None)
             summary = gr.Markdown(label="Selection", elem_id="microscope-summary", elem_classes="status-line")
         with gr.Column(scale=2):
             listed = example_list()
             heatmap = output_image("Relevance and numbered saccades", "microscope-heatmap")
             mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "microscope-mosaic", height=None)
-            with gr.Column(visible=False) as reduced_panel:  # shown once a reducer is chosen
-                reduced = output_image("The reducer's kept cells over ARR's relevance", "microscope-reducer-cells")
             with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
                 saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
             curves, answer, measure, verdict = faithfulness_panel()

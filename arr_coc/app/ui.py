@@ -76,11 +76,15 @@ document.addEventListener("keydown", (e) => {
   }
 }, true);
 </script>"""
-TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "TTFT ms: base", "TTFT ms: ARR",
-                "prefilled: base", "prefilled: ARR", "context: base", "context: ARR", "ARR cells: new / kept / dropped"]
+# every number's column with its unit (issue 67): ms, tokens, cells
+TURN_HEADERS = ["turn (#)", "question", "baseline answer", "ARR-COC answer", "TTFT ms: base",
+                "TTFT ms: ARR", "prefilled tokens: base", "prefilled tokens: ARR", "context tokens: base",
+                "context tokens: ARR", "ARR cells: new / kept / dropped"]
 # the table is the page's width and its words are never split (CSS): each column fits its header's longest word
 TURN_WIDTHS = ["5%", "15%", "12%", "12%", "7%", "7%", "8%", "8%", "7%", "7%", "12%"]
-SACCADE_HEADERS = ["rank", "row", "col", "score", "fed"]  # rank 1 = most relevant; fed: its place in the LLM's input
+# rank 1 = most relevant; row, col: the cell on the candidate grid; score: its relevance (the balanced map's own
+# units); fed: its place among the saccades in the LLM's input
+SACCADE_HEADERS = ["rank (#)", "row (cell)", "col (cell)", "score (relevance)", "fed (#)"]
 FALLBACKS = {
     "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (under "
                      "busy_pages: grid, a busy image, with no cells that stand out, counts as flat too)",
