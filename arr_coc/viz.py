@@ -53,7 +53,7 @@ HEAT_CMAP = "inferno"  # relevance: dark = ignored, bright = relevant
 RANK_CMAP = "cool"  # saccade boxes: rank 1 cyan ... last magenta, apart from the heatmap's colours
 SECOND_LOOK = (57, 255, 20)  # a second fixation's saccade boxes: a green in neither RANK_CMAP nor HEAT_CMAP
 SECOND_LOOK_LEGEND = "cyan to magenta: the first look's saccades by rank · green: the second look's"
-KEY_BARS = (0.12, 0.6)  # with_key: where the relevance bar and the rank bar start, as shares of the width
+KEY_BARS = (0.12, 0.55)  # with_key: where the relevance bar and the rank bar start, as shares of the width
 KEY_BAR_SHARE = 0.3  # and how long each is
 DIFF_CMAP = "RdBu_r"  # B - A: red = B finds it more relevant, blue = A does
 TOP_LABELS = 20  # saccades numbered by default: at 64x64 or finer, 273 numbers would hide the image
@@ -284,7 +284,7 @@ def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike 
 def key_geometry(width: int) -> tuple[int, int, int, int, int]:
     """with_key's strip for a canvas `width` px wide: (font size, strip height, bars' top, bar height, bar width);
     the relevance bar starts at KEY_BARS[0] of the width, the rank bar at KEY_BARS[1]."""
-    size = max(11, width // 70)  # with_legend's text size
+    size = max(12, width // 48)  # larger than with_legend's: a page's drawing is shown at a third of its size
     bar = round(size * 1.2)
     return size, round(size * 1.6) + bar + round(size * 0.6), round(size * 1.6), bar, round(width * KEY_BAR_SHARE)
 
@@ -299,9 +299,9 @@ def with_key(canvas: Image.Image, saccades: int) -> Image.Image:
     out = Image.new("RGB", (canvas.width, canvas.height + height), "white")
     out.paste(canvas, (0, 0))
     draw, text, y = ImageDraw.Draw(out), font(size), canvas.height + top
-    bars = [(HEAT_CMAP, "relevance (min-max scaled)", "0 low", "1 high")]
+    bars = [(HEAT_CMAP, "relevance, min-max scaled", "0 low", "1 high")]
     if saccades:
-        bars.append((RANK_CMAP, "saccade boxes by rank (1 ringed white)", "1", str(saccades)))
+        bars.append((RANK_CMAP, "saccade box by rank (1: white ring)", "1", str(saccades)))
     for start, (cmap, title, low, high) in zip(KEY_BARS, bars):
         x = round(canvas.width * start)
         gradient = colourise(np.linspace(0.0, 1.0, length)[None], cmap)  # [1, length]: one pixel a step

@@ -77,9 +77,9 @@ def mosaic_size(k: int, numbered: int = viz.TOP_LABELS) -> tuple[int, int]:
 
 
 def with_key(size: tuple[int, int]) -> tuple[int, int]:
-    """A heatmap's size: its canvas and the key's strip below (viz.with_key), 38 px under a 768 px wide canvas and 98
+    """A heatmap's size: its canvas and the key's strip below (viz.with_key), 55 px under a 768 px wide canvas and 142
     px under a 2048 px one."""
-    return size[0], size[1] + {768: 38, 2048: 98}[size[0]]
+    return size[0], size[1] + {768: 55, 2048: 142}[size[0]]
 
 
 def save_checkpoint(folder: Path, **config) -> list[str]:
@@ -179,7 +179,7 @@ def test_max_cells_caps_both_pipelines_and_numbers_redraw(client):
     assert nh * nw <= 2048 and nw > 2 * nh  # the wide image keeps its aspect under the smaller cap
     assert base["visual tokens: total"] == nh * nw and arr["visual tokens: saccade"] == 273
     assert arr["candidate grid"] == ui.grid_text(views.candidate_grid, views.cell) and arr["image"] == "2400 x 900 px"
-    assert Image.open(heatmap).size == with_key(viz.canvas_size(2400, 900)) == (2048, 768 + 98)
+    assert Image.open(heatmap).size == with_key(viz.canvas_size(2400, 900)) == (2048, 768 + 142)
     # the numbered saccades redraw from the kept answer, without the VLM
     renumbered, remosaic = client.predict(30, api_name="/redraw")
     assert Image.open(renumbered).size == Image.open(heatmap).size
@@ -196,7 +196,7 @@ def test_microscope_then_reselect_without_the_vlm(client):
     assert [r[0] for r in rows] == list(range(1, 274))
     scores = [r[3] for r in rows]
     assert scores == sorted(scores, reverse=True)  # most relevant first
-    assert Image.open(heatmap).size == with_key(viz.canvas_size(*Image.open(CAT).size)) == (768, 511 + 38)
+    assert Image.open(heatmap).size == with_key(viz.canvas_size(*Image.open(CAT).size)) == (768, 511 + 55)
     assert Image.open(channels).height > 300 and Image.open(scorers).width > 3 * Image.open(scorers).height
     assert Image.open(mosaic).size == mosaic_size(273)
 
@@ -268,7 +268,7 @@ def test_ab_same_layer_agrees_and_a_different_one_does_not(client, tmp_path):
         CELLS, api_name="/ab")
     assert "IoU of the selected cells) | 1.000 |" in summary and "(Spearman) | 1.000 |" in summary
     assert "| answers | agree |" in summary and text_a == text_b
-    assert Image.open(heat_a).size == Image.open(heat_b).size == (768, 511 + 38)  # the cat's canvas, and its key
+    assert Image.open(heat_a).size == Image.open(heat_b).size == (768, 511 + 55)  # the cat's canvas, and its key
     gh, gw = make_views(Image.open(CAT)).candidate_grid
     width, height = viz.canvas_size(gw, gh)
     assert Image.open(diff).width == width and Image.open(diff).height > height  # the legend strip below the grid

@@ -77,16 +77,16 @@ COOL_ENDS = ((0, 255, 255), (255, 0, 255))  # and cool's ends: rank 1 cyan, the 
 
 def test_the_heatmap_has_its_colour_bar_and_the_ranks_key_below():
     """Issue 67: the Compare heatmap had no colour bar and its cyan / magenta boxes were not explained. A 768 px
-    image: the map keeps 768 x 768, a 38 px strip below (11 px text, a 13 px bar 18 px down) holds inferno's bar
-    from x = 92 (12% of the width) for 230 px (30%) and the rank colours' bar from x = 461 (60%)."""
+    image: the map keeps 768 x 768, a 55 px strip below (16 px text, a 19 px bar 26 px down) holds inferno's bar
+    from x = 92 (12% of the width) for 230 px (30%) and the rank colours' bar from x = 422 (55%)."""
     out = viz.heatmap_overlay(Image.new("RGB", (768, 768)), torch.zeros(8, 8), torch.tensor([[1, 1], [2, 2]]))
-    assert out.size == (768, 768 + 38)
-    y = 768 + 18 + 6  # the bars' middle row
+    assert out.size == (768, 768 + 55)
+    y = 768 + 26 + 9  # the bars' middle row
     assert [pixel(out, (x, y)) for x in (92, 92 + 115, 92 + 229)] == [INFERNO[0.0], INFERNO[0.5], INFERNO[1.0]]
-    assert (pixel(out, (461, y)), pixel(out, (461 + 229, y))) == COOL_ENDS
-    assert pixel(out, (92, 768 + 2)) == WHITE == pixel(out, (420, y))  # the strip's white, between the bars
+    assert (pixel(out, (422, y)), pixel(out, (422 + 229, y))) == COOL_ENDS
+    assert pixel(out, (92, 768 + 2)) == WHITE == pixel(out, (92 + 230 + 2, 768 + 26 + 1))  # the strip's white
     no_saccades = viz.heatmap_overlay(Image.new("RGB", (768, 768)), torch.zeros(8, 8))
-    assert no_saccades.size == out.size and pixel(no_saccades, (461, y)) == WHITE  # no boxes: no rank bar
+    assert no_saccades.size == out.size and pixel(no_saccades, (422, y)) == WHITE  # no boxes: no rank bar
 
 
 def test_rank_one_box_is_drawn_at_its_cell_and_on_top():
@@ -342,7 +342,7 @@ def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
     answer = arr_model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
     paths = viz.save_all(answer, tmp_path / "run")
     assert [p.name for p in paths] == ["heatmap.png", "mosaic.png", "channels.png", "scorers.png"]
-    assert Image.open(paths[0]).size == (768, 512 + 38)  # the coffee's canvas (600 x 400 upscaled), and its key
+    assert Image.open(paths[0]).size == (768, 512 + 55)  # the coffee's canvas (600 x 400 upscaled), and its key
     mosaic = Image.open(paths[1]).convert("RGB")
     expected = viz.saccade_mosaic(answer.views.highres, answer.views.candidate_grid, answer.saccades)
     assert np.array_equal(np.asarray(mosaic), np.asarray(expected))
