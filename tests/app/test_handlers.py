@@ -58,7 +58,8 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
     kept = updates[-1][-1]
     assert isinstance(kept, handlers.Kept) and holds_only_cpu_data(kept) == []
     heatmap, mosaic = handlers.redraw(kept, 0)  # renumbered from the kept state alone
-    assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
+    assert heatmap.size == updates[-1][5].size  # unnumbered, the mosaic loses the 26 px band its first row's 5
+    assert mosaic.size == (updates[-1][8].width, updates[-1][8].height - 26)  # numbers had (17 tiles a row)
     assert updates[-1][9] is None  # a stock view keeps every cell: no kept-cell drawing
 
 
