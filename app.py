@@ -52,6 +52,7 @@ if __name__ == "__main__":
     ARGS = parse_args()  # first: --help and a bad flag answer at once, before gradio and torch load (seconds)
 
 import functools  # noqa: E402  (after the flags: see above)
+import html  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -152,26 +153,34 @@ def output_table(label: str, headers: list[str], elem_id: str | None = None,
                         column_widths=widths, elem_id=elem_id)
 
 
-def examples(image: gr.Image, question: gr.Textbox, cleared: list, reset=None) -> gr.Examples:
+def example_list() -> gr.Dataset:
     """
-    The examples, labelled: the fine-print pages the offline pocket model answers come first, with their expected
-    answers; the photos and other scenes are said to need real Qwen-VL weights. A click fills the question, then
-    shows the example's file in the image box as a plain value: an example loaded into the image box itself is
-    gradio's update of it, which re-creates the box for the session without image_input's upload check. The file
-    is looked up by the clicked row's index (show_example), never taken from the client, and both events are
-    private: no client can name a file for the server to hand back. The click also empties the tab's results
-    (`cleared`: reset() gives their values, else none), so an earlier example's answers and maps do not stay
-    under the new one, and scrolls the page to the image box.
+    The examples, at the top of a tab beside its image box: a thumbnail of each image and its whole label (the
+    fine-print pages the offline pocket model answers come first, with their expected answers; the photos and
+    other scenes are said to need real Qwen-VL weights), in a box of the image box's height that scrolls (CSS).
     """
-    gr.Markdown(EXAMPLES_NOTE)
-    listed = gr.Examples([[q] for _, q in EXAMPLES], inputs=question, cache_examples=False,
-                         example_labels=EXAMPLE_LABELS, examples_per_page=len(EXAMPLES), api_visibility="private")
+    gr.Markdown(EXAMPLES_NOTE, elem_classes="examples-note")
+    return gr.Dataset(components=["image", "html"],  # html: shown whole (gradio's textbox example cuts at 60 chars)
+                      samples=[[path, html.escape(label)] for (path, _), label in zip(EXAMPLES, EXAMPLE_LABELS)],
+                      headers=["image", "question → the pocket model's answer, or what it needs"], type="tuple",
+                      layout="table", samples_per_page=len(EXAMPLES), label="Examples (click one)",
+                      elem_classes="examples")
+
+
+def pick_examples(listed: gr.Dataset, image: gr.Image, question: gr.Textbox, cleared: list, reset=None) -> None:
+    """
+    A click on an example fills the question and shows the example's file in the image box as a plain value:
+    an example loaded into the image box itself is gradio's update of it, which re-creates the box for the session
+    without image_input's upload check. The row is looked up by the clicked index (show_example), never taken from
+    the client, and both events are private: no client can name a file for the server to hand back. The click also
+    empties the tab's results (`cleared`: reset() gives their values, else none), so an earlier example's answers
+    and maps do not stay under the new one, and scrolls the page to the image box.
+    """
     scroll = f"(x) => {{ document.getElementById('{image.elem_id}')?.scrollIntoView({{block: 'start'}}); return x; }}"
-    listed.dataset.click(show_example, listed.dataset, image, api_visibility="private", queue=False, js=scroll)
+    listed.click(show_example, listed, [image, question], api_visibility="private", queue=False, js=scroll)
     empty = reset or (lambda: [None] * len(cleared) if len(cleared) > 1 else None)
-    listed.dataset.click(empty, None, cleared, api_visibility="private", queue=False,  # its own name: reset's
-                         api_name=f"{image.elem_id.replace('-', '_')}_example_clears")  # own stays the endpoint's
-    return listed
+    listed.click(empty, None, cleared, api_visibility="private", queue=False,  # its own name: reset's
+                 api_name=f"{image.elem_id.replace('-', '_')}_example_clears")  # own stays the endpoint's
 
 
 def checked_uploads(image: gr.Image, status: gr.Markdown | None) -> None:
@@ -185,10 +194,11 @@ def checked_uploads(image: gr.Image, status: gr.Markdown | None) -> None:
     read.failure(lambda: None, None, image, api_visibility="private", queue=False)
 
 
-def show_example(example: tuple[int, list]) -> str:
-    """The clicked example's file, for the image box: EXAMPLES' row at the index gradio's Dataset checked."""
+def show_example(example: tuple[int, list]) -> tuple[str, str]:
+    """The clicked example's file, for the image box, and its question: EXAMPLES' row at the index gradio's Dataset
+    checked."""
     index, _ = example
-    return EXAMPLES[index][0]
+    return EXAMPLES[index][0], EXAMPLES[index][1]
 
 
 def bind(model: ARRCOCQwen, handler, *args, gpu_seconds: int | None = None):
@@ -220,6 +230,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
                 stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
             status = gr.Markdown(label="Status", elem_id="compare-status", elem_classes="status-line")
         with gr.Column(scale=2):
+            listed = example_list()
             with gr.Row():
                 with gr.Column():
                     base_text = gr.Textbox(label="Baseline answer", lines=3, elem_id="baseline-answer")
@@ -237,8 +248,8 @@ def compare_tab(model: ARRCOCQwen) -> None:
             weights = output_image("Balancer weights, and what each scorer gave the saccades", "arr-weights",
                                    height=None)
     kept = gr.State(time_to_live=3600)  # the last ARR answer's drawing data (CPU): freed an hour after
-    examples(image, question, [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt, weights, mosaic,
-                               base_cells, kept])
+    pick_examples(listed, image, question, [status, base_text, base_stats, arr_text, arr_stats, heatmap, gestalt,
+                                            weights, mosaic, base_cells, kept])
     checked_uploads(image, status)
 
     event = gr.on([run.click, question.submit], bind(model, handlers.compare, gpu_seconds=GPU_SECONDS["compare"]),
@@ -271,13 +282,16 @@ def microscope_tab(model: ARRCOCQwen) -> None:
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
             reducer = gr.Dropdown([handlers.NO_REDUCER, *REDUCERS], value=handlers.NO_REDUCER,
                                   label="Draw a reducer's kept cells over the relevance", elem_id="microscope-reducer",
-                                  info="as many visual tokens as ARR reads at the budget (runs the reducer)")
+                                  info="as many visual tokens as ARR reads at the budget (runs the reducer); "
+                                       "drawn just below")
+            with gr.Column(visible=False) as reduced_panel:  # shown once a reducer is chosen, under its dropdown
+                reduced = output_image("The reducer's kept cells over ARR's relevance", "microscope-reducer-cells",
+                                       height=None)
             summary = gr.Markdown(label="Selection", elem_id="microscope-summary", elem_classes="status-line")
         with gr.Column(scale=2):
+            listed = example_list()
             heatmap = output_image("Relevance and numbered saccades", "microscope-heatmap")
             mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "microscope-mosaic", height=None)
-            with gr.Column(visible=False) as reduced_panel:  # shown once a reducer is chosen
-                reduced = output_image("The reducer's kept cells over ARR's relevance", "microscope-reducer-cells")
             with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
                 saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
             curves, answer, measure, verdict = faithfulness_panel()
@@ -286,8 +300,8 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     channels = output_image("The 13 texture channels (all on a 0..1 scale)", "microscope-channels", None)
     gr.Markdown(ui.channels_markdown())
     kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
-    examples(image, question, [kept, channels, scorers, heatmap, summary, saccades, mosaic, reduced, curves, verdict,
-                               looks, look_summary])
+    pick_examples(listed, image, question, [kept, channels, scorers, heatmap, summary, saccades, mosaic, reduced,
+                                            curves, verdict, looks, look_summary])
     checked_uploads(image, summary)
 
     analysed = run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
@@ -379,13 +393,14 @@ def conversation_tab(model: ARRCOCQwen) -> None:
             status = gr.Markdown("Ask a first question about the image.", label="Status", elem_id="chat-status",
                                  elem_classes="status-line")
         with gr.Column(scale=2):
+            listed = example_list()
             with gr.Row():
                 heatmap = output_image("This turn's relevance and numbered saccades", "chat-heatmap")
                 moved = output_image("How the saccades moved from the turn before: new (green), kept (cyan), dropped "
                                      "(red)", "chat-moves")
     turns = output_table("Turns", ui.TURN_HEADERS, "chat-turns", ui.TURN_WIDTHS)  # the page's width: no word split
     chat = gr.State(time_to_live=3600)  # the conversations (CPU between turns): freed an hour after the last turn
-    examples(image, question, [chat, status, turns, heatmap, moved], handlers.new_conversation)
+    pick_examples(listed, image, question, [chat, status, turns, heatmap, moved], handlers.new_conversation)
     checked_uploads(image, None)
     gr.on([ask.click, question.submit], bind(model, handlers.converse, gpu_seconds=GPU_SECONDS["converse"]),
           [chat, image, question, baseline, tokens, budget, fresh, numbered], [chat, status, turns, heatmap, moved],
@@ -415,6 +430,7 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
             summary = gr.Markdown(label="Agreement", elem_id="ab-summary",  # also the tab's status while running
                                   elem_classes="status-line")
         with gr.Column(scale=2):
+            listed = example_list()
             with gr.Row():
                 with gr.Column():
                     heat_a = output_image("A: relevance and saccades", "ab-heatmap-a")
@@ -423,7 +439,7 @@ def ab_tab(model: ARRCOCQwen, layer_name: str) -> None:
                     heat_b = output_image("B: relevance and saccades", "ab-heatmap-b")
                     text_b = gr.Textbox(label="B's answer", lines=2, elem_id="ab-answer-b")
             difference = output_image("Difference B − A", "ab-difference")
-    examples(image, question, [heat_a, heat_b, difference, text_a, text_b, summary])
+    pick_examples(listed, image, question, [heat_a, heat_b, difference, text_a, text_b, summary])
 
     event = run.click(bind(model, handlers.ab, CHECKPOINTS, gpu_seconds=GPU_SECONDS["ab"]),
                       [image, question, choice_a, files_a, choice_b, files_b, strategy, tokens, cells],

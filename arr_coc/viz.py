@@ -54,6 +54,8 @@ HEAT_CMAP = "inferno"  # relevance: dark = ignored, bright = relevant
 RANK_CMAP = "cool"  # saccade boxes: rank 1 cyan ... last magenta, apart from the heatmap's colours
 SECOND_LOOK = (57, 255, 20)  # a second fixation's saccade boxes: a green in neither RANK_CMAP nor HEAT_CMAP
 SECOND_LOOK_LEGEND = "cyan to magenta: the first look's saccades by rank · green: the second look's"
+KEY_BARS = (0.12, 0.55)  # with_key: where the relevance bar and the rank bar start, as shares of the width
+KEY_BAR_SHARE = 0.3  # and how long each is
 DIFF_CMAP = "RdBu_r"  # B - A: red = B finds it more relevant, blue = A does
 TOP_LABELS = 20  # saccades numbered by default: at 64x64 or finer, 273 numbers would hide the image
 MOSAIC_SCALE = 3  # each 28 px saccade cell is shown 3x (84 px): nearest, so every pixel the ViT read is visible
@@ -263,19 +265,52 @@ def heat_canvas(image: Image.Image, relevance: MapLike | None, alpha: float = 0.
 
 
 def heatmap_overlay(image: Image.Image, relevance: MapLike, saccades: CellsLike = (),
-                    alpha: float = 0.5, numbered: int = TOP_LABELS, second: CellsLike = ()) -> Image.Image:
+                    alpha: float = 0.5, numbered: int = TOP_LABELS, second: CellsLike = (),
+                    key: bool = True) -> Image.Image:
     """
     The relevance map blended over the image (heat_canvas), and the saccades, whose (row, col) are cells of the
-    relevance map's grid, as boxes coloured by rank, the first `numbered` of them numbered. `second`: a second
-    fixation's saccades, boxes in SECOND_LOOK, said in a legend below.
+    relevance map's grid, as boxes coloured by rank, the first `numbered` of them numbered; with `key`, a colour
+    bar of the relevance and one of the ranks' colours below (with_key). `second`: a second fixation's saccades,
+    boxes in SECOND_LOOK, said in a legend below.
     """
-    out, shape = heat_canvas(image, relevance, alpha), as_map(relevance).shape
-    skipped_note(out, draw_saccades(out, as_cells(saccades), shape, numbered))
+    out, shape, cells = heat_canvas(image, relevance, alpha), as_map(relevance).shape, as_cells(saccades)
+    skipped_note(out, draw_saccades(out, cells, shape, numbered))
     second = as_cells(second)
-    if not second:
-        return out
-    draw_boxes(out, second, shape, SECOND_LOOK)  # as thin as the first look's boxes: they never share a cell
-    return with_legend(out, SECOND_LOOK_LEGEND)
+    if second:
+        draw_boxes(out, second, shape, SECOND_LOOK)  # as thin as the first look's boxes: they never share a cell
+    out = with_key(out, len(cells)) if key else out
+    return with_legend(out, SECOND_LOOK_LEGEND) if second else out
+
+
+def key_geometry(width: int) -> tuple[int, int, int, int, int]:
+    """with_key's strip for a canvas `width` px wide: (font size, strip height, bars' top, bar height, bar width);
+    the relevance bar starts at KEY_BARS[0] of the width, the rank bar at KEY_BARS[1]."""
+    size = max(12, width // 48)  # larger than with_legend's: a page's drawing is shown at a third of its size
+    bar = round(size * 1.2)
+    return size, round(size * 1.6) + bar + round(size * 0.6), round(size * 1.6), bar, round(width * KEY_BAR_SHARE)
+
+
+def with_key(canvas: Image.Image, saccades: int) -> Image.Image:
+    """
+    The heatmap with its key on a white strip below it: a colour bar of HEAT_CMAP from the image's least relevant
+    cell (0) to its most relevant (1), the map being min-max scaled, and, with saccades, a bar of RANK_CMAP from
+    rank 1 (the most relevant, also ringed in white) to rank `saccades`: the boxes' colours.
+    """
+    size, height, top, bar, length = key_geometry(canvas.width)
+    out = Image.new("RGB", (canvas.width, canvas.height + height), "white")
+    out.paste(canvas, (0, 0))
+    draw, text, y = ImageDraw.Draw(out), font(size), canvas.height + top
+    bars = [(HEAT_CMAP, "relevance, min-max scaled", "0 low", "1 high")]
+    if saccades:
+        bars.append((RANK_CMAP, "saccade box by rank (1: white ring)", "1", str(saccades)))
+    for start, (cmap, title, low, high) in zip(KEY_BARS, bars):
+        x = round(canvas.width * start)
+        gradient = colourise(np.linspace(0.0, 1.0, length)[None], cmap)  # [1, length]: one pixel a step
+        out.paste(gradient.resize((length, bar), Image.Resampling.NEAREST), (x, y))
+        draw.text((x, canvas.height + top // 2), title, font=text, anchor="lm", fill="black")
+        draw.text((x - 4, y + bar / 2), low, font=text, anchor="rm", fill="black")
+        draw.text((x + length + 4, y + bar / 2), high, font=text, anchor="lm", fill="black")
+    return out
 
 
 def draw_boxes(canvas: Image.Image, cells: list[tuple[int, int]], grid: tuple[int, int], colour: tuple) -> None:
@@ -320,7 +355,8 @@ def saccade_mosaic(highres: Image.Image, grid: tuple[int, int], saccades: CellsL
     The selected cells of the high-res (candidate) view, cropped and tiled in rank order (rank 1 top-left,
     row by row, ceil(sqrt(K)) columns unless `cols` says), each upscaled `scale`x with nearest neighbours:
     exactly the pixels the vision tower encoded for the saccade block, beside the gestalt. The first
-    `numbered` tiles carry their rank in the top-left corner.
+    `numbered` tiles carry their rank on a band above their tile (mosaic_band high, in the rows that hold them), so
+    no number covers a pixel the ViT read.
     """
     cells = as_cells(saccades)
     view = to_rgb(highres)
@@ -329,21 +365,30 @@ def saccade_mosaic(highres: Image.Image, grid: tuple[int, int], saccades: CellsL
     rects = [cell_rect(r, c, grid, view.size) for r, c in cells]
     tile_w = max((x1 - x0 + 1 for x0, _, x1, _ in rects), default=round(view.width / grid[1])) * scale
     tile_h = max((y1 - y0 + 1 for _, y0, _, y1 in rects), default=round(view.height / grid[0])) * scale
-    out = Image.new("RGB", (cols * tile_w + (cols + 1) * gap, rows * tile_h + (rows + 1) * gap), MOSAIC_BACKGROUND)
+    shown = min(len(cells), max(0, int(numbered)))
+    band, banded = mosaic_band(tile_h), math.ceil(shown / cols)  # the rows whose tiles carry a number get a band
+    out = Image.new("RGB", (cols * tile_w + (cols + 1) * gap, rows * tile_h + (rows + 1) * gap + banded * band),
+                    MOSAIC_BACKGROUND)
     for k, (x0, y0, x1, y1) in enumerate(rects):
         tile = view.crop((x0, y0, x1 + 1, y1 + 1)).resize((tile_w, tile_h), Image.Resampling.NEAREST)
-        out.paste(tile, mosaic_origin(k, cols, (tile_w, tile_h), gap))
-    draw, numbers = ImageDraw.Draw(out), font(max(10, round(tile_h * 0.28)))
-    for k in range(min(len(cells), max(0, int(numbered)))):
-        x, y = mosaic_origin(k, cols, (tile_w, tile_h), gap)
-        draw_rank(draw, (x + 2, y + 1), k + 1, numbers, anchor="lt")
+        out.paste(tile, mosaic_origin(k, cols, (tile_w, tile_h), gap, band, banded))
+    draw, numbers = ImageDraw.Draw(out), font(band - 2)
+    for k in range(shown):
+        x, y = mosaic_origin(k, cols, (tile_w, tile_h), gap, band, banded)
+        draw_rank(draw, (x + 2, y - band / 2), k + 1, numbers, anchor="lm")
     return out
 
 
-def mosaic_origin(k: int, cols: int, tile: tuple[int, int], gap: int) -> tuple[int, int]:
-    """Top-left pixel of the k-th (0-based) tile of a saccade mosaic."""
+def mosaic_band(tile_h: int) -> int:
+    """The height in px of the band above a row of numbered mosaic tiles: a number about 0.28 of a tile high."""
+    return max(12, round(tile_h * 0.28)) + 2
+
+
+def mosaic_origin(k: int, cols: int, tile: tuple[int, int], gap: int, band: int = 0, banded: int = 0) -> tuple[int, int]:
+    """Top-left pixel of the k-th (0-based) tile of a saccade mosaic whose first `banded` rows have a band `band` px
+    high above their tiles (the rank numbers')."""
     row, col = divmod(k, cols)
-    return gap + col * (tile[0] + gap), gap + row * (tile[1] + gap)
+    return gap + col * (tile[0] + gap), gap + row * (tile[1] + gap) + band * min(row + 1, banded)
 
 
 def difference_map(rel_a: MapLike, rel_b: MapLike, saccades_a: CellsLike = (),
@@ -435,7 +480,7 @@ def teacher_comparison(image: Image.Image, teacher: MapLike, relevance: MapLike,
     grid = as_map(relevance).shape
     t, r = on_grid(teacher, grid), on_grid(relevance, grid)
     overlap = np.minimum(t, r)
-    panels = [heat_canvas(image, teacher), heatmap_overlay(image, relevance, saccades, numbered=0),
+    panels = [heat_canvas(image, teacher), heatmap_overlay(image, relevance, saccades, numbered=0, key=False),
               heat_canvas(image, overlap)]
     titles = ["teacher: where the model looks", "ARR: relevance and saccades", "overlap: min of the two"]
     if box is not None:

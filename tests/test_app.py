@@ -6,6 +6,7 @@ while the app stays up. Also the app helpers in arr_coc/app/ui.py that need no s
     .venv/bin/python -m pytest tests/test_app.py -q
 """
 
+import html
 import io
 import json
 import logging
@@ -67,11 +68,18 @@ def compare(client: Client, image=CAT, question=QUESTION, baseline="gestalt", to
                           api_name="/compare")
 
 
-def mosaic_size(k: int) -> tuple[int, int]:
-    """The size of a saccade mosaic of k 28 px cells (ceil(sqrt(k)) columns)."""
+def mosaic_size(k: int, numbered: int = viz.TOP_LABELS) -> tuple[int, int]:
+    """The size of a saccade mosaic of k 28 px cells (ceil(sqrt(k)) columns), the rows with numbered tiles each with
+    its 26 px band of rank numbers above (0.28 of an 84 px tile, + 2)."""
     cols, tile, gap = math.ceil(math.sqrt(k)), 28 * viz.MOSAIC_SCALE, viz.MOSAIC_GAP
-    rows = math.ceil(k / cols)
-    return cols * tile + (cols + 1) * gap, rows * tile + (rows + 1) * gap
+    rows, banded = math.ceil(k / cols), math.ceil(min(k, numbered) / cols)
+    return cols * tile + (cols + 1) * gap, rows * tile + (rows + 1) * gap + 26 * banded
+
+
+def with_key(size: tuple[int, int]) -> tuple[int, int]:
+    """A heatmap's size: its canvas and the key's strip below (viz.with_key), 55 px under a 768 px wide canvas and 142
+    px under a 2048 px one."""
+    return size[0], size[1] + {768: 55, 2048: 142}[size[0]]
 
 
 def save_checkpoint(folder: Path, **config) -> list[str]:
@@ -156,7 +164,7 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
         assert s["TTFT ms"] == pytest.approx(s["vision ms"] + s["selection ms"] + s["prefill ms"], abs=0.2)
     assert arr["candidate grid"] == ui.grid_text(views.candidate_grid, views.cell) and "candidate grid" not in base
     assert arr["selection ms"] > 0 and base["selection ms"] == 0  # the baselines select nothing
-    assert Image.open(heatmap).size == viz.canvas_size(*views.image.size)
+    assert Image.open(heatmap).size == with_key(viz.canvas_size(*views.image.size))
     assert Image.open(gestalt).size == views.gestalt.size
     assert Image.open(weights).width > Image.open(weights).height
     assert Image.open(mosaic).size == mosaic_size(273)
@@ -171,7 +179,7 @@ def test_max_cells_caps_both_pipelines_and_numbers_redraw(client):
     assert nh * nw <= 2048 and nw > 2 * nh  # the wide image keeps its aspect under the smaller cap
     assert base["visual tokens: total"] == nh * nw and arr["visual tokens: saccade"] == 273
     assert arr["candidate grid"] == ui.grid_text(views.candidate_grid, views.cell) and arr["image"] == "2400 x 900 px"
-    assert Image.open(heatmap).size == viz.canvas_size(2400, 900) == (2048, 768)
+    assert Image.open(heatmap).size == with_key(viz.canvas_size(2400, 900)) == (2048, 768 + 142)
     # the numbered saccades redraw from the kept answer, without the VLM
     renumbered, remosaic = client.predict(30, api_name="/redraw")
     assert Image.open(renumbered).size == Image.open(heatmap).size
@@ -188,7 +196,7 @@ def test_microscope_then_reselect_without_the_vlm(client):
     assert [r[0] for r in rows] == list(range(1, 274))
     scores = [r[3] for r in rows]
     assert scores == sorted(scores, reverse=True)  # most relevant first
-    assert Image.open(heatmap).size == viz.canvas_size(*Image.open(CAT).size)
+    assert Image.open(heatmap).size == with_key(viz.canvas_size(*Image.open(CAT).size)) == (768, 511 + 55)
     assert Image.open(channels).height > 300 and Image.open(scorers).width > 3 * Image.open(scorers).height
     assert Image.open(mosaic).size == mosaic_size(273)
 
@@ -197,7 +205,7 @@ def test_microscope_then_reselect_without_the_vlm(client):
     assert summary.startswith("**50 saccades**")
     assert [r[:4] for r in fewer["data"]] == [r[:4] for r in rows[:50]]  # top-k of 50 is the head of top-k of 273,
     assert sorted(r[4] for r in fewer["data"]) == list(range(1, 51))  # fed row by row: each its place among the 50
-    assert Image.open(mosaic).size == mosaic_size(50)
+    assert Image.open(mosaic).size == mosaic_size(50, numbered=5)
     _, summary, spread, _ = client.predict("grid", 50, 5, api_name="/reselect")
     assert summary.startswith("**50 saccades** · strategy `grid`")
     assert {tuple(r[1:3]) for r in spread["data"]} != {tuple(r[1:3]) for r in fewer["data"]}
@@ -260,7 +268,7 @@ def test_ab_same_layer_agrees_and_a_different_one_does_not(client, tmp_path):
         CELLS, api_name="/ab")
     assert "IoU of the selected cells) | 1.000 |" in summary and "(Spearman) | 1.000 |" in summary
     assert "| answers | agree |" in summary and text_a == text_b
-    assert Image.open(heat_a).size == Image.open(heat_b).size == viz.canvas_size(*Image.open(CAT).size)
+    assert Image.open(heat_a).size == Image.open(heat_b).size == (768, 511 + 55)  # the cat's canvas, and its key
     gh, gw = make_views(Image.open(CAT)).candidate_grid
     width, height = viz.canvas_size(gw, gh)
     assert Image.open(diff).width == width and Image.open(diff).height > height  # the legend strip below the grid
@@ -611,8 +619,9 @@ def test_the_examples_that_answer_offline_come_first_with_their_answers(app_url)
         assert label == (f"{entry['question']} → {expected} (answers offline: the pocket model)" if pocket else
                          f"{entry['question']} · meaningful only with real Qwen-VL weights")
     config = json.load(urllib.request.urlopen(f"{app_url}/config", timeout=10))
-    shown = [c["props"].get("sample_labels") for c in config["components"] if c["type"] == "dataset"]
-    assert shown == [labels] * 4  # in every tab
+    shown = [[html.unescape(row[1]) for row in c["props"]["samples"]] for c in config["components"]
+             if c["type"] == "dataset"]
+    assert shown == [labels] * 4  # in every tab, beside each image's thumbnail (row[0])
 
 
 def test_answers_agree_up_to_case_spacing_and_end_punctuation():

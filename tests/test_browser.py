@@ -89,6 +89,53 @@ def not_blank(image: Image.Image) -> bool:
     return float(np.asarray(image, dtype=np.float64).std()) > 10
 
 
+TABS = {"Compare": "compare", "Microscope": "microscope", "Conversation": "chat", "Checkpoint A/B": "ab"}
+LAPTOP = {"width": 1400, "height": 900}  # issue 67's screen: the examples were ~1800 px down, under empty panels
+FIRST_EXAMPLE = "What is the value of PAGE? → 6407 (answers offline: the pocket model)"  # whole: it was cut at 60
+
+
+def test_the_examples_are_visible_without_scrolling(page):
+    """At 1400 x 900, in every tab, the examples sit beside the image box on the first screen: the first one's
+    thumbnail loaded and its whole label inside the viewport, the page not scrolled. A screenshot of each tab's
+    first screen goes to SHOTS (<tab>-top.png)."""
+    from playwright.sync_api import expect
+
+    page.set_viewport_size(LAPTOP)
+    for tab, prefix in TABS.items():
+        page.get_by_role("tab", name=tab).click()
+        panel = page.get_by_role("tabpanel")
+        label = panel.get_by_text(FIRST_EXAMPLE, exact=True)
+        expect(label).to_be_visible(timeout=TIMEOUT_MS)
+        thumbnail = panel.locator(".examples img").first
+        page.wait_for_function("img => img.complete && img.naturalHeight > 0", arg=thumbnail.element_handle(),
+                               timeout=TIMEOUT_MS)
+        assert page.evaluate("window.scrollY") == 0, tab
+        for shown in (label, thumbnail, page.locator(f"#{prefix}-image")):
+            box = shown.bounding_box()
+            assert box["height"] > 0 and 0 <= box["y"] and box["y"] + box["height"] <= LAPTOP["height"], (tab, box)
+        image_box = page.locator(f"#{prefix}-image").bounding_box()
+        assert thumbnail.bounding_box()["x"] > image_box["x"] + image_box["width"], tab  # beside the image box
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{prefix}-top.png"))
+
+
+def test_the_reducers_drawing_appears_under_its_dropdown(page):
+    """Issue 67: the reducer's overlay appeared off-screen, with no hint. Chosen, it shows right under the dropdown,
+    on the same screen."""
+    from playwright.sync_api import expect
+
+    page.set_viewport_size(LAPTOP)
+    page.get_by_role("tab", name="Microscope").click()
+    dropdown = page.locator("#microscope-reducer")
+    dropdown.scroll_into_view_if_needed()
+    dropdown.locator("input").click()
+    page.get_by_role("option", name="divprune", exact=True).click()
+    drawing = page.locator("#microscope-reducer-cells")
+    expect(drawing).to_be_visible(timeout=TIMEOUT_MS)
+    below, top = dropdown.bounding_box(), drawing.bounding_box()
+    assert 0 <= top["y"] - (below["y"] + below["height"]) < 80 and abs(top["x"] - below["x"]) < 40, (below, top)
+
+
 def test_an_example_clicked_then_run_answers(page):
     """A click on an example re-creates the session's image box (gradio's update from the example), whose copy hands
     the handler a file path, not our reader's image: the app reads it as an upload. It once failed with "expected
@@ -130,6 +177,12 @@ def test_compare_on_a_portrait_page(page, portrait):
         expect(page.locator(answer)).not_to_have_value("")
     heatmap = drawing(page, "arr-heatmap")
     assert heatmap.height > heatmap.width and not_blank(heatmap)  # the page's own (portrait) shape
+    # its key below the 1593 x 2048 map (viz.with_key: a 113 px strip, 40 px bars 53 px down, each 478 px long, from
+    # x = 191 and 876): inferno from 0 to 1, then the ranks' cyan to magenta
+    assert heatmap.size == (1593, 2048 + 113)
+    y = 2048 + 53 + 20
+    assert [heatmap.getpixel((x, y)) for x in (191, 191 + 477, 876, 876 + 477)] == [
+        (0, 0, 4), (252, 255, 164), (0, 255, 255), (255, 0, 255)]
     for elem_id in ("arr-mosaic", "arr-gestalt", "arr-weights"):
         assert not_blank(drawing(page, elem_id))
     for table in ("#baseline-stats", "#arr-stats"):

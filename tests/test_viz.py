@@ -67,14 +67,32 @@ def test_heatmap_is_hotter_where_relevance_is_high():
                                             ((1792, 1792), (1792, 1792)), ((4000, 2000), (2048, 1024)),
                                             ((1, 1), (768, 768))])
 def test_heatmap_follows_the_image_within_the_canvas_limits(size, expected):
-    out = viz.heatmap_overlay(Image.new("RGB", size), torch.rand(32, 32))
+    out = viz.heatmap_overlay(Image.new("RGB", size), torch.rand(32, 32), key=False)
     assert out.size == expected and out.mode == "RGB"
+
+
+INFERNO = {0.0: (0, 0, 4), 0.5: (188, 55, 84), 1.0: (252, 255, 164)}  # matplotlib's inferno at 0, 0.5 and 1
+COOL_ENDS = ((0, 255, 255), (255, 0, 255))  # and cool's ends: rank 1 cyan, the last rank magenta
+
+
+def test_the_heatmap_has_its_colour_bar_and_the_ranks_key_below():
+    """Issue 67: the Compare heatmap had no colour bar and its cyan / magenta boxes were not explained. A 768 px
+    image: the map keeps 768 x 768, a 55 px strip below (16 px text, a 19 px bar 26 px down) holds inferno's bar
+    from x = 92 (12% of the width) for 230 px (30%) and the rank colours' bar from x = 422 (55%)."""
+    out = viz.heatmap_overlay(Image.new("RGB", (768, 768)), torch.zeros(8, 8), torch.tensor([[1, 1], [2, 2]]))
+    assert out.size == (768, 768 + 55)
+    y = 768 + 26 + 9  # the bars' middle row
+    assert [pixel(out, (x, y)) for x in (92, 92 + 115, 92 + 229)] == [INFERNO[0.0], INFERNO[0.5], INFERNO[1.0]]
+    assert (pixel(out, (422, y)), pixel(out, (422 + 229, y))) == COOL_ENDS
+    assert pixel(out, (92, 768 + 2)) == WHITE == pixel(out, (92 + 230 + 2, 768 + 26 + 1))  # the strip's white
+    no_saccades = viz.heatmap_overlay(Image.new("RGB", (768, 768)), torch.zeros(8, 8))
+    assert no_saccades.size == out.size and pixel(no_saccades, (422, y)) == WHITE  # no boxes: no rank bar
 
 
 def test_rank_one_box_is_drawn_at_its_cell_and_on_top():
     image = Image.new("RGB", (512, 512), (40, 40, 40))
     relevance = torch.rand(8, 8, generator=torch.Generator().manual_seed(0))
-    out = viz.heatmap_overlay(image, relevance, torch.tensor([[3, 6], [0, 0]]))
+    out = viz.heatmap_overlay(image, relevance, torch.tensor([[3, 6], [0, 0]]), key=False)
     x0, y0, x1, y1 = viz.cell_rect(3, 6, (8, 8), out.size)
     assert pixel(out, (x0 + 1, y0 + 1)) == CYAN  # inside the thick rank-1 box
     assert pixel(out, (x1 - 1, y1 - 1)) == CYAN
@@ -107,7 +125,7 @@ def lattice(grid, step: int, k: int) -> torch.Tensor:
 def test_every_saccade_gets_a_box_and_only_the_top_n_a_number(grid, side, step, numbered):
     positions = lattice(grid, step, 273)
     kwargs = {} if numbered is None else {"numbered": numbered}
-    out = viz.heatmap_overlay(Image.new("RGB", (side, side)), torch.zeros(grid), positions, **kwargs)
+    out = viz.heatmap_overlay(Image.new("RGB", (side, side)), torch.zeros(grid), positions, key=False, **kwargs)
     numbered = viz.TOP_LABELS if numbered is None else numbered
     rects = [viz.cell_rect(r, c, grid, out.size) for r, c in positions.tolist()]
     inset = max(2, (rects[0][2] - rects[0][0]) // 5)  # clear of the boxes and of rank 1's white ring
@@ -124,8 +142,8 @@ def test_the_two_looks_draw_in_two_colours():
     which is which; without a second look the drawing is the one-look drawing."""
     grid, first, second = (8, 8), torch.tensor([[1, 1], [2, 5], [6, 2]]), torch.tensor([[4, 4], [0, 7]])
     image, relevance = Image.new("RGB", (768, 768)), torch.zeros(grid)
-    one = viz.heatmap_overlay(image, relevance, first, numbered=0)
-    two = viz.heatmap_overlay(image, relevance, first, numbered=0, second=second)
+    one = viz.heatmap_overlay(image, relevance, first, numbered=0, key=False)
+    two = viz.heatmap_overlay(image, relevance, first, numbered=0, second=second, key=False)
     assert two.width == one.width and two.height > one.height  # the legend strip below
     colours = viz.rank_colours(len(first))
     for rank, (r, c) in enumerate(first.tolist()[1:], start=2):  # (rank 1 has its white ring)
@@ -135,7 +153,7 @@ def test_the_two_looks_draw_in_two_colours():
         x0, y0, x1, y1 = viz.cell_rect(r, c, grid, one.size)
         assert pixel(two, (x0, (y0 + y1) / 2)) == viz.SECOND_LOOK == pixel(two, ((x0 + x1) / 2, y1 - 1))
         assert pixel(one, (x0, (y0 + y1) / 2)) != viz.SECOND_LOOK
-    assert np.array_equal(np.asarray(viz.heatmap_overlay(image, relevance, first, numbered=0, second=())),
+    assert np.array_equal(np.asarray(viz.heatmap_overlay(image, relevance, first, numbered=0, second=(), key=False)),
                           np.asarray(one))
 
 
@@ -178,9 +196,16 @@ def test_mosaic_numbers_exactly_the_first_n_tiles(numbered):
     grid = (8, 8)
     view, positions = noise_view(grid), lattice(grid, 1, 30)
     out = viz.saccade_mosaic(view, grid, as_saccades(positions), numbered=numbered, cols=10)
-    tiles = mosaic_tiles(out, 30, 10, 28 * viz.MOSAIC_SCALE)
-    changed = [not np.array_equal(t, cell_crop(view, r, c)) for t, (r, c) in zip(tiles, positions.tolist())]
-    assert changed == [True] * numbered + [False] * (30 - numbered)
+    tile, gap, band = 28 * viz.MOSAIC_SCALE, viz.MOSAIC_GAP, 26  # band: 0.28 of an 84 px tile, + 2
+    banded = {0: 0, 7: 1, 30: 3}[numbered]  # the rows of 10 tiles that hold a numbered one
+    assert out.height == 3 * tile + 4 * gap + banded * band
+    a = np.asarray(out)
+    for k, (r, c) in enumerate(positions.tolist()):  # issue 67: no number covers a tile, each is its cell's pixels
+        row, col = divmod(k, 10)
+        x, y = gap + col * (tile + gap), gap + row * (tile + gap) + band * min(row + 1, banded)
+        assert np.array_equal(a[y:y + tile, x:x + tile], cell_crop(view, r, c)), k
+        above = a[y - band:y, x:x + tile] if row < banded else a[y - gap:y, x:x + tile]  # its band, or the gap
+        assert bool((above == 255).all(-1).any()) == (k < numbered), k  # white digits on the band: the first n
 
 
 def test_mosaic_of_no_saccades_is_an_empty_tile():
@@ -321,7 +346,7 @@ def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
     answer = arr_model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
     paths = viz.save_all(answer, tmp_path / "run")
     assert [p.name for p in paths] == ["heatmap.png", "mosaic.png", "channels.png", "scorers.png"]
-    assert Image.open(paths[0]).size == viz.canvas_size(*image.size)
+    assert Image.open(paths[0]).size == (768, 512 + 55)  # the coffee's canvas (600 x 400 upscaled), and its key
     mosaic = Image.open(paths[1]).convert("RGB")
     expected = viz.saccade_mosaic(answer.views.highres, answer.views.candidate_grid, answer.saccades)
     assert np.array_equal(np.asarray(mosaic), np.asarray(expected))
@@ -369,8 +394,8 @@ def test_rank_numbers_of_clustered_saccades_never_overlap_and_skipped_ones_are_s
 
     skipped = viz.draw_saccades(canvas, cells, grid, numbered=36)
     assert skipped == [rank for rank, spot in enumerate(spots, start=1) if spot is None] and skipped
-    noted = viz.heatmap_overlay(Image.new("RGB", (1792, 1792)), torch.zeros(grid), cells, numbered=36)
-    plain = viz.heatmap_overlay(Image.new("RGB", (1792, 1792)), torch.zeros(grid), cells[:1], numbered=1)
+    noted = viz.heatmap_overlay(Image.new("RGB", (1792, 1792)), torch.zeros(grid), cells, numbered=36, key=False)
+    plain = viz.heatmap_overlay(Image.new("RGB", (1792, 1792)), torch.zeros(grid), cells[:1], numbered=1, key=False)
     corner = (0, 1792 - 40, 900, 1792)  # the note says so at the bottom left
     assert has_white(noted, corner) and not has_white(plain, corner)
 

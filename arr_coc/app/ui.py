@@ -57,6 +57,15 @@ THEME = gr.themes.Default(font=[gr.themes.LocalFont("Source Sans Pro", weights=(
 CSS = """
 .status-line > [data-testid="status-tracker"] { display: none !important; }  /* its Error pill hid the text */
 #chat-turns * { overflow-wrap: normal !important; word-break: normal !important; hyphens: none !important; }
+/* a failed event's red "Error" pill on each of its outputs (panels that merely wait for an image, say): the status
+   line and the toast say what went wrong, in one line */
+[data-testid="status-tracker"]:has(> .error) { display: none !important; }
+/* the examples beside the image box: small thumbnails, whole labels, a box of the image box's height that scrolls */
+.examples .table-wrap { max-height: 330px; overflow-y: auto; }
+.examples td { text-align: left !important; max-width: none !important; padding: 4px 8px !important; }
+.examples td.image img { width: 56px !important; height: 56px !important; object-fit: cover; }
+.examples td.image .container { width: 56px !important; height: 56px !important; }
+.examples-note p { margin: 0 !important; font-size: 0.9em; }
 """
 # Enter in a slider's number box ends the edit as leaving the box does: the slider's release event (the
 # Microscope's budget re-selects on it), where gradio's number box only listens for leaving
@@ -67,11 +76,15 @@ document.addEventListener("keydown", (e) => {
   }
 }, true);
 </script>"""
-TURN_HEADERS = ["turn", "question", "baseline answer", "ARR-COC answer", "TTFT ms: base", "TTFT ms: ARR",
-                "prefilled: base", "prefilled: ARR", "context: base", "context: ARR", "ARR cells: new / kept / dropped"]
+# every number's column with its unit (issue 67): ms, tokens, cells
+TURN_HEADERS = ["turn (#)", "question", "baseline answer", "ARR-COC answer", "TTFT ms: base",
+                "TTFT ms: ARR", "prefilled tokens: base", "prefilled tokens: ARR", "context tokens: base",
+                "context tokens: ARR", "ARR cells: new / kept / dropped"]
 # the table is the page's width and its words are never split (CSS): each column fits its header's longest word
 TURN_WIDTHS = ["5%", "15%", "12%", "12%", "7%", "7%", "8%", "8%", "7%", "7%", "12%"]
-SACCADE_HEADERS = ["rank", "row", "col", "score", "fed"]  # rank 1 = most relevant; fed: its place in the LLM's input
+# rank 1 = most relevant; row, col: the cell on the candidate grid; score: its relevance (the balanced map's own
+# units); fed: its place among the saccades in the LLM's input
+SACCADE_HEADERS = ["rank (#)", "row (cell)", "col (cell)", "score (relevance)", "fed (#)"]
 FALLBACKS = {
     "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (under "
                      "busy_pages: grid, a busy image, with no cells that stand out, counts as flat too)",

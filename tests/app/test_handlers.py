@@ -58,7 +58,8 @@ def test_compare_streams_then_keeps_only_cpu_data(arr_model):
     kept = updates[-1][-1]
     assert isinstance(kept, handlers.Kept) and holds_only_cpu_data(kept) == []
     heatmap, mosaic = handlers.redraw(kept, 0)  # renumbered from the kept state alone
-    assert heatmap.size == updates[-1][5].size and mosaic.size == updates[-1][8].size
+    assert heatmap.size == updates[-1][5].size  # unnumbered, the mosaic loses the 26 px band its first row's 5
+    assert mosaic.size == (updates[-1][8].width, updates[-1][8].height - 26)  # numbers had (17 tiles a row)
     assert updates[-1][9] is None  # a stock view keeps every cell: no kept-cell drawing
 
 
@@ -387,7 +388,8 @@ def raster(arr_model):
 def rank_one_ringed(drawing: Image.Image, cell: tuple[int, int], grid: tuple[int, int]) -> bool:
     """Whether the cell wears rank 1's white ring (viz.draw_saccades), where its number "1" is drawn: most of the
     pixels just left of its box (right of it, on the canvas's left edge) are white."""
-    x0, y0, x1, y1 = viz.cell_rect(*cell, grid, drawing.size)
+    mapped = (drawing.width, drawing.height - viz.key_geometry(drawing.width)[1])  # the map above its key's strip
+    x0, y0, x1, y1 = viz.cell_rect(*cell, grid, mapped)
     column = np.asarray(drawing)[y0:y1 + 1, x0 - 1 if x0 > 0 else x1 + 1]
     return (column == 255).all(-1).mean() > 0.5
 

@@ -46,6 +46,9 @@ def test_after_an_error_the_status_line_is_not_covered(page):
     expect(page.locator("#compare-status")).to_contain_text("Failed: no image", timeout=TIMEOUT_MS)
     expect(page.get_by_text("no image: upload an image first")).to_have_count(2)  # the toast too: the error is in
     expect(page.locator("#compare-status [data-testid=status-tracker]")).to_be_hidden()  # its Error pill and veil
+    for panel in ("arr-heatmap", "arr-gestalt", "arr-mosaic", "arr-weights", "baseline-stats", "arr-answer"):
+        expect(page.locator(f"#{panel}")).to_be_attached()  # issue 67: no red "Error" pill on a panel that waits
+        expect(page.locator(f"#{panel}").get_by_text("Error", exact=True)).to_be_hidden()
 
 
 def test_a_text_file_named_png_is_refused_at_upload(page, tmp_path):
