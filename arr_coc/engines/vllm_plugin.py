@@ -22,9 +22,10 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from arr_coc.relevance.config import STRATEGIES  # torch-free
+
 ARCHITECTURE = "ArrCocQwen2VLForConditionalGeneration"  # the name --hf-overrides' architectures chooses
 MODEL_CLASS = "arr_coc.engines.vllm_model:ArrCocQwen2VL"  # imported by vLLM when chosen (lazily, by this string)
-STRATEGIES = ("topk", "logpolar", "grid", "random")  # the allocators (arr_coc.relevance.attending)
 
 
 @dataclass(frozen=True)
