@@ -64,7 +64,8 @@ def test_evaluate_compares_baselines_and_strategies_on_synthetic_scenes(tmp_path
     assert report["checkpoint"] == "prior (untrained)" and report["metric"] == "contains"  # the default rule: no
     # shipped layer's evidence passes (issue 61)
     assert list(summary) == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune",
-                             "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random", "oracle"]
+                             "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random", "arr:regions",
+                                        "arr:regions_ink", "oracle"]
     assert summary["full"]["visual_tokens"] == 1024 and summary["arr:topk"]["visual_tokens"] == 529
     assert summary["divprune"]["visual_tokens"] == summary["visionzip"]["visual_tokens"] == 529  # as many as ARR reads
     assert summary["fastv"]["visual_tokens"] == 529

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from arr_coc.cli import checkpoint_flag, max_cells_flag
 from arr_coc.flags import bounded_int, flag, one_of
+from arr_coc.relevance.config import STRATEGIES  # torch-free: the allocators, a strategy passed by its index
 from arr_coc.settings import MAX_CELLS
 
 ARCHITECTURE = "ArrCocQwen2VLForConditionalGeneration"  # the name --hf-overrides' architectures chooses
 MODEL_CLASS = "arr_coc.engines.vllm_model:ArrCocQwen2VL"  # imported by vLLM when chosen (lazily, by this string)
-STRATEGIES = ("topk", "logpolar", "grid", "random")  # the allocators (arr_coc.relevance.attending)
 REQUEST_KWARGS = ("arr_budget", "arr_strategy")  # what a request's mm_processor_kwargs may set of ARR
 
 

@@ -8,6 +8,13 @@ Strategies (docs/ARCHITECTURE.md §1), all returning the same shapes so they can
             bin, filled up to the budget with the best remaining cells (seed Part 12)
 - grid      evenly spread coverage, whatever the map says
 - random    seeded random cells
+- regions   a few rectangles around relevance peaks, so a box or a word is read whole (region_cells): from the
+            best free cell a rectangle grows a row or a column at a time while the strip it adds scores, on average,
+            at least half-way from the map's median to that peak; then the next peak. A peak below half-way from the
+            median to the first one starts no region: the rest of the budget goes to the most relevant cells left
+- regions_ink  regions, the rest of the budget (the cells relevance does not need) to the cells of most ink
+            (the texture's highpass_energy: text strokes), most first: it covers the ink it has not placed by
+            relevance, as PixelPrune keeps every cell with ink in it
 
 Two tensions shape the selection (arr_coc.relevance.tensions; both 0 by default, which is exactly the above):
 - explore e   (topk, logpolar) round(e * K) of the K cells go to coverage: farthest-point sampling from the cells
@@ -36,6 +43,10 @@ from arr_coc.relevance.tensions import COVERAGE, FORCED, RELEVANCE, SPACED
 FALLBACKS = (None, "non_finite", "semantic_void", "busy")  # why a map was not trusted (Allocation.fallback), by
 # code; "busy" (busy_pages "keep"): a busy image, recorded, its selection kept
 KEPT = (None, "busy")  # the fallbacks under which the strategy's own picks stay
+REGION_LEVEL = 0.5  # regions: a strip joins a rectangle when its mean score is at least this far from the map's
+# median to the rectangle's peak (0: any strip above the median; 1: only strips as high as the peak)
+REGION_SHARE = 0.75  # regions: one rectangle takes at most this share of the budget, so a wrong first peak leaves
+# room for the next ones
 
 
 @dataclass
@@ -80,6 +91,72 @@ def logpolar_cells(scores: torch.Tensor, grid: tuple[int, int], budget: int, rho
     rest = order[~chosen[order]][: budget - int(chosen.sum())]
     chosen[rest] = True
     return chosen.nonzero().squeeze(1)
+
+
+def rectangle_strips(box: tuple[int, int, int, int],
+                     grid: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    """A rectangle (r0, r1, c0, c1), inclusive, on a (gh, gw) grid -> each in-bounds row or column next to it, as
+    (the rectangle grown by it, the strip's [n] flat indices): above, below, left, right."""
+    (r0, r1, c0, c1), (gh, gw) = box, grid
+    rows, cols = torch.arange(r0, r1 + 1), torch.arange(c0, c1 + 1)
+    strips = []
+    if r0 > 0:
+        strips.append(((r0 - 1, r1, c0, c1), (r0 - 1) * gw + cols))
+    if r1 < gh - 1:
+        strips.append(((r0, r1 + 1, c0, c1), (r1 + 1) * gw + cols))
+    if c0 > 0:
+        strips.append(((r0, r1, c0 - 1, c1), rows * gw + c0 - 1))
+    if c1 < gw - 1:
+        strips.append(((r0, r1, c0, c1 + 1), rows * gw + c1 + 1))
+    return strips
+
+
+def grow_region(scores: torch.Tensor, taken: torch.Tensor, grid: tuple[int, int], peak: int, level: float,
+                size: int) -> list[int]:
+    """[N] finite-or--inf scores (cpu, float64), [N] bool taken (updated) -> at most `size` free cells of one
+    rectangle around `peak`: it grows by the in-bounds strip of highest mean score over its free cells while that
+    mean is >= level; a strip larger than the room left gives its best cells."""
+    box, cells = (peak // grid[1], peak // grid[1], peak % grid[1], peak % grid[1]), [peak]
+    taken[peak] = True
+    while len(cells) < size:
+        best = None
+        for grown, strip in rectangle_strips(box, grid):
+            free = strip[~taken[strip]]
+            if len(free) and (best is None or scores[free].mean() > best[0]):
+                best = (scores[free].mean(), grown, free)
+        if best is None or best[0] < level:
+            break
+        box, free = best[1], best[2]
+        free = free[scores[free].argsort(descending=True, stable=True)][: size - len(cells)]
+        taken[free] = True
+        cells.extend(free.tolist())
+    return cells
+
+
+def region_cells(scores: torch.Tensor, grid: tuple[int, int], budget: int,
+                 fill: torch.Tensor | None = None) -> torch.Tensor:
+    """
+    [N] scores (-inf: not to choose) -> `budget` unique indices: rectangles around relevance peaks (grow_region, each
+    at most REGION_SHARE of the budget) while the best free cell is at least REGION_LEVEL of the way from the map's
+    median to the first peak; the rest the free cells of highest `fill` [N] (None: of highest score), raster order on
+    ties.
+    """
+    work = torch.nan_to_num(scores.detach().double().cpu(), nan=0.0, posinf=0.0, neginf=float("-inf"))  # [N]
+    taken = work == float("-inf")  # [N]
+    if budget == 0:
+        return scores.new_zeros(0, dtype=torch.long)
+    median = work[~taken].median()
+    worth = median + REGION_LEVEL * (work.masked_fill(taken, float("-inf")).max() - median)
+    size, cells = max(1, int(REGION_SHARE * budget)), []
+    while len(cells) < budget:
+        peak = int(work.masked_fill(taken, float("-inf")).argmax())
+        if work[peak] < worth:
+            break
+        level = median + REGION_LEVEL * (work[peak] - median)
+        cells.extend(grow_region(work, taken, grid, peak, level, min(size, budget - len(cells))))
+    rest = work if fill is None else torch.nan_to_num(fill.detach().double().cpu(), nan=0.0, posinf=0.0, neginf=0.0)
+    free = rest.masked_fill(taken, float("-inf")).argsort(descending=True, stable=True)[: budget - len(cells)]
+    return torch.tensor(cells + free.tolist(), dtype=torch.long, device=scores.device)
 
 
 def cell_distances(index: int, grid: tuple[int, int], device=None) -> torch.Tensor:
@@ -188,8 +265,10 @@ class TokenAllocator:
         return torch.where(finite, codes, 1)  # [B] FALLBACKS' order
 
     def select(self, scores: torch.Tensor, grid: tuple[int, int], strategy: str, budget: int | None = None,
-               explore: float = 0.0, diversify: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """[N] finite scores -> (K unique indices in any order, their kinds); K = budget (default: self.budget)."""
+               explore: float = 0.0, diversify: float = 0.0,
+               ink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """[N] finite scores -> (K unique indices in any order, their kinds); K = budget (default: self.budget);
+        ink [N]: what regions_ink fills the budget's rest by (None: relevance, as regions)."""
         N, K = scores.numel(), self.budget if budget is None else budget
         coverage = round(explore * K) if strategy in ("topk", "logpolar") else 0
         focus = K - coverage
@@ -198,6 +277,8 @@ class TokenAllocator:
         else:
             if strategy == "logpolar":
                 chosen = logpolar_cells(scores, grid, focus, self.rho_bins, self.theta_bins)
+            elif strategy in ("regions", "regions_ink"):
+                chosen = region_cells(scores, grid, K, ink if strategy == "regions_ink" else None)
             elif strategy == "grid":
                 chosen = grid_cells(N, K, scores.device)
             else:
@@ -212,7 +293,8 @@ class TokenAllocator:
                  empty_images: torch.Tensor | list[bool] | None = None,
                  busy_images: torch.Tensor | list[bool] | None = None, budgets: list[int] | None = None,
                  explore: list[float] | None = None, diversify: list[float] | None = None,
-                 exclude: torch.Tensor | None = None, include: torch.Tensor | None = None) -> Allocation:
+                 exclude: torch.Tensor | None = None, include: torch.Tensor | None = None,
+                 ink: torch.Tensor | None = None) -> Allocation:
         """
         relevance [B, gh, gw] -> Allocation of exactly K cells per image (budgets: each image's K; default the
         budget). empty_images marks images with nothing in them, busy_images those without structure: whatever
@@ -221,6 +303,7 @@ class TokenAllocator:
         each image's e and λ (default 0: plain topk). exclude [B, gh, gw] bool: cells never to choose (a second
         fixation's already-read cells). include [B, gh, gw] bool: cells always chosen (at most K, most relevant
         first), the strategy choosing the rest among the others (evaluate's oracle row: the asked box's cells).
+        ink [B, gh, gw]: each cell's ink (regions_ink fills the budget's rest by it; None: by relevance).
         """
         strategy = strategy or self.strategy
         if strategy not in STRATEGIES:
@@ -233,6 +316,7 @@ class TokenAllocator:
         if len(set(budgets)) > 1:
             raise ValueError(f"adaptive budgets {budgets} differ across the batch: select one image at a time")
         excluded, included = cell_mask(exclude, relevance), cell_mask(include, relevance)  # [B, N] each, or None
+        inks = None if ink is None else ink.detach().flatten(1).float()  # [B, N]
         if excluded is not None and budgets[0] > gh * gw - int(excluded.sum(1).max()):
             raise InputError(f"budget {budgets[0]} exceeds the {gh * gw - int(excluded.sum(1).max())} candidate "
                              "cells not yet read")
@@ -245,13 +329,14 @@ class TokenAllocator:
             chosen, kinds = self.pick(flat[b], (gh, gw), strategy if reason in KEPT else "grid", budgets[b],
                                       explore[b] if explore else 0.0, diversify[b] if diversify else 0.0,
                                       None if excluded is None else excluded[b],
-                                      None if included is None else included[b])
+                                      None if included is None else included[b], None if inks is None else inks[b])
             picks.append(ranked(flat[b], chosen, kinds))
         return allocation(picks, gw, fallbacks)
 
     def pick(self, scores: torch.Tensor, grid: tuple[int, int], strategy: str, budget: int, explore: float,
              diversify: float, excluded: torch.Tensor | None = None,
-             included: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             included: torch.Tensor | None = None,
+             ink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One image's [N] scores -> (`budget` unique indices in any order, their kinds): the included [N] cells
         (forced_cells), then the strategy's picks on the map with the excluded and included cells at -inf, any it
         still lands on swapped for the best cells left (avoid)."""
@@ -261,7 +346,7 @@ class TokenAllocator:
             taken = torch.zeros_like(scores, dtype=torch.bool) if excluded is None else excluded.clone()
             taken[forced] = True  # [N]
         masked = scores if taken is None else scores.masked_fill(taken, float("-inf"))  # [N]
-        chosen, kinds = self.select(masked, grid, strategy, budget - len(forced), explore, diversify)
+        chosen, kinds = self.select(masked, grid, strategy, budget - len(forced), explore, diversify, ink)
         if taken is not None:
             chosen, kinds = avoid(chosen, kinds, scores, taken)
         return torch.cat([forced, chosen]), torch.cat([torch.full_like(forced, FORCED), kinds])

@@ -51,7 +51,9 @@ def prior_weights() -> list[float]:
     """Each scorer's prior weight, in the balancer's order: the untrained layer's balancer weights."""
     return [s.prior_weight for s in SCORERS]
 
-STRATEGIES = ("topk", "logpolar", "grid", "random")
+
+STRATEGIES = ("topk", "logpolar", "grid", "random", "regions", "regions_ink")  # the allocators
+# (arr_coc.relevance.attending); new ones go at the end: the vLLM plugin passes a strategy by its index here
 SACCADE_ORDERS = ("relevance", "raster")  # the orders the saccades can be fed to the LLM in
 BUSY_PAGES = ("grid", "keep")  # what a busy image's selection becomes (ARRCOCConfig.busy_pages)
 LEGACY_SACCADE_ORDER = "relevance"  # the order of a checkpoint whose config.json names none: the default before

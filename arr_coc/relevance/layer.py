@@ -41,7 +41,7 @@ from arr_coc.relevance.config import (AUTO, LEGACY_SACCADE_ORDER, NO_SETTINGS, A
                                      scorer_names, scorers)
 from arr_coc.relevance.knowing import ScoringInputs
 from arr_coc.relevance.tensions import Tensions, budgets, gates, soft_budget, tension_values
-from arr_coc.relevance.texture import is_flat
+from arr_coc.relevance.texture import INK_CHANNEL, is_flat
 
 OPTIONAL_PREFIXES = ("balancer.tension_head.", "participatory.states.")  # newer than some checkpoints: missing
 # there, they load at their fresh values (each one's last layer zero: the layer those checkpoints were)
@@ -242,7 +242,7 @@ class ARRCOCLayer(nn.Module, PyTorchModelHubMixin, library_name="arr-coc", tags=
                                busy_images=structure < c.void_structure,
                                budgets=budgets(tensions.particularize, bounds) if auto else None,
                                explore=tensions.explore.tolist(), diversify=tensions.diversify.tolist(),
-                               exclude=exclude, include=include)
+                               exclude=exclude, include=include, ink=maps.textures[:, INK_CHANNEL])
         soft_k = soft_budget(tensions.particularize, bounds) if auto else None  # [B]
         saccades = self._saccades(maps.relevance, allocation, tensions, soft_k)
         return self._output(maps, grid, saccades, tensions, structure, auto, allocation.fallback, allocator.strategy)

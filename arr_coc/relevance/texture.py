@@ -30,6 +30,8 @@ CHANNELS: tuple[tuple[str, str], ...] = (
     ("colour_rarity", "1 - share of cells in the cell's k-means colour cluster: how rare its colour is"),
 )
 CHANNEL_NAMES = tuple(name for name, _ in CHANNELS)
+INK_CHANNEL = CHANNEL_NAMES.index("highpass_energy")  # the ink of a cell (text strokes): what the regions_ink
+# strategy covers with the budget relevance does not need
 CONTENT_CHANNELS = tuple(i for i, name in enumerate(CHANNEL_NAMES) if not name.startswith("pos_"))  # not position
 
 DETAIL_PX = 14  # working pixels per cell side: edges are measured at one scale whatever the view size

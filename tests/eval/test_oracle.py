@@ -19,13 +19,16 @@ def test_every_sweep_runs_random_budget_and_the_oracle_at_each_budget_by_default
     out = ["--out", str(tmp_path / "eval")]  # parsed, never written
     args = evaluate.parse_args(["--model", "pocket", "--budgets", "16,64", *out])
     assert evaluate.row_names(args) == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune",
-                                        "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random", "oracle"]
+                                        "pixelprune_n", "arr:topk", "arr:logpolar", "arr:grid", "arr:random", "arr:regions",
+                                        "arr:regions_ink", "oracle"]
     assert evaluate.job_list(args) == [
         ("full", None), ("gestalt", None), ("pixelprune", None),
         ("budget", 16), ("divprune", 16), ("visionzip", 16), ("fastv", 16), ("pixelprune_n", 16), ("arr:topk", 16),
-        ("arr:logpolar", 16), ("arr:grid", 16), ("arr:random", 16), ("oracle", 16),
+        ("arr:logpolar", 16), ("arr:grid", 16), ("arr:random", 16), ("arr:regions", 16),
+        ("arr:regions_ink", 16), ("oracle", 16),
         ("budget", 64), ("divprune", 64), ("visionzip", 64), ("fastv", 64), ("pixelprune_n", 64), ("arr:topk", 64),
-        ("arr:logpolar", 64), ("arr:grid", 64), ("arr:random", 64), ("oracle", 64)]
+        ("arr:logpolar", 64), ("arr:grid", 64), ("arr:random", 64), ("arr:regions", 64),
+        ("arr:regions_ink", 64), ("oracle", 64)]
     assert "oracle" not in evaluate.row_names(evaluate.parse_args(["--model", "pocket", "--no-oracle", *out]))
     assert evaluate.row_names(evaluate.parse_args(["--model", "pocket", "--strategies", "", *out])) == [
         "full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune", "pixelprune_n"]  # no ARR row

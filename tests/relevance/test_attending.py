@@ -62,6 +62,50 @@ def test_random_is_seeded():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
+def box_and_spikes() -> torch.Tensor:
+    """[1, 12, 12]: a box (rows 2-4, cols 3-6) whose middle row is 0.8 with its peak 1.0 at (3, 4) and whose edge rows
+    are 0.6, eight lone spikes of 0.75 down to 0.68 (SPIKES' order), 0 elsewhere."""
+    relevance = torch.zeros(1, 12, 12)
+    relevance[0, 2:5, 3:7] = 0.6
+    relevance[0, 3, 3:7] = 0.8
+    relevance[0, 3, 4] = 1.0
+    for i, cell in enumerate(SPIKES):
+        relevance[0, cell // 12, cell % 12] = 0.75 - 0.01 * i
+    return relevance
+
+
+BOX = [27, 28, 29, 30, 39, 40, 41, 42, 51, 52, 53, 54]  # rows 2-4, cols 3-6 of a 12-wide grid
+SPIKES = [11, 97, 117, 132, 82, 126, 84, 143]  # (0, 11), (8, 1), (9, 9), (11, 0), (6, 10), (10, 6), (7, 0), (11, 11)
+
+
+def test_regions_read_the_box_whole_and_the_lone_peaks():
+    out = TokenAllocator(16, "regions")(box_and_spikes())
+    idx = out.indices[0]
+    assert idx.unique().numel() == 16 and ((idx >= 0) & (idx < 144)).all()
+    # the 3x4 rectangle, then the four highest spikes, each a rectangle of one cell
+    assert set(idx.tolist()) == {27, 28, 29, 30, 39, 40, 41, 42, 51, 52, 53, 54, 11, 97, 117, 132}
+    # topk takes all eight spikes before the box's edge rows (0.6): 4 of the box's 12 cells are left out
+    assert len(set(BOX) - set(TokenAllocator(16, "topk")(box_and_spikes()).indices[0].tolist())) == 4
+
+
+def test_regions_fill_the_rest_by_relevance_or_by_ink():
+    relevance = box_and_spikes()
+    relevance[0, 10, 5] = 0.3  # below half-way from the median (0) to the peak (1.0): no region, the first of the rest
+    plain = TokenAllocator(23, "regions")(relevance).indices[0].tolist()
+    assert set(plain) == set(BOX) | set(SPIKES) | {125, 0, 1}  # (10, 5), then the zeros in raster order
+    ink = torch.zeros(1, 12, 12)
+    ink[0, 6, 6], ink[0, 7, 7], ink[0, 3, 4] = 0.9, 0.8, 1.0  # (3, 4) is in the box already
+    inked = TokenAllocator(23, "regions_ink")(relevance, ink=ink).indices[0].tolist()
+    assert set(inked) == set(BOX) | set(SPIKES) | {78, 91, 0}  # the ink left, then the first cell of no ink
+
+
+def test_regions_skip_excluded_cells_and_keep_the_budget():
+    exclude = torch.zeros(1, 12, 12, dtype=torch.bool)
+    exclude[0, 3, 5] = True  # a box cell (41) a first look read
+    out = TokenAllocator(16, "regions")(box_and_spikes(), exclude=exclude)
+    assert set(out.indices[0].tolist()) == {27, 28, 29, 30, 39, 40, 42, 51, 52, 53, 54, 11, 97, 117, 132, 82}
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_uniform_map_falls_back_to_grid(strategy):
     out = TokenAllocator(273, strategy)(torch.full((1, 32, 32), 0.7))
