@@ -105,14 +105,15 @@ def test_the_shipped_folders_evidence_agrees_with_the_default_each_model_gets():
 def deaf_layer_evidence(tmp_path_factory):
     """A deliberately bad layer for the pocket model, deaf to the question (balancer weights 1, 1, 0: the
     information and perspectival maps alone, whatever is asked), judged by the rule on a pinned small sample of
-    both held-out families: 2 pages a kind and family at 448², 64 saccades, seed 6101."""
+    both held-out families: 2 pages a kind and family at 640², 64 saccades, seed 6101 (at 448² the pages hold 256 cells,
+    no more than the gestalt plus the budget: ARR reads them whole, as full does, whatever the layer)."""
     from arr_coc.relevance.config import ARRCOCConfig
     from arr_coc.relevance.layer import ARRCOCLayer
 
     folder = tmp_path_factory.mktemp("rule") / "deaf"
     ARRCOCLayer(ARRCOCConfig(hidden_size=256, prior_weights=[1.0, 1.0, 0.0])).save_pretrained(folder)
     work = folder.parent / "work"
-    assert evidence.main(["--checkpoint", str(folder), "--pages", "2", "--size", "448", "--work", str(work),
+    assert evidence.main(["--checkpoint", str(folder), "--pages", "2", "--size", "640", "--work", str(work),
                           "--device", "cpu"]) == 0
     return folder, json.loads((folder / checkpoints.EVIDENCE_FILE).read_text())
 
