@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,10 @@ from arr_coc.vlm.tiny import tiny_config
 from arr_coc.vlm.views import make_views
 
 ROOT = Path(__file__).resolve().parents[1]
-CAT = str(ROOT / "assets" / "chelsea.png")
+CAT_FOLDER = Path(tempfile.mkdtemp(prefix="arr_coc_test_app_"))  # the cat at twice its size, written once
+CAT = str(CAT_FOLDER / "chelsea_902x600.png")  # 21x32 native cells (tiny) > 247 + 273: ARR chooses its saccades (the
+# 451x300 original holds 176, which ARR reads whole, as full does)
+Image.open(ROOT / "assets" / "chelsea.png").resize((902, 600)).save(CAT)
 STREET = str(ROOT / "assets" / "synth_street_sign.png")  # 2400x900: a non-square native grid
 QUESTION = "What colour are the cat's eyes?"
 TOKENS = 4  # new tokens per answer: enough to see streaming, cheap on a CPU
@@ -77,9 +81,9 @@ def mosaic_size(k: int, numbered: int = viz.TOP_LABELS) -> tuple[int, int]:
 
 
 def with_key(size: tuple[int, int]) -> tuple[int, int]:
-    """A heatmap's size: its canvas and the key's strip below (viz.with_key), 55 px under a 768 px wide canvas and 142
-    px under a 2048 px one."""
-    return size[0], size[1] + {768: 55, 2048: 142}[size[0]]
+    """A heatmap's size: its canvas and the key's strip below (viz.with_key), 55 px under a 768 px wide canvas, 62 px
+    under a 902 px one (the cat) and 142 px under a 2048 px one."""
+    return size[0], size[1] + {768: 55, 902: 62, 2048: 142}[size[0]]
 
 
 def save_checkpoint(folder: Path, **config) -> list[str]:
@@ -156,7 +160,7 @@ def test_compare_streams_baseline_then_arr_and_reports_stats(client):
     assert (arr["visual tokens: gestalt"], arr["visual tokens: saccade"], arr["visual tokens: total"]) == \
         (gh * gw, 273, gh * gw + 273)
     for s in (base, arr):
-        assert s["image"] == "451 x 300 px" and s["native grid (full)"] == ui.grid_text(views.native_grid, views.cell)
+        assert s["image"] == "902 x 600 px" and s["native grid (full)"] == ui.grid_text(views.native_grid, views.cell)
         assert 1 <= s["new tokens"] <= TOKENS and s["peak memory MB"] > 0
         assert s["total ms"] >= s["prefill ms"] + s["decode ms"] > 0
         rate = (s["new tokens"] - 1) / s["decode ms"] * 1000 if s["decode ms"] else 0.0  # the first comes from prefill
@@ -196,7 +200,7 @@ def test_microscope_then_reselect_without_the_vlm(client):
     assert [r[0] for r in rows] == list(range(1, 274))
     scores = [r[3] for r in rows]
     assert scores == sorted(scores, reverse=True)  # most relevant first
-    assert Image.open(heatmap).size == with_key(viz.canvas_size(*Image.open(CAT).size)) == (768, 511 + 55)
+    assert Image.open(heatmap).size == with_key(viz.canvas_size(*Image.open(CAT).size)) == (902, 600 + 62)
     assert Image.open(channels).height > 300 and Image.open(scorers).width > 3 * Image.open(scorers).height
     assert Image.open(mosaic).size == mosaic_size(273)
 
@@ -268,7 +272,7 @@ def test_ab_same_layer_agrees_and_a_different_one_does_not(client, tmp_path):
         CELLS, api_name="/ab")
     assert "IoU of the selected cells) | 1.000 |" in summary and "(Spearman) | 1.000 |" in summary
     assert "| answers | agree |" in summary and text_a == text_b
-    assert Image.open(heat_a).size == Image.open(heat_b).size == (768, 511 + 55)  # the cat's canvas, and its key
+    assert Image.open(heat_a).size == Image.open(heat_b).size == (902, 600 + 62)  # the cat's canvas, and its key
     gh, gw = make_views(Image.open(CAT)).candidate_grid
     width, height = viz.canvas_size(gw, gh)
     assert Image.open(diff).width == width and Image.open(diff).height > height  # the legend strip below the grid
@@ -303,7 +307,9 @@ def test_odd_images_are_answered(client, tmp_path, mode):
     else:
         Image.open(CAT).convert(mode).save(path)
     status, *_, arr_stats, heatmap, _, _, _, _ = compare(client, image=str(path), tokens=1)
-    assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == 273
+    small = mode not in ("L", "RGBA")  # 64x48 px or 1x1: a 2x2 native view, which ARR reads whole, as full does
+    assert status.startswith("Done in") and stats(arr_stats)["visual tokens: saccade"] == (0 if small else 273)
+    assert ("ARR read the image whole" in status) == small
 
 
 # ----------------------------------------------------------------------------- bad inputs
@@ -537,7 +543,7 @@ def test_an_inline_data_url_upload_is_read_with_the_same_checks(upload_folder):
     with pytest.raises(gr.Error, match=re.escape("the image is too large (9000x8000 pixels)")):
         ui.read_upload(ImageData(path=None, url=data_url(buffer.getvalue())))
     assert ui.read_upload(ImageData(path=None, url=data_url(Path(CAT).read_bytes()), orig_name="cat.png")).size == \
-        (451, 300)
+        (902, 600)
     with pytest.raises(gr.Error, match=r"cat.png could not be decoded as an image \(") as broken:
         ui.read_upload(ImageData(path=str(upload_folder / "gone.png"), orig_name="cat.png"))  # cleaned from the cache
     assert str(upload_folder) not in broken.value.message

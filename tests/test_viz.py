@@ -346,7 +346,7 @@ def test_save_all_writes_the_four_drawings(arr_model, tmp_path):
     answer = arr_model.answer(image, "What is on the saucer?", "arr", max_new_tokens=1)
     paths = viz.save_all(answer, tmp_path / "run")
     assert [p.name for p in paths] == ["heatmap.png", "mosaic.png", "channels.png", "scorers.png"]
-    assert Image.open(paths[0]).size == (768, 512 + 55)  # the coffee's canvas (600 x 400 upscaled), and its key
+    assert Image.open(paths[0]).size == (1000, 872 + 68)  # the page's canvas (1000 x 872, its own size), and its key
     mosaic = Image.open(paths[1]).convert("RGB")
     expected = viz.saccade_mosaic(answer.views.highres, answer.views.candidate_grid, answer.saccades)
     assert np.array_equal(np.asarray(mosaic), np.asarray(expected))

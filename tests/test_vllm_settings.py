@@ -34,7 +34,8 @@ def test_server_settings_from_overrides_and_environment(monkeypatch):
     (dict(arr_budget=1.5), "--hf-overrides arr_budget: expected an integer, got '1.5'"),
     (dict(arr_budget=True), "--hf-overrides arr_budget: expected an integer, got 'true'"),
     (dict(arr_max_cells=10), "--hf-overrides arr_max_cells: must be between 1024 and 16384, got 10"),
-    (dict(arr_strategy="best"), "--hf-overrides arr_strategy: unknown 'best'; choose from topk, logpolar, grid, random"),
+    (dict(arr_strategy="best"), "--hf-overrides arr_strategy: unknown 'best'; choose from topk, logpolar, grid, random, "
+                                "regions, regions_ink"),
     (dict(arr_budget=2000, arr_max_cells=1024), "arr_budget 2000 exceeds arr_max_cells 1024"),
     (dict(arr_bugdet=16), "unknown ARR-COC setting arr_bugdet in --hf-overrides; the settings are arr_checkpoint, "
                           "arr_budget, arr_strategy, arr_max_cells"),
@@ -65,7 +66,7 @@ def test_request_settings():
     ({"arr_budget": True}, "mm_processor_kwargs arr_budget (at most the server's budget): expected an integer, got "
                            "'true'"),
     ({"arr_strategy": "best"}, "mm_processor_kwargs arr_strategy: unknown 'best'; choose from topk, logpolar, grid, "
-                               "random"),
+                               "random, regions, regions_ink"),
     ({"arr_max_cells": 99}, "unknown mm_processor_kwargs arr_max_cells; ARR-COC takes arr_budget, arr_strategy"),
 ])
 def test_request_settings_refused(kwargs, says):
