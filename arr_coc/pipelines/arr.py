@@ -226,9 +226,10 @@ def read_native(parts: Parts, views: Views, question: str, request: Request, wat
                 why: str, ablation: Ablation):
     """ARR's answer where the native view holds no more cells than it would read (native_reason `why`): the native
     view whole, as `full` reads it (steps.read_view), the work timed so far on `watch` counted in; Answer.reads_native
-    says why. Its tokens as they come, then its Answer."""
-    yield from read_view(parts, "arr", "native", views, question, request, watch, start, reads_native=why,
-                         ablation=None if ablation is NO_ABLATION else ablation.name)
+    says why. The generator of its tokens as they come, then its Answer (read_view's own: this frame is gone by the
+    time it runs, so the request path stays as short as full's)."""
+    return read_view(parts, "arr", "native", views, question, request, watch, start, reads_native=why,
+                     ablation=None if ablation is NO_ABLATION else ablation.name)
 
 
 def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
