@@ -311,9 +311,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     draw_reducer = bind(model, handlers.kept_cells, gpu_seconds=GPU_SECONDS["kept_cells"])
     reducer_inputs = [kept, image, question, reducer, budget, cells, *tensions]
     analysed.success(draw_reducer, reducer_inputs, reduced, api_name="kept_cells", concurrency_id=GPU)
-    auto, override, _, _, particularize = tensions  # what moves the adaptive K, and so the reducer's tokens
-    gr.on([reducer.change, budget.release, auto.change, override.change, particularize.release], draw_reducer,
-          reducer_inputs, reduced, api_visibility="private", concurrency_id=GPU)  # kept_cells, on a new choice or K
+    redraw_on_k(tensions, [reducer.change, budget.release], draw_reducer, reducer_inputs, reduced)
     reducer.change(handlers.show_kept_cells, reducer, reduced_panel, api_visibility="private", queue=False)
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
@@ -327,6 +325,14 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     gr.on([strategy.change, budget.release, numbered.release, *(t.change for t in tensions[:2]),
            *(t.release for t in tensions[2:])], bind(model, handlers.reselect),
           [kept, strategy, budget, numbered, *tensions], [heatmap, summary, saccades, mosaic], api_name="reselect")
+
+
+def redraw_on_k(tensions: list, triggers: list, draw, inputs: list, output) -> None:
+    """kept_cells again on a new reducer or budget (`triggers`) or whatever moves the adaptive K, and so the reducer's
+    tokens: the tension controls' auto switch, override and particularize."""
+    auto, override, _, _, particularize = tensions
+    gr.on([*triggers, auto.change, override.change, particularize.release], draw, inputs, output,
+          api_visibility="private", concurrency_id=GPU)
 
 
 def tension_controls() -> list:

@@ -81,13 +81,14 @@ def test_a_hostile_checkpoint_config_is_one_line(arr_model, tmp_path, config_jso
                                             "topk", 1, 4096))) == f"checkpoint A: {message}"
 
 
-def test_a_checkpoint_whose_budget_the_image_cannot_give_is_one_line(arr_model, tmp_path):
-    """budget 65536 is a valid config (4x the largest grid), but this image has 26x38 = 988 candidate cells."""
+def test_a_checkpoint_whose_budget_no_image_can_give_reads_the_image_whole(arr_model, tmp_path):
+    """budget 65536 is a valid config (4x the largest grid), more cells than any native view holds (at most 4096):
+    ARR reads the image whole, as full does, and the A/B summary says so for that side (issue 67: ARR never reads
+    more than full); before, the 26x38 = 988 candidate cells of the cat refused it."""
     files = uploaded_checkpoint(tmp_path, budget=65536)
-    assert refusal(lambda: last(handlers.ab(arr_model, tmp_path, CAT, QUESTION, ui.PRIOR, files, ui.PRIOR, None,
-                                            "topk", 1, 4096))) == (
-        "budget 65536 exceeds the 26x38 = 988 candidate cells of this image: ask for fewer saccades "
-        "(or more max cells)")
+    *_, summary = last(handlers.ab(arr_model, tmp_path, CAT, QUESTION, ui.PRIOR, files, ui.PRIOR, None, "topk", 1,
+                                   4096))
+    assert "read the image whole" in summary and "budget 65536" in summary
 
 
 def test_converse_caps_the_saccades_at_the_images_cells_as_the_other_tabs_do(arr_model):
