@@ -37,7 +37,8 @@ def portrait(tmp_path_factory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("portrait")
     page = Image.open(ROOT / "assets" / "synth_invoice_page.png").convert("RGB").resize((1792, 2304))
     page.save(folder / "page.png")
-    photo, exif = Image.open(ROOT / "assets" / "chelsea.png").convert("RGB"), Image.Exif()
+    photo, exif = Image.open(ROOT / "assets" / "chelsea.png").convert("RGB").resize((902, 600)), Image.Exif()  # 21x32
+    # native cells > 240 + 273: ARR chooses (the 451x300 original it reads whole, as full does, drawing no selection)
     exif[0x0112] = 6  # Orientation: rotate 90° to show
     photo.save(folder / "rotated.jpg", exif=exif)
     return {"page": str(folder / "page.png"), "rotated": str(folder / "rotated.jpg")}
