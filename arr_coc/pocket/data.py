@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from PIL import Image
 
 from arr_coc.pocket.binding import CHANNELS, DIGITS, binding_targets
 from arr_coc.pocket.pointing import digit_targets, pointing_targets, value_cells
@@ -25,7 +24,7 @@ from arr_coc.pocket.reading import reading_targets
 from arr_coc.synth.families import FAMILIES, TRAINED, make_family_page
 from arr_coc.synth.fineprint import PAGE_KINDS, SPEC, PageStyle, make_page
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
-from arr_coc.vlm.views import PIPELINE, fit_grid, resize
+from arr_coc.vlm.views import CELL, PIPELINE, fit_grid, make_views
 
 READ_PAGE = "Read the page."  # the transcription question: dense supervision of every glyph, as OCR pre-training
 IGNORE = -100
@@ -274,7 +273,7 @@ def glance_pages(rng: random.Random, stage: Stage, family: str | None, w: int, h
     if family is not None and not set(FAMILIES[family].kinds) & set(GLANCE_KINDS):
         family = None
     grid = fit_grid(w, h, GESTALT_TOKENS)  # (rows, cols) of the glance's merged tokens
-    size = (grid[1] * 28, grid[0] * 28)  # the glance's (width, height) in px
+    size = (grid[1] * CELL, grid[0] * CELL)  # the glance's (width, height) in px
     empty = np.full_like(reading_targets([], *size), IGNORE)  # [cells, slots]: print unread
     images, conversations, readings, bindings, values = [], [], [], [], []
     while len(images) < min(max_pages, GLANCE_PAGES, max(2, image_tokens // math.prod(grid))):
@@ -282,9 +281,7 @@ def glance_pages(rng: random.Random, stage: Stage, family: str | None, w: int, h
         pool = glance_questions(page.marks, w, h)
         if not pool:
             continue
-        pixels = torch.from_numpy(np.array(page.image.convert("RGB"))).permute(2, 0, 1)[None]  # [1, 3, h, w]
-        small = (resize(pixels, grid)[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()  # [H, W, 3]
-        images.append(Image.fromarray(small))
+        images.append(make_views(page.image).pil("gestalt"))  # ARR's own gestalt view of the page, as uint8 RGB
         conversations.append(rng.sample(pool, rng.randint(1, min(stage.turns, len(pool)))))
         readings.append(empty)
         bindings.append(glance_bindings(page.marks, w, h, size))
