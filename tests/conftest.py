@@ -24,7 +24,9 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 180
 if importlib.util.find_spec("gradio") is None:  # the GPU machines have no gradio: `pytest -m gpu tests/` runs there
-    collect_ignore = ["test_app.py", "app/test_handlers.py", "eval/test_metrics.py"]  # the modules that import it
+    # the modules that import it (tests/app/ all of them): none holds a `gpu` test
+    collect_ignore = ["test_app.py", "test_request_path.py", "eval/test_metrics.py"]
+    collect_ignore_glob = ["app/*"]
 # Dynamo compiles the decode step's code once per model it meets (family, dtype, fused or not) and, past its
 # recompile limit (8), gives up: on a GPU the suite loads ~12 models in one process (the app loads one), and the
 # later ones would be captured uncompiled, with a warning, instead of testing the compiled step.

@@ -42,10 +42,10 @@ def test_the_results_page_and_the_readmes_speed_table_are_what_the_json_generate
 
 
 def test_the_generated_tables_hold_the_runs_numbers():
-    """Two cells written out from the JSON by hand: ARR's 1792² row of the 2b72a87 bench (ttft_ms 25.366,
-    decode 1.857, peak 5438 MB) and step 78202's held-out sparse row at 896² (58, 94 and 96 of 96)."""
+    """Two cells written out from the JSON by hand: ARR's 1792² row of the c41afe3 bench (ttft_ms 27.83,
+    decode 1.98, peak 5329 MB) and step 78202's held-out sparse row at 896² (58, 94 and 96 of 96)."""
     page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
-    assert "| **ARR-COC** | fast | 256 + 273 | 11.2 | 6.8 | 7.4 | **25.4** | 1.86 | 5438 | 1.00× |" in page
+    assert "| **ARR-COC** | fast | 256 + 273 | 11.9 | 8.4 | 7.6 | **27.8** | 1.98 | 5329 | 1.00× |" in page
     assert "| held-out sparse | 896² | `full` | 96 | 0.60 [0.50, 0.70] | 0.98 [0.93, 0.99] | 1.00 [0.96, 1.00] |" in page
 
 

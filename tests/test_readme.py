@@ -330,3 +330,19 @@ def test_accuracy_intervals_are_the_model_cards_and_wilson():
             fits = [k for k in range(n + 1)
                     if f"{k / n:.2f}" == p and [f"{b:.2f}" for b in wilson(k, n)] == [lo, hi]]
             assert fits, f"{cell} is no count of {n} with its Wilson interval"
+
+
+def test_cpu_table_is_its_json():
+    """The README's 2-core CPU table (issue 67) is benchmarks/cpu_pocket78202_ttft.json: `full` and ARR TTFT on the
+    fast engine at both sizes, and ARR's follow-up turn from the bench's conversation."""
+    run = json.loads((ROOT / "benchmarks/cpu_pocket78202_ttft.json").read_text())
+    assert run["device"] == "CPU" and run["model"] == "pocket" and run["dtype"] == "torch.float32"
+    section = read(README).split("**On a 2-core CPU**", 1)[1].split("\n\n", 2)[1]
+    rows = [r for r in table_rows(section) if r[0] in ("896²", "1792²")]
+    assert [r[0] for r in rows] == ["896²", "1792²"], rows
+    for row in rows:
+        size = run["sizes"][row[0].rstrip("²")]
+        follow = next(c for c in size["conversation"] if c["pipeline"] == "arr")
+        expected = [size["pipelines"]["full/fast"]["ttft_ms"], size["pipelines"]["arr/fast"]["ttft_ms"],
+                    follow["follow_up_ttft_ms"]]
+        assert [number(c) for c in row[1:4]] == [round(x) for x in expected], row

@@ -210,6 +210,6 @@ def test_graphed_arr_answer_equals_stock_generate_on_cuda():
     from arr_coc.model import ARRCOCQwen
 
     model = ARRCOCQwen.from_pretrained(TINY, device="cuda", dtype=torch.float32)
-    answers = answers_by_engine(model, photo(700, 500), QUESTION, "arr")
+    answers = answers_by_engine(model, photo(1400, 1000), QUESTION, "arr")  # larger than gestalt + 273: ARR selects
     assert answers["fast"].text == answers["hf"].text and answers["fast"].tokens.saccade == 273
     assert model.vlm.vision.graphed.graphs and model.vlm.decoder.decode_graphs  # the fast answer replayed graphs
