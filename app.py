@@ -291,6 +291,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
         with gr.Column(scale=2):
             listed = example_list()
             heatmap = output_image("Relevance and numbered saccades", "microscope-heatmap")
+            oracle_view = oracle_panel()  # on an example page with a known asked box only
             mosaic = output_image("saccade mosaic (what the LLM read at full detail)", "microscope-mosaic", height=None)
             with gr.Accordion("Saccade list", open=False, elem_id="microscope-saccade-list"):
                 saccades = output_table("Saccades", ui.SACCADE_HEADERS, "microscope-saccades")
@@ -301,7 +302,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     gr.Markdown(ui.channels_markdown())
     kept = gr.State(time_to_live=3600)  # the analysed image's maps (CPU): freed an hour after the last update
     pick_examples(listed, image, question, [kept, channels, scorers, heatmap, summary, saccades, mosaic, reduced,
-                                            curves, verdict, looks, look_summary])
+                                            curves, verdict, looks, look_summary, *oracle_view])
     checked_uploads(image, summary)
 
     analysed = run.click(bind(model, handlers.microscope, gpu_seconds=GPU_SECONDS["microscope"]),
@@ -316,15 +317,37 @@ def microscope_tab(model: ARRCOCQwen) -> None:
     measure.click(bind(model, handlers.faithfulness, gpu_seconds=GPU_SECONDS["faithfulness"]),
                   [image, question, answer, strategy, budget, cells], [curves, verdict], api_name="faithfulness",
                   concurrency_id=GPU)
-    looked = look_run.click(bind(model, handlers.where_it_looks, EXAMPLES_FILE,
-                                 gpu_seconds=GPU_SECONDS["where_it_looks"]),
-                            [image, question, strategy, budget, cells, ablation, *tensions], [look_summary, looks],
-                            api_name="where_it_looks", concurrency_id=GPU)
-    look_stop.click(None, cancels=[looked]).then(handlers.stopped, look_summary, look_summary,
-                                                 api_visibility="private", concurrency_limit=None)  # as Compare's Stop
-    gr.on([strategy.change, budget.release, numbered.release, *(t.change for t in tensions[:2]),
+    looks_events(model, look_run, look_stop, [image, question, strategy, budget, cells, ablation, *tensions],
+                 [look_summary, looks])
+    reselected = gr.on([strategy.change, budget.release, numbered.release, *(t.change for t in tensions[:2]),
            *(t.release for t in tensions[2:])], bind(model, handlers.reselect),
           [kept, strategy, budget, numbered, *tensions], [heatmap, summary, saccades, mosaic], api_name="reselect")
+    oracle_events(model, [analysed, reselected], [kept, image, question, strategy, budget, *tensions], oracle_view)
+
+
+def looks_events(model: ARRCOCQwen, run: gr.Button, stop: gr.Button, inputs: list, outputs: list) -> None:
+    """The teacher panel's button (handlers.where_it_looks -> its summary and drawing, `outputs`) and its Stop, as
+    Compare's."""
+    looked = run.click(bind(model, handlers.where_it_looks, EXAMPLES_FILE, gpu_seconds=GPU_SECONDS["where_it_looks"]),
+                       inputs, outputs, api_name="where_it_looks", concurrency_id=GPU)
+    stop.click(None, cancels=[looked]).then(handlers.stopped, outputs[0], outputs[0], api_visibility="private",
+                                            concurrency_limit=None)
+
+
+def oracle_panel() -> list:
+    """The Microscope's oracle (evaluate's oracle row: the asked box's cells forced into ARR's budget, the rest by
+    ARR's own order) on an example page with a known box: its line and its drawing, the box outlined."""
+    line = gr.Markdown(label="Oracle", elem_id="microscope-oracle-summary", elem_classes="status-line")
+    drawing = output_image("Oracle: the asked box (green) forced into the budget, the rest by ARR's relevance",
+                           "microscope-oracle", height=None)
+    return [drawing, line]
+
+
+def oracle_events(model: ARRCOCQwen, events: list, inputs: list, outputs: list) -> None:
+    """The oracle (handlers.oracle: CPU only, no VLM) drawn anew once each of `events` (Analyse, a re-selection)
+    has succeeded."""
+    for event in events:
+        event.success(bind(model, handlers.oracle, EXAMPLES_FILE), inputs, outputs, api_visibility="private")
 
 
 def redraw_on_k(tensions: list, triggers: list, draw, inputs: list, output) -> None:

@@ -44,6 +44,7 @@ from arr_coc.app import looks, ui
 from arr_coc.distill.teacher import TeacherHeads, teach
 from arr_coc.errors import InputError
 from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
+from arr_coc.eval.rows import ORACLE_STRATEGY
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc import pipelines
 from arr_coc.pipelines import arr
@@ -53,7 +54,7 @@ from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, STRATEGIES
 from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.settings import REFIXATE_GUIDES
-from arr_coc.vlm.views import to_rgb
+from arr_coc.vlm.views import box_coverage, to_rgb
 
 NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
@@ -228,14 +229,15 @@ def microscope_request(budget: int, controls: tuple = (False, False, 0.0, 0.0, 0
     return Request(budget=auto or int(budget), tensions=tensions, **settings)
 
 
-def selected(model: ARRCOCQwen, kept: Kept, request: Request):
-    """ARR's selection over kept maps as the request says (strategy, budget, tensions), under the kept ablation."""
+def selected(model: ARRCOCQwen, kept: Kept, request: Request, include: torch.Tensor | None = None):
+    """ARR's selection over kept maps as the request says (strategy, budget, tensions), under the kept ablation;
+    include [GH, GW] bool: cells always selected (the oracle's asked box: arr.select's include)."""
     gh, gw = kept.grid
     extra = kept.ablation.saccade_budget(0, kept.gestalt_tokens)  # the no-gestalt ablation's extra saccades
     budget = request.budget if request.budget == AUTO else min(  # the slider allows the largest grid
         int(request.budget), gh * gw - (extra if isinstance(extra, int) else 0))
     return arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, request.strategy, kept.ablation,
-                      request.tensions)
+                      request.tensions, include=None if include is None else include.unsqueeze(0))
 
 
 def selection_outputs(model: ARRCOCQwen, kept: Kept, request: Request, numbered: int) -> tuple:
@@ -280,6 +282,38 @@ def reselect(model: ARRCOCQwen, kept: Kept | None, strategy: str, budget: int, n
         raise ui.user_error("Analyse an image first: re-selection reuses its maps.")
     request = microscope_request(budget, (auto, override, explore, diversify, particularize), strategy=strategy)
     return selection_outputs(model, kept, request, numbered)
+
+
+def oracle_selection(model: ARRCOCQwen, kept: Kept, box, image_size: tuple[int, int], request: Request) -> tuple:
+    """Evaluate's oracle over kept maps: the cells a pixel box (x0, y0, x1, y1) of the image (image_size: the
+    upload's, as the box's) touches forced in, the rest of the request's budget by ORACLE_STRATEGY -> (the
+    selection, the box's cells [GH, GW] bool)."""
+    inside = box_coverage(box, image_size, kept.grid) > 0  # [GH, GW]: as evaluate's views.box_coverage(box) > 0
+    return selected(model, kept, replace(request, strategy=ORACLE_STRATEGY), include=inside), inside
+
+
+@ui.reports_errors
+def oracle(model: ARRCOCQwen, examples: Path, kept: Kept | None, image: Image.Image | None, question: str,
+           strategy: str, budget: int, auto: bool = False, override: bool = False, explore: float = 0.0,
+           diversify: float = 0.0, particularize: float = 0.5) -> tuple:
+    """
+    Evaluate's oracle row over the analysed image, where it is an example page with a known asked box (`examples`:
+    assets/examples.json; looks.example_box): the box's candidate cells forced into ARR's budget, the rest filled by
+    ARR's own order (ORACLE_STRATEGY), as selected() selects -> (its drawing, the box outlined, and a line on how
+    many of the box's cells ARR's own selection found). No drawing, and a line saying there is no known box, else.
+    CPU only, no VLM: it reselects the kept maps, as reselect does.
+    """
+    if kept is None or kept.maps is None or image is None:
+        return None, ""
+    box = looks.example_box(image, question or "", examples)
+    if box is None:
+        return None, looks.NO_BOX
+    request = microscope_request(budget, (auto, override, explore, diversify, particularize), strategy=strategy)
+    forced, inside = oracle_selection(model, kept, box, image.size, request)
+    found = int(inside.flatten()[selected(model, kept, request).indices[0].cpu()].sum())  # ARR's own, in the box
+    drawing = looks.oracle_drawing(kept.image, kept.relevance, forced.in_order("relevance").positions[0], box,
+                                   image.size)
+    return drawing, looks.oracle_text(int(inside.sum()), int(forced.indices.shape[1]), found)
 
 
 @ui.reports_errors

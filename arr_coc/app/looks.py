@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from arr_coc import viz
 from arr_coc.distill.teacher import TeacherHeads
@@ -117,3 +117,26 @@ def overlap_text(numbers: Overlap, heads: TeacherHeads, answer: str) -> str:
             f"answer's tokens to the image at heads {heads_text} (layer, head; chosen for `{heads.model}` on "
             f"{heads.pages} synthetic pages).{box}\n\n| measure | value | a uniform map |\n| --- | --- | --- |\n{table}")
 
+
+
+NO_BOX = "oracle: no known asked box for this image and question (only the example pages have one)."
+BOX_COLOUR = (0, 255, 0)  # the asked box's outline on the oracle's drawing, as viz.teacher_comparison draws it
+
+
+def oracle_drawing(image: Image.Image, relevance, saccades, box, image_size: tuple[int, int]) -> Image.Image:
+    """The oracle's selection as the Microscope draws ARR's (viz.heatmap_overlay, unnumbered), the asked box (x0, y0,
+    x1, y1 px of an image of image_size) outlined in BOX_COLOUR, and a legend saying so."""
+    out = viz.heatmap_overlay(image, relevance, saccades, numbered=0, key=False)
+    sx, sy = out.width / image_size[0], out.height / image_size[1]
+    ImageDraw.Draw(out).rectangle((box[0] * sx, box[1] * sy, box[2] * sx - 1, box[3] * sy - 1), outline=BOX_COLOUR,
+                                  width=max(2, out.width // 300))
+    return viz.with_legend(out, "oracle: the asked box (green) forced in, the rest by ARR's relevance")
+
+
+def oracle_text(box_cells: int, saccades: int, found: int) -> str:
+    """The oracle's line: the box's cells forced into the K saccades (its K most relevant where it holds more), and
+    how many of them ARR's own selection found (box recall: found / the box's cells, as evaluate counts it)."""
+    forced = (f"the asked box's {box_cells} cells forced into the {saccades} saccades" if box_cells <= saccades else
+              f"the {saccades} most relevant of the asked box's {box_cells} cells forced in (the box holds more "
+              "than the budget)")
+    return f"oracle: {forced}; ARR found {found} of them (box recall {found / max(box_cells, 1):.2f})."
