@@ -74,6 +74,26 @@ def test_trained_scorer_looks_where_the_question_points(tmp_path):
         assert torch.equal(a, b.cpu())
 
 
+def test_a_trained_scorer_learns_alone_and_the_balancer_keeps_the_priors_weights(capsys):
+    """--trained-scorer participatory (issue 61: the query<->texture coupling learned with the balancer held at its
+    prior): every parameter outside the participatory scorer stays the untrained layer's, bit for bit, so the
+    balancer weighs any maps 0.2, 0.2, 0.6; the scorer itself moves. A scorer that does not exist is refused."""
+    model = ARRCOCQwen.from_pretrained("tiny")
+    before = {k: v.clone() for k, v in model.layer.state_dict().items()}
+    cfg = TrainConfig(n_train=16, n_eval=4, steps=6, eval_every=6, trained_scorer="participatory")
+    model, _ = train(cfg, model)
+    after = {k: v.cpu() for k, v in model.layer.state_dict().items()}
+    moved = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert moved and all(k.startswith("participatory.") for k in moved), moved
+    assert "participatory.gain" in moved  # the query<->texture coupling's scale, zero in the untrained layer
+    maps, query = torch.randn(2, 3, 5, 7), torch.randn(2, 4, model.layer.config.hidden_size)
+    _, weights, _ = model.layer.balancer.cpu()(maps, query)
+    assert torch.allclose(weights, torch.tensor([[0.2, 0.2, 0.6]] * 2), atol=1e-6)
+    with pytest.raises(SystemExit):
+        parse_args([*ONE_STEP, "--trained-scorer", "balancer"])
+    assert "--trained-scorer" in capsys.readouterr().err
+
+
 def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_product(family):
     """
     Without the relevance loss, the answer loss's gradient reaches the balancer and the participatory scorer only

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Callable
 
 from arr_coc import cli
 from arr_coc.runtime import distributed
-from arr_coc.relevance.config import AUTO, SACCADE_ORDERS
+from arr_coc.relevance.config import AUTO, SACCADE_ORDERS, scorer_names
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, Sample, check_at, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
@@ -134,6 +134,10 @@ class TrainConfig:
                                            "checkpoint is used: 'relevance' (most relevant first) or 'raster' (row by "
                                            "row); default: the --init checkpoint's, else raster",
                                      cli.one_of(SACCADE_ORDERS))
+    trained_scorer: str | None = flag(None, "train this scorer alone (e.g. participatory: its query<->texture "
+                                            "coupling and its states' residual), the balancer and the other scorers "
+                                            "held at their priors; default: every part of the layer",
+                                      cli.one_of(scorer_names()))
     init: str | None = flag(None, "start from this checkpoint (a name under checkpoints/, a folder or a hub id) "
                                   "instead of the untrained prior")
     eval_every: int = flag(50, "steps between held-out evaluations", cli.bounded_int(1, 10_000_000))
@@ -470,6 +474,9 @@ def trainable(model: ARRCOCQwen, cfg: TrainConfig, process: Process) -> tuple[AR
         layer.config.saccade_order = cfg.saccade_order
     # only the answer loss and the token cost reach the tension head; DDP wants a gradient for every trained parameter
     layer.balancer.tension_head.requires_grad_(cfg.lm_weight > 0 or cfg.token_cost > 0)
+    if cfg.trained_scorer:  # one scorer learns; the balancer (its weights a constant, the prior's) and the rest do not
+        layer.requires_grad_(False)
+        layer.scorer_modules[cfg.trained_scorer].requires_grad_(True)
     scorer = DistributedDataParallel(layer) if process.distributed else layer
     return layer, scorer
 
