@@ -89,3 +89,21 @@ def test_the_compare_button_reaches_the_vision_tower_within_eight_calls(arr_mode
         assert len(walk) <= MAX_CALLS, f"{len(walk)} calls to the vision tower: {walk}"
         layers = walk_down(walk)
         assert layers == sorted(layers, reverse=True), f"a climb back up a layer: {walk}"
+
+
+def test_the_compare_button_tokenizes_its_question_once(arr_model, monkeypatch):
+    """Issue 62 step 4: the checks, the prior pass, the participatory scorer's query and both pipelines' prompts all
+    read the question's ids; the tokenizer sees the question once (eight times before ChatLayout kept them)."""
+    question = "How many whiskers does the cat have on its left side?"  # asked by no other test: not yet kept
+    tokenizer = arr_model.vlm.chat.tokenizer
+    real, seen = type(tokenizer).__call__, []
+
+    def counting(self, text=None, *args, **kwargs):
+        seen.extend([text] if isinstance(text, str) and question in text else [])
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", counting)
+    image = Image.open(CAT).resize((1400, 1000))  # more cells than ARR reads: it selects, and both pipelines prompt
+    final = list(handlers.compare(arr_model, image, question, "divprune", 1, "topk", 4096, 5))[-1]
+    assert final[0].startswith("Done in")
+    assert seen == [question]

@@ -9,6 +9,7 @@ DeepStack features laid out over the sequence. The Qwen2-VL chat template (Qwen2
     ids = chat.prompt_ids("Why?", [256], follows=last_token)           # [1, L] a follow-up turn's ids
 """
 
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -19,6 +20,7 @@ from arr_coc.vlm.positions import ImageBlock, mrope_position_ids
 QUESTION_SLOT = "\x00question\x00"  # stands in for the question while the chat template is rendered
 ANSWER_SLOT = "\x00answer\x00"  # stands in for an earlier answer while a follow-up turn's template is rendered
 END_OF_TURN = "<|im_end|>"  # closes a teacher-forced answer, as the model closes its own
+TEXTS_KEPT = 256  # texts whose ids question_ids keeps (a request asks for its question's 5-8 times on the way down)
 
 # The Qwen2-VL chat template (as on the hub's Qwen2-VL-*-Instruct repos); Qwen2.5-VL's repos ship the same one.
 CHAT_TEMPLATE = (
@@ -50,7 +52,7 @@ class ChatLayout:
         self.eos_token_ids = eos_token_ids  # the ends of an answer (a follow-up turn reads none of them)
         self.embeddings = embeddings  # the LLM's token embedding table
         self.device = device  # where prompts are built (the model's device, read at each call)
-
+        self._ids = lru_cache(maxsize=TEXTS_KEPT)(self._tokenized)  # text -> its ids; lru_cache locks its own state
 
     def prompt_ids(self, question: str, block_sizes: list[int], follows: int | None = None) -> torch.Tensor:
         """
@@ -79,7 +81,12 @@ class ChatLayout:
         return torch.tensor([out], device=self.device())
 
     def question_ids(self, question: str) -> list[int]:
-        return self.tokenizer(question, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        """A user text's ids, special tokens typed in it as plain characters. Tokenized once per text: a request's
+        checks, its prior pass, the participatory scorer's query and each pipeline's prompt all ask for them."""
+        return list(self._ids(question))
+
+    def _tokenized(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def question_embeds(self, question: str) -> torch.Tensor:
         """The question's own token embeddings [1, Lq, D] (the participatory scorer's query)."""
