@@ -107,3 +107,19 @@ def test_the_compare_button_tokenizes_its_question_once(arr_model, monkeypatch):
     final = list(handlers.compare(arr_model, image, question, "divprune", 1, "topk", 4096, 5))[-1]
     assert final[0].startswith("Done in")
     assert seen == [question]
+
+
+def test_the_compare_button_converts_its_image_to_rgb_once(arr_model, monkeypatch):
+    """Issue 62 step 4: an RGBA upload is turned into RGB once, by the handler's check; the views take that RGB
+    image as it is (twice before: the check converted it and threw the result away)."""
+    real, seen = Image.Image.convert, []
+
+    def counting(self, mode=None, *args, **kwargs):
+        seen.extend([self.mode] if mode == "RGB" and self.mode != "RGB" else [])
+        return real(self, mode, *args, **kwargs)
+
+    image = Image.open(CAT).resize((1400, 1000)).convert("RGBA")
+    monkeypatch.setattr(Image.Image, "convert", counting)
+    final = list(handlers.compare(arr_model, image, QUESTION, "divprune", 1, "topk", 4096, 5))[-1]
+    assert final[0].startswith("Done in")
+    assert seen == ["RGBA"]

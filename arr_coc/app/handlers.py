@@ -54,7 +54,7 @@ from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, STRATEGIES
 from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.settings import REFIXATE_GUIDES
-from arr_coc.vlm.views import box_coverage, to_rgb
+from arr_coc.vlm.views import box_coverage
 
 NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
@@ -428,7 +428,7 @@ def where_it_looks(model: ARRCOCQwen, examples: Path, image: Image.Image | None,
     yield running
     seen = yield from in_thread(functools.partial(teacher_and_arr, model, image, question, request), running)
     numbers = looks.overlap_of(seen.teacher, seen.relevance, seen.positions, box, image.size)
-    drawing = viz.teacher_comparison(to_rgb(image), seen.teacher, seen.relevance, box, seen.positions)
+    drawing = viz.teacher_comparison(image, seen.teacher, seen.relevance, box, seen.positions)
     yield (f"Done in {time.perf_counter() - start:.1f} s. " + looks.overlap_text(numbers, seen.heads, seen.answer),
            drawing)
 
@@ -499,7 +499,7 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     numbered saccades this turn, how they moved from the turn before: new, kept, dropped). The turn is taken on a
     fork of the session's Chat (Chat.fork): a refused or cancelled turn leaves the conversation as it was.
     """
-    image = to_rgb(ui.check_inputs(image, question))  # RGB: the one the conversation keeps and hashes
+    image = ui.check_inputs(image, question)  # RGB: the one the conversation keeps and hashes
     digest = hashlib.sha1(image.tobytes()).hexdigest()
     if chat is None or chat.digest != digest:  # a first question, or another image loaded into the box
         chat = Chat(Conversation("arr", image), Conversation(baseline, image), [], digest)

@@ -198,8 +198,8 @@ def number_preprocess(component, preprocess, payload):
 
 def check_inputs(image, question: str) -> Image.Image:
     """
-    The request's image, and a fast failure, before any output is cleared or streamed, on a missing image or an
-    empty question. A file path is read as read_upload reads an upload: gradio hands one over from a copy of the
+    The request's image in 8-bit RGB (converted here once: the views take an RGB image as it is), and a fast
+    failure, before any output is cleared or streamed, on a missing image or an empty question. A file path is read as read_upload reads an upload: gradio hands one over from a copy of the
     image box that an update of it re-created (from its constructor arguments: gradio's own "filepath"
     preprocess, not image_input's read_upload), as a click on an example did before app.examples loaded them
     around the box.
@@ -208,9 +208,9 @@ def check_inputs(image, question: str) -> Image.Image:
         image = read_upload(FileData(path=image))
     elif image is not None and not isinstance(image, Image.Image):  # a raw client's dict, say: never a file to open
         raise user_error(NOT_UPLOADED)
-    to_rgb(image)
+    rgb = to_rgb(image)
     check_question(question)
-    return image
+    return rgb
 
 
 def image_input(**kwargs) -> gr.Image:
