@@ -12,7 +12,8 @@ the architecture is chosen from its config), fp32, CPU, offline, --budget 64:
                                           greedy decoding, generate_tokens). On Qwen3-VL the probabilities are
                                           DeepStack's test: vLLM adds each level after its LLM layer from the packed
                                           features. Seen failing with the DeepStack levels packed in reverse order
-                                          (ArrCocModel.packed: the probabilities apart, Qwen3-VL only).
+                                          (ArrCocModel.packed: Qwen3-VL's greedy tokens apart on the first page,
+                                          its cells, ids and positions still equal).
 
 The tiny models are the tests' own recipe (arr_coc.vlm.tiny) with the LLM's 4 heads of 16 made 2 heads of 32
 (VLLM_TEXT): vLLM's CPU attention has no kernel for a head size of 16 ("Unsupported CPU attention configuration").
