@@ -1,7 +1,15 @@
 """
-ARR-COC inside vLLM: ArrCocQwen2VL, the architecture arr_coc/engines/vllm_plugin.py registers, runs each image of an
-OpenAI chat request through the project's own ARR (arr_coc.pipelines.arr on the project's VLM) and hands vLLM's
-Qwen2-VL language model the gestalt and the saccades; vLLM batches, schedules and generates over its paged KV cache.
+ARR-COC inside vLLM: ArrCocQwen2VL, ArrCocQwen2_5_VL and ArrCocQwen3VL, the architectures
+arr_coc/engines/vllm_plugin.py registers, run each image of an OpenAI chat request through the project's own ARR
+(arr_coc.pipelines.arr on the project's VLM) and hand vLLM's language model of the family the gestalt and the
+saccades; vLLM batches, schedules and generates over its paged KV cache.
+
+One design for every family: the mixins ArrInfo, ArrDummyInputs, ArrProcessor and ArrCocModel hold everything ARR-COC
+does, each placed before the family's vLLM class (arr_processor builds the processing classes; a family is its four
+vLLM classes, named once at the end of this module). What differs by family is the project's (its adapter: chat
+template, vision tower, Qwen2.5-VL's windows over the selected cells, Qwen3-VL's DeepStack features) or vLLM's
+(its LLM; Qwen3-VL's takes each image token's DeepStack levels after its features on the last dim: ArrCocModel.packed).
+The M-RoPE ids are laid out alike (Qwen3-VL interleaves the sections inside its rotary embedding).
 
     .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model models/pocket-qwen2-vl --dtype float32 \\
         --enforce-eager --hf-overrides '{"architectures": ["ArrCocQwen2VLForConditionalGeneration"]}'
