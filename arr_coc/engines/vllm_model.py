@@ -1,7 +1,15 @@
 """
-ARR-COC inside vLLM: ArrCocQwen2VL, the architecture arr_coc/engines/vllm_plugin.py registers, runs each image of an
-OpenAI chat request through the project's own ARR (arr_coc.pipelines.arr on the project's VLM) and hands vLLM's
-Qwen2-VL language model the gestalt and the saccades; vLLM batches, schedules and generates over its paged KV cache.
+ARR-COC inside vLLM: ArrCocQwen2VL, ArrCocQwen2_5_VL and ArrCocQwen3VL, the architectures
+arr_coc/engines/vllm_plugin.py registers, run each image of an OpenAI chat request through the project's own ARR
+(arr_coc.pipelines.arr on the project's VLM) and hand vLLM's language model of the family the gestalt and the
+saccades; vLLM batches, schedules and generates over its paged KV cache.
+
+One design for every family: the mixins ArrInfo, ArrDummyInputs, ArrProcessor and ArrCocModel hold everything ARR-COC
+does, each placed before the family's vLLM class (arr_processor builds the processing classes; a family is its four
+vLLM classes, named once at the end of this module). What differs by family is the project's (its adapter: chat
+template, vision tower, Qwen2.5-VL's windows over the selected cells, Qwen3-VL's DeepStack features) or vLLM's
+(its LLM; Qwen3-VL's takes each image token's DeepStack levels after its features on the last dim: ArrCocModel.packed).
+The M-RoPE ids are laid out alike (Qwen3-VL interleaves the sections inside its rotary embedding).
 
     .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model models/pocket-qwen2-vl --dtype float32 \\
         --enforce-eager --hf-overrides '{"architectures": ["ArrCocQwen2VLForConditionalGeneration"]}'
@@ -32,11 +40,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 from transformers import BatchFeature
+from vllm.model_executor.models.qwen2_5_vl import (Qwen2_5_VLDummyInputsBuilder, Qwen2_5_VLForConditionalGeneration,
+                                                   Qwen2_5_VLMultiModalProcessor, Qwen2_5_VLProcessingInfo)
 from vllm.model_executor.models.qwen2_vl import (Qwen2VLDummyInputsBuilder, Qwen2VLForConditionalGeneration,
                                                  Qwen2VLMultiModalProcessor, Qwen2VLProcessingInfo)
+from vllm.model_executor.models.qwen3_vl import (Qwen3VLDummyInputsBuilder, Qwen3VLForConditionalGeneration,
+                                                 Qwen3VLMultiModalProcessor, Qwen3VLProcessingInfo)
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import ImageProcessorItems, ImageSize
+from vllm.multimodal.processing.context import BaseProcessingInfo
 from vllm.multimodal.processing.processor import PromptReplacement, PromptUpdateDetails
 
 from arr_coc.engines.layout import arr_positions, arr_slot
@@ -44,7 +57,7 @@ from arr_coc.engines.vllm_plugin import (STRATEGIES, ServerSettings, checkpoint_
                                          request_settings, server_settings)
 from arr_coc.pipelines.request import checked_question
 from arr_coc.settings import MAX_IMAGE_PIXELS, PipelineConfig
-from arr_coc.vlm.qwen2_vl import QwenVL
+from arr_coc.vlm.families import adapter_class
 from arr_coc.vlm.views import fit_grid, to_rgb
 
 GESTALT = PipelineConfig().gestalt_max_tokens  # at most this many gestalt tokens (16 x 16 at 448 px)
@@ -88,11 +101,17 @@ def checked_image(image) -> np.ndarray:
     return np.asarray(rgb)
 
 
-class ArrInfo(Qwen2VLProcessingInfo):
-    """Qwen2-VL's processing info, for ARR's fixed token count: gestalt + 2 + budget tokens an image, one image."""
+class ArrInfo:
+    """A family's processing info (mixed in before it), for ARR's fixed token count: gestalt + 2 + budget tokens an
+    image, one image."""
 
     def get_supported_mm_limits(self):
         return {"image": 1}
+
+    def get_supported_mm_processor_kwargs(self):
+        """The HF processor's kwarg scopes, for an image only (vLLM's own rule): Qwen3-VL's adds video ones, which a
+        server without video has no scope for."""
+        return BaseProcessingInfo.get_supported_mm_processor_kwargs(self)
 
     def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
         return {"image": GESTALT + 2 + server(self.get_hf_config())[2]}
@@ -101,8 +120,9 @@ class ArrInfo(Qwen2VLProcessingInfo):
         return ImageSize(width=448, height=448)  # any image gives at most GESTALT + budget tokens
 
 
-class ArrDummyInputs(Qwen2VLDummyInputsBuilder):
-    """vLLM's start-up profiling input: an image and a question after it, as a chat prompt has them."""
+class ArrDummyInputs:
+    """A family's profiling inputs (mixed in before them): an image and a question after it, as a chat prompt has
+    them."""
 
     def get_dummy_text(self, mm_counts) -> str:
         return f"{VISION_START}{IMAGE_PAD}{VISION_END}What is shown?" * mm_counts.get("image", 0)
@@ -112,9 +132,10 @@ class ArrDummyInputs(Qwen2VLDummyInputsBuilder):
                                                 overrides=mm_options.get("image"))}
 
 
-class ArrProcessor(Qwen2VLMultiModalProcessor):
-    """Each image -> its pixels, its question and its layout (gestalt grid, budget, strategy, max cells), and a
-    prompt slot of ARR's two blocks. The question is a processor kwarg, so it is hashed with the image."""
+class ArrProcessor:
+    """A family's multimodal processor (mixed in before it): each image -> its pixels, its question and its layout
+    (gestalt grid, budget, strategy, max cells), and a prompt slot of ARR's two blocks. The question is a processor
+    kwarg, so it is hashed with the image."""
 
     def apply(self, inputs, timing_ctx):
         """The request's prompt laid out anew by the project's own ChatLayout over its question, checked as the app
@@ -128,10 +149,10 @@ class ArrProcessor(Qwen2VLMultiModalProcessor):
         return super().apply(replace(inputs, prompt=ids, hf_processor_mm_kwargs=kwargs), timing_ctx)
 
     def chat(self):
-        """The family's ChatLayout over vLLM's tokenizer (the project's template rule: QwenVL.chat_layout)."""
+        """The family's ChatLayout over vLLM's tokenizer (the project's template rule: its adapter's chat_layout)."""
         if not hasattr(self, "_chat"):
-            tokenizer = self.info.get_tokenizer()
-            self._chat = QwenVL.chat_layout(tokenizer, tokenizer.convert_tokens_to_ids(IMAGE_PAD), [])
+            tokenizer, adapter = self.info.get_tokenizer(), adapter_class(self.info.get_hf_config().model_type)
+            self._chat = adapter.chat_layout(tokenizer, tokenizer.convert_tokens_to_ids(IMAGE_PAD), [])
         return self._chat
 
     def _apply_hf_processor_main(self, mm_items, hf_kwargs) -> BatchFeature:
@@ -240,20 +261,23 @@ class Looker:
         self.cells.move_to_end(key)
         return self.cells[key]
 
-    def tokens(self, item) -> torch.Tensor:
-        """The LLM's visual tokens of an item: the gestalt's, then the selected cells' encoded at their true places."""
+    def tokens(self, item):
+        """The LLM's visual tokens of an item (VisualTokens: features [Ng + K, D], Qwen3-VL's DeepStack features
+        [k, Ng + K, D] or None): the gestalt's, then the selected cells' encoded at their true places."""
         from arr_coc.pipelines import arr
 
         look = self.look(item)
         observation = look.scene.observation
         with torch.no_grad():
-            saccades = arr.encode_saccades(self.model.vlm, observation, look.out.positions[0])  # [K, D]
-        return torch.cat([observation.gestalt.features, saccades.features])  # [Ng + K, D]
+            saccades = arr.encode_saccades(self.model.vlm, observation, look.out.positions[0])  # K tokens
+        gestalt = observation.gestalt
+        deepstack = None if gestalt.deepstack is None else torch.cat([gestalt.deepstack, saccades.deepstack], dim=1)
+        return replace(saccades, features=torch.cat([gestalt.features, saccades.features]), deepstack=deepstack)
 
 
-@MULTIMODAL_REGISTRY.register_processor(ArrProcessor, info=ArrInfo, dummy_inputs=ArrDummyInputs)
-class ArrCocQwen2VL(Qwen2VLForConditionalGeneration):
-    """Qwen2-VL in vLLM with ARR-COC's eyes: images read as gestalt + the budget's saccades at their true places."""
+class ArrCocModel:
+    """A family's vLLM model (mixed in before it) with ARR-COC's eyes: images read as gestalt + the budget's
+    saccades at their true places, by the project's own ARR (Looker); vLLM's LLM of the family generates."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -264,7 +288,9 @@ class ArrCocQwen2VL(Qwen2VLForConditionalGeneration):
 
     def get_mrope_input_positions(self, input_tokens, mm_features):
         """The prompt's M-RoPE positions, as the project's ARR prompt has them: the gestalt block in raster order and
-        the saccade block at the selected cells' true places (the selection is made here, when the request joins)."""
+        the saccade block at the selected cells' true places (the selection is made here, when the request joins).
+        Every family's layout of an image block is Qwen2-VL's (Qwen3-VL interleaves the sections in its rotary
+        embedding, not in the ids)."""
         ids = torch.tensor([list(input_tokens)], dtype=torch.long)
         images = [feature for feature in mm_features if feature.modality == "image"]  # one at most (ArrInfo)
         if not images:  # a text-only prompt is all text, whatever ids it holds (an <|image_pad|> typed in a chat)
@@ -277,9 +303,49 @@ class ArrCocQwen2VL(Qwen2VLForConditionalGeneration):
         return positions, int(positions.max()) + 1 - len(input_tokens)
 
     def embed_multimodal(self, **kwargs):
-        """Each image's visual tokens [Ng + K, D], in the order of its prompt slot's pads."""
+        """Each image's visual tokens [Ng + K, D], in the order of its prompt slot's pads (with DeepStack:
+        [Ng + K, D * (1 + k)], as vLLM's Qwen3-VL takes them)."""
         if kwargs.get("arr_key") is None:
             return []
         names = ("arr_image", "arr_layout", "arr_question", "arr_key")
         items = [{name: kwargs[name][i] for name in names} for i in range(len(kwargs["arr_key"]))]
-        return tuple(self.looker.tokens(item).to(self.llm_dtype) for item in items)
+        return tuple(self.packed(self.looker.tokens(item)).to(self.llm_dtype) for item in items)
+
+    def packed(self, tokens) -> torch.Tensor:
+        """VisualTokens -> what vLLM's LLM of the family reads at the image pads: the features [N, D], with DeepStack
+        (vLLM's Qwen3-VL: use_deepstack) each level after them on the last dim -> [N, D * (1 + k)], the order
+        vLLM's _compute_deepstack_embeds splits them in (level i added after LLM layer i, as the project's Decoder
+        adds it)."""
+        wants = getattr(self, "use_deepstack", False)
+        if wants != (tokens.deepstack is not None):
+            raise RuntimeError(f"{type(self).__name__}: vLLM's LLM {'takes' if wants else 'has no'} DeepStack "
+                               f"features; the project's VLM encoded the cells {'without' if wants else 'with'} them")
+        if tokens.deepstack is None:
+            return tokens.features  # [N, D]
+        return torch.cat([tokens.features, *tokens.deepstack.unbind(0)], dim=-1)  # [N, D * (1 + k)]
+
+
+def arr_processor(info: type, processor: type, dummy_inputs: type):
+    """A class decorator: ARR-COC's processor over a family's vLLM processing classes (each mixin before the
+    family's class), registered for the decorated model class in vLLM's multimodal registry."""
+    def named(mixin: type, base: type) -> type:
+        return type(f"{mixin.__name__}{base.__name__}", (mixin, base), {"__module__": __name__})
+
+    return MULTIMODAL_REGISTRY.register_processor(named(ArrProcessor, processor), info=named(ArrInfo, info),
+                                                  dummy_inputs=named(ArrDummyInputs, dummy_inputs))
+
+
+# One class per family: the family's vLLM classes, named once here; everything else is ARR-COC's, shared.
+@arr_processor(Qwen2VLProcessingInfo, Qwen2VLMultiModalProcessor, Qwen2VLDummyInputsBuilder)
+class ArrCocQwen2VL(ArrCocModel, Qwen2VLForConditionalGeneration):
+    """Qwen2-VL in vLLM with ARR-COC's eyes."""
+
+
+@arr_processor(Qwen2_5_VLProcessingInfo, Qwen2_5_VLMultiModalProcessor, Qwen2_5_VLDummyInputsBuilder)
+class ArrCocQwen2_5_VL(ArrCocModel, Qwen2_5_VLForConditionalGeneration):
+    """Qwen2.5-VL in vLLM with ARR-COC's eyes (the window attention over the selected cells is the project's VLM's)."""
+
+
+@arr_processor(Qwen3VLProcessingInfo, Qwen3VLMultiModalProcessor, Qwen3VLDummyInputsBuilder)
+class ArrCocQwen3VL(ArrCocModel, Qwen3VLForConditionalGeneration):
+    """Qwen3-VL in vLLM with ARR-COC's eyes, DeepStack features of the gestalt and the saccades included."""

@@ -1,7 +1,9 @@
 """
 vLLM's plugin for ARR-COC: `register` (the `vllm.general_plugins` entry point in pyproject.toml, which vLLM calls in
-every process it starts) names the architecture ArrCocQwen2VLForConditionalGeneration; arr_coc/engines/vllm_model.py
-is its code, imported by vLLM only where the architecture is chosen:
+every process it starts) names one architecture per family, ArrCocQwen2VLForConditionalGeneration,
+ArrCocQwen2_5_VLForConditionalGeneration and ArrCocQwen3VLForConditionalGeneration (ARCHITECTURES: arr-coc-serve picks
+the model's by its config's model_type); arr_coc/engines/vllm_model.py is their code, imported by vLLM only where one
+is chosen:
 
     .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model models/pocket-qwen2-vl --dtype float32 \\
         --enforce-eager --hf-overrides '{"architectures": ["ArrCocQwen2VLForConditionalGeneration"], "arr_budget": 273}'
@@ -28,8 +30,14 @@ from arr_coc.flags import bounded_int, flag, one_of
 from arr_coc.relevance.config import STRATEGIES  # torch-free: the allocators, a strategy passed by its index
 from arr_coc.settings import MAX_CELLS
 
-ARCHITECTURE = "ArrCocQwen2VLForConditionalGeneration"  # the name --hf-overrides' architectures chooses
-MODEL_CLASS = "arr_coc.engines.vllm_model:ArrCocQwen2VL"  # imported by vLLM when chosen (lazily, by this string)
+# A family's ARR-COC architecture (the name --hf-overrides' architectures chooses) by its config's model_type, and
+# its class, imported by vLLM when chosen (lazily, by this string)
+ARCHITECTURES = {
+    "qwen2_vl": ("ArrCocQwen2VLForConditionalGeneration", "arr_coc.engines.vllm_model:ArrCocQwen2VL"),
+    "qwen2_5_vl": ("ArrCocQwen2_5_VLForConditionalGeneration", "arr_coc.engines.vllm_model:ArrCocQwen2_5_VL"),
+    "qwen3_vl": ("ArrCocQwen3VLForConditionalGeneration", "arr_coc.engines.vllm_model:ArrCocQwen3VL"),
+}
+ARCHITECTURE = ARCHITECTURES["qwen2_vl"][0]  # the pocket model's (Qwen2-VL)
 REQUEST_KWARGS = ("arr_budget", "arr_strategy")  # what a request's mm_processor_kwargs may set of ARR
 
 
@@ -47,11 +55,20 @@ class ServerSettings:
 
 
 def register() -> None:
-    """vllm.general_plugins: name the ARR-COC architecture (its module is imported only when a server chooses it)."""
+    """vllm.general_plugins: name each family's ARR-COC architecture (its module is imported only when a server
+    chooses one)."""
     from vllm import ModelRegistry
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    for architecture, model_class in ARCHITECTURES.values():
+        if architecture not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(architecture, model_class)
+
+
+def architecture(model_type: str) -> str:
+    """The ARR-COC architecture of a config's model_type; ValueError in one line for a family it has none for."""
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"ARR-COC serves {', '.join(ARCHITECTURES)} models in vLLM; this one is {model_type!r}")
+    return ARCHITECTURES[model_type][0]
 
 
 def server_settings(hf_config) -> ServerSettings:

@@ -237,11 +237,14 @@ FULL_SIZE = {
 }
 
 
-def build_tiny(path: str | os.PathLike, name: str = "tiny", full_size: bool = False) -> Path:
+def build_tiny(path: str | os.PathLike, name: str = "tiny", full_size: bool = False,
+               text_config: dict | None = None) -> Path:
     """
     Write a complete save_pretrained folder (model, tokenizer with its chat template, image processor) of a
     tiny model, or with full_size of its family's full-size architecture (FULL_SIZE; random bf16 weights):
     a stand-in for the real checkpoint that loads like a hub folder, for evaluate and train on a GPU.
+    text_config: fields of the LLM's config set over the recipe's (tests/test_vllm_families.py: 2 heads of 32, the
+    least head size vLLM's CPU attention has a kernel for; the recipe's are 16).
     """
     import transformers
 
@@ -250,6 +253,8 @@ def build_tiny(path: str | os.PathLike, name: str = "tiny", full_size: bool = Fa
     torch.manual_seed(TINY_SEED)
     config = recipe.config()
     config = FULL_SIZE[config.model_type][1]() if full_size else config  # FULL_SIZE is keyed by model_type
+    for key, value in (text_config or {}).items():
+        setattr(config.text_config, key, value)
     model = getattr(transformers, recipe.hf_class)(config).eval()
     model = model.to(torch.bfloat16) if full_size else model
     model.generation_config = transformers.GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643],
