@@ -51,8 +51,8 @@ class Request:
     ablation: Ablation | str | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None:
     # nothing), or its name: check_request makes a name its Ablation
     options: tuple = ()  # the pipelines' own settings, each an Options of a pipeline's record (arr_coc.pipelines.
-    # declared: FastV's K, PixelPrune's tau), at most one of a type: a pipeline reads its own (options_of; none of
-    # its type: the PipelineConfig's), the others pass it by (one request serves evaluate's every row)
+    # declared: FastV's K, PixelPrune's tau), at most one of a type: a pipeline reads its own (setting; none of its
+    # type: the PipelineConfig's), the others pass it by (one request serves evaluate's every row)
     tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
     refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
@@ -95,8 +95,8 @@ def checked_question(question, question_ids: Callable[[str], list[int]]) -> str:
 def with_settings(request: Request | None, settings: dict, options: tuple[type, ...] = ()) -> Request:
     """`request` (None: Request()) with `settings` (Request field names, or a setting of one of the `options`
     dataclasses: the pipelines' Options, arr_coc.pipelines.OPTIONS -> values) over it, an option into the request's
-    Options of its type; InputError naming a setting neither has (and TypeError for a request that is no Request,
-    e.g. a number passed where ARRCOCQwen.answer once took max_new_tokens)."""
+    Options of its type (None: none, the PipelineConfig's); InputError naming a setting neither has (and TypeError
+    for a request that is no Request, e.g. a number passed where ARRCOCQwen.answer once took max_new_tokens)."""
     if request is not None and not isinstance(request, Request):
         raise TypeError(f"request must be a Request, got {type(request).__name__}: pass settings by name")
     names = [f.name for f in fields(Request)]
@@ -107,11 +107,11 @@ def with_settings(request: Request | None, settings: dict, options: tuple[type, 
                          f"Request has {', '.join([*names, *owner])}")
     request = request or Request()
     chosen = tuple(dict.fromkeys(owner[name] for name in settings if name in owner))
-    given = [replace(options_of(request, kind) or kind(), **{name: value for name, value in settings.items()
-                                                              if owner.get(name) is kind}) for kind in chosen]
-    kept = tuple(o for o in request.options if type(o) not in chosen)
+    given = [replace(options_of(request, kind) or kind(), **values) for kind in chosen
+             if (values := {n: v for n, v in settings.items() if owner.get(n) is kind and v is not None})]
+    kept = tuple(o for o in request.options if type(o) not in chosen)  # an option set to None: its default again
     own = {name: value for name, value in settings.items() if name not in owner}
-    return replace(request, **own, **({"options": kept + tuple(given)} if given else {}))
+    return replace(request, **own, **({"options": kept + tuple(given)} if chosen else {}))
 
 
 def options_of(request: Request, kind: type):
