@@ -100,3 +100,21 @@ def test_without_it_the_registry_and_the_flags_are_the_repositorys_own():
     from arr_coc.pipelines import PIPELINES, REDUCERS
 
     assert "echo" not in PIPELINES and "echo" not in REDUCERS and "--echo-times" not in docs.tables()
+
+
+def test_a_pipelines_own_setting_by_name_goes_into_its_options():
+    """ARRCOCQwen.answer(..., fastv_layer=3) as before: the name goes into FastV's Options (Request.options), a None
+    drops it (the PipelineConfig's again), a bad tau is refused in the words check_request used."""
+    import pytest
+
+    from arr_coc.errors import InputError
+    from arr_coc.pipelines import OPTIONS
+    from arr_coc.pipelines.declared import fastv, pixelprune
+    from arr_coc.pipelines.request import Request, setting, with_settings
+
+    request = with_settings(Request(budget=40), dict(fastv_layer=3, pixelprune_tau=4), OPTIONS)
+    assert request == Request(budget=40, options=(fastv.Options(fastv_layer=3), pixelprune.Options(pixelprune_tau=4)))
+    assert (setting(request, "fastv_layer", 2), setting(Request(), "fastv_layer", 2)) == (3, 2)
+    assert with_settings(request, dict(fastv_layer=None), OPTIONS).options == (pixelprune.Options(pixelprune_tau=4),)
+    with pytest.raises(InputError, match="pixelprune_tau is a pixel difference between 0 and 255, got 300"):
+        with_settings(None, dict(pixelprune_tau=300), OPTIONS)
