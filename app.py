@@ -64,11 +64,9 @@ from starlette.middleware import Middleware  # noqa: E402
 from arr_coc.runtime import zerogpu  # noqa: E402
 from arr_coc import viz  # noqa: E402
 from arr_coc.app import handlers, ui, uploads  # noqa: E402
-from arr_coc.pipelines import BASELINES  # noqa: E402
 from arr_coc.settings import MAX_CELLS, MIN_CELLS, PipelineConfig  # noqa: E402
 from arr_coc.relevance.config import STRATEGIES  # noqa: E402
 from arr_coc.settings import MAX_NEW_TOKENS, REFIXATE_GUIDES  # noqa: E402
-from arr_coc.pipelines import FAST_ENGINE_ONLY, REDUCERS  # noqa: E402
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS  # noqa: E402
 from arr_coc.model import ARRCOCQwen, MAX_QUESTION_CHARS  # noqa: E402
 from arr_coc.relevance import ablation as ablations  # noqa: E402
@@ -221,7 +219,7 @@ def compare_tab(model: ARRCOCQwen) -> None:
         with gr.Column(scale=1):
             image, question = image_and_question("compare")
             with gr.Row():
-                baseline = gr.Dropdown(list(BASELINES), value="full", label="Baseline")
+                baseline = gr.Dropdown(options.choices("compare"), value="full", label="Baseline")
                 strategy = strategy_dropdown(config)
             tokens, cells, numbered = tokens_slider(), cells_slider(model.pipeline), numbered_slider(config)
             refixate, guide = refixate_slider(), refixate_guide_radio()
@@ -280,7 +278,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
                                label="Saccade budget (re-selects instantly)", elem_id="microscope-budget")
             tensions = tension_controls()
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
-            reducer = gr.Dropdown([handlers.NO_REDUCER, *REDUCERS], value=handlers.NO_REDUCER,
+            reducer = gr.Dropdown(options.choices("microscope"), value=handlers.NO_REDUCER,
                                   label="Draw a reducer's kept cells over the relevance", elem_id="microscope-reducer",
                                   info="as many visual tokens as ARR reads at the budget (runs the reducer); "
                                        "drawn just below")
@@ -410,7 +408,7 @@ def conversation_tab(model: ARRCOCQwen) -> None:
         with gr.Column(scale=1):
             image, question = image_and_question("chat")
             with gr.Row():
-                baseline = gr.Dropdown([b for b in BASELINES if b not in FAST_ENGINE_ONLY], value="full",
+                baseline = gr.Dropdown(options.choices("chat"), value="full",
                                        label="Baseline", info="fixed for a conversation")
                 budget = gr.Slider(1, 4 * model.pipeline.gestalt_max_tokens, value=config.budget, step=1,
                                    label="Saccades a turn")

@@ -32,7 +32,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
-from arr_coc import checkpoints, settings
+from arr_coc import checkpoints, pipelines, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
 from arr_coc.settings import (DEFAULT_MODEL, GESTALT_PER_CELLS, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS,
                               REFIXATE_GUIDES, PipelineConfig)
@@ -299,21 +299,6 @@ def check_gestalt_tokens(p: argparse.ArgumentParser, args) -> None:
                 f"{args.max_cells // GESTALT_PER_CELLS}")
 
 
-def fastv_layer_flag():
-    """--fastv-layer, one flag for run and evaluate."""
-    return flag(PipelineConfig.fastv_layer, "the fastv baseline's K: LLM layers below it read every image token, "
-                                            "layers from it on only the top ones by the last prompt token's attention "
-                                            "at layer K-1 (FastV's 2)", bounded_int(1, 1000))
-
-
-def pixelprune_tau_flag():
-    """--pixelprune-tau, one flag for run and evaluate."""
-    return flag(PipelineConfig.pixelprune_tau, "the pixelprune baselines' tau: a cell within this many 0-255 levels "
-                                               "(max over its pixels) of its left or upper neighbour's reconstruction "
-                                               "is dropped before the ViT (0: exact duplicates only, lossless)",
-                bounded_float(0.0, 255.0), metavar="TAU")
-
-
 def llm_layers(model: str) -> int | None:
     """
     The LLM depth of a --model, read without loading it: the tiny models' recipe, a folder's config.json (the pocket
@@ -471,16 +456,20 @@ def hub_model(name: str) -> bool:
 def request(args, **row):
     """
     The one Request (arr_coc.pipelines.request) of a command's flags: every flag whose name is a Request field's
-    (--max-new-tokens, --strategy, --budget, --max-cells, --gestalt-tokens, --fastv-layer, --refixate,
-    --refixate-budget, --fresh-cells: those the command has), the adaptive budget's bounds (budget_settings) as its
-    tensions, and a row's own settings (`row`, by their Request names: its strategy, budget, ablation, ...) over them.
+    (--max-new-tokens, --strategy, --budget, --max-cells, --gestalt-tokens, --refixate, --refixate-budget,
+    --fresh-cells: those the command has), the pipelines' own settings' flags as their Options (--fastv-layer,
+    --pixelprune-tau: Request.options, where the command has them all), the adaptive budget's bounds
+    (budget_settings) as its tensions, and a row's own settings (`row`, by their Request names: its strategy,
+    budget, ablation, ...) over them.
     """
     from dataclasses import fields, replace
 
     from arr_coc.pipelines.request import Request  # torch: only once the flags are parsed
 
     flags = {f.name: getattr(args, f.name) for f in fields(Request) if hasattr(args, f.name)}
-    return replace(Request(**flags, tensions=budget_settings(args)), **row)
+    options = tuple(kind(**{f.name: getattr(args, f.name) for f in fields(kind)}) for kind in pipelines.OPTIONS
+                    if all(hasattr(args, f.name) for f in fields(kind)))  # the pipelines' own settings' flags
+    return replace(Request(**flags, options=options, tensions=budget_settings(args)), **row)
 
 
 def answer(model, image, question: str, pipeline: str, request, conversation=None):

@@ -14,7 +14,7 @@ before torch or a model loads. Standard library only (torch loads only to ask wh
 import argparse
 import math
 import sys
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, field, fields, make_dataclass
 from pathlib import Path
 
 
@@ -172,6 +172,27 @@ def flag(default=None, help: str = "", type=None, *, metavar: str | None = None,
 def flag_fields(config) -> list:
     """The fields of a config dataclass that are flags, in --help's order."""
     return [f for f in fields(config) if "help" in f.metadata]
+
+
+def with_flags_of(after: str, configs):
+    """
+    A class decorator for a command's config dataclass (above @dataclass): the flag fields of the dataclasses
+    `configs` (the pipelines' Options, arr_coc.pipelines.OPTIONS: each pipeline declares its own settings once)
+    inserted after its field `after`, in their order, so --help, the parse and docs/commands.md read them as its own.
+    """
+    def copy(f):
+        return (f.name, f.type, field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+
+    def add(config):
+        own = fields(config)
+        if after not in [f.name for f in own]:
+            raise ValueError(f"{config.__name__} has no field {after!r} to put its pipelines' options after")
+        spec = []
+        for f in own:
+            spec += [copy(f)] + ([copy(o) for c in configs for o in flag_fields(c)] if f.name == after else [])
+        return make_dataclass(config.__name__, spec, namespace={"__doc__": config.__doc__, "__module__":
+                                                                config.__module__, "__qualname__": config.__qualname__})
+    return add
 
 
 def flag_help(f) -> str:

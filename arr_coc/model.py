@@ -223,7 +223,8 @@ class ARRCOCQwen:
         """
         Answer one question with one pipeline, as `request` (arr_coc.pipelines.request.Request; None: the defaults)
         with `settings` over it: any of its fields by name (max_new_tokens=32, budget="auto", ablation="no-gestalt",
-        refixate=0.5, ...; InputError naming one it does not have), so a Request's fields are listed once, there.
+        refixate=0.5, ..., or a pipeline's own: fastv_layer=3, pixelprune_tau=4, into request.options; InputError
+        naming one it does not have), so a Request's fields are listed once, there.
         `image`: an image, or its views (self.views). CUDA OOM becomes OutOfMemory after the memory is freed. Requests
         take turns on the VLM (self.lock); setting the request's `stop` ends it at its next vision block, LLM layer or
         token (Stopped). An ablation (arr_coc.relevance.ablation, an Ablation or its name) and a second look
@@ -231,7 +232,8 @@ class ARRCOCQwen:
         (arr_coc.pipelines.conversation): its image and pipeline are the ones it was made with (`image` may be its
         views for the first turn; `pipeline` is not read).
         """
-        pipeline, request, steps = self.steps(image, question, pipeline, with_settings(request, settings), conversation)
+        pipeline, request, steps = self.steps(image, question, pipeline,
+                                                with_settings(request, settings, pipelines.OPTIONS), conversation)
         with self.serving(pipeline, request.stop):
             return finished(steps)
 
@@ -244,7 +246,7 @@ class ARRCOCQwen:
         generator early (the app's Stop, between two yields) sets the request's `stop` (one is made if it has none)
         and closes the pipeline and its engine, which lets go of the model.
         """
-        request = with_settings(request, settings)
+        request = with_settings(request, settings, pipelines.OPTIONS)
         request = replace(request, stop=request.stop or threading.Event())
         pipeline, request, steps = self.steps(image, question, pipeline, request, conversation)
         ids, text, answered = [], "", False

@@ -249,6 +249,7 @@ def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look
     from dataclasses import replace
     from types import SimpleNamespace
 
+    from arr_coc.pipelines.declared import fastv, pixelprune
     from arr_coc.pipelines.request import Request
     from arr_coc.relevance.config import TensionSettings
 
@@ -258,7 +259,8 @@ def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look
                            "--max-budget", "300", "--pixelprune-tau", "4", "--gestalt-tokens", "400"])
     request = cli.request(args, ablation="raster")
     assert request == Request(max_new_tokens=8, strategy="grid", budget=40, max_cells=2048, gestalt_tokens=400,
-                              fastv_layer=3, pixelprune_tau=4.0, refixate=0.5, refixate_budget=20,
+                              options=(fastv.Options(fastv_layer=3), pixelprune.Options(pixelprune_tau=4.0)),
+                              refixate=0.5, refixate_budget=20,
                               refixate_guide="attention", ablation="raster", tensions=TensionSettings(min_budget=30, max_budget=300))
     chat = run.parse_args(["--image", "assets/chelsea.png", "--question", "hi", "--question", "and?", "--fresh-cells"])
     assert cli.request(chat).fresh_cells and not cli.request(args).fresh_cells

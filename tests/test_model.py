@@ -251,13 +251,15 @@ def test_a_new_pipeline_is_one_module_and_one_registry_line(arr_model, monkeypat
     import types
 
     from arr_coc import pipelines
+    from arr_coc.pipelines.pipeline import Pipeline
     from arr_coc.pipelines.stock import answer_view
 
     module = types.ModuleType("echo_pipeline")
     module.answer = lambda parts, image, question, request: answer_view(parts, "echo", "gestalt", image, question,
                                                                         request)
     monkeypatch.setitem(sys.modules, "echo_pipeline", module)
-    monkeypatch.setitem(pipelines.REGISTRY, "echo", ("echo_pipeline", True, "stock: the gestalt view, once more"))
+    monkeypatch.setitem(pipelines.REGISTRY, "echo", Pipeline("echo", "echo_pipeline", "stock: the gestalt view, once "
+                                                              "more", kind="stock", order=100))
     echo = arr_model.answer(scene_image(896, 896), QUESTION, "echo", max_new_tokens=2)
     gestalt = arr_model.answer(scene_image(896, 896), QUESTION, "gestalt", max_new_tokens=2)
     assert echo.pipeline == "echo" and (echo.text, echo.tokens) == (gestalt.text, gestalt.tokens)

@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 
 from arr_coc import viz
-from arr_coc.app import looks, ui
+from arr_coc.app import looks, options, ui
 from arr_coc.distill.teacher import TeacherHeads, teach
 from arr_coc.errors import InputError
 from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
@@ -56,7 +56,7 @@ from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.settings import REFIXATE_GUIDES
 from arr_coc.vlm.views import box_coverage
 
-NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
+NO_REDUCER = options.NO_REDUCER  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
 TICK_S = 0.25  # a handler whose work runs in a thread (in_thread) yields this often: where Stop can close it

@@ -3,12 +3,14 @@ The app's flags, as one dataclass (arr_coc.flags.flag: each field's help and par
 before gradio and torch load, and docs/commands.md's table is generated from them (arr_coc.commands.docs).
 
     cfg = parse_args(["--model", "pocket", "--port", "8000"])   # AppConfig(model="pocket", port=8000, ...)
+
+and the pipeline dropdowns' choices, read from the registry's records (arr_coc.pipelines): choices(DROPDOWNS[...]).
 """
 
 import os
 from dataclasses import dataclass
 
-from arr_coc import cli
+from arr_coc import cli, pipelines
 from arr_coc.flags import bounded_int, config_parser, flag, parse_config
 from arr_coc.settings import DEFAULT_MODEL
 
@@ -17,6 +19,7 @@ UPLOAD_CACHE_MB = 1024  # the uploads gradio's cache keeps, at most: the oldest 
 QUEUE_SIZE = 64  # events gradio's queue holds at most, from every client together (--queue-size)
 SESSION_JOBS = 4  # events one session may have waiting in it (--session-jobs): a page sends one at a time
 PORT = 7860  # gradio's own default port
+NO_REDUCER = "none"  # the Microscope's reducer choice that draws none
 DESCRIPTION = "ARR-COC microscope: the Gradio app."
 
 
@@ -56,3 +59,19 @@ def parse_args(argv: list[str] | None = None, host: str = "127.0.0.1", port_free
     if not port_free(host, cfg.port):
         p.error(f"argument --port: {cfg.port} is in use on {host}")
     return cfg
+
+
+DROPDOWNS = ("compare", "microscope", "chat")  # the app's pipeline dropdowns: Compare's baseline, the Microscope's
+# reducer, Chat's baseline
+
+
+def choices(dropdown: str) -> list[str]:
+    """A pipeline dropdown's choices, from the registry: Compare's every baseline; the Microscope's none or a
+    reducer (whose kept cells it draws); Chat's the baselines that hold a conversation (not the fast-engine-only)."""
+    if dropdown == "compare":
+        return list(pipelines.BASELINES)
+    if dropdown == "microscope":
+        return [NO_REDUCER, *pipelines.REDUCERS]
+    if dropdown == "chat":
+        return [b for b in pipelines.BASELINES if b not in pipelines.FAST_ENGINE_ONLY]
+    raise KeyError(f"unknown dropdown {dropdown!r}: one of {', '.join(DROPDOWNS)}")

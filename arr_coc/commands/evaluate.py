@@ -89,7 +89,7 @@ from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.rows import ORACLE, ORACLE_STRATEGY, REFIX, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, check_questions, guess_schema, open_source, synthetic_source
-from arr_coc.flags import config_parser, device_flag, flag, one_of, parse_config, seed_flag
+from arr_coc.flags import config_parser, device_flag, flag, one_of, parse_config, seed_flag, with_flags_of
 from arr_coc.relevance import ablation as ablations
 from arr_coc.settings import PRIOR_READOUTS, REFIXATE_GUIDES, PipelineConfig
 
@@ -123,6 +123,7 @@ def check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"that id, pass --schema ({', '.join(SCHEMAS)})")
 
 
+@with_flags_of("gestalt_tokens", pipelines.OPTIONS)  # then each pipeline's own settings (--fastv-layer, ...)
 @dataclass
 class EvalConfig:
     """evaluate's flags, each field one (arr_coc.flags.flag), in --help's order: the model, the items, the rows and
@@ -172,8 +173,6 @@ class EvalConfig:
                                             "scenes)", cli.new_tokens)
     max_cells: int = cli.max_cells_flag()
     gestalt_tokens: int = cli.gestalt_tokens_flag()
-    fastv_layer: int = cli.fastv_layer_flag()
-    pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
     refixate_guide: str = cli.refixate_guide_flag()

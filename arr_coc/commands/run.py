@@ -69,7 +69,7 @@ from arr_coc.pipelines import PIPELINES
 from arr_coc.relevance.config import STRATEGIES
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.vlm.images import open_image
-from arr_coc.flags import config_parser, device_flag, flag, parse_config
+from arr_coc.flags import config_parser, device_flag, flag, parse_config, with_flags_of
 from arr_coc.relevance import ablation as ablations
 from arr_coc.settings import MAX_IMAGE_PIXELS
 
@@ -84,6 +84,7 @@ def teacher_folder(text: str) -> str:
     return text
 
 
+@with_flags_of("gestalt_tokens", pipelines.OPTIONS)  # then each pipeline's own settings (--fastv-layer, ...)
 @dataclass
 class RunConfig:
     """run's flags, each field one (arr_coc.flags.flag: its help and parse-time check)."""
@@ -107,8 +108,6 @@ class RunConfig:
     max_new_tokens: int = flag(64, "answer length limit", cli.new_tokens)
     max_cells: int = cli.max_cells_flag()
     gestalt_tokens: int = cli.gestalt_tokens_flag()
-    fastv_layer: int = cli.fastv_layer_flag()
-    pixelprune_tau: float = cli.pixelprune_tau_flag()
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
     refixate_guide: str = cli.refixate_guide_flag()

@@ -16,7 +16,8 @@ defaults and the refusals are evaluate's):
     pretrained       the VLM, evaluate's --model: a Qwen-VL hub id or folder, pocket, tiny, ... (default: its default)
     pipeline         one of evaluate's rows: arr (arr:topk), arr:logpolar, full, gestalt, budget, divprune,
                      visionzip, fastv, arr-no-gestalt:topk (an ablation), arr+refix:topk (with refixate=TAU)
-    budget, checkpoint, max_cells, min_budget, max_budget, fastv_layer, refixate, refixate_budget, refixate_guide, seed
+    budget, checkpoint, max_cells, min_budget, max_budget, refixate, refixate_budget, refixate_guide, seed, and
+    each pipeline's own settings (its Options' fields, evaluate's flags: fastv_layer, pixelprune_tau)
     max_new_tokens   used where the task's generation_kwargs give none (then evaluate's default for a JSONL set, 16)
 
 Each request is answered alone (lmms-eval's batch_size is accepted and does not batch): one image (the doc's first

@@ -5,8 +5,9 @@ The pipelines: one file each, behind one function
 
 where `parts` (request.Parts) holds the shared VLM, ARR layer, texture array and settings: the façade above
 (arr_coc.model.ARRCOCQwen) builds it and hands it down, and no pipeline imports the façade. The registry below names
-them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer: a new pipeline is one file and one
-line here, and check_pipeline refuses a request a pipeline cannot run. This module imports nothing heavy, so the
+them for the flags (run, bench, evaluate), the app and ARRCOCQwen.answer, read from each pipeline's record (its
+declaration, arr_coc/pipelines/declared/: pipeline.Pipeline): a new pipeline is its module and its declaration, and
+check_pipeline refuses a request a pipeline cannot run. This module imports nothing heavy, so the
 commands check their flags before torch loads.
 
     from arr_coc import pipelines
@@ -15,40 +16,52 @@ commands check their flags before torch loads.
 """
 
 import importlib
+import pkgutil
 from types import ModuleType
 
 from arr_coc.errors import InputError
+from arr_coc.pipelines import declared
+from arr_coc.pipelines.pipeline import Pipeline, option_names
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation  # torch-free names
 
-# name -> (module, whether it is a baseline beside ARR (stock or a published reducer), what it reads)
-REGISTRY = {
-    "arr": ("arr_coc.pipelines.arr", False, "ARR-COC: the gestalt, then saccades chosen by relevance at native resolution"),
-    "full": ("arr_coc.pipelines.full", True, "stock: the native view, capped at max_cells (the model as users run it)"),
-    "gestalt": ("arr_coc.pipelines.gestalt", True, "stock: the low-res gestalt view alone"),
-    "budget": ("arr_coc.pipelines.budget", True, "stock: one view resized to about ARR's token count"),
-    "divprune": ("arr_coc.pipelines.divprune", True, "DivPrune: the native view's most diverse tokens, as many as ARR reads"),
-    "visionzip": ("arr_coc.pipelines.visionzip", True, "VisionZip: the native view's most-attended tokens plus merged context, as many as ARR reads"),
-    "fastv": ("arr_coc.pipelines.fastv", True, "FastV: the native view, only the image tokens layer K-1 attends to most "
-              "(ARR's token count) read from layer K on"),
-    "pixelprune": ("arr_coc.pipelines.pixelprune", True, "PixelPrune: the native view's pixel-unique cells only "
-                   "(a neighbour's duplicate, within tau, dropped before the ViT), every one"),
-    "pixelprune_n": ("arr_coc.pipelines.pixelprune_n", True, "PixelPrune at ARR's token count: of its pixel-unique "
-                     "cells, the most unique (farthest from the nearest other), as many as ARR reads"),
-}
+
+def declarations(package=declared) -> dict[str, Pipeline]:
+    """name -> record of every pipeline declared in `package` (each module's PIPELINE), in the records' order;
+    ValueError for two of one name, or two Options declaring one setting (a setting is one flag)."""
+    records = [importlib.import_module(f"{package.__name__}.{m.name}").PIPELINE
+               for m in pkgutil.iter_modules(package.__path__)]
+    found = {}
+    for record in sorted(records, key=lambda r: (r.order, r.name)):
+        if record.name in found:
+            raise ValueError(f"two pipelines are named {record.name!r}")
+        found[record.name] = record
+    owners = {}
+    for record in found.values():
+        for name in option_names(record.options):
+            if owners.setdefault(name, record.options) is not record.options:
+                raise ValueError(f"the setting {name!r} is declared twice (pipeline {record.name}'s options)")
+    return found
+
+
+REGISTRY = declarations()  # name -> Pipeline (arr_coc.pipelines.pipeline), arr_coc/pipelines/declared's records
 PIPELINES = tuple(REGISTRY)
-FAST_ENGINE_ONLY = ("fastv",)  # pipelines stock generate() cannot run (the hf engine): FastV's layers read two lengths
-BASELINES = tuple(name for name, (_, baseline, _) in REGISTRY.items() if baseline)
+FAST_ENGINE_ONLY = tuple(n for n, r in REGISTRY.items() if "hf" not in r.engines)  # pipelines stock generate() cannot
+# run (the hf engine): FastV's layers read two lengths
+BASELINES = tuple(n for n, r in REGISTRY.items() if r.baseline)  # stock or a published reducer
 # the pipelines whose LLM reads our own embeddings (vlm.prompt) under either engine; stock generate() cannot take
 # Qwen3-VL's (it would drop their DeepStack features), so under its hf engine they have no row
-FROM_EMBEDS = ("arr", "divprune", "visionzip", "pixelprune", "pixelprune_n")
-REDUCERS = ("divprune", "visionzip", "fastv", "pixelprune", "pixelprune_n")  # the published token reducers: each
-# names its kept cells (Answer.kept)
-BUDGET_FREE = ("full", "gestalt", "pixelprune")  # the pipelines no budget changes: a budget sweep runs them once
+FROM_EMBEDS = tuple(n for n, r in REGISTRY.items() if r.from_embeds)
+REDUCERS = tuple(n for n, r in REGISTRY.items() if r.kind == "reducer")  # the published token reducers: each names
+# its kept cells (Answer.kept)
+BUDGET_FREE = tuple(n for n, r in REGISTRY.items() if r.budget_free)  # the pipelines no budget changes: a budget
+# sweep runs them once
+OPTIONS = tuple(dict.fromkeys(r.options for r in REGISTRY.values() if r.options is not None))  # the pipelines' own
+# settings' dataclasses, each once (pixelprune_n shares pixelprune's): run's and evaluate's flags, Request.options
 
 
 def describe(names: tuple[str, ...] = PIPELINES) -> str:
     """One line naming each pipeline and what it reads (the flags' help)."""
-    return "; ".join(f"{name}: {REGISTRY[name][2]}" for name in names)
+    return "; ".join(f"{name}: {REGISTRY[name].what}" for name in names)
 
 
 def load(name: str) -> ModuleType:
@@ -56,7 +69,7 @@ def load(name: str) -> ModuleType:
     answer(parts, views, question, request), a generator of its tokens and then its Answer."""
     if name not in REGISTRY:
         raise KeyError(f"unknown pipeline {name!r}: one of {', '.join(PIPELINES)}")
-    return importlib.import_module(REGISTRY[name][0])
+    return REGISTRY[name].load()
 
 
 def check_pipeline(pipeline: str, request) -> None:

@@ -11,7 +11,8 @@ the view's own tokens. Layers below K keep their full KV cache while decoding; l
 shortened one (arr_coc/vlm/decoder.py). Qwen3-VL's DeepStack features of the dropped tokens go with them.
 It runs on the fast engine only: its layers read two sequence lengths, which stock generate() cannot do.
 
-    answer = finished(pipelines.load("fastv").answer(parts, views, "What is here?", Request(budget=273, fastv_layer=2)))
+    request = Request(budget=273, options=(Options(fastv_layer=2),))   # its Options: pipelines/declared/fastv.py
+    answer = finished(pipelines.load("fastv").answer(parts, views, "What is here?", request))
     answer.kept                                          # [N, 2] the (row, col) of the kept tokens, native grid
 """
 
@@ -20,7 +21,7 @@ import torch
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import TokenCounts
 from arr_coc.pipelines.arr import arr_visual_tokens
-from arr_coc.pipelines.request import Parts, Request
+from arr_coc.pipelines.request import Parts, Request, setting
 from arr_coc.pipelines.steps import finish, generate, start_watch
 from arr_coc.vlm.views import Views
 
@@ -42,7 +43,7 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     vlm = parts.vlm
     if vlm.engine != "fast":
         raise InputError("the fastv baseline runs on the fast engine only (its layers read two sequence lengths)")
-    K = check_layer(parts, parts.pipeline.fastv_layer if request.fastv_layer is None else request.fastv_layer)
+    K = check_layer(parts, setting(request, "fastv_layer", parts.pipeline.fastv_layer))  # its Options' K, if given
     watch, start = start_watch(vlm.device)
     with watch.section("vision"):
         tokens = vlm.encode_view(views.tensor(VIEW))  # [M, D] raster order

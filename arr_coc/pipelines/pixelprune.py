@@ -20,7 +20,8 @@ its code. Pre-encoder and query-agnostic: it looks at pixels only, so the vision
 
 The coder's time is the answer's selection, the tower's its vision: both are in its TTFT.
 
-    answer = finished(pipelines.load("pixelprune").answer(parts, views, "What is here?", Request(pixelprune_tau=0)))
+    request = Request(options=(Options(pixelprune_tau=0),))   # its Options: pipelines/declared/pixelprune.py
+    answer = finished(pipelines.load("pixelprune").answer(parts, views, "What is here?", request))
     answer.kept                                          # [M, 2] the (row, col) of the cells it encoded, native grid
 """
 
@@ -28,7 +29,7 @@ import torch
 
 from arr_coc.pipelines.answer import TokenCounts
 from arr_coc.pipelines.arr import arr_visual_tokens
-from arr_coc.pipelines.request import Parts, Request
+from arr_coc.pipelines.request import Parts, Request, setting
 from arr_coc.pipelines.steps import finish, generate, start_watch
 from arr_coc.vlm.views import Views
 
@@ -116,7 +117,7 @@ def kept_positions(view: torch.Tensor, cell: int, tau: float, n: int | None) -> 
 def answer_pruned(parts: Parts, pipeline: str, views: Views, question: str, request: Request, at_arr_count: bool):
     """PixelPrune's answer (the module docstring's diagram): its tokens as they come, then its Answer."""
     vlm = parts.vlm
-    tau = parts.pipeline.pixelprune_tau if request.pixelprune_tau is None else float(request.pixelprune_tau)
+    tau = float(setting(request, "pixelprune_tau", parts.pipeline.pixelprune_tau))  # its Options' tau, if given
     watch, start = start_watch(vlm.device)
     view = views.tensor(VIEW)
     with watch.section("selection"):

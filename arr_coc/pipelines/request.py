@@ -50,9 +50,9 @@ class Request:
     # PipelineConfig's 256; 576 is Q-Zoom's coarse pass): the views' gestalt grid, which every pipeline reads
     ablation: Ablation | str | None = None  # what of ARR to switch off (arr only; arr_coc.relevance.ablation; None:
     # nothing), or its name: check_request makes a name its Ablation
-    fastv_layer: int | None = None  # FastV's K (fastv only; default: the PipelineConfig's)
-    pixelprune_tau: float | None = None  # PixelPrune's tau, 0-255 levels (pixelprune, pixelprune_n; default: the
-    # PipelineConfig's)
+    options: tuple = ()  # the pipelines' own settings, each an Options of a pipeline's record (arr_coc.pipelines.
+    # declared: FastV's K, PixelPrune's tau), at most one of a type: a pipeline reads its own (setting; none of its
+    # type: the PipelineConfig's), the others pass it by (one request serves evaluate's every row)
     tensions: TensionSettings | None = None  # ARR's tensions fixed by hand, the adaptive budget's bounds (arr only)
     refixate: float | None = None  # tau: an answer less confident than this looks again (arr only; None: never)
     refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
@@ -92,18 +92,37 @@ def checked_question(question, question_ids: Callable[[str], list[int]]) -> str:
     return question
 
 
-def with_settings(request: Request | None, settings: dict) -> Request:
-    """`request` (None: Request()) with `settings` (Request field names -> values) over it; InputError naming a
-    setting a Request does not have (and TypeError for a request that is no Request, e.g. a number passed where
-    ARRCOCQwen.answer once took max_new_tokens)."""
+def with_settings(request: Request | None, settings: dict, options: tuple[type, ...] = ()) -> Request:
+    """`request` (None: Request()) with `settings` (Request field names, or a setting of one of the `options`
+    dataclasses: the pipelines' Options, arr_coc.pipelines.OPTIONS -> values) over it, an option into the request's
+    Options of its type (None: none, the PipelineConfig's); InputError naming a setting neither has (and TypeError
+    for a request that is no Request, e.g. a number passed where ARRCOCQwen.answer once took max_new_tokens)."""
     if request is not None and not isinstance(request, Request):
         raise TypeError(f"request must be a Request, got {type(request).__name__}: pass settings by name")
     names = [f.name for f in fields(Request)]
-    unknown = [name for name in settings if name not in names]
+    owner = {f.name: kind for kind in options for f in fields(kind)}
+    unknown = [name for name in settings if name not in names and name not in owner]
     if unknown:
         raise InputError(f"unknown request setting{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: a "
-                         f"Request has {', '.join(names)}")
-    return replace(request or Request(), **settings)
+                         f"Request has {', '.join([*names, *owner])}")
+    request = request or Request()
+    chosen = tuple(dict.fromkeys(owner[name] for name in settings if name in owner))
+    given = [replace(options_of(request, kind) or kind(), **values) for kind in chosen
+             if (values := {n: v for n, v in settings.items() if owner.get(n) is kind and v is not None})]
+    kept = tuple(o for o in request.options if type(o) not in chosen)  # an option set to None: its default again
+    own = {name: value for name, value in settings.items() if name not in owner}
+    return replace(request, **own, **({"options": kept + tuple(given)} if chosen else {}))
+
+
+def options_of(request: Request, kind: type):
+    """The request's Options of type `kind` (a pipeline's own settings), None where it has none."""
+    return next((o for o in request.options if type(o) is kind), None)
+
+
+def setting(request: Request, name: str, default):
+    """A pipeline's own setting `name` as the request's options hold it (each name is one Options' field: the
+    registry refuses two), `default` where none of them has it (the PipelineConfig's)."""
+    return next((getattr(o, name) for o in request.options if hasattr(o, name)), default)
 
 
 def ablation_named(ablation: Ablation | str | None) -> Ablation:
@@ -125,9 +144,8 @@ def check_request(request: Request) -> Request:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {request.max_new_tokens}")
     if request.refixate is not None and not (math.isfinite(request.refixate) and 0 <= request.refixate <= 1):
         raise InputError(f"refixate (tau) is a confidence between 0 and 1, got {request.refixate}")
-    tau = request.pixelprune_tau
-    if tau is not None and not (math.isfinite(tau) and 0 <= tau <= 255):
-        raise InputError(f"pixelprune_tau is a pixel difference between 0 and 255, got {tau}")
+    if len({type(o) for o in request.options}) != len(request.options):
+        raise InputError("a request holds at most one Options of a kind (one per pipeline's settings)")
     if request.refixate_guide not in REFIXATE_GUIDES:
         raise InputError(f"refixate_guide must be one of {', '.join(REFIXATE_GUIDES)}, got {request.refixate_guide!r}")
     if request.refixate_budget is not None and int(request.refixate_budget) < 1:

@@ -1,0 +1,6 @@
+"""budget: the stock model on one view resized to about ARR's token count (arr_coc/pipelines/budget.py)."""
+
+from arr_coc.pipelines.pipeline import Pipeline
+
+PIPELINE = Pipeline("budget", "arr_coc.pipelines.budget", "stock: one view resized to about ARR's token count",
+                    kind="stock", order=40)

@@ -1,0 +1,120 @@
+"""
+A pipeline declares itself (issue #62 step 1): a throwaway pipeline with one option, declared by one module alone
+(a PIPELINE record and its Options, as arr_coc/pipelines/declared/ holds them), is in the registry, the app's
+dropdown choices, run's and evaluate's flags and the generated docs. The module lies in a folder of its own, added to
+the declarations' package path, in a fresh interpreter (the registry is read once, as arr_coc.pipelines loads).
+
+    .venv/bin/python -m pytest tests/pipelines/test_declared.py -q
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+THROWAWAY = '''"""echo: a throwaway pipeline of tests/pipelines/test_declared.py, never asked to answer."""
+
+from dataclasses import dataclass
+
+from arr_coc.flags import bounded_int, flag
+from arr_coc.pipelines.pipeline import Pipeline
+
+
+@dataclass(frozen=True)
+class Options:
+    """The echo pipeline's one setting."""
+    echo_times: int = flag(3, "how many times the echo pipeline repeats its answer", bounded_int(1, 9))
+
+
+PIPELINE = Pipeline("echo", "arr_coc.pipelines.full", "Echo: the native view, its answer repeated", kind="reducer",
+                    order=95, options=Options)
+'''
+
+DRIVER = '''
+import contextlib, importlib, io, json, sys
+import arr_coc.pipelines.declared as declared
+declared.__path__.append(sys.argv[1])  # the throwaway's folder joins the declarations' own
+import arr_coc.pipelines as pipelines
+importlib.reload(pipelines)  # the registry read again, with the throwaway's module
+from arr_coc import cli
+from arr_coc.app import options
+from arr_coc.commands import docs, evaluate, run
+
+
+def help_of(parse):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        parse(["--help"])
+    return out.getvalue()
+
+
+args = run.parse_args(["--model", "tiny", "--image", "assets/chelsea.png", "--question", "q", "--pipelines", "echo",
+                       "--echo-times", "5"])
+print(json.dumps(dict(
+    pipelines=pipelines.PIPELINES, reducers=pipelines.REDUCERS, baselines=pipelines.BASELINES,
+    what=pipelines.describe(("echo",)), compare=options.choices("compare"), microscope=options.choices("microscope"),
+    chat=options.choices("chat"), run_help=help_of(run.parse_args), evaluate_help=help_of(evaluate.parse_args),
+    docs=docs.tables(), echo_times=args.echo_times, pipelines_flag=args.pipelines,
+    options=[repr(o) for o in cli.request(args).options])))
+'''
+
+ROW = "| `--echo-times ECHO_TIMES` | `3` | how many times the echo pipeline repeats its answer |"
+
+
+def declared_with_throwaway(tmp_path) -> dict:
+    (tmp_path / "echo.py").write_text(THROWAWAY, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="400")  # no wrapping in --help
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_throwaway_pipeline_declared_by_its_module_alone_is_everywhere(tmp_path):
+    found = declared_with_throwaway(tmp_path)
+    assert found["pipelines"] == ["arr", "full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune",
+                                  "pixelprune_n", "echo"]
+    assert found["reducers"] == ["divprune", "visionzip", "fastv", "pixelprune", "pixelprune_n", "echo"]
+    assert found["what"] == "echo: Echo: the native view, its answer repeated"
+    assert found["compare"] == ["full", "gestalt", "budget", "divprune", "visionzip", "fastv", "pixelprune",
+                                "pixelprune_n", "echo"]
+    assert found["microscope"] == ["none", "divprune", "visionzip", "fastv", "pixelprune", "pixelprune_n", "echo"]
+    assert found["chat"] == ["full", "gestalt", "budget", "divprune", "visionzip", "pixelprune",
+                             "pixelprune_n", "echo"]
+    for command in ("run_help", "evaluate_help"):
+        assert "--echo-times ECHO_TIMES" in found[command]
+        assert "how many times the echo pipeline repeats its answer" in " ".join(found[command].split())
+        assert "echo: Echo: the native view, its answer repeated" in " ".join(found[command].split())
+    run_table, evaluate_table = (found["docs"].split(f"### `python -m arr_coc.{c}`")[1].split("### ")[0]
+                                 for c in ("run", "evaluate"))
+    assert ROW in run_table and ROW in evaluate_table
+    assert (found["echo_times"], found["pipelines_flag"]) == (5, "echo")
+    assert found["options"] == ["Options(fastv_layer=2)", "Options(pixelprune_tau=0.0)", "Options(echo_times=5)"]
+
+
+def test_without_it_the_registry_and_the_flags_are_the_repositorys_own():
+    from arr_coc.commands import docs
+    from arr_coc.pipelines import PIPELINES, REDUCERS
+
+    assert "echo" not in PIPELINES and "echo" not in REDUCERS and "--echo-times" not in docs.tables()
+
+
+def test_a_pipelines_own_setting_by_name_goes_into_its_options():
+    """ARRCOCQwen.answer(..., fastv_layer=3) as before: the name goes into FastV's Options (Request.options), a None
+    drops it (the PipelineConfig's again), a bad tau is refused in the words check_request used."""
+    import pytest
+
+    from arr_coc.errors import InputError
+    from arr_coc.pipelines import OPTIONS
+    from arr_coc.pipelines.declared import fastv, pixelprune
+    from arr_coc.pipelines.request import Request, setting, with_settings
+
+    request = with_settings(Request(budget=40), dict(fastv_layer=3, pixelprune_tau=4), OPTIONS)
+    assert request == Request(budget=40, options=(fastv.Options(fastv_layer=3), pixelprune.Options(pixelprune_tau=4)))
+    assert (setting(request, "fastv_layer", 2), setting(Request(), "fastv_layer", 2)) == (3, 2)
+    assert with_settings(request, dict(fastv_layer=None), OPTIONS).options == (pixelprune.Options(pixelprune_tau=4),)
+    with pytest.raises(InputError, match="pixelprune_tau is a pixel difference between 0 and 255, got 300"):
+        with_settings(None, dict(pixelprune_tau=300), OPTIONS)
