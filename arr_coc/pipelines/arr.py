@@ -60,7 +60,8 @@ from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confid
 from arr_coc.pipelines.request import Parts, Request, ablation_named
 from arr_coc.pipelines.steps import continue_prompt, finish, generate, read_view, start_watch
 from arr_coc.pipelines.steps import follow_up as stock_follow_up
-from arr_coc.pipelines.two_scale import Crop, crop_gflops, crop_prior_map, crop_token_count, look_closer
+from arr_coc.pipelines.two_scale import (Crop, crop_first, crop_gflops, crop_prior_map, crop_token_count,
+                                         look_closer)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
@@ -268,7 +269,8 @@ def closer_look(parts: Parts, observation: Observation, maps: ScoreMaps, request
     crop = look_closer(parts, observation.views, observation.question, maps.relevance, request.crop_tokens, watch)
     closer = replace(observation, prior=crop_prior_map(observation.prior, crop), crop=crop)
     with watch.section("selection"):
-        return closer, score(closer, (request.layer or parts.layer).graphed_score, ablation)
+        maps = score(closer, (request.layer or parts.layer).graphed_score, ablation)
+        return closer, replace(maps, relevance=crop_first(maps.relevance, crop))
 
 
 def crop_compute(parts: Parts, observation: Observation, prompt: Prompt, read_gestalt: int, K: int) -> dict:

@@ -8,7 +8,16 @@ token covers 4 x 4 native cells, so the gestalt's prior cannot point at anything
           native view, as the stock image processor converts that crop: one token a cell, no resampling) -> VLM (the
           crop's tokens; the prior pass on them: the question's attention to the crop, look_closer) -> the page's
           prior with the crop's put in over the cells it covers (crop_prior_map) -> the layer scores again -> the
-          usual selection of exactly `budget` cells (arr.answer)
+          crop's cells lifted above every cell outside it (crop_first) -> the usual selection of exactly `budget`
+          cells (arr.closer_look, arr.answer)
+
+The rule that combines the two scales: the crop takes the budget first. Inside it the cells are ranked by the layer
+over the crop's gaze (the textures as ever); only a budget larger than the crop reaches beyond it, in the page's
+order. The crop's gaze put in the prior alone left most of the budget outside the crop, where the page's blurred
+map stays high while a sharp gaze leaves most of the crop near 0. Mean box recall on 6 box_word pages of 1792 px
+(box_grid, pocket step 78202, the untrained prior layer, budget 64, a first look by hand): one look 0.53; the gaze in
+the prior alone 0.15; the page's values inside the crop handed out again in the crop's order 0.62; crop first
+0.67 (1.00 on each of the 4 pages whose crop held the box, 0 on the 2 whose crop missed it).
 
 The crop is read at native resolution: its side in cells is its token grid (crop_shape: crop_tokens cells in the
 page's aspect, 16 x 16 = 448 px at 256 tokens), so the crop's prior points at single native cells.
@@ -120,11 +129,26 @@ def look_closer(parts: Parts, views: Views, question: str, relevance: torch.Tens
 
 
 def crop_prior_map(prior: torch.Tensor, crop: Crop) -> torch.Tensor:
-    """The page's prior [1, GH, GW] with the crop's gaze in place over the cells the crop covers (both in [0, 1]: the
-    crop's most attended cell weighs as the page's most attended one) -> [1, GH, GW]; outside, the page's map."""
+    """The page's prior [1, GH, GW] with the crop's gaze in its place over the cells the crop covers (both in [0, 1],
+    the range the layer's participatory scorer reads) -> [1, GH, GW]; outside, the page's map."""
     out = prior.clone()
     out[:, crop.top:crop.top + crop.height, crop.left:crop.left + crop.width] = crop.prior.to(out)
     return out
+
+
+def crop_first(relevance: torch.Tensor, crop: Crop) -> torch.Tensor:
+    """
+    Relevance [1, GH, GW] with the crop's cells lifted above every cell outside it, each side's order kept: the
+    crop's least relevant cell 1 above the most relevant one outside -> [1, GH, GW]. Under topk the budget then goes
+    to the crop's cells first, most relevant (by its gaze, as the layer scores it) first, and only a budget larger
+    than the crop reaches the page's cells beyond it, in the page's order.
+    """
+    inside = torch.zeros_like(relevance, dtype=torch.bool)  # [1, GH, GW]
+    inside[:, crop.top:crop.top + crop.height, crop.left:crop.left + crop.width] = True
+    if bool(inside.all()):  # the crop is the whole grid: nothing to lift it above
+        return relevance
+    lift = relevance[~inside].max() - relevance[inside].min() + 1
+    return torch.where(inside, relevance + lift, relevance)
 
 
 def crop_gflops(vlm: VLM, crop: Crop, prior_tokens: int, layer_fraction: float) -> dict:
