@@ -86,15 +86,15 @@ def page() -> Image.Image:
     return image
 
 
-def gazes(vlm, monkeypatch, crop_cell: tuple[int, int]):
-    """The prior pass's attention made one-hot: on the gestalt (256 tokens) at token (8, 8), on a crop of 64 tokens
-    (8 x 8) at crop_cell."""
+def gazes(vlm, monkeypatch, crop_cell: tuple[int, int], gestalt_tokens: list[int] = (8 * 16 + 8,)):
+    """The prior pass's attention made 1 on some tokens, 0 elsewhere: on the gestalt (256 tokens) at gestalt_tokens
+    (default token (8, 8)), on a crop of 64 tokens (8 x 8) at crop_cell alone."""
     prior_pass = vlm.prior_pass
 
     def pointed(question, gestalt, *args, **kwargs):
         out = prior_pass(question, gestalt, *args, **kwargs)
-        at = {256: 8 * 16 + 8, 64: crop_cell[0] * 8 + crop_cell[1]}[len(gestalt)]
-        out.attention = torch.zeros_like(out.attention).index_fill_(0, torch.tensor([at]).to(out.attention.device), 1)
+        at = {256: list(gestalt_tokens), 64: [crop_cell[0] * 8 + crop_cell[1]]}[len(gestalt)]
+        out.attention = torch.zeros_like(out.attention).index_fill_(0, torch.tensor(at).to(out.attention.device), 1)
         return out
 
     monkeypatch.setattr(vlm, "prior_pass", pointed)
@@ -115,6 +115,19 @@ def test_the_crops_gaze_chooses_the_cells_inside_it(arr_model, monkeypatch):
     assert len(cells) == len(set(cells)) == 16 and all(0 <= r < 64 and 0 <= c < 64 for r, c in cells)
     assert two.arr.fallback[0] is None and pointed in cells
     assert pointed not in [tuple(p) for p in one.arr.positions[0].tolist()]
+
+
+def test_the_crop_takes_the_budget_first(arr_model, monkeypatch):
+    """The gestalt's gaze on its tokens (6..10, 6..10): 20 x 20 cells of a high page prior around the 8 x 8 crop,
+    whose own gaze is on one cell. The 16 saccades are all the crop's (its cells lifted above the page's: crop_first),
+    the cell it points at among them, though the page's prior stays higher than most of the crop's outside it."""
+    gazes(arr_model.vlm, monkeypatch, (3, 3), [r * 16 + c for r in range(6, 11) for c in range(6, 11)])
+    two = arr_model.answer(page(), QUESTION, "arr", max_new_tokens=1, budget=16, strategy="topk", look="two_scale",
+                           crop_tokens=64)
+    crop = two.observation.crop
+    cells = [tuple(p) for p in two.arr.positions[0].tolist()]
+    assert len(set(cells)) == 16 and (crop.top + 3, crop.left + 3) in cells
+    assert all(crop.top <= r < crop.top + 8 and crop.left <= c < crop.left + 8 for r, c in cells), (crop.rect, cells)
 
 
 def test_the_crops_tokens_count_in_arrs_visual_tokens(arr_model):
