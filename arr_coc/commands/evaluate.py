@@ -41,6 +41,15 @@ without it.
     python -m arr_coc.evaluate --model pocket --synthetic 384 --kinds fine_print,box_word --families held-out \
         --size 896 --strategies topk,random --budgets 16,32,64,273 --out runs/eval-heldout-896   # + budget, oracle
 
+--looks one,two_scale runs each strategy's ARR row under each look: arr:topk (one look) and arr+two_scale:topk (the
+region around the relevance peak re-read as a crop of --crop-tokens native cells, whose own prior pass chooses the
+cells inside it: arr_coc.pipelines.two_scale); the crop's tokens count in the row's visual tokens, and the reducers
+and the budget view at ARR's count read as many as the two-scale row (never fewer than any ARR row).
+
+    python -m arr_coc.evaluate --model pocket --checkpoint prior --synthetic 48 --kinds fine_print,box_word \
+        --families box_grid --size 1792 --budgets 64,273 --baselines full,pixelprune_n --strategies topk \
+        --looks one,two_scale --out runs/eval-two-scale
+
 --conversation asks each page of the pocket suite (--kinds of fine_print, box_word, shape_colour) up to --turns of
 its own questions, every row twice: in one conversation (ARR reading each question anew: a new block of saccades
 a turn) and each question alone; report.md gives exact match by turn index, per kind, with 95% intervals
