@@ -19,8 +19,8 @@ map stays high while a sharp gaze leaves most of the crop near 0. Mean box recal
 the prior alone 0.15; the page's values inside the crop handed out again in the crop's order 0.62; crop first
 0.67 (1.00 on each of the 4 pages whose crop held the box, 0 on the 2 whose crop missed it).
 
-The crop is read at native resolution: its side in cells is its token grid (crop_shape: crop_tokens cells in the
-page's aspect, 16 x 16 = 448 px at 256 tokens), so the crop's prior points at single native cells.
+The crop is read at native resolution: its side in cells is its token grid (crop_shape: a square of crop_tokens
+cells, 16 x 16 = 448 px at 256 tokens), so the crop's prior points at single native cells.
 
 The crop's tokens pass the vision tower and the prior pass, not the answer's prompt: the crop only points. The cells
 the answer needs are read again as saccades, at native resolution and at their true places on the page, so the
@@ -65,9 +65,11 @@ class Crop:
 
 
 def crop_shape(grid: tuple[int, int], tokens: int) -> tuple[int, int]:
-    """The crop's (rows, cols) of candidate cells on a (GH, GW) grid: at most `tokens` cells in the page's aspect
-    (views.fit_grid), at most the grid: read one token a cell, the crop is at native resolution."""
-    rows, cols = fit_grid(grid[1], grid[0], tokens)
+    """The crop's (rows, cols) of candidate cells on a (GH, GW) grid: a square of at most `tokens` cells
+    (views.fit_grid of a square: 16 x 16 for 256, 14 x 14 for 200), each side at most the grid's. Read one token a
+    cell, the crop is at native resolution; square, its view has the one shape of every page (the 256-token
+    gestalt's, 16 x 16: the vision tower's CUDA graph of that shape is the one replayed)."""
+    rows, cols = fit_grid(1, 1, tokens)
     return min(rows, grid[0]), min(cols, grid[1])
 
 

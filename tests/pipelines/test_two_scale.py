@@ -39,7 +39,9 @@ def peaked(grid: tuple[int, int], row: int, col: int) -> torch.Tensor:
     ((64, 64), 256, (0, 63), (0, 48, 16, 16)),  # the top-right corner: clamped to the grid's last 16 columns
     ((64, 64), 256, (63, 0), (48, 0, 16, 16)),  # the bottom-left corner
     ((64, 64), 64, (5, 5), (1, 1, 8, 8)),  # 64 tokens: 8 x 8 cells, not at an edge
-    ((32, 64), 256, (31, 63), (21, 42, 11, 22)),  # a 2:1 page: 11 x 22 = 242 cells (fit_grid), bottom-right corner
+    ((32, 64), 256, (31, 63), (16, 48, 16, 16)),  # a 2:1 page: the same square, in its bottom-right corner
+    ((64, 64), 200, (30, 40), (23, 33, 14, 14)),  # 200 tokens: 14 x 14 = 196 cells
+    ((10, 64), 256, (5, 5), (0, 0, 10, 16)),  # a grid 10 rows high: the square's rows cut to 10
     ((8, 8), 256, (3, 4), (0, 0, 8, 8)),  # a crop over the whole grid is the grid
 ])
 def test_the_crop_is_centred_on_the_peak_and_kept_in_bounds(grid, tokens, peak, rect):
