@@ -129,7 +129,8 @@ class Answer:
         return self.tokens.text + self.tokens.total_visual - self.tokens.crop
 
     def to_json(self) -> dict:
-        out = dict(answer=self.text, tokens=asdict(self.tokens), timings_ms=self.timings.rounded(),
+        tokens = {k: v for k, v in asdict(self.tokens).items() if k != "crop" or v}  # a crop's only where one was read
+        out = dict(answer=self.text, tokens=tokens, timings_ms=self.timings.rounded(),
                    ttft_ms=round(self.ttft_ms, 2), decode_ms_per_token=round(self.decode_ms_per_token, 3),
                    peak_memory_mb=round(self.peak_memory_mb, 1), new_tokens=self.new_tokens, safe_mode=self.safe_mode,
                    gflops={k: round(v, 1) for k, v in asdict(self.compute).items()},
