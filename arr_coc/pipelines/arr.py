@@ -20,6 +20,15 @@ With Request.refixate_guide "attention" the second look goes where answer 1 itse
 its tokens' attention to the gestalt and the first saccades, teacher-forced over the first prompt, on the
 candidate grid, each cell taking the most of its 3x3 neighbourhood), with no second prior pass.
 
+Under Request.look "two_scale" the first look reads two scales (closer_look; arr_coc.pipelines.two_scale):
+
+    relevance -> a crop of crop_tokens native cells around its peak, a view of its own -> VLM (the crop's tokens, the
+          prior pass on them) -> its gaze in the prior over the crop's cells -> relevance again, the crop's cells
+          first -> the usual `budget` cells
+
+The crop's tokens count in ARR's visual tokens (arr_visual_tokens, look_tokens: the reducers read as many), GFLOPs
+(crop_compute) and timings; they are not in the answer's prompt. A conversation's follow-ups look once.
+
 In a conversation (arr_coc.pipelines.conversation) each follow-up question is read anew (follow_up):
 
     turn 1's observation (views, gestalt tokens, texture array: encoded once) -> the prior pass and the scorers
