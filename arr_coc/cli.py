@@ -34,8 +34,8 @@ from pathlib import Path
 
 from arr_coc import checkpoints, pipelines, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
-from arr_coc.settings import (DEFAULT_MODEL, GESTALT_PER_CELLS, MAX_CELLS, MAX_QUESTION_CHARS, MIN_CELLS,
-                              REFIXATE_GUIDES, PipelineConfig)
+from arr_coc.settings import (CROP_TOKENS, DEFAULT_MODEL, GESTALT_PER_CELLS, LOOKS, MAX_CELLS, MAX_QUESTION_CHARS,
+                              MIN_CELLS, MIN_CROP_TOKENS, REFIXATE_GUIDES, PipelineConfig)
 from arr_coc.errors import InputError, check_text
 from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, device, flag,  # noqa: F401
@@ -349,6 +349,37 @@ def refixate_guide_flag():
     return flag(REFIXATE_GUIDES[0], "what points the second look: prior (the prior pass again, the first saccades "
                                     "in its context) or attention (where the first answer's own attention fell, "
                                     "beside the saccades it read most)", one_of(REFIXATE_GUIDES))
+
+
+def look_flag():
+    """--look, run's: how ARR's first look chooses its cells (Request.look)."""
+    return flag(LOOKS[0], "how ARR's first look chooses its cells: one (the gestalt's prior alone) or two_scale (the "
+                          "region around the relevance peak re-read as a crop of --crop-tokens native cells, whose own "
+                          "prior pass chooses the cells inside it; its tokens count in ARR's)", one_of(LOOKS))
+
+
+def looks_flag():
+    """--looks, evaluate's: a row of ARR per look and strategy (arr:topk, arr+two_scale:topk)."""
+    return flag(LOOKS[0], f"ARR's looks to run under each strategy, comma-separated, of {','.join(LOOKS)}: one "
+                          "(arr:topk) and two_scale (arr+two_scale:topk: the region around the relevance peak re-read "
+                          "as a crop of --crop-tokens native cells, whose own prior chooses the cells inside it); with "
+                          "two_scale the reducers at ARR's count count its crop's tokens too", comma_list(LOOKS))
+
+
+def crop_tokens_flag():
+    """--crop-tokens, beside look_flag and looks_flag (check_look)."""
+    return flag(CROP_TOKENS, "the two-scale look's crop: this many native cells around the relevance peak, read at "
+                             "native resolution, one token a cell (256: 16x16 cells, 448 px on a square page)",
+                bounded_int(MIN_CROP_TOKENS, MAX_CELLS))
+
+
+def check_look(p: ArgumentParser, args, looks: list[str]) -> None:
+    """Refuse --crop-tokens where no row looks at two scales (`looks`: the looks the command's ARR rows run), given on
+    the command line at any value (ArgumentParser.given), and a crop over --max-cells."""
+    if "crop_tokens" in p.given and "two_scale" not in looks:
+        p.error("argument --crop-tokens: only used with the two_scale look")
+    if args.crop_tokens > args.max_cells:
+        p.error(f"argument --crop-tokens: {args.crop_tokens} exceeds --max-cells {args.max_cells}")
 
 
 def faithfulness_steps_flag():

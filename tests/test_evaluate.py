@@ -288,6 +288,7 @@ OTHER_VALUES = {
     "faithfulness": ([], ["--faithfulness"]), "refixate": ([], ["--refixate", "0.5"]),
     "refixate_budget": (["--refixate", "0.5"], ["--refixate-budget", "50"]),
     "refixate_guide": (["--refixate", "0.5"], ["--refixate-guide", "attention"]),
+    "looks": ([], ["--looks", "one,two_scale"]), "crop_tokens": (["--looks", "two_scale"], ["--crop-tokens", "64"]),
     "faithfulness_steps": (["--faithfulness"], ["--faithfulness-steps", "4"]),
     "conversation": (["--kinds", "box_word"], ["--conversation"]),
     "turns": (["--kinds", "box_word", "--conversation"], ["--turns", "2"]),

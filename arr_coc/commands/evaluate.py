@@ -41,6 +41,15 @@ without it.
     python -m arr_coc.evaluate --model pocket --synthetic 384 --kinds fine_print,box_word --families held-out \
         --size 896 --strategies topk,random --budgets 16,32,64,273 --out runs/eval-heldout-896   # + budget, oracle
 
+--looks one,two_scale runs each strategy's ARR row under each look: arr:topk (one look) and arr+two_scale:topk (the
+region around the relevance peak re-read as a crop of --crop-tokens native cells, whose own prior pass chooses the
+cells inside it: arr_coc.pipelines.two_scale); the crop's tokens count in the row's visual tokens, and the reducers
+and the budget view at ARR's count read as many as the two-scale row (never fewer than any ARR row).
+
+    python -m arr_coc.evaluate --model pocket --checkpoint prior --synthetic 48 --kinds fine_print,box_word \
+        --families box_grid --size 1792 --budgets 64,273 --baselines full,pixelprune_n --strategies topk \
+        --looks one,two_scale --out runs/eval-two-scale
+
 --conversation asks each page of the pocket suite (--kinds of fine_print, box_word, shape_colour) up to --turns of
 its own questions, every row twice: in one conversation (ARR reading each question anew: a new block of saccades
 a turn) and each question alone; report.md gives exact match by turn index, per kind, with 95% intervals
@@ -87,11 +96,11 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, families_flag
 from arr_coc.eval.metrics import LENIENT, METRICS
 from arr_coc.eval.records import EvalRecord
-from arr_coc.eval.rows import ORACLE, ORACLE_STRATEGY, REFIX, split_row
+from arr_coc.eval.rows import ORACLE, ORACLE_STRATEGY, REFIX, look_mark, row_look, split_row
 from arr_coc.eval.sets import SCHEMAS, Item, Source, check_questions, guess_schema, open_source, synthetic_source
 from arr_coc.flags import config_parser, device_flag, flag, one_of, parse_config, seed_flag, with_flags_of
 from arr_coc.relevance import ablation as ablations
-from arr_coc.settings import PRIOR_READOUTS, REFIXATE_GUIDES, PipelineConfig
+from arr_coc.settings import LOOKS, PRIOR_READOUTS, REFIXATE_GUIDES, PipelineConfig
 
 if TYPE_CHECKING:
     from arr_coc.runtime.distributed import Process
@@ -176,6 +185,8 @@ class EvalConfig:
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
     refixate_guide: str = cli.refixate_guide_flag()
+    looks: str = cli.looks_flag()
+    crop_tokens: int = cli.crop_tokens_flag()
     prior_readout: str = flag(PRIOR_READOUTS[0], "the prior pass's readout: the model's calibrated one (its "
                                                  "prior.json: python -m arr_coc.commands.prior; today's where it has "
                                                  "none) or today's (every head, the question's rows, the middle layer)",
@@ -226,6 +237,9 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.refixate is not None and not args.strategies:
         p.error("argument --refixate: needs an ARR row (--strategies) to look again")
     cli.check_refixate(p, args)
+    if "looks" in p.given and not args.strategies:
+        p.error("argument --looks: needs an ARR row (--strategies) to look with")
+    cli.check_look(p, args, cli.names(args.looks))
     if args.held_out_layouts:
         check_pocket_pages(p, args, "--held-out-layouts", "draws")
     if args.families:
@@ -314,10 +328,20 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
         if row == ORACLE:  # the asked box's cells, as box recall counts them (any a cell's share of the box > 0)
             pipeline, strategy, include = "arr", ORACLE_STRATEGY, views.box_coverage(item.box) > 0  # [GH, GW]
         request = cli.request(args, strategy=strategy, budget=args.budget if budget is None else budget,
-                              ablation=ablation, refixate=args.refixate if refix else None, include=include)
+                              ablation=ablation, refixate=args.refixate if refix else None, include=include,
+                              look=look_of(row, args))
         a = cli.answer(model, image if include is None else views, question, pipeline, request)
         results.append(scored(model, item, row, budget, a, metric, args, include))
     return results, skipped
+
+
+def look_of(row: str, args: argparse.Namespace) -> str:
+    """The look a row's request carries (Request.look): an ARR row's own (rows.row_look; the oracle's one look); a
+    baseline's the two-scale look where --looks runs it, so that the reducers and the budget view at ARR's count
+    (arr.arr_visual_tokens) count its crop's tokens too and never read fewer than any ARR row."""
+    if split_row(row)[0] in ("arr", ORACLE):
+        return row_look(row)
+    return LOOKS[1] if LOOKS[1] in cli.names(args.looks) else LOOKS[0]
 
 
 def scored(model: ARRCOCQwen, item: Item, row: str, budget: int | None, a, metric: str, args: argparse.Namespace,
@@ -380,12 +404,15 @@ def cells_read(a):
 
 
 def row_names(args: argparse.Namespace) -> list[str]:
-    """The rows to evaluate: the stock baselines, ARR under each strategy ("arr:topk", ...), with --refixate ARR
-    with its second look under each ("arr+refix:topk", ...), the oracle wherever an ARR row runs (unless
-    --no-oracle), then each ablation ("arr-raster:topk", ...)."""
-    refix = [f"arr{REFIX}:{s}" for s in cli.names(args.strategies)] if args.refixate is not None else []
+    """The rows to evaluate: the stock baselines, ARR under each strategy and look ("arr:topk", "arr+two_scale:topk",
+    ...), with --refixate ARR with its second look under each ("arr+refix:topk", ...), the oracle wherever an ARR
+    row runs (unless --no-oracle), then each ablation ("arr-raster:topk", ...)."""
+    marks = [look_mark(look) for look in cli.names(args.looks)]  # "" for one look, "+two_scale" for two
+    arr = [f"arr{mark}:{s}" for s in cli.names(args.strategies) for mark in marks]
+    refix = ([f"arr{mark}{REFIX}:{s}" for s in cli.names(args.strategies) for mark in marks]
+             if args.refixate is not None else [])
     oracle = [ORACLE] if not args.no_oracle and (args.strategies or args.ablations) else []
-    return (cli.names(args.baselines) + [f"arr:{s}" for s in cli.names(args.strategies)] + refix + oracle
+    return (cli.names(args.baselines) + arr + refix + oracle
             + [f"arr-{a}:{ABLATION_STRATEGY}" for a in cli.names(args.ablations)])
 
 
@@ -428,6 +455,8 @@ def run_settings(args: argparse.Namespace, source: Source, metric: str, checkpoi
                 refixate=args.refixate, refixate_budget=args.refixate_budget,
                 **({"refixate_guide": args.refixate_guide}  # absent at the default: older folders resume
                    if args.refixate_guide != REFIXATE_GUIDES[0] else {}),
+                **({"looks": args.looks, "crop_tokens": args.crop_tokens}  # absent at one look: older folders resume
+                   if args.looks != LOOKS[0] else {}),
                 **({"prior_readout": args.prior_readout}  # absent at the default: older folders resume (main adds
                    if args.prior_readout != PRIOR_READOUTS[0] else {}),  # the calibrated readout's own, prior_readout)
                 faithfulness_steps=args.faithfulness_steps if args.faithfulness else None,

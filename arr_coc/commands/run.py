@@ -111,6 +111,8 @@ class RunConfig:
     refixate: float | None = cli.refixate_flag()
     refixate_budget: int | None = cli.refixate_budget_flag()
     refixate_guide: str = cli.refixate_guide_flag()
+    look: str = cli.look_flag()
+    crop_tokens: int = cli.crop_tokens_flag()
     device: str | None = device_flag()
     faithfulness: bool = flag(False, "also measure the deletion / random / insertion curves of ARR's answer (needs the "
                                      "arr pipeline)")
@@ -150,6 +152,7 @@ def parse_args(argv=None) -> RunConfig:
     if args.answer is not None and not args.faithfulness:
         p.error("argument --answer: only used with --faithfulness")
     cli.check_refixate(p, args)
+    cli.check_look(p, args, [args.look])
     if args.teacher is not None and not args.save_dir:
         p.error("argument --teacher: only used with --save-dir")
     return args

@@ -15,9 +15,10 @@ defaults and the refusals are evaluate's):
 
     pretrained       the VLM, evaluate's --model: a Qwen-VL hub id or folder, pocket, tiny, ... (default: its default)
     pipeline         one of evaluate's rows: arr (arr:topk), arr:logpolar, full, gestalt, budget, divprune,
-                     visionzip, fastv, arr-no-gestalt:topk (an ablation), arr+refix:topk (with refixate=TAU)
-    budget, checkpoint, max_cells, min_budget, max_budget, refixate, refixate_budget, refixate_guide, seed, and
-    each pipeline's own settings (its Options' fields, evaluate's flags: fastv_layer, pixelprune_tau)
+                     visionzip, fastv, arr-no-gestalt:topk (an ablation), arr+refix:topk (with refixate=TAU),
+                     arr+two_scale:topk (ARR's two-scale look)
+    budget, checkpoint, max_cells, min_budget, max_budget, refixate, refixate_budget, refixate_guide, crop_tokens,
+    seed, and each pipeline's own settings (its Options' fields, evaluate's flags: fastv_layer, pixelprune_tau)
     max_new_tokens   used where the task's generation_kwargs give none (then evaluate's default for a JSONL set, 16)
 
 Each request is answered alone (lmms-eval's batch_size is accepted and does not batch): one image (the doc's first
@@ -36,8 +37,9 @@ from tqdm import tqdm
 
 from arr_coc import cli, evaluate
 from arr_coc.pipelines import BASELINES
-from arr_coc.eval.rows import split_row
+from arr_coc.eval.rows import row_look, split_row
 from arr_coc.eval.sets import SCHEMAS
+from arr_coc.settings import LOOKS
 
 MODEL_ID = "arr_coc"  # the name lmms-eval's --model takes
 DEFAULT_MAX_NEW_TOKENS = SCHEMAS["jsonl"].max_new_tokens  # evaluate's for a JSONL set: where the task gives none
@@ -67,6 +69,8 @@ def flags_of(row: str, settings: dict) -> list[str]:
         argv = ["--baselines", name, "--strategies", ""]
     else:
         argv = ["--baselines", "", "--strategies", strategy or ""] + (["--ablations", ablation] if ablation else [])
+    if row_look(row) != LOOKS[0]:  # arr+two_scale:topk: ARR's two-scale look
+        argv += ["--looks", row_look(row)]
     if settings.get("pretrained") is not None:
         argv += ["--model", str(settings.pop("pretrained"))]
     for key, value in settings.items():
@@ -84,7 +88,7 @@ def parse_settings(pipeline: str, settings: dict) -> argparse.Namespace:
     p.prog = f"--model {MODEL_ID} --model_args"  # its flags are key=value there
     if split_row(row)[0] not in (*BASELINES, "arr"):
         p.error(f"argument pipeline: {pipeline!r} is none of evaluate's rows: arr (arr:STRATEGY, "
-                f"arr-ABLATION:STRATEGY, arr+refix:STRATEGY) or a baseline ({', '.join(BASELINES)})")
+                f"arr-ABLATION:STRATEGY, arr+refix:STRATEGY, arr+two_scale:STRATEGY) or a baseline ({', '.join(BASELINES)})")
     args = p.parse_args(flags_of(row, settings))
     cli.default_model(args)
     evaluate.check(p, args)
@@ -119,7 +123,7 @@ class ARRCOC(lmms):
         length = gen_kwargs.get("max_new_tokens") or self.args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         _, strategy, ablation, refix = split_row(self.args.row)
         request = cli.request(self.args, strategy=strategy, budget=self.args.budget, ablation=ablation,
-                              refixate=self.args.refixate if refix else None)
+                              refixate=self.args.refixate if refix else None, look=row_look(self.args.row))
         return replace(request, max_new_tokens=int(length))
 
     def answer_one(self, instance) -> str:

@@ -24,13 +24,17 @@ class TokenCounts:
     gestalt: int  # the gestalt view's tokens the LLM read (ARR, and the gestalt baseline)
     saccade: int  # ARR's saccade tokens (both looks' under a second look)
     text: int  # every other prompt token: the chat template and the question
-    total_visual: int  # every image token the LLM read (a stock view's, a reducer's kept ones)
+    total_visual: int  # every image token the LLM read (a stock view's, a reducer's kept ones; ARR's crop's too)
+    crop: int = 0  # ARR's two-scale look: its crop's tokens, read by the vision tower and the prior pass, not by the
+    # answer's prompt (arr_coc.pipelines.two_scale), counted in total_visual
 
     @classmethod
-    def of_prompt(cls, prompt_length: int, gestalt: int, saccade: int, total_visual: int | None = None) -> "TokenCounts":
-        """A prompt of prompt_length tokens split into gestalt, saccades (or total_visual image tokens) and text."""
+    def of_prompt(cls, prompt_length: int, gestalt: int, saccade: int, total_visual: int | None = None,
+                  crop: int = 0) -> "TokenCounts":
+        """A prompt of prompt_length tokens split into gestalt, saccades (or total_visual image tokens) and text;
+        `crop` more visual tokens read before the prompt (the two-scale look's)."""
         visual = gestalt + saccade if total_visual is None else total_visual
-        return cls(gestalt, saccade, int(prompt_length) - visual, visual)
+        return cls(gestalt, saccade, int(prompt_length) - visual, visual + crop, crop)
 
 
 @dataclass
@@ -121,11 +125,12 @@ class Answer:
 
     @property
     def prefilled(self) -> int:
-        """Tokens this answer's prefill read: its whole prompt, or a follow-up's new turn only."""
-        return self.tokens.text + self.tokens.total_visual
+        """Tokens this answer's prefill read: its whole prompt, or a follow-up's new turn only (a crop's are not in it)."""
+        return self.tokens.text + self.tokens.total_visual - self.tokens.crop
 
     def to_json(self) -> dict:
-        out = dict(answer=self.text, tokens=asdict(self.tokens), timings_ms=self.timings.rounded(),
+        tokens = {k: v for k, v in asdict(self.tokens).items() if k != "crop" or v}  # a crop's only where one was read
+        out = dict(answer=self.text, tokens=tokens, timings_ms=self.timings.rounded(),
                    ttft_ms=round(self.ttft_ms, 2), decode_ms_per_token=round(self.decode_ms_per_token, 3),
                    peak_memory_mb=round(self.peak_memory_mb, 1), new_tokens=self.new_tokens, safe_mode=self.safe_mode,
                    gflops={k: round(v, 1) for k, v in asdict(self.compute).items()},
@@ -139,6 +144,8 @@ class Answer:
             out.update(kept=self.kept.tolist(), merged=None if self.merged is None else self.merged.tolist())
         if self.pipeline == "arr":  # why ARR read the whole native view (None: it chose saccades)
             out["reads_native"] = self.reads_native
+        if (crop := getattr(self.observation, "crop", None)) is not None:  # the two-scale look's, in candidate cells
+            out["crop"] = dict(top=crop.top, left=crop.left, height=crop.height, width=crop.width, tokens=len(crop.tokens))
         if self.confidence is not None:
             out["confidence"] = round(self.confidence, 6)
         if self.turn is not None:

@@ -20,6 +20,15 @@ With Request.refixate_guide "attention" the second look goes where answer 1 itse
 its tokens' attention to the gestalt and the first saccades, teacher-forced over the first prompt, on the
 candidate grid, each cell taking the most of its 3x3 neighbourhood), with no second prior pass.
 
+Under Request.look "two_scale" the first look reads two scales (closer_look; arr_coc.pipelines.two_scale):
+
+    relevance -> a crop of crop_tokens native cells around its peak, a view of its own -> VLM (the crop's tokens, the
+          prior pass on them) -> its gaze in the prior over the crop's cells -> relevance again, the crop's cells
+          first -> the usual `budget` cells
+
+The crop's tokens count in ARR's visual tokens (arr_visual_tokens, look_tokens: the reducers read as many), GFLOPs
+(crop_compute) and timings; they are not in the answer's prompt. A conversation's follow-ups look once.
+
 In a conversation (arr_coc.pipelines.conversation) each follow-up question is read anew (follow_up):
 
     turn 1's observation (views, gestalt tokens, texture array: encoded once) -> the prior pass and the scorers
@@ -60,6 +69,8 @@ from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confid
 from arr_coc.pipelines.request import Parts, Request, ablation_named
 from arr_coc.pipelines.steps import continue_prompt, finish, generate, read_view, start_watch
 from arr_coc.pipelines.steps import follow_up as stock_follow_up
+from arr_coc.pipelines.two_scale import (Crop, crop_first, crop_gflops, crop_prior_map, crop_token_count,
+                                         look_closer)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
 from arr_coc.relevance.prior import upsample_map
@@ -96,6 +107,8 @@ class Observation:
     textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
     gestalt_states: torch.Tensor | None = None  # [1, gh, gw, D] the prior pass's gestalt states at its layer
     question_states: torch.Tensor | None = None  # [1, Lq, D] the prior pass's question rows' states there
+    crop: Crop | None = None  # the two-scale look's crop (Request.look "two_scale"), whose gaze is in `prior` over
+    # the cells it covers (two_scale.crop_prior_map); None for one look
 
 
 @dataclass
@@ -219,7 +232,7 @@ def planned_reason(parts: Parts, views: Views, request: Request, ablation: Ablat
                                 else request.budget, gestalt)
     if request.upsample or K == AUTO:
         return None
-    return native_reason(views, gestalt if ablation.gestalt else 0, int(K))
+    return native_reason(views, gestalt if ablation.gestalt else 0, int(K) + look_tokens(parts, views, request))
 
 
 def read_native(parts: Parts, views: Views, question: str, request: Request, watch: Stopwatch, start: float,
@@ -241,9 +254,42 @@ def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: st
     if budget == AUTO:
         budget = adaptive_budget(parts, views, request, question)
     gh, gw = views.gestalt_grid
-    if request.upsample or native_reason(views, gh * gw, int(budget)) is None:
-        return gh * gw + int(budget)
+    crop = look_tokens(parts, views, request)  # the two-scale look's crop: through the tower and the prior pass
+    if request.upsample or native_reason(views, gh * gw, int(budget) + crop) is None:
+        return gh * gw + int(budget) + crop
     return views.native_grid[0] * views.native_grid[1]  # ARR reads the native view whole (native_reason)
+
+
+def look_tokens(parts: Parts, views: Views, request: Request) -> int:
+    """The visual tokens ARR's look reads beside the gestalt and its saccades: the two-scale look's crop
+    (two_scale.crop_token_count; it passes the vision tower and the prior pass), 0 for one look."""
+    return crop_token_count(views, request.crop_tokens, parts.vlm.min_pixels) if request.look == "two_scale" else 0
+
+
+def closer_look(parts: Parts, observation: Observation, maps: ScoreMaps, request: Request, ablation: Ablation,
+                watch: Stopwatch) -> tuple[Observation, ScoreMaps]:
+    """
+    The two-scale look's second scale (arr_coc.pipelines.two_scale): the crop around the scored maps' relevance peak,
+    its tokens and the question's gaze on them (look_closer), that gaze put in place of the page's prior over the
+    cells the crop covers (crop_prior_map), and the layer's scorers again over the observation so changed: the
+    textures and the gestalt's context as they were, the crop choosing among its own cells -> (the observation with
+    its crop, its maps).
+    """
+    crop = look_closer(parts, observation.views, observation.question, maps.relevance, request.crop_tokens, watch)
+    closer = replace(observation, prior=crop_prior_map(observation.prior, crop), crop=crop)
+    with watch.section("selection"):
+        maps = score(closer, (request.layer or parts.layer).graphed_score, ablation)
+        return closer, replace(maps, relevance=crop_first(maps.relevance, crop))
+
+
+def crop_compute(parts: Parts, observation: Observation, prompt: Prompt, read_gestalt: int, K: int) -> dict:
+    """The crop's GFLOPs (two_scale.crop_gflops), its prior pass over the answer's template and question (`prompt`'s
+    tokens but its image blocks) and the crop's block; nothing for one look."""
+    crop = observation.crop
+    if crop is None:
+        return dict(vision=0.0, prefill=0.0)
+    text = prompt.length - block_tokens(read_gestalt) - block_tokens(K)  # the question and the template
+    return crop_gflops(parts.vlm, crop, text + block_tokens(len(crop.tokens)), parts.pipeline.prior_layer_fraction)
 
 
 @torch.no_grad()
@@ -430,12 +476,17 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
         return (yield from read_native(parts, views, question, request, watch, start, why, ablation))
     observation = observe(parts, views, question, watch)  # VLM: gestalt, prior; textures
     yield None
-    with watch.section("selection"):  # relevance: scorers, balancer, `budget` cells
+    with watch.section("selection"):  # relevance: scorers, balancer
         maps = score(observation, layer.graphed_score, ablation)
+    if request.look == "two_scale":  # the crop around the peak re-read: its gaze chooses the cells inside it
+        observation, maps = closer_look(parts, observation, maps, request, ablation, watch)
+    with watch.section("selection"):  # `budget` cells
         out = select(layer, maps, views.candidate_grid, len(observation.gestalt), request.budget, request.strategy,
                      ablation, request.tensions, include=include)
     read_gestalt = len(observation.gestalt) if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
-    if out.auto_budget and not request.upsample and (why := native_reason(views, read_gestalt, out.budgets[0])):
+    n_crop = 0 if observation.crop is None else len(observation.crop.tokens)  # passed the tower and the prior pass
+    if out.auto_budget and not request.upsample and (why := native_reason(views, read_gestalt,
+                                                                          out.budgets[0] + n_crop)):
         return (yield from read_native(parts, views, question, request, watch, start, why, ablation))
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
@@ -445,6 +496,8 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     generation, new_tokens = yield from generate(vlm, prompt, watch, request, silent=refixing)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     gflops = round_gflops(vlm, parts, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
+    closer = crop_compute(parts, observation, prompt, read_gestalt, K)  # the crop's vision and prior passes
+    gflops = {k: gflops[k] + closer[k] for k in gflops}
     fixations, rows = [], saccade_list(observation, out)
     if refixing:
         fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
@@ -458,10 +511,10 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
             gflops = {k: gflops[k] + more[k] for k in gflops}
             rows += saccade_list(observation, look.arr, round=2)
     K = sum(f.saccades for f in fixations) if fixations else K
-    yield finish(vlm, "arr", generation, new_tokens, TokenCounts.of_prompt(prompt.length, read_gestalt, K), watch,
-                 start, views, gflops, arr=out, saccades=rows, observation=observation,
-                 ablation=None if ablation is NO_ABLATION else ablation.name, fixations=fixations,
-                 refixate=request.refixate)
+    tokens = TokenCounts.of_prompt(prompt.length, read_gestalt, K, crop=n_crop)
+    yield finish(vlm, "arr", generation, new_tokens, tokens, watch, start, views, gflops, arr=out, saccades=rows,
+                 observation=observation, ablation=None if ablation is NO_ABLATION else ablation.name,
+                 fixations=fixations, refixate=request.refixate)
 
 
 @torch.no_grad()

@@ -21,8 +21,8 @@ from arr_coc.relevance import ablation as ablations
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.layer import ARRCOCLayer
-from arr_coc.settings import (MAX_NEW_TOKENS, MAX_QUESTION_CHARS, MAX_QUESTION_TOKENS, REFIXATE_GUIDES,
-                              PipelineConfig)
+from arr_coc.settings import (CROP_TOKENS, LOOKS, MAX_CELLS, MAX_NEW_TOKENS, MAX_QUESTION_CHARS,
+                              MAX_QUESTION_TOKENS, MIN_CROP_TOKENS, REFIXATE_GUIDES, PipelineConfig)
 from arr_coc.vlm.base import VLM
 
 
@@ -58,6 +58,10 @@ class Request:
     refixate_budget: int | None = None  # the second look's saccades K2 (default: REFIXATE_SHARE of the first look's K)
     refixate_guide: str = REFIXATE_GUIDES[0]  # what points the second look (one of REFIXATE_GUIDES): "prior", the prior pass
     # again with the first saccades in its context; "attention", where the first answer's own attention fell
+    look: str = LOOKS[0]  # how ARR's first look chooses its cells (one of LOOKS): "one", the gestalt's prior alone;
+    # "two_scale", the region around the relevance peak re-read as a crop whose own prior chooses the cells inside it
+    # (arr only; arr_coc.pipelines.two_scale); the reducers at ARR's count count the crop's tokens too
+    crop_tokens: int = CROP_TOKENS  # the two-scale look's crop: this many native cells, read one token a cell
     stop: threading.Event | None = None  # once set, the request raises Stopped at its next generated token (Stop)
     converse: bool = False  # keep the conversation after the answer (Answer.history) for a follow-up question
     fresh_cells: bool = False  # arr's follow-ups: select only cells no earlier turn of the conversation read
@@ -150,6 +154,11 @@ def check_request(request: Request) -> Request:
         raise InputError(f"refixate_guide must be one of {', '.join(REFIXATE_GUIDES)}, got {request.refixate_guide!r}")
     if request.refixate_budget is not None and int(request.refixate_budget) < 1:
         raise InputError(f"refixate_budget (the second look's saccades) must be at least 1, got {request.refixate_budget}")
+    if request.look not in LOOKS:
+        raise InputError(f"look must be one of {', '.join(LOOKS)}, got {request.look!r}")
+    if not MIN_CROP_TOKENS <= int(request.crop_tokens) <= MAX_CELLS:
+        raise InputError(f"crop_tokens (the two-scale look's crop) must be between {MIN_CROP_TOKENS} and {MAX_CELLS}, "
+                         f"got {request.crop_tokens}")
     return request if ablation is request.ablation else replace(request, ablation=ablation)
 
 
