@@ -453,7 +453,11 @@ def compare_with_prior(model: ARRCOCQwen, eval_samples: list[Sample], eval_data:
                        cfg: TrainConfig, process: Process) -> dict[str, dict]:
     """The final log's "compare": per scene kind with a boxed held-out item, asdict(PriorComparison) of model.layer
     against the untrained prior (model.prior_layer(), the layer --checkpoint prior loads) on the same items."""
-    recalls = held_out_recalls(model, [model.layer, model.prior_layer()], eval_samples, eval_data, cfg, process)
+    import torch
+
+    with torch.random.fork_rng(devices=[]):  # the prior's random (at first unused) weights leave the caller's RNG as
+        prior = model.prior_layer()  # it was: a layer made after this one draws what it would have drawn without it
+    recalls = held_out_recalls(model, [model.layer, prior], eval_samples, eval_data, cfg, process)
     by_kind = {kind: [r for k, r in recalls if k == kind] for kind in kinds}
     return {kind: asdict(comparison([r[0] for r in rs], [r[1] for r in rs])) for kind, rs in by_kind.items() if rs}
 
