@@ -25,7 +25,8 @@ from arr_coc.pipelines import arr
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades, score, select
 from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.runtime.timing import Stopwatch
-from arr_coc.train import TrainConfig, answer_loss, batches, load_samples, main, parse_args, relevance_loss, save, train
+from arr_coc.intervals import bootstrap_mean
+from arr_coc.train import PriorComparison, TrainConfig, answer_loss, batches, comparison, comparison_lines, load_samples, main, parse_args, relevance_loss, save, train
 from arr_coc.train import select as select_for_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,85 @@ def test_a_trained_scorer_learns_alone_and_the_balancer_keeps_the_priors_weights
     with pytest.raises(SystemExit):
         parse_args([*ONE_STEP, "--trained-scorer", "balancer"])
     assert "--trained-scorer" in capsys.readouterr().err
+
+
+def hand_recalls(layer, observed, budget) -> list[float]:
+    """Each (observation, box)'s box recall under `layer` at `budget` saccades: the box's cells that got one / its cells."""
+    recalls = []
+    with torch.no_grad():
+        for observation, box in observed:
+            touched = observation.views.box_coverage(box).flatten() > 0  # [cells]
+            chosen = layer.select(score(observation, layer), observation.views.candidate_grid, budget).indices[0]
+            recalls.append(int(touched[chosen.cpu()].sum()) / int(touched.sum()))
+    return recalls
+
+
+def test_the_final_log_sets_the_trained_layer_beside_the_untrained_prior_on_the_same_held_out_items(tmp_path):
+    """log[-1]["compare"]: per kind, the held-out items with a box (8 held-out scenes: 4 of each kind), and each
+    layer's mean box recall on them at 273 saccades, as measured here by hand: the trained layer's, and that of the
+    layer --checkpoint prior loads, each with its bootstrap interval over the items. The model card says it too."""
+    from arr_coc import cli
+
+    cfg = TrainConfig(n_train=16, n_eval=8, steps=20, eval_every=20, batch_size=4, out=str(tmp_path / "ck"))
+    model, log = train(cfg, ARRCOCQwen.from_pretrained("tiny"))
+    compare = log[-1]["compare"]
+    assert [entry["step"] for entry in log] == [0, 20] and "compare" not in log[0]
+    assert {kind: c["n"] for kind, c in compare.items()} == {"text_vs_distractor": 4, "distractor_query": 4}
+
+    prior, name = cli.load_model("tiny", "prior", "cpu", quiet=True)
+    assert name == "prior (untrained)"
+    held_out = load_samples(cfg)[1]
+    for kind in ("text_vs_distractor", "distractor_query"):
+        observed = [(arr.observe(model.parts, model.views(s.image), s.question), s.box) for s in held_out if s.kind == kind]
+        for side, layer in (("trained", model.layer), ("prior", prior.layer)):
+            recalls = hand_recalls(layer, observed, 273)
+            assert compare[kind][side] == pytest.approx(sum(recalls) / 4, abs=1e-9), (kind, side)
+            assert (compare[kind][f"{side}_low"], compare[kind][f"{side}_high"]) == bootstrap_mean(recalls)
+            assert 0 <= compare[kind][f"{side}_low"] <= compare[kind][side] <= compare[kind][f"{side}_high"] <= 1
+    card = save(model, cfg, log).joinpath("README.md").read_text()
+    assert "- held-out box recall, distractor_query (n=4): trained " in card and "· untrained prior " in card
+    assert "Held-out box recall (the share of the box's cells that got a saccade, at 273 saccades; " in card
+
+
+def test_the_comparison_says_better_or_worse_only_where_the_intervals_are_apart():
+    assert comparison([1.0, 1.0], [0.0, 0.0]) == PriorComparison(2, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "better")
+    assert comparison([0.0, 0.0], [1.0, 1.0]).verdict == "worse"
+    assert comparison([0.0, 1.0], [0.5, 0.5]).verdict == "tie"  # 0.5 [0, 1] against 0.5 [0.5, 0.5]
+    tie = dict(n=16, trained=0.62, trained_low=0.48, trained_high=0.75, prior=0.55, prior_low=0.41, prior_high=0.69,
+               verdict="tie")
+    better = dict(n=8, trained=0.97, trained_low=0.92, trained_high=1.0, prior=0.355, prior_low=0.296,
+                  prior_high=0.414, verdict="better")
+    assert comparison_lines({"text_vs_distractor": tie, "distractor_query": better}, 64) == [
+        "held-out box recall (the share of the box's cells that got a saccade, at 64 saccades; 95% bootstrap "
+        "intervals over the items), trained layer vs the untrained prior on the same items:",
+        "held-out box recall, text_vs_distractor (n=16): trained 0.62 [0.48, 0.75] · untrained prior 0.55 [0.41, 0.69]"
+        " — tie (intervals overlap)",
+        "held-out box recall, distractor_query (n=8): trained 0.97 [0.92, 1.00] · untrained prior 0.35 [0.30, 0.41]"
+        " — trained better (intervals apart)",
+    ]
+    assert comparison_lines({"fine_print": {**tie, "verdict": "worse"}}, "auto") == [
+        "held-out box recall (the share of the box's cells that got a saccade, at the adaptive budget (each layer its "
+        "own K); 95% bootstrap intervals over the items), trained layer vs the untrained prior on the same items:",
+        "held-out box recall, fine_print (n=16): trained 0.62 [0.48, 0.75] · untrained prior 0.55 [0.41, 0.69]"
+        " — trained worse (intervals apart)",
+    ]
+    assert comparison_lines({}, 64) == []
+
+
+def test_train_prints_the_comparison_and_says_what_observation_was(tmp_path, capsys):
+    assert main([*ONE_STEP, "--out", str(tmp_path / "ck")]) == 0
+    captured = capsys.readouterr()
+    out = [line for line in captured.out.splitlines() if not line.startswith("{")]  # after the log's JSON lines
+    assert out[0] == ("held-out box recall (the share of the box's cells that got a saccade, at 273 saccades; 95% "
+                      "bootstrap intervals over the items), trained layer vs the untrained prior on the same items:")
+    assert out[1].startswith("held-out box recall, text_vs_distractor (n=1): trained ") and len(out) == 3, out
+    assert out[2] == f"wrote {tmp_path / 'ck'}"
+    assert (" s before the first step: the frozen VLM's one pass over the training and held-out samples (gestalt, "
+            "attention prior, texture), reused by every step") in captured.err
+    assert main([*ONE_STEP, "--out", str(tmp_path / "bare"), "--no-compare"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if not line.startswith("{")] == [
+        f"wrote {tmp_path / 'bare'}"]
+    assert "compare" not in json.loads((tmp_path / "bare" / "train_log.json").read_text())[-1]
 
 
 def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_product(family):
@@ -238,6 +318,12 @@ def test_a_ddp_step_equals_the_one_process_step(flags, tmp_path):
     output = outputs["ddp"]
     assert output.count("wrote ") == 1 and "[rank 1]" not in output  # rank 0 alone writes and talks
 
+    compared = {run: json.loads((tmp_path / run / "train_log.json").read_text())[-1]["compare"] for run in runs}
+    assert {kind: c["n"] for kind, c in compared["ddp"].items()} == {"text_vs_distractor": 1, "distractor_query": 1}
+    for kind, c in compared["one"].items():  # each rank held one of the 2 held-out items: gathered for the intervals
+        assert {k: compared["ddp"][kind][k] for k in ("n", "prior", "prior_low", "prior_high")} == \
+            {k: c[k] for k in ("n", "prior", "prior_low", "prior_high")}, kind
+        assert compared["ddp"][kind]["trained"] == pytest.approx(c["trained"], abs=1e-6), kind
     ddp, one = (load_file(tmp_path / run / "model.safetensors") for run in ("ddp", "one"))
     assert ddp.keys() == one.keys()
     for name in one:

@@ -19,6 +19,11 @@ and, with --budget auto, a token cost (--token-cost) on the adaptive budget: tok
 K_soft the unrounded K (the relaxation is explained in arr_coc.relevance.tensions). The held-out log reports the
 mean K per scene kind (budget/KIND).
 
+At the end (unless --no-compare) the trained layer's held-out box recall per scene kind is set beside the untrained
+prior's (the layer --checkpoint prior loads), on the same held-out items and selection, each with a 95% bootstrap
+interval over the items: the final log entry's "compare", printed after training and in the model card; "better"
+or "worse" only where the two intervals are apart.
+
 The frozen VLM's part of every sample (gestalt tokens, attention prior, texture) is computed once.
 
 Under torchrun it is data-parallel (DistributedDataParallel): every process holds the frozen VLM, observes
@@ -70,6 +75,7 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.eval.data import SCENE_KINDS, Sample, check_at, make_dataset
 from arr_coc.eval.metrics import box_recall_precision
 from arr_coc.flags import check_fresh_folder, config_parser, device_flag, flag, parse_config, seed_flag
+from arr_coc.intervals import bootstrap_mean
 
 if TYPE_CHECKING:  # torch and the model load inside the functions, after the flags are checked
     import torch
@@ -155,6 +161,9 @@ class TrainConfig:
                                "with the same flags (--steps may grow)")
     push_to_hub: str | None = flag(None, "after saving, upload the checkpoint folder (weights, config, model card, "
                                          "training log) to this hub model repo, e.g. you/arr-coc-mine (needs a login)")
+    no_compare: bool = flag(False, "leave out the end-of-run comparison, which runs by default: the trained layer's "
+                                   "held-out box recall per scene kind beside the untrained prior's (--checkpoint "
+                                   "prior) on the same held-out items, with 95% bootstrap intervals")
 
 
 STATE_FILE = "training_state.pt"  # beside a checkpoint saved mid-run: what --resume continues from
@@ -338,12 +347,14 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., ScoreMaps], batch: list[
     return loss
 
 
-def select(model: ARRCOCQwen, maps: ScoreMaps, observation: Observation, cfg: TrainConfig):
-    """The saccades training reads: at --budget (fixed, or adaptive within --min-budget and --max-budget)."""
+def select(model: ARRCOCQwen, maps: ScoreMaps, observation: Observation, cfg: TrainConfig,
+           layer: ARRCOCLayer | None = None):
+    """The saccades training reads: at --budget (fixed, or adaptive within --min-budget and --max-budget), chosen by
+    `layer` (default: model.layer)."""
     from arr_coc.relevance.config import TensionSettings
 
     settings = TensionSettings(min_budget=cfg.min_budget, max_budget=cfg.max_budget)
-    return model.layer.select(maps, observation.views.candidate_grid, cfg.budget, settings=settings)
+    return (layer or model.layer).select(maps, observation.views.candidate_grid, cfg.budget, settings=settings)
 
 
 def budget_cost(model: ARRCOCQwen, out, cfg: TrainConfig) -> torch.Tensor:
@@ -390,6 +401,86 @@ def evaluate(model: ARRCOCQwen, data: list[Observed], kinds: list[str], cfg: Tra
         log.update(distill=float(kl.sum() / taught.sum()), teacher_top64=float(mass.sum() / taught.sum()),
                    **{f"teacher_top64/{kind}": float(m / n) for kind, m, n in zip(kinds, mass, taught) if n > 0})
     return log
+
+
+@dataclass
+class PriorComparison:
+    """
+    One scene kind's held-out box recall (the share of the target box's cells that got a saccade, selected as
+    training selects: at --budget) of the trained layer and of the untrained prior (--checkpoint prior), on the same
+    held-out items, each with its 95% percentile bootstrap interval over the items (intervals.bootstrap_mean); the
+    verdict is 'better' or 'worse' only where the two intervals are apart, else 'tie'.
+    """
+    n: int  # held-out items of the kind that have a box
+    trained: float  # the trained layer's mean box recall over them
+    trained_low: float
+    trained_high: float
+    prior: float  # the untrained prior's
+    prior_low: float
+    prior_high: float
+    verdict: str  # the trained layer against the prior: 'better', 'worse' or 'tie'
+
+
+def comparison(trained: list[float], prior: list[float]) -> PriorComparison:
+    """The comparison of two layers' per-item box recalls on the same items (trained[i] and prior[i]: item i's)."""
+    (trained_low, trained_high), (prior_low, prior_high) = bootstrap_mean(trained), bootstrap_mean(prior)
+    verdict = "better" if trained_low > prior_high else "worse" if trained_high < prior_low else "tie"
+    return PriorComparison(len(trained), sum(trained) / len(trained), trained_low, trained_high,
+                           sum(prior) / len(prior), prior_low, prior_high, verdict)
+
+
+def held_out_recalls(model: ARRCOCQwen, layers: list[ARRCOCLayer], eval_samples: list[Sample],
+                     eval_data: list[Observed], cfg: TrainConfig, process: Process) -> list[tuple[str, list[float]]]:
+    """
+    Every held-out item that has a box, over all processes, in eval_samples' order: (its kind, its box recall under
+    each of `layers`, selected as training selects). Each process scores its shard (eval_data, the every
+    world_size-th item from its rank) into its items' rows of one table, and the tables are summed: an all-gather.
+    """
+    import torch
+
+    from arr_coc.pipelines import arr
+
+    rows = torch.zeros(len(eval_samples), 1 + len(layers), dtype=torch.float64)  # [items, (has a box, per layer)]
+    with torch.no_grad():
+        for i, (sample, observation, coverage, target) in enumerate(eval_data):
+            if coverage is None:
+                continue
+            selected = [select(model, arr.score(observation, layer.graphed_score), observation, cfg, layer)
+                        for layer in layers]
+            recalls = [box_recall_precision(coverage, out.indices[0])[0] for out in selected]
+            rows[process.rank + i * process.world_size] = torch.tensor([1.0, *recalls], dtype=torch.float64)
+    rows = process.sum(rows)
+    return [(sample.kind, row[1:].tolist()) for sample, row in zip(eval_samples, rows) if row[0] > 0]
+
+
+def compare_with_prior(model: ARRCOCQwen, eval_samples: list[Sample], eval_data: list[Observed], kinds: list[str],
+                       cfg: TrainConfig, process: Process) -> dict[str, dict]:
+    """The final log's "compare": per scene kind with a boxed held-out item, asdict(PriorComparison) of model.layer
+    against the untrained prior (model.prior_layer(), the layer --checkpoint prior loads) on the same items."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):  # the prior's random (at first unused) weights leave the caller's RNG as
+        prior = model.prior_layer()  # it was: a layer made after this one draws what it would have drawn without it
+    recalls = held_out_recalls(model, [model.layer, prior], eval_samples, eval_data, cfg, process)
+    by_kind = {kind: [r for k, r in recalls if k == kind] for kind in kinds}
+    return {kind: asdict(comparison([r[0] for r in rs], [r[1] for r in rs])) for kind, rs in by_kind.items() if rs}
+
+
+def comparison_lines(compare: dict[str, dict], budget: int | str) -> list[str]:
+    """What train prints after training, and the model card says, of its final log's "compare": a header, then a
+    line a kind; none for none."""
+    if not compare:
+        return []
+    at = "the adaptive budget (each layer its own K)" if budget == AUTO else f"{budget} saccades"
+    lines = [f"held-out box recall (the share of the box's cells that got a saccade, at {at}; 95% bootstrap "
+             "intervals over the items), trained layer vs the untrained prior on the same items:"]
+    for kind, record in compare.items():
+        c = PriorComparison(**record)
+        verdict = "tie (intervals overlap)" if c.verdict == "tie" else f"trained {c.verdict} (intervals apart)"
+        lines.append(f"held-out box recall, {kind} (n={c.n}): trained {c.trained:.2f} [{c.trained_low:.2f}, "
+                     f"{c.trained_high:.2f}] · untrained prior {c.prior:.2f} [{c.prior_low:.2f}, {c.prior_high:.2f}]"
+                     f" — {verdict}")
+    return lines
 
 
 def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
@@ -449,6 +540,8 @@ def train(cfg: TrainConfig, model: ARRCOCQwen | None = None,
             save(model, cfg, log, TrainingState(step, log, optimizer.state_dict(), asdict(cfg)))
     layer.eval().requires_grad_(True)
     assert all(torch.equal(v, model.vlm.model.state_dict()[k]) for k, v in vlm_state.items()), "the VLM changed"
+    if not cfg.no_compare:  # the untrained prior's held-out box recall beside the trained layer's, on the same items
+        log[-1]["compare"] = compare_with_prior(model, eval_samples, eval_data, kinds, cfg, process)
     return model, log
 
 
@@ -510,6 +603,8 @@ def save(model: ARRCOCQwen, cfg: TrainConfig, log: list[dict], state: TrainingSt
             f"Held-out evaluation (hits: the fraction of saccades on the target box; teacher_top64: the teacher's "
             f"mass inside the {TEACHER_TOP} most relevant cells; per scene kind):\n```json\n"
             f"{json.dumps(log[0], indent=2)}\n->\n{json.dumps(log[-1], indent=2)}\n```\n")
+    compared = comparison_lines(log[-1].get("compare", {}), cfg.budget)  # the last entry's "compare", in words
+    card += "".join(f"\n{line[0].upper()}{line[1:]}\n" if i == 0 else f"- {line}\n" for i, line in enumerate(compared))
     model.layer.save_pretrained(staging)  # config.json + model.safetensors; the card below replaces the generic one
     (staging / "README.md").write_text(f"---\nlibrary_name: arr-coc\ntags: [arr-coc, qwen2-vl]\n---\n\n# {out.name}\n\n{card}")
     (staging / "train_log.json").write_text(json.dumps(log, indent=2))
@@ -601,8 +696,11 @@ def main(argv=None) -> int:
     distributed.finish(process)
     if not process.is_main:  # rank 0 writes and pushes the checkpoint
         return 0
-    cli.log(f"trained at {log[-1]['samples_per_s']:.1f} samples/s over {process.world_size} process(es), after "
-            f"{log[0]['observe_s']:.1f}s of observation")
+    cli.log(f"trained at {log[-1]['samples_per_s']:.1f} samples/s over {process.world_size} process(es); "
+            f"observation took {log[0]['observe_s']:.1f} s before the first step: the frozen VLM's one pass over "
+            "the training and held-out samples (gestalt, attention prior, texture), reused by every step")
+    for line in comparison_lines(log[-1].get("compare", {}), cfg.budget):  # none with --no-compare
+        print(line)
     try:
         folder = save(model, cfg, log)
     except OSError as e:  # the folder went away or filled up since it was checked: one line, not a traceback
