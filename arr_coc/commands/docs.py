@@ -173,6 +173,8 @@ def results_page() -> str:
         "ARR's visual tokens, `budget`, `random` and the `oracle` (the asked box forced in); one H200",
         f"([`{SWEEP}`](../{SWEEP}/README.md): every budget, 16 to 273). Exact match [95% Wilson], ARR's box recall in",
         "brackets:", "", selection_table(64, "box_word"), "", selection_table(273, "fine_print"), "",
+        "The looks tried against these defaults (a calibrated prior, larger gestalts, regions, the two-scale look, a",
+        "learned coupling) and what limits the targets still missed: the end of the same write-up.", "",
         "Its figures at 1792², accuracy against visual tokens and against the 2B architecture's TTFT (one H200):", "",
         "![Accuracy against visual tokens at 1792², with 95% bands](figures/accuracy_vs_tokens.png)", "",
         "![Accuracy against the 2B architecture's time to first token at 1792²](figures/accuracy_vs_ttft.png)", ""])
