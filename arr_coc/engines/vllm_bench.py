@@ -146,6 +146,19 @@ class BenchConfig:
     served: str = flag(f"{STOCK},{ARCHITECTURE}", "the architectures to serve, in turn",
                        comma_list((STOCK, ARCHITECTURE)))
     log_dir: Path = flag(Path("out/vllm-bench"), "where each server's log goes", Path)
+    out: Path | None = flag(None, "also write the levels here as JSON (the settings and one row a level), after each "
+                            "level", Path)
+
+
+def write_json(path: Path, args: BenchConfig, levels: list[Level]) -> None:
+    """The run's settings and its levels so far, as one JSON object."""
+    from dataclasses import asdict
+
+    settings = {"data": str(args.data), "model": args.model, "concurrency": args.concurrency,
+                "requests": args.requests, "max_tokens": args.max_tokens, "max_model_len": args.max_model_len,
+                "served": args.served.split(",")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": settings, "levels": [asdict(x) for x in levels]}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
                 chunk = pages[1 + i * args.requests: 1 + (i + 1) * args.requests]
                 levels.append(asyncio.run(level(args.port, architecture, chunk, concurrency, args.max_tokens)))
                 print(table(levels[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                if args.out:
+                    write_json(args.out, args, levels)
     print(table(levels))
 
 
