@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from arr_coc.cli import model_flag
@@ -42,6 +42,7 @@ class Level:
     ttft_p50_ms: float  # median time to first token
     ttft_p99_ms: float  # 99th percentile time to first token (nearest rank)
     prompt_tokens: float  # mean prompt tokens a request
+    ttft_ms: list[float] = field(default_factory=list)  # each request's time to first token, in the pages' order
 
 
 def server_command(model: str, port: int, architecture: str, max_model_len: int) -> list[str]:
@@ -114,7 +115,7 @@ async def level(port: int, architecture: str, pages: list[dict], concurrency: in
     wall = time.perf_counter() - start
     ttfts = [r[0] * 1000 for r in results]
     return Level(architecture, concurrency, len(pages), len(pages) / wall, percentile(ttfts, 50), percentile(ttfts, 99),
-                 sum(r[1] for r in results) / len(results))
+                 sum(r[1] for r in results) / len(results), ttfts)
 
 
 def table(levels: list[Level]) -> str:
