@@ -7,7 +7,8 @@ Run it in the vLLM venv (requirements-vllm.txt) on pages made by arr_coc.eval.da
     .venv-vllm/bin/python -m arr_coc.engines.vllm_bench --data out/pages-1792 --concurrency 1,4,8 --requests 8
 
 Each concurrency level sends its own `--requests` pages (so no level reads another's from a cache), streamed, greedy,
-at most --max-tokens tokens; a warm-up request first. A markdown table goes to stdout.
+at most --max-tokens tokens; a warm-up request first. A markdown table goes to stdout; --out also writes the
+settings and each level's numbers (every request's time to first token too) as JSON.
 """
 
 from __future__ import annotations
