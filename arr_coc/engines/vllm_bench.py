@@ -7,7 +7,8 @@ Run it in the vLLM venv (requirements-vllm.txt) on pages made by arr_coc.eval.da
     .venv-vllm/bin/python -m arr_coc.engines.vllm_bench --data out/pages-1792 --concurrency 1,4,8 --requests 8
 
 Each concurrency level sends its own `--requests` pages (so no level reads another's from a cache), streamed, greedy,
-at most --max-tokens tokens; a warm-up request first. A markdown table goes to stdout.
+at most --max-tokens tokens; a warm-up request first. A markdown table goes to stdout; --out also writes the
+settings and each level's numbers (every request's time to first token too) as JSON.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from arr_coc.cli import model_flag
@@ -42,6 +43,7 @@ class Level:
     ttft_p50_ms: float  # median time to first token
     ttft_p99_ms: float  # 99th percentile time to first token (nearest rank)
     prompt_tokens: float  # mean prompt tokens a request
+    ttft_ms: list[float] = field(default_factory=list)  # each request's time to first token, in the pages' order
 
 
 def server_command(model: str, port: int, architecture: str, max_model_len: int) -> list[str]:
@@ -114,7 +116,7 @@ async def level(port: int, architecture: str, pages: list[dict], concurrency: in
     wall = time.perf_counter() - start
     ttfts = [r[0] * 1000 for r in results]
     return Level(architecture, concurrency, len(pages), len(pages) / wall, percentile(ttfts, 50), percentile(ttfts, 99),
-                 sum(r[1] for r in results) / len(results))
+                 sum(r[1] for r in results) / len(results), ttfts)
 
 
 def table(levels: list[Level]) -> str:
@@ -146,6 +148,19 @@ class BenchConfig:
     served: str = flag(f"{STOCK},{ARCHITECTURE}", "the architectures to serve, in turn",
                        comma_list((STOCK, ARCHITECTURE)))
     log_dir: Path = flag(Path("out/vllm-bench"), "where each server's log goes", Path)
+    out: Path | None = flag(None, "also write the levels here as JSON (the settings and one row a level), after each "
+                            "level", Path)
+
+
+def write_json(path: Path, args: BenchConfig, levels: list[Level]) -> None:
+    """The run's settings and its levels so far, as one JSON object."""
+    from dataclasses import asdict
+
+    settings = {"data": str(args.data), "model": args.model, "concurrency": args.concurrency,
+                "requests": args.requests, "max_tokens": args.max_tokens, "max_model_len": args.max_model_len,
+                "served": args.served.split(",")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": settings, "levels": [asdict(x) for x in levels]}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
                 chunk = pages[1 + i * args.requests: 1 + (i + 1) * args.requests]
                 levels.append(asyncio.run(level(args.port, architecture, chunk, concurrency, args.max_tokens)))
                 print(table(levels[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                if args.out:
+                    write_json(args.out, args, levels)
     print(table(levels))
 
 
