@@ -228,7 +228,7 @@ def bench_pipeline(model, image: Image.Image, row: str, engine: str, new_tokens:
                          max_cells=max_cells, ablation=ablation or None, budget=budget)
             for _ in range(repeats + 2)][2:]  # two warm-up runs
     timings = {k: statistics.median(asdict(r.timings)[k] for r in runs) for k in asdict(runs[0].timings)}
-    return dict(pipeline=row, engine=engine, tokens=asdict(runs[0].tokens), timings_ms=timings,
+    return dict(pipeline=row, engine=engine, tokens=runs[0].tokens.as_dict(), timings_ms=timings,
                 ttft_ms=statistics.median(r.ttft_ms for r in runs), new_tokens=runs[0].new_tokens,
                 decode_ms_per_token=timings["decode"] / max(runs[0].new_tokens - 1, 1),
                 peak_memory_mb=max(r.peak_memory_mb for r in runs), candidate_grid=list(runs[0].views.candidate_grid),

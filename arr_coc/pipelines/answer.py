@@ -36,6 +36,10 @@ class TokenCounts:
         visual = gestalt + saccade if total_visual is None else total_visual
         return cls(gestalt, saccade, int(prompt_length) - visual, visual + crop, crop)
 
+    def as_dict(self) -> dict[str, int]:
+        """The counts by kind, the crop's only where one was read (a one-look answer's JSON as before it)."""
+        return {k: v for k, v in asdict(self).items() if k != "crop" or v}
+
 
 @dataclass
 class Timings:
@@ -129,7 +133,7 @@ class Answer:
         return self.tokens.text + self.tokens.total_visual - self.tokens.crop
 
     def to_json(self) -> dict:
-        tokens = {k: v for k, v in asdict(self.tokens).items() if k != "crop" or v}  # a crop's only where one was read
+        tokens = self.tokens.as_dict()
         out = dict(answer=self.text, tokens=tokens, timings_ms=self.timings.rounded(),
                    ttft_ms=round(self.ttft_ms, 2), decode_ms_per_token=round(self.decode_ms_per_token, 3),
                    peak_memory_mb=round(self.peak_memory_mb, 1), new_tokens=self.new_tokens, safe_mode=self.safe_mode,
