@@ -123,11 +123,16 @@ def server(vllm_python, tmp_path_factory):
         wait_until_up(process, port, log)
         yield port, looks
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """A server's whole process group: SIGTERM, then SIGKILL after 60 s."""
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 ASK_SCRIPT = """

@@ -23,8 +23,6 @@ The venv is tests/test_vllm.py's (.venv-vllm, built there when missing or stale)
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_checked
-from test_vllm import FINE_PRINT, VLLM_ARGS, free_port, server_env, vllm_python, wait_until_up  # noqa: F401
+from test_vllm import (FINE_PRINT, VLLM_ARGS, free_port, server_env, stop, vllm_python,  # noqa: F401
+                       wait_until_up)
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {"tiny-qwen2.5-vl": "ArrCocQwen2_5_VLForConditionalGeneration",
@@ -65,11 +64,7 @@ def served(request, vllm_python, tmp_path_factory):
         wait_until_up(process, port, log)
         yield request.param, model, port, looks, log
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        stop(process)
 
 
 @pytest.fixture(scope="module")

@@ -423,8 +423,11 @@ class PriorComparison:
 
 def comparison(trained: list[float], prior: list[float]) -> PriorComparison:
     """The comparison of two layers' per-item box recalls on the same items (trained[i] and prior[i]: item i's)."""
+    from arr_coc.eval.report import against  # the intervals' rule evaluate's tables and the default rule use
+
     (trained_low, trained_high), (prior_low, prior_high) = bootstrap_mean(trained), bootstrap_mean(prior)
-    verdict = "better" if trained_low > prior_high else "worse" if trained_high < prior_low else "tie"
+    verdict = {"above": "better", "below": "worse", "tie": "tie"}[against((trained_low, trained_high),
+                                                                        (prior_low, prior_high))]
     return PriorComparison(len(trained), sum(trained) / len(trained), trained_low, trained_high,
                            sum(prior) / len(prior), prior_low, prior_high, verdict)
 
