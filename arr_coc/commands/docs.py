@@ -136,7 +136,7 @@ def sweep_scores(side: str) -> dict[tuple, list[tuple[float, float | None]]]:
 
 def selection_table(budget: int, kind: str, rows: tuple = SWEEP_ROWS) -> str:
     """One kind at one budget across SWEEP_COLUMNS: exact match [95% Wilson] a cell, ARR's box recall beside it."""
-    by_side = {side: sweep_scores(side) for side in dict(SWEEP_COLUMNS)}
+    by_side = {side: sweep_scores(side) for side in {side for side, _ in SWEEP_COLUMNS}}
     lines = [f"| {budget} saccades, {kind.replace('_', ' ')} | "
              + " | ".join(f"`{family}` {side}²" for side, family in SWEEP_COLUMNS) + " |", "|---" * 5 + "|"]
     counts = set()
