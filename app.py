@@ -22,7 +22,7 @@ mosaic without the VLM). On a ZeroGPU Space
 
 import os
 
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.app import options
 from arr_coc.app.options import CACHE_AGE_S
 
@@ -73,7 +73,7 @@ from arr_coc.relevance import ablation as ablations  # noqa: E402
 from arr_coc.relevance.config import ARRCOCConfig  # noqa: E402
 from arr_coc.vlm.families import FAMILY_NAMES  # noqa: E402
 from arr_coc.checkpoints import ROOT as CHECKPOINTS  # noqa: E402  (the shipped checkpoints, found by name)
-from arr_coc.hub import hub_out_of_reach  # noqa: E402
+from arr_coc.checkpoints import hub_out_of_reach  # noqa: E402
 
 log = logging.getLogger("arr_coc.app")
 ROOT = Path(__file__).parent

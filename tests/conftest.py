@@ -73,7 +73,7 @@ def tiny_loaded_once(arr_model, monkeypatch):
     command's test skips the load; the command still sets the layer its flags ask for, and arr_model's own
     layer is put back after. Other models load as ever.
     """
-    from arr_coc import cli
+    from arr_coc.commands import cli
 
     load, layer = cli.load_vlm, arr_model.layer
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from arr_coc import bench, checkpoints, cli, evaluate, flags, run, train
+from arr_coc import bench, checkpoints, evaluate, flags, run, train
+from arr_coc.commands import cli
 from arr_coc.eval import data
 from arr_coc.relevance.layer import choose_checkpoint, default_checkpoint
 
@@ -304,7 +305,7 @@ def test_run_help_on_the_command_line_does_not_import_torch():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--max-cells" in proc.stdout and "cells of 28 px" in " ".join(proc.stdout.split())
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "arr_coc.cli" in imported and "torch" not in imported and "transformers" not in imported
+    assert "arr_coc.commands.cli" in imported and "torch" not in imported and "transformers" not in imported
 
 
 # ----------------------------------------------------------------------------- train's output folder
@@ -447,7 +448,7 @@ def test_shipped_folders_are_the_installed_copy_else_the_repos(tmp_path):
 def test_what_the_readme_steps_leave_behind_is_ignored():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    left = ["data/docvqa/x.parquet", "build/lib/arr_coc/cli.py", "arr_coc.egg-info/PKG-INFO", "runs/eval/report.md"]
+    left = ["data/docvqa/x.parquet", "build/lib/arr_coc/commands/cli.py", "arr_coc.egg-info/PKG-INFO", "runs/eval/report.md"]
     proc = subprocess.run(["git", "check-ignore", *left], cwd=ROOT, capture_output=True, text=True)
     assert proc.stdout.split() == left
     assert subprocess.run(["git", "check-ignore", "-q", "arr_coc/eval/data.py"], cwd=ROOT).returncode == 1  # code is not

@@ -14,7 +14,7 @@ from arr_coc.commands import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = {"model", "checkpoint", "budget", "min_budget", "max_budget", "max_cells", "gestalt_tokens", "fastv_layer",
-          "refixate", "refixate_budget", "faithfulness_steps",  # each defined once in arr_coc/cli.py (cli.model_flag, ...;
+          "refixate", "refixate_budget", "faithfulness_steps",  # each defined once in arr_coc/commands/cli.py (cli.model_flag, ...;
           # fastv_layer in FastV's Options, OWN)
           "device", "seed"}  # ... and these in arr_coc/flags.py (device_flag, seed_flag), for commands at any layer
 OWN = {("arr_coc/pocket/heldout.py", "model"): "an exported pocket folder that stock transformers loads, not a VLM "

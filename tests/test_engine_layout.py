@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.engines.layout import arr_positions, arr_slot
 from arr_coc.pipelines import arr
 from arr_coc.vlm.images import open_image

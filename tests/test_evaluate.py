@@ -528,13 +528,13 @@ def test_a_hub_dataset_that_is_neither_here_nor_reachable_fails_at_once_naming_b
     import datasets
     import huggingface_hub
 
-    from arr_coc import hub
+    from arr_coc import checkpoints
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # restored after go_offline sets them
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
-    monkeypatch.setattr(hub, "hub_answers", lambda endpoint, timeout=hub.HUB_TIMEOUT_S: False)
+    monkeypatch.setattr(checkpoints, "hub_answers", lambda endpoint, timeout=checkpoints.HUB_TIMEOUT_S: False)
     start = time.perf_counter()
     assert evaluate.main([*FAST, "--dataset", "nowhere-xyz/chartqa", "--out", str(tmp_path / "eval")]) == 2
     assert time.perf_counter() - start < 20

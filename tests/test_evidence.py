@@ -11,7 +11,7 @@ from arr_coc import checkpoints
 from arr_coc.checkpoints import RULE, evidence_passes, file_digests
 from arr_coc.commands import evidence
 from arr_coc.commands.evidence import EvidenceConfig, Measure
-from arr_coc.intervals import bootstrap_mean
+from arr_coc.eval.intervals import bootstrap_mean
 from arr_coc.relevance.layer import choose_checkpoint, list_checkpoints, read_checkpoint_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from arr_coc.flops import prefill_gflops, vision_gflops
+from arr_coc.vlm.flops import prefill_gflops, vision_gflops
 from arr_coc.vlm.tiny import qwen2_vl_2b_config
 
 

@@ -31,16 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # (layer, its units, whether its units may import each other), bottom to top; a unit is a package (every module in
 # it) or one module; a module belongs to the unit that names it or its package most closely
 LAYERS = (
-    ("1. utilities", ("arr_coc", "arr_coc.settings", "arr_coc.errors", "arr_coc.flags", "arr_coc.hub",
-                      "arr_coc.runtime", "arr_coc.flops", "arr_coc.intervals", "arr_coc.checkpoints"), False),
+    ("1. utilities", ("arr_coc", "arr_coc.settings", "arr_coc.errors", "arr_coc.flags", "arr_coc.checkpoints",
+                      "arr_coc.runtime", "arr_coc.eval.intervals"), False),
     ("2. the relevance layer, the VLM", ("arr_coc.relevance", "arr_coc.vlm"), False),
     ("3. pipelines", ("arr_coc.pipelines",), False),
     ("4. pages, drawing", ("arr_coc.synth", "arr_coc.viz"), False),
     ("5. research", ("arr_coc.eval", "arr_coc.pocket", "arr_coc.distill"), False),
     ("6. the façade", ("arr_coc.model",), True),
-    ("7. the app, the commands", ("app", "arr_coc.app", "arr_coc.cli", "arr_coc.run", "arr_coc.train",
-                                  "arr_coc.evaluate", "arr_coc.bench", "arr_coc.engines", "arr_coc.commands",
-                                  "arr_coc.eval.figures", "arr_coc.pocket.train"), True),
+    ("7. the app, the commands", ("app", "arr_coc.app", "arr_coc.run", "arr_coc.train", "arr_coc.evaluate",
+                                  "arr_coc.bench", "arr_coc.engines", "arr_coc.commands", "arr_coc.eval.figures",
+                                  "arr_coc.pocket.train"), True),
 )
 EXCEPTIONS = {  # (importer, imported): why; the only imports allowed besides the table's (none now: runtime/'s graphs
     # asks zerogpu, of its own package, whether CUDA graphs may be captured)
@@ -258,7 +258,7 @@ def test_no_import_cycles():
 
 
 def file_name(unit: str) -> str:
-    """A unit as the page names it: `arr_coc.vlm` -> vlm/, `arr_coc.hub` -> hub.py, `arr_coc` -> __init__.py."""
+    """A unit as the page names it: `arr_coc.vlm` -> vlm/, `arr_coc.checkpoints` -> checkpoints.py, `arr_coc` -> __init__.py."""
     path = MODULES[unit].relative_to(ROOT / "arr_coc") if unit != "app" else Path("app.py")
     return f"{path.parent}/" if path.name == "__init__.py" and unit != "arr_coc" else str(path)
 
@@ -287,7 +287,7 @@ LOADS_NOTHING_OF = {
     "arr_coc.settings": ("torch",),
     "arr_coc.errors": ("torch",),
     "arr_coc.runtime.zerogpu": ("torch",),
-    "arr_coc.intervals": ("torch",),
+    "arr_coc.eval.intervals": ("torch",),
     "arr_coc.pipelines": ("torch",),  # the registry: the commands' --pipelines
     "arr_coc.relevance.ablation": ("torch",),  # the commands' --ablations
     "arr_coc.synth.fineprint": ("torch",),

@@ -230,7 +230,7 @@ def test_stream_ends_with_the_answer_a_plain_call_gives(arr_model):
 def test_unloadable_model_falls_back_to_the_pocket_model_with_a_notice(tmp_path):
     """The one offline fallback (cli.load_vlm): the app's ("any") takes the pocket model for a folder that is no
     model; a command's default model ("offline") only where the hub could not give it; asked for by name, never."""
-    from arr_coc import cli
+    from arr_coc.commands import cli
     from arr_coc.errors import InputError
 
     missing = str(tmp_path / "no-such-model")

@@ -282,11 +282,11 @@ def offline_hub(monkeypatch, tmp_path):
     """No hub (its one quick probe gets no answer) and an empty cache; the flags the command sets are put back."""
     import huggingface_hub
 
-    from arr_coc import hub
+    from arr_coc import checkpoints
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # restored after go_offline sets it
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(hub, "hub_answers", lambda endpoint, timeout=hub.HUB_TIMEOUT_S: False)
+    monkeypatch.setattr(checkpoints, "hub_answers", lambda endpoint, timeout=checkpoints.HUB_TIMEOUT_S: False)
     return huggingface_hub.constants
 
 

@@ -4,7 +4,8 @@ line, and a warm-up of each pipeline before the timed rows (the first row carrie
 full's 9132 on the pocket page).
 """
 
-from arr_coc import cli, run
+from arr_coc import run
+from arr_coc.commands import cli
 from arr_coc.runtime.timing import TIMING_KEYS
 
 

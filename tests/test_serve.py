@@ -31,7 +31,7 @@ def serve(*argv: str) -> subprocess.CompletedProcess:
 
 def test_the_console_script_is_declared():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["arr-coc-serve"] == "arr_coc.cli:serve"
+    assert scripts["arr-coc-serve"] == "arr_coc.commands.cli:serve"
 
 
 def test_help_lists_the_arr_flags():

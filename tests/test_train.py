@@ -25,7 +25,7 @@ from arr_coc.pipelines import arr
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades, score, select
 from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.runtime.timing import Stopwatch
-from arr_coc.intervals import bootstrap_mean
+from arr_coc.eval.intervals import bootstrap_mean
 from arr_coc.train import PriorComparison, TrainConfig, answer_loss, batches, comparison, comparison_lines, load_samples, main, parse_args, relevance_loss, save, train
 from arr_coc.train import select as select_for_training
 
@@ -110,7 +110,7 @@ def test_the_final_log_sets_the_trained_layer_beside_the_untrained_prior_on_the_
     """log[-1]["compare"]: per kind, the held-out items with a box (8 held-out scenes: 4 of each kind), and each
     layer's mean box recall on them at 273 saccades, as measured here by hand: the trained layer's, and that of the
     layer --checkpoint prior loads, each with its bootstrap interval over the items. The model card says it too."""
-    from arr_coc import cli
+    from arr_coc.commands import cli
 
     cfg = TrainConfig(n_train=16, n_eval=8, steps=20, eval_every=20, batch_size=4, out=str(tmp_path / "ck"))
     model, log = train(cfg, ARRCOCQwen.from_pretrained("tiny"))

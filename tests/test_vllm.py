@@ -187,7 +187,7 @@ def test_fine_print_answer_and_usage(vllm_python, server):
 REFERENCE_SCRIPT = """
 import json, sys
 from pathlib import Path
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.vlm.images import open_image
 from arr_coc.pipelines import arr
 model, _ = cli.load_model("pocket", None, "cpu", quiet=True)

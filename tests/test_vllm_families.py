@@ -100,7 +100,7 @@ def ask(python: Path, port: int, image: Path, question: str) -> dict:
 def project_arr(model_folder: Path, pages: list[tuple[Path, str]]) -> list[dict]:
     """The project's ARR on each page (the answer's cells, its LLM prompt, and the VLM's own greedy tokens over that
     prompt with their probabilities), on the same model folder, budget and answer length."""
-    from arr_coc import cli
+    from arr_coc.commands import cli
     from arr_coc.pipelines import arr
     from arr_coc.vlm.images import open_image
 

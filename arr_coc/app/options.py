@@ -10,7 +10,8 @@ and the pipeline dropdowns' choices, read from the registry's records (arr_coc.p
 import os
 from dataclasses import dataclass
 
-from arr_coc import cli, pipelines
+from arr_coc import pipelines
+from arr_coc.commands import cli
 from arr_coc.flags import bounded_int, config_parser, flag, parse_config
 from arr_coc.settings import DEFAULT_MODEL
 

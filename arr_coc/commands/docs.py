@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from arr_coc.flags import ArgumentParser, flag_rows
-from arr_coc.intervals import wilson
+from arr_coc.eval.intervals import wilson
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "commands.md"
@@ -48,14 +48,14 @@ README_SWEEP_ROWS = SWEEP_ROWS[:4] + SWEEP_ROWS[6:7]  # the README's rows: full,
 def configs() -> list[tuple[str, type]]:
     """(how the command is run, its config dataclass), in the page's order. Imported here, not at the top: the
     pocket trainer and its held-out check load torch."""
-    from arr_coc.commands import bench, evaluate, run, train
+    from arr_coc import bench, evaluate, run, train
     from arr_coc.app.options import AppConfig
     from arr_coc.commands.evidence import EvidenceConfig
     from arr_coc.commands.prior import PriorConfig
     from arr_coc.commands.student import StudentConfig
     from arr_coc.commands.teacher import TeacherConfig
     from arr_coc.eval.data import DataConfig
-    from arr_coc.commands.figures import FiguresConfig
+    from arr_coc.eval.figures import FiguresConfig
     from arr_coc.pocket.heldout import HeldoutConfig
     from arr_coc.pocket.trainer import TrainConfig as PocketConfig
 

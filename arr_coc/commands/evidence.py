@@ -2,7 +2,7 @@
 python -m arr_coc.commands.evidence: whether an ARR layer may be its model's default (issue 61). It runs evaluate's
 arr:topk row with the layer and with the untrained prior on the held-out layout families (slide, box_grid), fresh
 pages of every kind a family carries, and writes evidence.json beside the checkpoint: per family and kind, the items,
-box recall's mean with a 95% bootstrap interval (arr_coc.intervals.bootstrap_mean), exact match with its 95% Wilson
+box recall's mean with a 95% bootstrap interval (arr_coc.eval.intervals.bootstrap_mean), exact match with its 95% Wilson
 interval, for both layers; the seed, the commit, the files' sha256, and the verdict. The layer passes only if, on
 every held-out family, its box recall beats the prior's with the intervals apart, no kind's exact match is below the
 prior's with the intervals apart, and the run is at the rule's scale (arr_coc.checkpoints.RULE: 896², >= 96 pages a
@@ -24,7 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.checkpoints import (CONFIG_FILE, EVIDENCE_FILE, PACKAGE, PRIOR, POCKET_KINDS, RULE, WEIGHTS_FILE,
                                  DefaultRule, file_digests, label, resolve_checkpoint)
 from arr_coc.eval.data import families_flag
@@ -110,7 +110,7 @@ def work_name(layer: str) -> str:
 
 def measured(records: list, kinds: list[str]) -> dict[str, Measure]:
     """evaluate's records of one layer on one family -> {kind: Measure, ..., "all": Measure}."""
-    from arr_coc.intervals import bootstrap_mean, wilson
+    from arr_coc.eval.intervals import bootstrap_mean, wilson
 
     def measure(rows: list) -> Measure:
         recall = [r.box_recall for r in rows if r.box_recall is not None]
@@ -180,7 +180,7 @@ def measure_layers(args: EvidenceConfig) -> dict[str, dict[str, dict[str, Measur
     """evaluate's arr:topk row for the prior and the layer on every family (resumed where --work has it) -> each
     layer's measures {"prior" or the checkpoint's name: {family: {kind: Measure}}}, or evaluate's exit code where
     one of its runs did not finish."""
-    from arr_coc.commands import evaluate
+    from arr_coc import evaluate
 
     layers = {}
     for layer, name in (("prior", PRIOR), (args.checkpoint, label(args.checkpoint))):

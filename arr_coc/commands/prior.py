@@ -17,7 +17,7 @@ at 64 saccades, exact match per kind, Wilson intervals) and writes the verdict b
 
 Cost: a page is drawn, its gestalt encoded, and every layer read twice (the question, the generic question); the
 choice itself takes < 1 s. Pocket model on a shared 2-core CPU: 1-5 s a page. Qwen2-VL-2B: about 3.1 TFLOP a page
-(arr_coc.flops: 1.48 for the gestalt, 0.79 a 300-token pass), about a minute a page on a 2-core CPU, well under a
+(arr_coc.vlm.flops: 1.48 for the gestalt, 0.79 a 300-token pass), about a minute a page on a 2-core CPU, well under a
 second on one H200 (estimated from the FLOPs, not measured).
 """
 
@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.checkpoints import RULE
 from arr_coc.flags import bounded_int, config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.settings import PRIOR_READOUTS
@@ -87,7 +87,7 @@ def measure(vlm, readout, args: PriorConfig) -> dict:
     """--heldout: per held-out family, the prior map's box recall of the top cells under today's readout and the
     chosen one (mean, 95% bootstrap interval, pages)."""
     from arr_coc.distill.prior import read_prior, readout_map, top_recall
-    from arr_coc.intervals import bootstrap_mean
+    from arr_coc.eval.intervals import bootstrap_mean
     from arr_coc.synth.families import HELD_OUT, family_pages
     from arr_coc.vlm.readout import DEFAULT
 
@@ -112,7 +112,8 @@ def judge_runs(args: PriorConfig):
     """--judge's evaluate runs, today's readout then the calibrated one, on every held-out family (evidence's
     command lines, with --prior-readout) -> ({readout: {family: {kind: Measure}}}, the evidence config), or
     evaluate's exit code where a run did not finish."""
-    from arr_coc.commands import evaluate, evidence
+    from arr_coc import evaluate
+    from arr_coc.commands import evidence
     from arr_coc.synth.families import HELD_OUT
 
     work = args.work or f"runs/prior-evidence/{args.size}px-{args.pages_judged}p-b{RULE.budget}"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.flags import bounded_int, config_parser, device_flag, flag, parse_config
 
 
@@ -90,7 +90,7 @@ def per_item(model, layer, items: list[tuple], top: int) -> list[tuple[float, fl
 
 
 def summary(name: str, rows: list, first: list) -> LayerResult:
-    from arr_coc.intervals import wilson
+    from arr_coc.eval.intervals import wilson
 
     mass = [m for m, _ in rows]
     recall = [r for _, r in rows if r is not None]

@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.flags import bounded_int, config_parser, device_flag, flag, parse_config, seed_flag
 
 EVAL_SEED = 10**9  # held-out pages use seeds from here on (arr_coc.pocket.heldout's), calibration far below
@@ -91,7 +91,7 @@ def measure(vlm, heads, args: TeacherConfig) -> dict:
     """--heldout: on held-out-family pages, the share whose teacher peak touches the asked box, the teacher's mean
     mass inside it, and the uniform map's (the box's share of the cells), each with a 95% Wilson interval."""
     from arr_coc.distill.teacher import box_mass, read, target_of
-    from arr_coc.intervals import interval_text, wilson
+    from arr_coc.eval.intervals import interval_text, wilson
     from arr_coc.synth.families import HELD_OUT, family_pages
 
     peaks, masses, uniform = 0, 0.0, 0.0

@@ -35,7 +35,8 @@ from dataclasses import replace
 from lmms_eval.api.model import lmms
 from tqdm import tqdm
 
-from arr_coc import cli, evaluate
+from arr_coc import evaluate
+from arr_coc.commands import cli
 from arr_coc.pipelines import BASELINES
 from arr_coc.eval.rows import row_look, split_row
 from arr_coc.eval.sets import SCHEMAS

@@ -32,7 +32,7 @@ def served_model(text: str) -> str:
     """An argparse type: the VLM vLLM loads: 'pocket' (its shipped folder), a Qwen-VL folder or a hub id; the tiny
     random models' names are refused (the project builds them in its cache: serve the folder
     `python -m arr_coc.vlm.tiny --name ...` prints)."""
-    from arr_coc.cli import model_name
+    from arr_coc.commands.cli import model_name
 
     if text in TINY_NAMES:
         import argparse

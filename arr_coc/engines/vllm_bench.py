@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arr_coc.cli import model_flag
+from arr_coc.commands.cli import model_flag
 from arr_coc.engines.vllm_plugin import ARCHITECTURE
 from arr_coc.flags import bounded_int, comma_list, config_parser, flag, int_list, parse_config
 

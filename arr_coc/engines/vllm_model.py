@@ -220,7 +220,7 @@ class Looker:
 
     def load(self):
         if self.model is None:
-            from arr_coc.cli import load_model
+            from arr_coc.commands.cli import load_model
 
             self.model, _ = load_model(self.model_path, self.settings.checkpoint, self.device, quiet=True)
         return self.model

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from arr_coc.cli import checkpoint_flag, max_cells_flag
+from arr_coc.commands.cli import checkpoint_flag, max_cells_flag
 from arr_coc.flags import bounded_int, flag, one_of
 from arr_coc.relevance.config import STRATEGIES  # torch-free: the allocators, a strategy passed by its index
 from arr_coc.settings import MAX_CELLS

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from arr_coc.eval.metrics import METRICS
 from arr_coc.eval.rows import split_row
-from arr_coc.intervals import interval_text
+from arr_coc.eval.intervals import interval_text
 from arr_coc.synth.fineprint import PAGE_KINDS, make_page
 
 MODES = ("conversation", "alone")  # every question asked as a turn of one conversation, and asked alone

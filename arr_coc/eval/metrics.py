@@ -17,7 +17,7 @@ evaluations step by step, so their numbers sit beside published ones:
     recall, precision = box_recall_precision(coverage, indices)
     indices = cells_on_grid(kept, native_grid, candidate_grid)   # a reducer's kept tokens as candidate cells
 
-Intervals (wilson, interval_text) live in arr_coc.intervals, which the pocket model's training shares.
+Intervals (wilson, interval_text) live in arr_coc.eval.intervals, which the pocket model's training shares.
 
 The benchmark metrics need at least one reference answer (ValueError otherwise); evaluate.py leaves an item
 without answers (a test split) unscored and counts it.

@@ -40,7 +40,7 @@ from arr_coc import viz
 from arr_coc.eval.faithfulness import CURVES
 from arr_coc.eval.records import EvalRecord
 from arr_coc.eval.rows import ORACLE
-from arr_coc.intervals import interval_text, wilson
+from arr_coc.eval.intervals import interval_text, wilson
 
 # (key, column title, format): the report's columns, in order; a row shows "-" where it has no value
 COLUMNS = (

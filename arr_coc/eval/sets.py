@@ -173,13 +173,13 @@ def from_samples(samples: list[Sample]) -> list[Item]:
 def load_rows(name: str, split: str, config: str | None):
     """
     The split as a stream of rows, images left undecoded; a parquet file or folder loads as parquet. A name that is
-    not here is a hub id: where the hub is out of reach (hub.hub_out_of_reach) it loads from the cache alone, at
+    not here is a hub id: where the hub is out of reach (checkpoints.hub_out_of_reach) it loads from the cache alone, at
     once, and the error says that it is neither here nor to be had.
     """
-    from arr_coc import hub
+    from arr_coc import checkpoints
 
     path = Path(name)
-    offline = None if path.exists() else hub.hub_out_of_reach()  # before datasets reads the offline flag
+    offline = None if path.exists() else checkpoints.hub_out_of_reach()  # before datasets reads the offline flag
     import datasets
 
     try:

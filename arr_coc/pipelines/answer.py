@@ -62,7 +62,7 @@ class Timings:
 
 @dataclass
 class Compute:
-    """An answer's estimated compute, GFLOPs (arr_coc.flops, from the config; VLM.gflops)."""
+    """An answer's estimated compute, GFLOPs (arr_coc.vlm.flops, from the config; VLM.gflops)."""
     vision: float  # the vision tower's passes
     prefill: float  # the LLM's prefill (and ARR's prior pass up to its layer)
 

@@ -187,7 +187,7 @@ def main(argv=None) -> dict:
     from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
     from arr_coc.pocket.model import image_processor
-    from arr_coc.intervals import interval_text
+    from arr_coc.eval.intervals import interval_text
 
     args = parse_config(HeldoutConfig, argv, config_parser(HeldoutConfig, __doc__))
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

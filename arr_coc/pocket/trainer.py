@@ -54,7 +54,7 @@ from torch import nn
 from arr_coc.runtime import distributed
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.flags import bounded_float, bounded_int, device_flag, flag, int_list, seed_flag
-from arr_coc.intervals import interval_text
+from arr_coc.eval.intervals import interval_text
 from arr_coc.pocket.binding import BindingHead, aligned_count, aligned_ids, aligned_loss
 from arr_coc.pocket.data import CURRICULUM, IGNORE, MAX_PAGES, PASS_MARK, PageStream, model_inputs
 from arr_coc.pocket.heldout import evaluate_heldout, exact_match, heldout

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from arr_coc.settings import ENGINES
-from arr_coc.flops import prefill_gflops, vision_gflops
+from arr_coc.vlm.flops import prefill_gflops, vision_gflops
 from arr_coc.runtime.timing import Stopwatch, TimingStreamer, timed_tokens
 from arr_coc.vlm.base import (VLM, AnswerAttention, CompileSeconds, Generation, History, PriorPass, Prompt,
                               SavedCache, StockInputs, VisionAttention, VisualTokens)
@@ -332,7 +332,7 @@ class QwenVL(VLM):
     def gflops(self, vision_cells: list[int], prefill_tokens: int, prior_tokens: int = 0,
                prior_layer_fraction: float = 0.5, pruned: tuple[int, int] | None = None) -> dict:
         """
-        Estimated compute (arr_coc.flops) of one vision pass per entry of vision_cells (cells = merged tokens),
+        Estimated compute (arr_coc.vlm.flops) of one vision pass per entry of vision_cells (cells = merged tokens),
         the prior pass over prior_tokens up to its layer (no logits; the calibrated readout's layer where it has
         one, twice for a relative readout), and the prefill of prefill_tokens.
         pruned = (K, full tokens): FastV's prefill, its first K layers over the full prompt, the rest over prefill_tokens.

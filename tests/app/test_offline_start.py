@@ -20,12 +20,12 @@ def no_hub(monkeypatch, tmp_path):
     """No hub (its one quick probe gets no answer), an empty cache, no earlier offline reason; all put back."""
     from huggingface_hub import constants
 
-    from arr_coc import hub
+    from arr_coc import checkpoints
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(hub, "_OFFLINE", {})
-    monkeypatch.setattr(hub, "hub_answers", lambda endpoint, timeout=hub.HUB_TIMEOUT_S: False)
+    monkeypatch.setattr(checkpoints, "_OFFLINE", {})
+    monkeypatch.setattr(checkpoints, "hub_answers", lambda endpoint, timeout=checkpoints.HUB_TIMEOUT_S: False)
     return constants
 
 

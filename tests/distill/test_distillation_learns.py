@@ -29,7 +29,7 @@ MARGIN = 0.04  # the least rise of the unseen pages' mean teacher mass in ARR's 
 def taught():
     """The pocket model, and the training and unseen pages as `train` observes them (teacher maps included); torch on
     one thread for the module (the sums as measured, and no thrashing beside other work on the 2 cores)."""
-    from arr_coc.commands.train import TaughtSample, observe_all
+    from arr_coc.train import TaughtSample, observe_all
     from arr_coc.distill.teacher import TeacherHeads, teach
     from arr_coc.model import ARRCOCQwen
     from arr_coc.synth.families import family_pages
@@ -61,7 +61,7 @@ def unseen_mass(model, unseen: list) -> float:
 def distilled(model, training: list, unseen: list) -> tuple[float, float]:
     """From the prior, STEPS of `train --distill`'s steps (KL, temperature 0.1) on `training` -> the unseen pages'
     mass (before, after)."""
-    from arr_coc.commands import train
+    from arr_coc import train
     from arr_coc.runtime.distributed import Process
 
     torch.manual_seed(0)

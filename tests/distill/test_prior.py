@@ -147,7 +147,7 @@ def test_a_folders_prior_json_is_what_load_vlm_reads(tmp_path):
 
 
 def test_a_deeper_or_relative_readout_is_counted_in_the_gflops(tiny):
-    from arr_coc.flops import prefill_gflops
+    from arr_coc.vlm.flops import prefill_gflops
 
     text = tiny.model.config.text_config
     today = tiny.gflops([], 100, 300, 0.5)["prefill"]

@@ -1,5 +1,5 @@
 """
-Box recall for every row of evaluate (arr_coc/eval/metrics.py cells_on_grid, arr_coc/commands/evaluate.py cells_read): a
+Box recall for every row of evaluate (arr_coc/eval/metrics.py cells_on_grid, arr_coc/evaluate.py cells_read): a
 reducer's kept tokens, (row, col) on the native grid, become candidate cells (one for one when the grids agree;
 by cell centre when they do not), VisionZip's merged context tokens do not count as their cell, a stock view reads
 every cell, ARR its saccades. Expected cells and scores worked out by hand.

@@ -1,4 +1,4 @@
-"""The sweep figures (arr_coc.commands.figures, run as python -m arr_coc.eval.figures): their points from evaluate's
+"""The sweep figures (arr_coc.eval.figures, run as python -m arr_coc.eval.figures): their points from evaluate's
 results, the bench's TTFT per method and budget, and the PNGs."""
 
 import argparse
@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from arr_coc.commands import figures
+from arr_coc.eval import figures
 from arr_coc.eval.records import EvalRecord
 
 

@@ -39,9 +39,10 @@ import arr_coc.pipelines.declared as declared
 declared.__path__.append(sys.argv[1])  # the throwaway's folder joins the declarations' own
 import arr_coc.pipelines as pipelines
 importlib.reload(pipelines)  # the registry read again, with the throwaway's module
-from arr_coc import cli
+from arr_coc.commands import cli
 from arr_coc.app import options
-from arr_coc.commands import docs, evaluate, run
+from arr_coc import evaluate, run
+from arr_coc.commands import docs
 
 
 def help_of(parse):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from arr_coc.commands import bench, evaluate, run
+from arr_coc import bench, evaluate, run
 from arr_coc.errors import InputError
 from arr_coc.pipelines.steps import views_of
 from arr_coc.settings import PipelineConfig
@@ -73,6 +73,6 @@ def test_run_evaluate_and_bench_refuse_a_gestalt_out_of_range_at_parse_time(pars
 
 
 def test_a_request_of_the_flags_carries_the_gestalt():
-    from arr_coc import cli
+    from arr_coc.commands import cli
 
     assert cli.request(evaluate.parse_args(["--gestalt-tokens", "576"])).gestalt_tokens == 576

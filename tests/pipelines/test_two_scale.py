@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from arr_coc.commands import evaluate, run
+from arr_coc import evaluate, run
 from arr_coc.errors import InputError
 from arr_coc.eval.rows import row_look, split_row
-from arr_coc.flops import vision_gflops
+from arr_coc.vlm.flops import vision_gflops
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.request import Request
 from arr_coc.pipelines.steps import views_of
@@ -187,7 +187,7 @@ def test_the_flags_are_checked_at_parse_time(parse, argv, message, capsys):
 
 
 def test_a_request_of_the_flags_carries_the_look():
-    from arr_coc import cli
+    from arr_coc.commands import cli
 
     request = cli.request(run.parse_args([*RUN, "--look", "two_scale", "--crop-tokens", "64"]))
     assert (request.look, request.crop_tokens) == ("two_scale", 64)

@@ -182,7 +182,7 @@ def test_the_shipped_model_reads_print_that_its_gestalt_cannot(stock):
 @pytest.fixture(scope="module")
 def served():
     """The pocket model as the app and the commands serve it: with its default checkpoint; -> (model, its name)."""
-    from arr_coc import cli
+    from arr_coc.commands import cli
 
     return cli.load_model("pocket", None, "cpu", quiet=True)
 
@@ -402,7 +402,7 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
     import shutil
 
     from arr_coc.checkpoints import POCKET_FOLDER
-    from arr_coc.commands.pocket_train import main
+    from arr_coc.pocket.train import main
     from arr_coc.pocket.trainer import load_or_init
 
     exported = tmp_path / "exported"
@@ -418,7 +418,7 @@ def test_a_run_continues_from_the_exported_folder_named_by_init(tmp_path):
                                          ("--workers", "-2"), ("--device", "tpu"), ("--steps", "ten"),
                                          ("--read-ink-weight", "0"), ("--llm-width", "320")])
 def test_a_bad_flag_is_refused_in_one_line_before_anything_loads(flag, value, capsys):
-    from arr_coc.commands.pocket_train import main
+    from arr_coc.pocket.train import main
 
     with pytest.raises(SystemExit) as exit_:
         main([flag, value])
@@ -429,7 +429,7 @@ def test_a_bad_flag_is_refused_in_one_line_before_anything_loads(flag, value, ca
 def test_exporting_a_folder_that_holds_no_run_is_refused(tmp_path, capsys):
     """`--steps 0 --export` on a run folder with no state.json would train nothing from --init and export that:
     refused before any model loads, with the folder named."""
-    from arr_coc.commands.pocket_train import main
+    from arr_coc.pocket.train import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--out", str(tmp_path / "none"), "--steps", "0", "--export", str(tmp_path / "export")])

@@ -1,5 +1,5 @@
 """
-The pocket trainer's command (arr_coc/commands/pocket_train.py) where a new user meets it (issue 67 item 3):
+The pocket trainer's command (arr_coc/pocket/train.py) where a new user meets it (issue 67 item 3):
 torchrun on a machine with no CUDA GPU is refused in one line, exit 2, before any model or page worker starts (it
 once started four ranks of 14 page workers each on a 2-core CPU), and --resume into a folder with no run says in one
 line that it starts from --init's exported folder (the shipped model by default).
@@ -34,7 +34,7 @@ def test_torchrun_without_cuda_is_refused_in_one_line_before_anything_starts(tmp
 
 
 def test_the_other_ranks_exit_2_silently_and_an_explicit_cpu_device_is_refused_too(monkeypatch, tmp_path, capsys):
-    from arr_coc.commands.pocket_train import main
+    from arr_coc.pocket.train import main
 
     for name, value in TORCHRUN_ENV.items():
         monkeypatch.setenv(name, value)
@@ -51,7 +51,7 @@ def test_the_other_ranks_exit_2_silently_and_an_explicit_cpu_device_is_refused_t
 
 def test_resume_into_a_folder_with_no_run_says_what_it_starts_from(monkeypatch, tmp_path, capsys):
     from arr_coc.checkpoints import POCKET_FOLDER
-    from arr_coc.commands import pocket_train
+    from arr_coc.pocket import train as pocket_train
     from arr_coc.pocket.trainer import resume_line
 
     exported = tmp_path / "exported"

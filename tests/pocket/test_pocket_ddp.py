@@ -135,7 +135,7 @@ def test_every_stage_but_the_last_has_a_step_budget():
                                                    (81, 263, 0.2553, 0.3662)])
 def test_the_wilson_interval_matches_textbook_values(correct, n, low, high):
     """Newcombe (1998), Statistics in Medicine 17:857, table I: 81/263 -> 0.2553-0.3662; the others are standard."""
-    from arr_coc.intervals import interval_text, wilson
+    from arr_coc.eval.intervals import interval_text, wilson
 
     assert wilson(correct, n) == pytest.approx((low, high), abs=1e-4)
     assert interval_text(45, 96) == "0.47 [0.37, 0.57] (n=96)"

@@ -40,7 +40,7 @@ from arr_coc.errors import InputError, check_text
 from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, device, flag,  # noqa: F401
                            int_list, names, one_of)  # (re-exported: the commands write cli.bounded_int)
-from arr_coc.hub import hub_out_of_reach
+from arr_coc.checkpoints import hub_out_of_reach
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
@@ -537,19 +537,19 @@ def _script(module: str) -> int:
 
 
 def run() -> int:
-    return _script("commands.run")
+    return _script("run")
 
 
 def train() -> int:
-    return _script("commands.train")
+    return _script("train")
 
 
 def evaluate() -> int:
-    return _script("commands.evaluate")
+    return _script("evaluate")
 
 
 def bench() -> int:
-    return _script("commands.bench")
+    return _script("bench")
 
 
 def data() -> int:

@@ -4,7 +4,7 @@ accuracy with it; a percentile bootstrap interval of a mean of per-item values (
 item). Pure arithmetic, torch-free, importing nothing of the project: the evaluation (arr_coc.eval) and
 the pocket model's training (arr_coc.pocket.train) both report with it.
 
-    from arr_coc.intervals import interval_text, wilson
+    from arr_coc.eval.intervals import interval_text, wilson
     low, high = wilson(45, 96)        # (0.37..., 0.57...): a 95% interval
     interval_text(45, 96)             # '0.47 [0.37, 0.57] (n=96)'
     low, high = bootstrap_mean([1.0, 0.5, 0.25, 1.0])   # a 95% interval of their mean, seeded: the same every run

@@ -5,7 +5,7 @@ On an H100 batch-1 inference is launch-bound, so milliseconds hide the compute A
 do not. Counts are multiply-adds x 2 of the matrix products (projections, MLPs, attention scores and
 values, patch embedding, merger, the LM head's one row); norms, rotary and softmax are left out.
 
-    from arr_coc.flops import vision_gflops, prefill_gflops
+    from arr_coc.vlm.flops import vision_gflops, prefill_gflops
     vision_gflops(model.config.vision_config, patches=1024)       # the 16x16 gestalt
     prefill_gflops(model.config.text_config, tokens=560)
 """
