@@ -18,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
+from arr_coc import model as facade
 from arr_coc import run
 from arr_coc.app import handlers
 from test_imports import unit_of
@@ -107,6 +108,18 @@ def test_the_compare_button_tokenizes_its_question_once(arr_model, monkeypatch):
     final = list(handlers.compare(arr_model, image, question, "divprune", 1, "topk", 4096, 5))[-1]
     assert final[0].startswith("Done in")
     assert seen == [question]
+
+
+def test_the_compare_button_checks_its_question_once(arr_model, monkeypatch):
+    """Issue 62 step 4: Compare's handler checks the question (its text, then its tokens) before its status line
+    says it runs, and both pipelines' requests take that checked question as it is (three checks before: the
+    handler's, then the façade's for each pipeline)."""
+    real, seen = facade.checked_question, []
+    monkeypatch.setattr(facade, "checked_question", lambda question, ids: seen.append(question) or real(question, ids))
+    image = Image.open(CAT).resize((1400, 1000))
+    final = list(handlers.compare(arr_model, image, "  " + QUESTION, "divprune", 1, "topk", 4096, 5))[-1]
+    assert final[0].startswith("Done in")
+    assert seen == ["  " + QUESTION]
 
 
 def test_the_compare_button_converts_its_image_to_rgb_once(arr_model, monkeypatch):

@@ -174,8 +174,7 @@ def compare(model: ARRCOCQwen, image, question: str, baseline: str, max_new_toke
     """Stream the baseline's answer, then ARR-COC's (with a second look below confidence `refixate`, 0: off, that
     `refixate_guide` points); then their stats and ARR's drawings; "Failed: why" in the status line if a step fails.
     Closing it (Stop, gradio closes the event's generator) stops the generation under way at once."""
-    image = ui.check_inputs(image, question)
-    model.check_question(question)  # its tokens too, before the status line says it runs
+    image, question = ui.check_inputs(model, image, question)  # its tokens too, before the status line says it runs
     start = time.perf_counter()
     running = f"{RUNNING} the **{baseline}** baseline…"
     yield from wait_for_model(model, compare_outputs(FINISHING))
@@ -260,10 +259,10 @@ def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, stra
                particularize: float = 0.5) -> tuple:
     """Run ARR (under an ablation: arr_coc.relevance.ablation) up to selection once, keep its maps (CPU) for
     re-selection, and draw every map; the tension controls as in selection_outputs."""
-    image = ui.check_inputs(image, question)
+    image, question = ui.check_inputs(model, image, question)
     request = microscope_request(budget, (auto, override, explore, diversify, particularize), strategy=strategy,
                                  max_cells=int(max_cells), ablation=ablation)
-    question, views = model.check_question(question), model.views(image, int(max_cells))
+    views = model.views(image, int(max_cells))
     with model.serving():
         scene = arr.prepare(model.parts, views, question, check_request(request))
     out = arr.select(model.layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt),
@@ -333,7 +332,7 @@ def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, 
         return None
     if kept is None:
         raise ui.user_error("Analyse an image first: the reducer's cells are drawn over its relevance map.")
-    image = ui.check_inputs(image, question)
+    image, question = ui.check_inputs(model, image, question)
     request = microscope_request(budget, (auto, override, explore, diversify, particularize), max_new_tokens=1,
                                  max_cells=int(max_cells))
     answer = model.answer(image, question, reducer, request=request)
@@ -345,7 +344,7 @@ def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, 
 def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, answer: str, strategy: str,
                  budget: int, max_cells: int, progress=gr.Progress()) -> tuple:
     """Deletion, random and insertion curves of an answer (empty: ARR's own) over ARR's selection."""
-    image = ui.check_inputs(image, question)
+    image, question = ui.check_inputs(model, image, question)
     typed = check_answer(answer or "")  # a too long answer fails before any VLM work; empty: ARR's own
     views = model.views(image, int(max_cells))  # made once: the budget's bound and ARR's views
     gh, gw = views.candidate_grid  # the budget slider allows the largest grid
@@ -415,8 +414,7 @@ def where_it_looks(model: ARRCOCQwen, examples: Path, image: Image.Image | None,
     and question are an example page's (`examples`: assets/examples.json) -> (summary, drawing). Opt-in: the teacher
     costs a full-view forward and the model's own answer (and, at first use, choosing its heads). Stop as Compare's.
     """
-    image = ui.check_inputs(image, question)
-    question = model.check_question(question)
+    image, question = ui.check_inputs(model, image, question)
     if strategy not in STRATEGIES:  # before the teacher's forward, not after it
         raise InputError(f"the strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     request = check_request(microscope_request(budget, (auto, override, explore, diversify, particularize),
@@ -442,8 +440,7 @@ def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question
        max_cells: int):
     """Answer with checkpoints A and B (from the folder `checkpoints` or uploaded) on the same input; draw both. The
     summary (the tab's status) says "Failed: why" if a step fails; Stop as Compare's."""
-    image = ui.check_inputs(image, question)
-    model.check_question(question)  # its tokens too, before any checkpoint loads
+    image, question = ui.check_inputs(model, image, question)  # its tokens too, before any checkpoint loads
     layer_a = ui.choose_layer(model, "A", choice_a, files_a, checkpoints)  # bad files fail before VLM work
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
     yield from wait_for_model(model, (*[gr.skip()] * 5, FINISHING))
@@ -499,7 +496,7 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
     numbered saccades this turn, how they moved from the turn before: new, kept, dropped). The turn is taken on a
     fork of the session's Chat (Chat.fork): a refused or cancelled turn leaves the conversation as it was.
     """
-    image = ui.check_inputs(image, question)  # RGB: the one the conversation keeps and hashes
+    image, question = ui.check_inputs(model, image, question)  # RGB: the one the conversation keeps and hashes
     digest = hashlib.sha1(image.tobytes()).hexdigest()
     if chat is None or chat.digest != digest:  # a first question, or another image loaded into the box
         chat = Chat(Conversation("arr", image), Conversation(baseline, image), [], digest)

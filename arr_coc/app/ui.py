@@ -33,7 +33,7 @@ from arr_coc.errors import InputError, OutOfMemory, Stopped
 from arr_coc.vlm.images import open_image
 from arr_coc.eval.faithfulness import FaithfulnessCurves
 from arr_coc.eval.metrics import answers_agree
-from arr_coc.model import ARRCOCQwen, Answer, check_question
+from arr_coc.model import ARRCOCQwen, Answer
 from arr_coc.relevance.layer import (ARRCOCLayer, ARRCOCOutput, CheckpointError,
                                      choose_checkpoint, list_checkpoints, read_checkpoint_config)
 from arr_coc.relevance.config import AUTO, MAX_EXPLORE, NO_SETTINGS, TensionSettings
@@ -196,10 +196,12 @@ def number_preprocess(component, preprocess, payload):
     return preprocess(component, payload)
 
 
-def check_inputs(image, question: str) -> Image.Image:
+def check_inputs(model: ARRCOCQwen, image, question: str) -> tuple[Image.Image, str]:
     """
-    The request's image in 8-bit RGB (converted here once: the views take an RGB image as it is), and a fast
-    failure, before any output is cleared or streamed, on a missing image or an empty question. A file path is read as read_upload reads an upload: gradio hands one over from a copy of the
+    The request's image in 8-bit RGB (converted here once: the views take an RGB image as it is) and its question
+    checked for the model, once (ARRCOCQwen.check_question: its text and its tokens; the pipelines the handler runs
+    take it as it is), and a fast failure, before any output is cleared or streamed, on a missing image or a
+    question the model refuses. A file path is read as read_upload reads an upload: gradio hands one over from a copy of the
     image box that an update of it re-created (from its constructor arguments: gradio's own "filepath"
     preprocess, not image_input's read_upload), as a click on an example did before app.examples loaded them
     around the box.
@@ -209,8 +211,7 @@ def check_inputs(image, question: str) -> Image.Image:
     elif image is not None and not isinstance(image, Image.Image):  # a raw client's dict, say: never a file to open
         raise user_error(NOT_UPLOADED)
     rgb = to_rgb(image)
-    check_question(question)
-    return rgb
+    return rgb, model.check_question(question)
 
 
 def image_input(**kwargs) -> gr.Image:

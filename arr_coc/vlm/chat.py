@@ -82,8 +82,9 @@ class ChatLayout:
 
     def question_ids(self, question: str) -> list[int]:
         """A user text's ids, special tokens typed in it as plain characters. Tokenized once per text: a request's
-        checks, its prior pass, the participatory scorer's query and each pipeline's prompt all ask for them."""
-        return list(self._ids(question))
+        checks, its prior pass, the participatory scorer's query and each pipeline's prompt all ask for them (keyed
+        by the plain text: lru_cache keys a str subclass, the façade's checked Question, apart from its text)."""
+        return list(self._ids(str(question)))
 
     def _tokenized(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])

@@ -125,7 +125,7 @@ def test_an_eps_upload_never_reaches_pils_ghostscript_plugin(upload_folder, monk
         "page.png is not an image: upload a PNG, JPEG, WebP, GIF, BMP or TIFF file")
 
 
-def test_only_a_file_inside_gradios_cache_may_be_opened(upload_folder, tmp_path_factory):
+def test_only_a_file_inside_gradios_cache_may_be_opened(arr_model, upload_folder, tmp_path_factory):
     """cached_file (F1): a file in the cache is read; a file outside it, the cache folder itself, a '..' out of it,
     a link in it to a file outside, a URL and no path at all each get the same one line, whatever is there."""
     outside = tmp_path_factory.mktemp("outside")
@@ -138,4 +138,4 @@ def test_only_a_file_inside_gradios_cache_may_be_opened(upload_folder, tmp_path_
                f"file://{outside / 'secret.png'}", "http://127.0.0.1:9/secret.png", "", None, 7]
     assert {refusal(lambda path=path: ui.cached_file(path)) for path in hostile} == {ui.NOT_UPLOADED}
     assert refusal(lambda: ui.read_upload(ui.FileData(path=str(outside / "secret.png")))) == ui.NOT_UPLOADED
-    assert refusal(lambda: ui.check_inputs(str(outside / "secret.png"), "What is it?")) == ui.NOT_UPLOADED
+    assert refusal(lambda: ui.check_inputs(arr_model, str(outside / "secret.png"), "What is it?")) == ui.NOT_UPLOADED
