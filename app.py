@@ -278,7 +278,7 @@ def microscope_tab(model: ARRCOCQwen) -> None:
                                label="Saccade budget (re-selects instantly)", elem_id="microscope-budget")
             tensions = tension_controls()
             numbered, cells = numbered_slider(config), cells_slider(model.pipeline)
-            reducer = gr.Dropdown(options.choices("microscope"), value=handlers.NO_REDUCER,
+            reducer = gr.Dropdown(options.choices("microscope"), value=options.NO_REDUCER,
                                   label="Draw a reducer's kept cells over the relevance", elem_id="microscope-reducer",
                                   info="as many visual tokens as ARR reads at the budget (runs the reducer); "
                                        "drawn just below")

@@ -41,7 +41,7 @@ from arr_coc.pipelines import PIPELINES, check_pipeline
 from arr_coc.pipelines.answer import Answer
 from arr_coc.pipelines.arr import Observation, Saccade, Scene  # noqa: F401
 from arr_coc.pipelines.conversation import Conversation
-from arr_coc.pipelines.request import (MAX_QUESTION_CHARS, Parts, Question, Request, check_question,  # noqa: F401
+from arr_coc.pipelines.request import (MAX_QUESTION_CHARS, Parts, CheckedQuestion, Request, check_question,  # noqa: F401
                                        check_request, check_stop, checked_question, with_settings)
 from arr_coc.pipelines.steps import finished, views_of
 from arr_coc.relevance.config import ARRCOCConfig
@@ -168,11 +168,11 @@ class ARRCOCQwen:
                                             expect_hidden_size=self.vlm.hidden_size, expect_model=self.vlm.name)
         return layer.to(self.vlm.device).eval()
 
-    def check_question(self, question) -> Question:
+    def check_question(self, question) -> CheckedQuestion:
         """The question checked for this model (checked_question: its text, then its length in this model's tokens)
-        before any VLM work -> the question, stripped; one checked already (a Question) as it is: a request's
+        before any VLM work -> the question, stripped; one checked already (a CheckedQuestion) as it is: a request's
         question is checked once, however many pipelines it runs."""
-        return question if isinstance(question, Question) else checked_question(question, self.vlm.question_ids)
+        return question if isinstance(question, CheckedQuestion) else checked_question(question, self.vlm.question_ids)
 
     def views(self, image, max_cells: int | None = None, gestalt_tokens: int | None = None) -> Views:
         """Every pipeline's views of an image, from the pipeline settings (max_cells overrides the cap, gestalt_tokens

@@ -9,14 +9,14 @@ from. Values written out by hand.
 import json
 from pathlib import Path
 
-from arr_coc.engines.vllm_bench import BenchConfig, Level, percentile, write_json
+from arr_coc.engines.vllm_bench import ServingBenchConfig, Level, percentile, write_json
 from arr_coc.flags import config_parser, parse_config
 
 
 def test_out_writes_settings_and_levels(tmp_path):
-    args = parse_config(BenchConfig, ["--data", "pages", "--concurrency", "1,4", "--requests", "3", "--out",
+    args = parse_config(ServingBenchConfig, ["--data", "pages", "--concurrency", "1,4", "--requests", "3", "--out",
                                       str(tmp_path / "run" / "arr.json"), "--served",
-                                      "ArrCocQwen2VLForConditionalGeneration"], config_parser(BenchConfig, ""))
+                                      "ArrCocQwen2VLForConditionalGeneration"], config_parser(ServingBenchConfig, ""))
     assert args.out == tmp_path / "run" / "arr.json"
     levels = [Level("ArrCocQwen2VLForConditionalGeneration", 1, 3, 1.5, 800.0, 900.0, 559.0, [900.0, 700.0, 800.0]),
               Level("ArrCocQwen2VLForConditionalGeneration", 4, 3, 1.25, 3000.0, 3400.0, 559.0)]
@@ -35,7 +35,7 @@ def test_out_writes_settings_and_levels(tmp_path):
 
 
 def test_out_defaults_to_none():
-    assert parse_config(BenchConfig, ["--data", "pages"], config_parser(BenchConfig, "")).out is None
+    assert parse_config(ServingBenchConfig, ["--data", "pages"], config_parser(ServingBenchConfig, "")).out is None
 
 
 def test_percentile_nearest_rank():

@@ -56,7 +56,6 @@ from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.settings import REFIXATE_GUIDES
 from arr_coc.vlm.views import box_coverage
 
-NO_REDUCER = options.NO_REDUCER  # the Microscope's reducer choice that draws none
 FAITHFULNESS_ANSWER_TOKENS = 32  # ARR's own answer, when the faithfulness curves score it
 RUNNING = "Running"  # every status line of a request in progress starts so; Stop answers only those
 TICK_S = 0.25  # a handler whose work runs in a thread (in_thread) yields this often: where Stop can close it
@@ -328,7 +327,7 @@ def kept_cells(model: ARRCOCQwen, kept: Kept | None, image: Image.Image | None, 
     """A token reducer's kept cells at the Microscope's budget (ARR's visual-token count: under the adaptive budget,
     ARR's K for this image and question, as the tension controls set it), drawn over the analysed image's
     relevance map; no drawing for "none"."""
-    if reducer == NO_REDUCER:
+    if reducer == options.NO_REDUCER:
         return None
     if kept is None:
         raise ui.user_error("Analyse an image first: the reducer's cells are drawn over its relevance map.")

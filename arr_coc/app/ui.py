@@ -85,7 +85,7 @@ TURN_WIDTHS = ["5%", "15%", "12%", "12%", "7%", "7%", "8%", "8%", "7%", "7%", "1
 # rank 1 = most relevant; row, col: the cell on the candidate grid; score: its relevance (the balanced map's own
 # units); fed: its place among the saccades in the LLM's input
 SACCADE_HEADERS = ["rank (#)", "row (cell)", "col (cell)", "score (relevance)", "fed (#)"]
-FALLBACKS = {
+FALLBACK_NOTES = {
     "semantic_void": "semantic void: the relevance map is flat, so the saccades fall back to an even grid (under "
                      "busy_pages: grid, a busy image, with no cells that stand out, counts as flat too)",
     "non_finite": "non-finite relevance: the map has NaN or inf values, so the saccades fall back to an even grid",
@@ -499,7 +499,7 @@ def selection_summary(out: ARRCOCOutput, ms: float, ablation: str | None = None,
                 f"{float(out.explore[0]):.2f} · diversify λ = {float(out.diversify[0]):.2f} · {budget} · "
                 f"image structure {float(out.structure[0]):.2f}")
     reason = out.fallback[0]
-    return f"{line}\n\n{tensions}" + (f"\n\n**Fallback** — {FALLBACKS[reason]}." if reason else "")
+    return f"{line}\n\n{tensions}" + (f"\n\n**Fallback** — {FALLBACK_NOTES[reason]}." if reason else "")
 
 
 def tension_request(auto: bool, override: bool, explore: float, diversify: float,

@@ -420,7 +420,7 @@ def load_model(name: str, checkpoint: str | None, device: str | None, quiet: boo
     return model, checkpoints.label(folder)
 
 
-FALLBACKS = (None, "offline", "any")  # load_vlm: when the pocket model stands in for the model asked for
+MODEL_FALLBACKS = (None, "offline", "any")  # load_vlm: when the pocket model stands in for the model asked for
 
 
 def load_vlm(name: str, device: str | None, fallback: str | None = None):
@@ -434,8 +434,8 @@ def load_vlm(name: str, device: str | None, fallback: str | None = None):
     from arr_coc.model import ARRCOCQwen
     from arr_coc.vlm.tiny import TINY_MODELS
 
-    if fallback not in FALLBACKS:
-        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    if fallback not in MODEL_FALLBACKS:
+        raise ValueError(f"fallback must be one of {MODEL_FALLBACKS}, got {fallback!r}")
     offline = hub_out_of_reach() if hub_model(name) else None
     try:
         return ARRCOCQwen.from_pretrained(name, device=device)

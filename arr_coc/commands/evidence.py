@@ -32,7 +32,7 @@ from arr_coc.flags import bounded_int, config_parser, device_flag, flag, parse_c
 from arr_coc.synth.families import FAMILIES, HELD_OUT
 
 SEED = 6101  # fresh pages: no earlier sweep drew this seed (evaluate's default is 1234)
-ROW = "arr:topk"  # the row judged: ARR as served
+JUDGED_ROW = "arr:topk"  # the row judged: ARR as served
 
 
 @dataclass
@@ -95,7 +95,7 @@ def evaluate_argv(args: EvidenceConfig, layer: str, family: str) -> list[str]:
     kinds = family_kinds(family)
     return ["--model", args.model, "--checkpoint", layer, "--synthetic", str(args.pages * len(kinds)),
             "--kinds", ",".join(kinds), "--families", family, "--size", str(args.size), "--seed", str(args.seed),
-            "--baselines", "", "--strategies", ROW.split(":")[1], "--budget", str(args.budget),
+            "--baselines", "", "--strategies", JUDGED_ROW.split(":")[1], "--budget", str(args.budget),
             "--out", str(Path(args.work) / f"{work_name(layer)}-{family}"),
             *(["--device", args.device] if args.device else [])]
 
@@ -127,7 +127,7 @@ def read_records(folder: Path) -> list:
     from arr_coc.eval.records import EvalRecord
 
     lines = (folder / "results.jsonl").read_text().splitlines()
-    return [r for r in map(EvalRecord.from_json, map(json.loads, lines)) if r.row == ROW]
+    return [r for r in map(EvalRecord.from_json, map(json.loads, lines)) if r.row == JUDGED_ROW]
 
 
 def verdict(prior: dict[str, dict[str, Measure]], layer: dict[str, dict[str, Measure]], args: EvidenceConfig,
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
         return layers
     name = label(args.checkpoint)
     ruling = verdict(layers[PRIOR], layers[name], args)
-    evidence = dict(checkpoint=name, model=args.model, rule=asdict(RULE), row=ROW, pages=args.pages, size=args.size,
+    evidence = dict(checkpoint=name, model=args.model, rule=asdict(RULE), row=JUDGED_ROW, pages=args.pages, size=args.size,
                     budget=args.budget, families=list(args.families), seed=args.seed, **commit(),
                     files=file_digests(args.checkpoint), versions=cli.versions(),
                     layers={layer: {family: {kind: asdict(m) for kind, m in kinds.items()}

@@ -31,8 +31,8 @@ from arr_coc.checkpoints import RULE
 from arr_coc.flags import bounded_int, config_parser, device_flag, flag, parse_config, seed_flag
 from arr_coc.settings import PRIOR_READOUTS
 
-EVAL_SEED = 10**9 + 61  # held-out pages (a fresh seed: no earlier run drew it), calibration's far below
-EVIDENCE_FILE = "prior_evidence.json"  # --judge's verdict, beside prior.json
+PRIOR_EVAL_SEED = 10**9 + 61  # held-out pages (a fresh seed: no earlier run drew it), calibration's far below
+PRIOR_EVIDENCE_FILE = "prior_evidence.json"  # --judge's verdict, beside prior.json
 JUDGE_SEED = 6161  # --judge's pages: fresh (evidence's own runs drew 6101, evaluate's default is 1234)
 
 
@@ -92,7 +92,7 @@ def measure(vlm, readout, args: PriorConfig) -> dict:
     from arr_coc.vlm.readout import DEFAULT
 
     recalls = {family: {"today": [], "chosen": []} for family in HELD_OUT}
-    for i, (item, image, question, _, box) in enumerate(family_pages(HELD_OUT, args.heldout, args.size, EVAL_SEED,
+    for i, (item, image, question, _, box) in enumerate(family_pages(HELD_OUT, args.heldout, args.size, PRIOR_EVAL_SEED,
                                                                      "heldout")):
         reading = read_prior(vlm, image, question, box, args.max_cells)
         for name, chosen in (("today", DEFAULT), ("chosen", readout)):
@@ -151,7 +151,7 @@ def judge(args: PriorConfig) -> int:
                   readouts={which: {family: {kind: asdict(m) for kind, m in kinds.items()}
                                     for family, kinds in by.items()} for which, by in layers.items()},
                   verdict=asdict(ruling))
-    path.with_name(EVIDENCE_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    path.with_name(PRIOR_EVIDENCE_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(evidence.table(layers, ev.families))
     print(f"calibrated readout: {'passes' if ruling.passes else 'fails'}"
           + "".join(f"\n- {why}" for why in ruling.measured + ruling.scale))
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
         if args.heldout:
             result = measure(vlm, readout, args)
             readout_path(args).with_name(f"{readout_path(args).stem}_heldout.json").write_text(
-                json.dumps(dict(readout=readout.describe(), size=args.size, budget=args.top_cells, seed=EVAL_SEED,
+                json.dumps(dict(readout=readout.describe(), size=args.size, budget=args.top_cells, seed=PRIOR_EVAL_SEED,
                                 families=result), indent=1) + "\n")
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -28,7 +28,7 @@ from arr_coc.vlm.readout import (DEFAULT, GENERIC_QUESTION, ROWS, PriorReadout, 
 from arr_coc.vlm.views import make_views
 
 SEVERAL = (2, 3, 4)  # "several heads": the k best single heads of a layer and row rule, for each k below H
-BUDGET = 64  # top cells a readout's box recall counts (the default rule's saccades)
+RECALL_CELLS = 64  # top cells a readout's box recall counts (the default rule's saccades)
 
 
 @dataclass
@@ -75,7 +75,7 @@ def readout_map(reading: PriorReading, readout: PriorReadout, layer_fraction: fl
     return relative_attention(asked, generic)
 
 
-def top_recall(values: torch.Tensor, reading: PriorReading, budget: int = BUDGET) -> float:
+def top_recall(values: torch.Tensor, reading: PriorReading, budget: int = RECALL_CELLS) -> float:
     """The share of the box's cells among the `budget` top candidate cells of a gestalt map [Ng] (upsampled as the
     pipeline's prior; ties in raster order)."""
     cells = upsample_map(values, reading.gestalt_grid, reading.candidate_grid).flatten()  # [GH * GW]
@@ -106,7 +106,7 @@ def candidates(readings: list[PriorReading], budget: int, max_layer: int | None 
     return scores
 
 
-def choose_readout(readings: list[PriorReading], model: str, budget: int = BUDGET,
+def choose_readout(readings: list[PriorReading], model: str, budget: int = RECALL_CELLS,
                    max_layer: int | None = None) -> PriorReadout:
     """The candidate with the best mean box recall on the readings (ties: lower layer, plain, the order tried),
     where it beats DEFAULT's; else DEFAULT -> a PriorReadout carrying its pages, recall, DEFAULT's and every score."""

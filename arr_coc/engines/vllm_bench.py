@@ -135,7 +135,7 @@ def pages_of(folder: Path) -> list[dict]:
 
 
 @dataclass
-class BenchConfig:
+class ServingBenchConfig:
     """The serving bench's flags, each field one (arr_coc.flags.flag)."""
     data: Path = flag(None, "a folder made by arr_coc.eval.data (data.jsonl, images/)", Path, required=True)
     model: str = model_flag("models/pocket-qwen2-vl", "the model both servers load",
@@ -152,7 +152,7 @@ class BenchConfig:
                             "level", Path)
 
 
-def write_json(path: Path, args: BenchConfig, levels: list[Level]) -> None:
+def write_json(path: Path, args: ServingBenchConfig, levels: list[Level]) -> None:
     """The run's settings and its levels so far, as one JSON object."""
     from dataclasses import asdict
 
@@ -164,7 +164,7 @@ def write_json(path: Path, args: BenchConfig, levels: list[Level]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_config(BenchConfig, argv, config_parser(BenchConfig, __doc__))
+    args = parse_config(ServingBenchConfig, argv, config_parser(ServingBenchConfig, __doc__))
     levels_asked = args.concurrency
     pages = pages_of(args.data)
     need = 1 + args.requests * len(levels_asked)

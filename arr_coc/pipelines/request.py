@@ -81,25 +81,25 @@ def check_question(question) -> str:
     return question.strip()
 
 
-class Question(str):
-    """A question that passed checked_question: the façade checks a request's question once and hands a Question
+class CheckedQuestion(str):
+    """A question that passed checked_question: the façade checks a request's question once and hands a CheckedQuestion
     back as it is (ARRCOCQwen.check_question), so the app's handler, which checks it before its status line says it
     runs, and each pipeline the request runs (Compare: two) do not check it again."""
 
 
-def checked_question(question, question_ids: Callable[[str], list[int]]) -> Question:
+def checked_question(question, question_ids: Callable[[str], list[int]]) -> CheckedQuestion:
     """
     check_question's checks (some text, at most MAX_QUESTION_CHARS characters, valid Unicode), then its length in
     the model's tokens (question_ids: ChatLayout.question_ids, special tokens as plain text), before any VLM work:
     at most MAX_QUESTION_TOKENS (4000 four-byte characters can be 16,000 tokens; one prompt that long took 12 GB).
-    The façade's check (ARRCOCQwen.check_question) and vLLM's front end's. -> the question, stripped, a Question.
+    The façade's check (ARRCOCQwen.check_question) and vLLM's front end's. -> the question, stripped, a CheckedQuestion.
     """
     question = check_text(check_question(question), "question")
     tokens = len(question_ids(question))
     if tokens > MAX_QUESTION_TOKENS:
         raise InputError(f"the question is {tokens} tokens long; the limit is {MAX_QUESTION_TOKENS} tokens: "
                          "shorten it")
-    return Question(question)
+    return CheckedQuestion(question)
 
 
 def with_settings(request: Request | None, settings: dict, options: tuple[type, ...] = ()) -> Request:

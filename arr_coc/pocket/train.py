@@ -1,6 +1,6 @@
 """
 The pocket model's trainer from the command line (the trainer itself is arr_coc.pocket.trainer): its flags
-(TrainConfig's fields), torchrun's processes, the run, the export. Run as the trainer's own name:
+(PocketTrainConfig's fields), torchrun's processes, the run, the export. Run as the trainer's own name:
 
     torchrun --nproc-per-node 4 -m arr_coc.pocket.train --out runs/pocket --minutes 18 --resume   # 4 GPUs, resumable
     python -m arr_coc.pocket.train --out runs/pocket --minutes 8 --resume      # one GPU
@@ -21,13 +21,13 @@ from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.flags import config_parser, parse_config
 from arr_coc.pocket import trainer
 from arr_coc.pocket.model import build_tokenizer
-from arr_coc.pocket.trainer import TrainConfig, export, train
+from arr_coc.pocket.trainer import PocketTrainConfig, export, train
 from arr_coc.runtime import distributed
 
 
 def main(argv=None):
-    parser = config_parser(TrainConfig, trainer.__doc__)
-    cfg = parse_config(TrainConfig, argv, parser)
+    parser = config_parser(PocketTrainConfig, trainer.__doc__)
+    cfg = parse_config(PocketTrainConfig, argv, parser)
     if cfg.steps == 0 and cfg.export and not (Path(cfg.out) / "state.json").is_file():
         parser.error(f"--steps 0 --export: {cfg.out} holds no run (state.json) to export")
     if cfg.tokenizer_only:

@@ -82,7 +82,7 @@ def exported_folder(path: str) -> str:
 
 
 @dataclass
-class TrainConfig:
+class PocketTrainConfig:
     """One training run (resumable); each field with help is a flag of `python -m arr_coc.pocket.train`, in --help's
     order: the run, the recipe, profiling and export."""
     out: str = flag("runs/pocket", "run folder (weights, optimizer, state.json)")
@@ -151,7 +151,7 @@ SHARD = "15MB"  # every saved file stays under 16 MiB (the device tool brings ba
 STOP_EVERY = 10  # under torchrun the processes agree on the clock every this many steps (one sync across them)
 
 
-def lr_at(step: int, resumed_at: int, cfg: TrainConfig, seconds_left: float = math.inf) -> float:
+def lr_at(step: int, resumed_at: int, cfg: PocketTrainConfig, seconds_left: float = math.inf) -> float:
     """Linear warm-up from each (re)start, then a constant rate (the run length is not known in advance), then,
     with a cool-down, a linear decay to 5% over the run's last cfg.cooldown minutes: the weights to export settle."""
     cooldown = max(0.05, min(1.0, seconds_left / (cfg.cooldown * 60))) if cfg.cooldown else 1.0
@@ -167,8 +167,8 @@ class Trainee(nn.Module):
         super().__init__()
         self.model, self.reading, self.binding = model, reading, binding
         self.aligned = aligned  # aligned_ids(tokenizer): the binding channels also taught in the word embeddings
-        self.binding_weight, self.pointing_weight = binding_weight, pointing_weight  # TrainConfig's
-        self.point_digits = point_digits  # TrainConfig's
+        self.binding_weight, self.pointing_weight = binding_weight, pointing_weight  # PocketTrainConfig's
+        self.point_digits = point_digits  # PocketTrainConfig's
 
     def forward(self, inputs: dict, reading: torch.Tensor, binding: torch.Tensor,
                 counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -281,7 +281,7 @@ def load_state(model, head, binding, optimizer, folder: Path) -> dict:
     return json.loads((folder / "state.json").read_text())
 
 
-def make_optimizer(model, cfg: TrainConfig, head=None, binding=None):
+def make_optimizer(model, cfg: PocketTrainConfig, head=None, binding=None):
     params = list(trained_parameters(model, head, binding).values())
     decay = [p for p in params if p.ndim >= 2]
     rest = [p for p in params if p.ndim < 2]
@@ -372,7 +372,7 @@ def in_corner(saved: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> d
     return kept
 
 
-def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = None) -> dict:
+def train(cfg: PocketTrainConfig, resume: bool, process: distributed.Process | None = None) -> dict:
     """Train until cfg.minutes or cfg.steps; under torchrun data-parallel (each process its own batches and
     page workers, gradients all-reduced), with rank 0 writing the run folder."""
     process = process or distributed.start(cfg.device)
@@ -418,7 +418,7 @@ def train(cfg: TrainConfig, resume: bool, process: distributed.Process | None = 
     return state
 
 
-def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConfig, state: dict, run: dict,
+def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: PocketTrainConfig, state: dict, run: dict,
                  process: distributed.Process) -> bool:
     """Train on the current stage's pages until time or steps run out (False) or the stage ends (True)."""
     device = torch.device(process.device)
@@ -465,7 +465,7 @@ def _train_stage(trainee, model, optimizer, tokenizer, processor, cfg: TrainConf
     return False
 
 
-def _out_of_time(cfg: TrainConfig, state: dict, run: dict, process: distributed.Process) -> bool:
+def _out_of_time(cfg: PocketTrainConfig, state: dict, run: dict, process: distributed.Process) -> bool:
     """Whether this run's minutes are spent. Every process stops at the same step: rank 0's clock decides, read
     every STOP_EVERY steps under torchrun (each reading waits for every process's GPU), every step alone."""
     if process.distributed and state["step"] % STOP_EVERY:
@@ -474,7 +474,7 @@ def _out_of_time(cfg: TrainConfig, state: dict, run: dict, process: distributed.
     return process.sum(torch.tensor(float(late))).item() > 0
 
 
-def _profiler(cfg: TrainConfig, device: torch.device, process: distributed.Process):
+def _profiler(cfg: PocketTrainConfig, device: torch.device, process: distributed.Process):
     """With cfg.profile, on rank 0: torch.profiler over that many steps after cfg.profile_after and two to warm it up,
     then its table of operators by their own time, printed; otherwise no profiler at all (the context gives None)."""
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -492,7 +492,7 @@ def _profiler(cfg: TrainConfig, device: torch.device, process: distributed.Proce
                    schedule=schedule(wait=cfg.profile_after, warmup=2, active=cfg.profile, repeat=1))
 
 
-def _stage_ends(model, tokenizer, processor, cfg: TrainConfig, state: dict, process: distributed.Process) -> bool:
+def _stage_ends(model, tokenizer, processor, cfg: PocketTrainConfig, state: dict, process: distributed.Process) -> bool:
     """The stage ends on its step budget, or when a check (every cfg.eval_every steps: held-out exact match on its
     own pages, square, its middle size) reaches PASS_MARK on its gate kinds. The last stage never ends."""
     stage = state["stage"]

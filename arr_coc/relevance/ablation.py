@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from arr_coc.relevance.layer import ScoreMaps
 
-SCORERS = scorer_names()  # the scorers' names, derived from config.SCORERS (the one declaration), in the weights' order
+SCORER_NAMES = scorer_names()  # the scorers' names, derived from config.SCORERS (the one declaration), in the weights' order
 PRIOR_WEIGHTS = tuple(prior_weights())  # (0.2, 0.2, 0.6): the untrained balancer's weights, one a scorer
 
 

@@ -53,7 +53,7 @@ FACES = ("aileron", "DejaVuSans", "DejaVuSans-Bold", "DejaVuSerif", "DejaVuSansM
 QUALIFIERS = ("MAX", "MIN", "NET", "BASE", "OLD", "NEW", "AUTO", "MAIN", "SUB", "TOP")
 COMPOUND_KEYS = tuple(f"{q} {k}" for q in QUALIFIERS for k in KEYS)
 # body text: common words and the suite's filler, every letter (also upper-cased) in pocket.reading's ALPHABET
-WORDS = tuple(w for w in ("the of and to in is for on with as at by from this that be are was it an or not all can "
+FILLER_WORDS = tuple(w for w in ("the of and to in is for on with as at by from this that be are was it an or not all can "
                           "will one has more their which about when other into some time these two may then do "
                           "first new been its also after made did down only most used use work part over such our "
                           "each even well back much good through where own same high long must make under large "
@@ -155,7 +155,7 @@ class Sheet(Canvas):
         words, used = [], 0
         space = _advance(name, px, " ")
         while True:
-            word = rng.choice(WORDS)
+            word = rng.choice(FILLER_WORDS)
             step = sum(_advance(name, px, c) for c in word) + space
             if used + step > width:
                 break
@@ -218,7 +218,7 @@ def form(rng: random.Random, width: int, height: int, kind: str) -> Page:
     body, bold = s.faces
     margin = rng.randint(12, 40)
     px = rng.randint(10, 18)
-    top = s.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 4))).upper(), bold,
+    top = s.write(" ".join(rng.choice(FILLER_WORDS) for _ in range(rng.randint(2, 4))).upper(), bold,
                   rng.randint(18, 30), margin, margin, s.ink)[3] + rng.randint(10, 24)
     s.draw.line([(margin, top - 6), (width - margin, top - 6)], fill=s.ink, width=2)
     cols = rng.randint(2, 3) if width >= 560 else 1
@@ -236,7 +236,7 @@ def form(rng: random.Random, width: int, height: int, kind: str) -> Page:
             top += pitch_y // 2 + (pitch_y if i % cols else 0)
             if top + 2 * pitch_y > bottom:
                 break
-            s.write(" ".join(rng.choice(WORDS) for _ in range(2)).upper(), bold, px, margin, top, s.ink)
+            s.write(" ".join(rng.choice(FILLER_WORDS) for _ in range(2)).upper(), bold, px, margin, top, s.ink)
             top += pitch_y
         col = (i % section) % cols
         y = top
@@ -314,7 +314,7 @@ def table(rng: random.Random, width: int, height: int, kind: str) -> Page:
         if kind == "fine_print":
             s.target_field(key, v_text, (k[0], min(k[1], v[1]), v[2], max(k[3], v[3])), questions)
         if len(cols) > 2:
-            s.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))), body, max(9, px - 2),
+            s.write(" ".join(rng.choice(FILLER_WORDS) for _ in range(rng.randint(1, 3))), body, max(9, px - 2),
                     left + cols[0] + cols[1] + px // 2, y, s.ink)
         if len(cols) > 3:
             s.write(str(rng.randint(1, 99)), body, px, left + sum(cols[:3]) + px // 2, y, s.ink)
@@ -335,7 +335,7 @@ def receipt(rng: random.Random, width: int, height: int, kind: str) -> Page:
     body, bold = s.faces
     px = rng.randint(9, 16)
     margin = rng.randint(8, 24)
-    name = " ".join(rng.choice(WORDS) for _ in range(2)).upper()
+    name = " ".join(rng.choice(FILLER_WORDS) for _ in range(2)).upper()
     tw = s.size(name, bold, px + 6)[0]
     top = s.write(name, bold, px + 6, max(margin, (width - tw) // 2), margin, s.ink)[3] + px
     pitch = int(px * rng.uniform(1.4, 2.0))
@@ -347,7 +347,7 @@ def receipt(rng: random.Random, width: int, height: int, kind: str) -> Page:
             for x in range(margin, width - margin, 8):
                 s.draw.line([(x, top + pitch // 2), (x + 4, top + pitch // 2)], fill=s.ink, width=1)
         elif roll < 0.5 or kind != "fine_print":  # an item: words left, a number right
-            s.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))), body, px, margin, top, s.ink)
+            s.write(" ".join(rng.choice(FILLER_WORDS) for _ in range(rng.randint(1, 3))), body, px, margin, top, s.ink)
             amount = str(rng.randint(1, 999))
             s.write(amount, body, px, width - margin - s.size(amount, body, px)[0], top, s.ink)
         else:  # a field: KEY left, NNNN right
@@ -368,7 +368,7 @@ def slide(rng: random.Random, width: int, height: int, kind: str) -> Page:
     body, bold = s.faces
     m = width // rng.randint(14, 24)
     title_px = max(18, min(48, height // rng.randint(10, 16)))
-    title = s.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5))).title(), bold, title_px, m, m, s.ink)
+    title = s.write(" ".join(rng.choice(FILLER_WORDS) for _ in range(rng.randint(2, 5))).title(), bold, title_px, m, m, s.ink)
     s.draw.rectangle([m, title[3] + 6, width - m, title[3] + 10], fill=(70, 80, 100))
     px = rng.randint(12, 24)
     split = int(width * rng.uniform(0.55, 0.65))
@@ -379,7 +379,7 @@ def slide(rng: random.Random, width: int, height: int, kind: str) -> Page:
             break
         s.draw.ellipse([m, top + px // 3, m + px // 2, top + px // 3 + px // 2], fill=s.ink)
         x = m + px
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6)))
+        text = " ".join(rng.choice(FILLER_WORDS) for _ in range(rng.randint(2, 6)))
         box = s.write(text, body, px, x, top, s.ink)
         if i < len(keys) and rng.random() < 0.7 and box[2] + s.size(f"{keys[i]}: 0000", body, px)[0] + px < split:
             v = value(rng)
@@ -393,7 +393,7 @@ def slide(rng: random.Random, width: int, height: int, kind: str) -> Page:
     footer_key, v = rng.choice(("PAGE", "LINE", "CODE", "TRACK")), value(rng)
     if kind == "fine_print" and footer_key not in keys:
         s.field(footer_key, v, body, fpx, width - m - s.size(f"{footer_key}: 0000", body, fpx)[0], height - m, questions)
-    s.write(" ".join(rng.choice(WORDS) for _ in range(4)), body, fpx, m, height - m, s.ink)
+    s.write(" ".join(rng.choice(FILLER_WORDS) for _ in range(4)), body, fpx, m, height - m, s.ink)
     s.taken.append((split - 4, title[3], width, side))  # the callouts' and shapes' column
     return s.page(kind, questions, rotated=0.0)
 

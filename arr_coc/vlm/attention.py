@@ -1,12 +1,12 @@
 """
 The vision tower's last-block attention, read out explicitly: what VisionZip scores its cells with.
 
-AttentionProbe stands in for one ViT block's attention call (QwenVision.block's `attend`, vision.py): it computes the
+VisionAttentionProbe stands in for one ViT block's attention call (QwenVision.block's `attend`, vision.py): it computes the
 softmax attention itself, chunked over queries so that a 16384-patch view fits, returns the same output as
 sdpa, and records what each patch receives (averaged over heads, summed over queries) and each patch's key
 (averaged over heads). VLM.encode_view_attention runs the tower with it at the last block.
 
-    probe = AttentionProbe(scale=block.attn.scaling)
+    probe = VisionAttentionProbe(scale=block.attn.scaling)
     x = vlm.vision.block(block, x, cos, sin, attend=probe)        # as the stock block, plus the readout
     probe.received, probe.keys                                       # [N], [N, hd]
 """
@@ -16,7 +16,7 @@ import torch
 QUERY_CHUNK = 512  # queries per softmax: [heads, 512, 16384] fp32 scores are 512 MiB at 16 heads
 
 
-class AttentionProbe:
+class VisionAttentionProbe:
     """One block's full attention, computed explicitly, recording the attention received and the keys per patch."""
 
     def __init__(self, scale: float, chunk: int = QUERY_CHUNK):

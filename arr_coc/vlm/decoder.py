@@ -78,7 +78,7 @@ SAFE_LOGIT_SCALE = 1024.0  # safe mode computes logits / this in fp16 (greedy ar
 GQA_IN_SDPA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa arrived in 2.5
 PRIOR_CHUNK = 256  # query rows per softmax in the prior pass: its scores are [H, 256, L] fp32, linear in L (12 heads
 # at 16384 tokens: 192 MiB; the whole [H, L, L] was 12 GiB)
-ROW = 128  # greedy() and probability() reduce the vocabulary as rows of this many logits, then the rows' results
+LOGIT_ROW = 128  # greedy() and probability() reduce the vocabulary as rows of this many logits, then the rows' results
 
 
 def _attend(q, k, v, scale, causal=False, mask=None):
@@ -138,9 +138,9 @@ class AttentionProbe:
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
-    """logits [1, V] -> [R, ROW], padded with -inf to whole rows."""
-    pad = -logits.shape[-1] % ROW
-    return (F.pad(logits, (0, pad), value=float("-inf")) if pad else logits).view(-1, ROW)
+    """logits [1, V] -> [R, LOGIT_ROW], padded with -inf to whole rows."""
+    pad = -logits.shape[-1] % LOGIT_ROW
+    return (F.pad(logits, (0, pad), value=float("-inf")) if pad else logits).view(-1, LOGIT_ROW)
 
 
 def greedy(logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -150,12 +150,12 @@ def greedy(logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """
     best, at = _rows(logits + bias).max(-1)  # [R], [R]: each row's max and its first place
     row = best.argmax().view(1)  # [1]: the first row holding the max
-    return (row * ROW + at.gather(0, row)).view(1, 1)  # gather, not at[row]: that would read row to the host
+    return (row * LOGIT_ROW + at.gather(0, row)).view(1, 1)  # gather, not at[row]: that would read row to the host
 
 
 def probability(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """softmax(logits [1, V])[token [1, 1]] -> [1], its sums in two passes as greedy's (NaN where logits are)."""
-    rows = _rows(logits)  # [R, ROW]
+    rows = _rows(logits)  # [R, LOGIT_ROW]
     top = rows.amax(-1).amax()  # []
     total = (rows - top).exp().sum(-1).sum()  # []
     return (logits.gather(-1, token.clamp(min=0)) - top).exp().view(1) / total

@@ -18,7 +18,7 @@ can be captured as a CUDA graph); larger views run eagerly, one attention call p
 import torch
 import torch.nn.functional as F
 
-from arr_coc.vlm.attention import AttentionProbe
+from arr_coc.vlm.attention import VisionAttentionProbe
 from arr_coc.vlm.qwen2_vl import QwenVL
 from arr_coc.vlm.vision import GRAPHED_CELLS, QwenVision
 from arr_coc.vlm.views import MERGE
@@ -48,7 +48,7 @@ class Qwen25Vision(QwenVision):
         return order, window[order]
 
     def forward(self, patches: torch.Tensor, patch_positions: torch.Tensor,
-                        probe: AttentionProbe | None = None) -> torch.Tensor:
+                        probe: VisionAttentionProbe | None = None) -> torch.Tensor:
         """
         The vision tower over patches [N, 1176] at rotary (h, w) positions [N, 2], 4 per cell in 2x2 order
         (as encode_cells lays them out) -> merged tokens [N/4, D] in the same cell order, with window attention

@@ -22,7 +22,7 @@ Adapter over transformers' Qwen3VLForConditionalGeneration: what Qwen3-VL does d
 import torch
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
-from arr_coc.vlm.attention import AttentionProbe
+from arr_coc.vlm.attention import VisionAttentionProbe
 from arr_coc.vlm.qwen2_vl import QwenVL
 from arr_coc.vlm.vision import QwenVision
 from arr_coc.vlm.views import MERGE
@@ -171,7 +171,7 @@ class Qwen3Vision(QwenVision):
         return patches, patch_positions, taps[rows], weights[rows]
 
     def forward(self, patches: torch.Tensor, patch_positions: torch.Tensor, taps: torch.Tensor,
-                        weights: torch.Tensor, probe: AttentionProbe | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        weights: torch.Tensor, probe: VisionAttentionProbe | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """
         The stock Qwen3-VL tower over one attention sequence of patches [N, 1536] at rotary (h, w) positions
         [N, 2], with their interpolated pos_embed (taps, weights [N, 4]) -> (merged tokens [N/4, D],

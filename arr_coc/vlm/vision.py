@@ -18,7 +18,7 @@ from PIL import Image
 from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
 from arr_coc.runtime.graphs import CUDAGraphed
-from arr_coc.vlm.attention import AttentionProbe
+from arr_coc.vlm.attention import VisionAttentionProbe
 from arr_coc.vlm.base import VisionAttention, VisualTokens
 from arr_coc.vlm.positions import raster_block
 from arr_coc.vlm.views import MERGE, view_tensor
@@ -70,7 +70,7 @@ class QwenVision:
         return image_patches(pixels.to(self.device, torch.float32), self.image_processor)
 
     def forward(self, patches: torch.Tensor, patch_positions: torch.Tensor,
-                        probe: AttentionProbe | None = None) -> torch.Tensor:
+                        probe: VisionAttentionProbe | None = None) -> torch.Tensor:
         """
         The vision tower's own blocks over one attention sequence of patches [N, 1176] at rotary (h, w)
         positions [N, 2] -> merged tokens [N/4, D]. Unlike the stock forward it reads nothing back to the host,
@@ -148,6 +148,6 @@ class QwenVision:
         pixels, grid_thw = self.image_inputs(view)
         grid = (int(grid_thw[0, 1]) // MERGE, int(grid_thw[0, 2]) // MERGE)
         positions = raster_block(grid).positions
-        probe = AttentionProbe(self.visual.blocks[-1].attn.scaling)
+        probe = VisionAttentionProbe(self.visual.blocks[-1].attn.scaling)
         out = self.forward(*self.inputs(pixels, grid, positions), probe=probe)
         return self.tokens(out, grid, positions), VisionAttention(*probe.per_cell())

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from arr_coc import viz
-from arr_coc.app import handlers, ui
+from arr_coc.app import handlers, options, ui
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS
 from arr_coc.model import Answer, ARRCOCQwen, Observation, Scene
 from arr_coc.pipelines import REDUCERS
@@ -143,7 +143,7 @@ def test_compare_runs_the_fastv_baseline(arr_model):
 
 def test_the_microscope_draws_any_reducers_kept_cells_over_arrs_relevance(arr_model):
     kept = handlers.microscope(arr_model, CAT, QUESTION, "topk", 60, CELLS, 5)[0]
-    assert handlers.kept_cells(arr_model, kept, CAT, QUESTION, handlers.NO_REDUCER, 60, CELLS) is None
+    assert handlers.kept_cells(arr_model, kept, CAT, QUESTION, options.NO_REDUCER, 60, CELLS) is None
     drawings = [handlers.kept_cells(arr_model, kept, CAT, QUESTION, reducer, 60, CELLS) for reducer in REDUCERS]
     heat = np.asarray(viz.heat_canvas(kept.image, kept.relevance))  # ARR's relevance over the image, no boxes
     for i, drawing in enumerate(drawings):
@@ -368,7 +368,8 @@ def test_a_slow_generation_yields_each_token_and_stops_when_closed(arr_model, mo
 
 def test_the_kept_cells_panel_shows_only_for_a_reducer():
     """Stock views and "none" keep every cell: their drawing panel stays hidden instead of an empty frame."""
-    from arr_coc.app.handlers import NO_REDUCER, show_kept_cells
+    from arr_coc.app.handlers import show_kept_cells
+    from arr_coc.app.options import NO_REDUCER
 
     assert [show_kept_cells(name)["visible"] for name in ("divprune", "visionzip", "fastv")] == [True] * 3
     assert [show_kept_cells(name)["visible"] for name in ("full", "gestalt", "budget", NO_REDUCER)] == [False] * 4

@@ -12,7 +12,7 @@ import torch
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import collate, model_inputs
 from arr_coc.pocket.model import grow_language, grow_vision, image_processor
-from arr_coc.pocket.trainer import TrainConfig, in_corner, train
+from arr_coc.pocket.trainer import PocketTrainConfig, in_corner, train
 from arr_coc.synth.fineprint import make_page
 
 
@@ -118,13 +118,13 @@ def test_a_run_grows_its_vit_and_resumes_with_its_optimizer(tmp_path):
     """A run from the exported folder, then resumed with a larger ViT (its moments for the grown weights start
     afresh, the rest carry on), then resumed again at that size: the run folder saves the grown architecture."""
     start = json.loads((POCKET_FOLDER / "training_state.json").read_text())["step"]
-    base = TrainConfig(out=str(tmp_path), steps=start + 1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+    base = PocketTrainConfig(out=str(tmp_path), steps=start + 1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                        eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1, init=str(POCKET_FOLDER),
                        stage=0)  # the first stage's small pages: a CPU step
     assert train(base, resume=True)["step"] == start + 1
-    grown = TrainConfig(**{**base.__dict__, "steps": start + 2, "vit_depth": 7, "vit_mlp_ratio": 5, "llm_width": 384})
+    grown = PocketTrainConfig(**{**base.__dict__, "steps": start + 2, "vit_depth": 7, "vit_mlp_ratio": 5, "llm_width": 384})
     assert train(grown, resume=True)["step"] == start + 2
-    assert train(TrainConfig(**{**grown.__dict__, "steps": start + 3}), resume=True)["step"] == start + 3
+    assert train(PocketTrainConfig(**{**grown.__dict__, "steps": start + 3}), resume=True)["step"] == start + 3
     config = json.loads((tmp_path / "weights" / "config.json").read_text())
     assert (config["vision_config"]["depth"], config["vision_config"]["mlp_ratio"]) == (7, 5)
     assert config["text_config"]["hidden_size"] == 384

@@ -18,7 +18,7 @@ from arr_coc.synth.fineprint import BOX_WORDS, COLOURS, make_page
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import IGNORE, READ_PAGE, collate, encode, model_inputs
 from arr_coc.pocket.model import image_processor
-from arr_coc.pocket.trainer import TrainConfig, train
+from arr_coc.pocket.trainer import PocketTrainConfig, train
 
 FORMATS = {"fine_print": r"\d{4}", "box_word": "|".join(BOX_WORDS), "shape_colour": "|".join(COLOURS)}
 
@@ -223,11 +223,11 @@ def test_arr_reads_fine_print_best_with_its_saccades_in_reading_order(served):
 
 def test_training_runs_saves_and_resumes(tmp_path):
     """Two steps, then a resume to the third: the state counts on, the weights move, held-out accuracy is logged."""
-    cfg = TrainConfig(out=str(tmp_path), steps=2, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+    cfg = PocketTrainConfig(out=str(tmp_path), steps=2, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     first = train(cfg, resume=False)  # a fresh model
     before = {k: v.clone() for k, v in _weights(tmp_path).items()}
-    second = train(TrainConfig(**{**cfg.__dict__, "steps": 3, "eval_layouts": True}), resume=True)
+    second = train(PocketTrainConfig(**{**cfg.__dict__, "steps": 3, "eval_layouts": True}), resume=True)
     assert (first["step"], second["step"]) == (2, 3) and len(second["runs"]) == len(first["runs"]) + 1
     after = _weights(tmp_path)
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -241,13 +241,13 @@ def test_training_runs_saves_and_resumes(tmp_path):
 def test_a_profiled_run_prints_where_its_steps_time_went(tmp_path, capsys):
     """--profile N --profile-after A: after A steps (and two to warm up), N steps under torch.profiler, its table
     printed; a run that ends before them, or one without --profile, profiles nothing."""
-    cfg = TrainConfig(out=str(tmp_path / "a"), steps=5, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+    cfg = PocketTrainConfig(out=str(tmp_path / "a"), steps=5, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                       eval_pages=1, eval_sizes=(112,), device="cpu", warmup=1, profile=2, profile_after=1)
     train(cfg, resume=False)  # steps 0-4: one waits, two warm up, two are profiled
     out = capsys.readouterr().out
     assert "profile of 2 steps (rank 0):" in out and "Self CPU" in out and "aten::" in out
     for name, change in (("b", dict(profile=0)), ("c", dict(profile_after=5))):  # none; all five steps wait
-        train(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / name), **change}), resume=False)
+        train(PocketTrainConfig(**{**cfg.__dict__, "out": str(tmp_path / name), **change}), resume=False)
         assert "profile of" not in capsys.readouterr().out, name
 
 
@@ -260,7 +260,7 @@ def test_a_run_cut_off_in_its_held_out_check_keeps_its_steps(tmp_path, monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pocket, "_evaluate", killed)
-    cfg = TrainConfig(out=str(tmp_path), steps=2, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+    cfg = PocketTrainConfig(out=str(tmp_path), steps=2, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, resume=False)
@@ -284,7 +284,7 @@ def test_the_curriculum_moves_on_only_when_the_stage_is_read(tmp_path, monkeypat
     drawn = []
     real_batch_pages = data.batch_pages
     monkeypatch.setattr(data, "batch_pages", lambda *a, **k: drawn.append(a[2]) or real_batch_pages(*a, **k))
-    cfg = TrainConfig(out=str(tmp_path), steps=3, minutes=5, image_tokens=64, workers=0, eval_every=1,
+    cfg = PocketTrainConfig(out=str(tmp_path), steps=3, minutes=5, image_tokens=64, workers=0, eval_every=1,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     state = train(cfg, resume=False)
     assert [c["stage"] for c in state["stage_checks"]] == [0, 0, 1]
@@ -352,7 +352,7 @@ def _greedy(model, tokenizer, image, question) -> str:
 
 def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
     from arr_coc.pocket.binding import BindingHead, aligned_ids, binding_targets
-    from arr_coc.pocket.trainer import TrainConfig, Trainee, _train_step, make_optimizer
+    from arr_coc.pocket.trainer import PocketTrainConfig, Trainee, _train_step, make_optimizer
     from arr_coc.pocket.reading import ReadingHead, reading_targets
 
     model, tokenizer, _ = stock
@@ -364,7 +364,7 @@ def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     heads = ReadingHead(256), BindingHead(256)
     try:
-        assert _train_step(Trainee(model.train(), *heads, aligned_ids(tokenizer)), make_optimizer(model, TrainConfig(device="cpu"), *heads),
+        assert _train_step(Trainee(model.train(), *heads, aligned_ids(tokenizer)), make_optimizer(model, PocketTrainConfig(device="cpu"), *heads),
                            inputs, 1e-3, batch["reading"], batch["binding"]) is None
     finally:
         model.eval().zero_grad(set_to_none=True)
@@ -374,12 +374,12 @@ def test_a_non_finite_step_is_skipped_and_the_weights_kept(stock):
 def test_the_cool_down_decays_the_rate_to_five_percent_over_the_runs_last_minutes():
     from arr_coc.pocket.trainer import lr_at
 
-    cfg = TrainConfig(lr=1e-3, warmup=10, cooldown=2.0)
+    cfg = PocketTrainConfig(lr=1e-3, warmup=10, cooldown=2.0)
     assert lr_at(100, 0, cfg, seconds_left=600) == pytest.approx(1e-3)  # before the cool-down
     assert lr_at(100, 0, cfg, seconds_left=60) == pytest.approx(5e-4)  # half way through its 2 minutes
     assert lr_at(100, 0, cfg, seconds_left=0) == pytest.approx(5e-5)  # the floor
     assert lr_at(4, 0, cfg, seconds_left=600) == pytest.approx(5e-4)  # warming up after a (re)start
-    assert lr_at(100, 0, TrainConfig(lr=1e-3, warmup=10, cooldown=0.0), seconds_left=0) == pytest.approx(1e-3)  # off
+    assert lr_at(100, 0, PocketTrainConfig(lr=1e-3, warmup=10, cooldown=0.0), seconds_left=0) == pytest.approx(1e-3)  # off
 
 
 def test_reversed_questions_ask_each_target_the_other_way_round():

@@ -111,11 +111,11 @@ def test_the_curriculum_moves_on_at_its_step_budget_when_no_check_passes(tmp_pat
     from dataclasses import replace
 
     from arr_coc.pocket import trainer as pocket
-    from arr_coc.pocket.trainer import TrainConfig, train
+    from arr_coc.pocket.trainer import PocketTrainConfig, train
 
     monkeypatch.setattr(pocket, "exact_match", lambda *a, **k: 0.0)  # no check ever passes
     monkeypatch.setattr(pocket, "CURRICULUM", (replace(pocket.CURRICULUM[0], budget=2),) + pocket.CURRICULUM[1:])
-    cfg = TrainConfig(out=str(tmp_path), steps=3, minutes=5, image_tokens=64, workers=0, eval_every=1,
+    cfg = PocketTrainConfig(out=str(tmp_path), steps=3, minutes=5, image_tokens=64, workers=0, eval_every=1,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     state = train(cfg, resume=False)
     assert [c["stage"] for c in state["stage_checks"]] == [0, 1]  # step 1 checks and fails; step 2 spends the budget

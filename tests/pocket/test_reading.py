@@ -10,7 +10,7 @@ from arr_coc.synth.fineprint import Glyph, PageStyle, make_page
 from arr_coc.checkpoints import POCKET_FOLDER
 from arr_coc.pocket.data import IGNORE, collate, model_inputs
 from arr_coc.pocket.model import image_processor
-from arr_coc.pocket.trainer import HEAD_FILE, TrainConfig, _train_step, load_or_init, make_optimizer, train
+from arr_coc.pocket.trainer import HEAD_FILE, PocketTrainConfig, _train_step, load_or_init, make_optimizer, train
 from arr_coc.pocket.reading import (ALPHABET, NONE, PATCH_SLOTS, SLOTS, MergerOutputHook, ReadingHead,
                                     glyph_targets, patch_targets, reading_targets)
 
@@ -123,7 +123,7 @@ def test_a_training_step_trains_the_heads_on_their_losses(stock):
     head, bound = ReadingHead(model.config.vision_config.hidden_size), BindingHead(model.config.vision_config.hidden_size)
     before = (head.proj.weight.detach().clone(), bound.proj.weight.detach().clone(),
               head.patch_proj.weight.detach().clone())
-    optimizer = make_optimizer(model, TrainConfig(device="cpu"), head, bound)
+    optimizer = make_optimizer(model, PocketTrainConfig(device="cpu"), head, bound)
     answer, reading_loss, binding_loss = _train_step(Trainee(model, head, bound, aligned_ids(stock[1])), optimizer, inputs, 1e-3, reading,
                                                      binding)
     assert answer > 0 and reading_loss > 0 and binding_loss > 0
@@ -161,7 +161,7 @@ def test_the_heads_are_saved_and_resumed(tmp_path):
 
     from arr_coc.pocket.trainer import BINDING_FILE
 
-    cfg = TrainConfig(out=str(tmp_path), steps=1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
+    cfg = PocketTrainConfig(out=str(tmp_path), steps=1, minutes=5, image_tokens=64, workers=0, eval_every=1000,
                       eval_pages=1, eval_sizes=(224,), device="cpu", warmup=1)
     train(cfg, resume=False)
     for name, index in ((HEAD_FILE, 1), (BINDING_FILE, 4)):
@@ -247,6 +247,6 @@ def test_the_runs_reading_weights_reach_its_reading_head(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pocket, "make_optimizer", stop_at_the_optimizer)
     with pytest.raises(KeyboardInterrupt):
-        train(TrainConfig(out=str(tmp_path), device="cpu", workers=0, read_ink_weight=2.5,
+        train(PocketTrainConfig(out=str(tmp_path), device="cpu", workers=0, read_ink_weight=2.5,
                           read_token_patches=1.5), resume=False)
     assert seen == [(2.5, 1.5)]

@@ -10,7 +10,7 @@ import torch
 from arr_coc.errors import InputError
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.arr import score, select
-from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION, PRIOR_WEIGHTS, SCORERS
+from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION, PRIOR_WEIGHTS, SCORER_NAMES
 from arr_coc.relevance.balancing import standardise
 from arr_coc.relevance.layer import ScoreMaps
 from arr_coc.runtime.timing import Stopwatch
@@ -56,18 +56,18 @@ def test_the_checkpoint_is_trained(scene, arr_model):
 def test_a_scorer_alone_is_its_standardised_map_and_the_maps_are_untouched(scene, name, alone):
     _, _, base, base_out = scene
     maps, out = ablate(scene, name)
-    assert_same(maps, base, ("textures", "participatory_prior", *SCORERS))
+    assert_same(maps, base, ("textures", "participatory_prior", *SCORER_NAMES))
     assert maps.weights.tolist() == [[float(i == alone) for i in range(3)]]
-    assert torch.allclose(maps.relevance, standardise(getattr(base, SCORERS[alone])), atol=1e-6)
+    assert torch.allclose(maps.relevance, standardise(getattr(base, SCORER_NAMES[alone])), atol=1e-6)
     assert out.indices.shape == (1, BUDGET) and not torch.equal(out.indices, base_out.indices)
 
 
 def test_fixed_weights_are_the_priors_over_the_trained_scorers(scene):
     _, _, base, _ = scene
     maps, out = ablate(scene, "fixed-weights")
-    assert_same(maps, base, ("textures", "participatory_prior", *SCORERS))  # the trained checkpoint's maps
+    assert_same(maps, base, ("textures", "participatory_prior", *SCORER_NAMES))  # the trained checkpoint's maps
     assert torch.equal(maps.weights, torch.tensor([[0.2, 0.2, 0.6]]))
-    stacked = standardise(torch.stack([getattr(base, n) for n in SCORERS], 1))  # [1, 3, gh, gw]
+    stacked = standardise(torch.stack([getattr(base, n) for n in SCORER_NAMES], 1))  # [1, 3, gh, gw]
     assert torch.allclose(maps.relevance, 0.2 * stacked[:, 0] + 0.2 * stacked[:, 1] + 0.6 * stacked[:, 2], atol=1e-6)
 
 
@@ -79,7 +79,7 @@ def test_no_prior_changes_the_participatory_map_only(scene):
     without = layer.participatory(base.textures, observation.question_embeds, None, None)  # [1, gh, gw]
     assert torch.equal(maps.participatory, without) and not torch.allclose(without, base.participatory)
     # the balancer is not ablated: its weights are its own, over the maps it is given
-    stacked = torch.stack([getattr(maps, n) for n in SCORERS], 1)
+    stacked = torch.stack([getattr(maps, n) for n in SCORER_NAMES], 1)
     relevance, weights, _ = layer.balancer(stacked, observation.question_embeds, None,
                                         observation.gestalt.features.unsqueeze(0))
     assert torch.equal(maps.weights, weights) and torch.equal(maps.relevance, relevance)
@@ -88,7 +88,7 @@ def test_no_prior_changes_the_participatory_map_only(scene):
 def test_raster_order_feeds_the_same_cells_sorted_by_raster_index(scene):
     _, _, base, base_out = scene
     maps, out = ablate(scene, "raster")
-    assert_same(maps, base, ("textures", "relevance", "weights", *SCORERS))
+    assert_same(maps, base, ("textures", "relevance", "weights", *SCORER_NAMES))
     assert out.indices[0].tolist() == sorted(base_out.indices[0].tolist())
     assert not torch.equal(out.indices, base_out.indices)  # relevance order is not raster order here
     gw = out.grid[1]
@@ -120,7 +120,7 @@ def test_a_raster_order_layer_feeds_raster_order_and_relevance_order_is_recovere
 def test_no_gestalt_selects_budget_plus_gestalt_cells_from_the_same_map(scene):
     _, observation, base, base_out = scene
     maps, out = ablate(scene, "no-gestalt")
-    assert_same(maps, base, ("textures", "relevance", "weights", *SCORERS))
+    assert_same(maps, base, ("textures", "relevance", "weights", *SCORER_NAMES))
     assert len(observation.gestalt) == 256 and out.indices.shape == (1, BUDGET + 256)
     assert torch.equal(out.indices[:, :BUDGET], base_out.indices)  # the most relevant first, as before
 
@@ -142,7 +142,7 @@ def test_every_ablation_reads_the_same_visual_tokens(arr_model, name):
 def test_no_ablation_is_the_plain_pipeline(scene):
     layer, observation, base, base_out = scene
     maps = score(observation, layer, NO_ABLATION)
-    assert_same(maps, base, ("textures", "relevance", "weights", *SCORERS))
+    assert_same(maps, base, ("textures", "relevance", "weights", *SCORER_NAMES))
     assert torch.equal(select_cells(layer, observation, maps, NO_ABLATION).indices, base_out.indices)
 
 
