@@ -215,7 +215,7 @@ class ARRCOCQwen:
                                request.gestalt_tokens)
         if conversation is not None:
             return pipeline, request, conversation.ask(self.parts, image if first else None, question, request)
-        return pipeline, request, pipelines.load(pipeline).answer(self.parts, image, question, request)
+        return pipeline, request, pipelines.answer_of(pipeline)(self.parts, image, question, request)
 
     # --- answering ---
 

@@ -1,5 +1,5 @@
 """
-The pipelines: one file each, behind one function
+The pipelines: each behind one function
 
     answer(parts, views, question, request) -> its tokens as they come, then its Answer   # a generator (steps.py)
 
@@ -12,12 +12,13 @@ commands check their flags before torch loads.
 
     from arr_coc import pipelines
     pipelines.PIPELINES                               # ("arr", "full", "gestalt", "budget", "divprune", ..., "pixelprune_n")
-    finished(pipelines.load("full").answer(parts, views_of(parts, image), "What is here?", Request()))   # steps.py
+    finished(pipelines.answer_of("full")(parts, views_of(parts, image), "What is here?", Request()))   # steps.py
 """
 
 import importlib
 import pkgutil
 from types import ModuleType
+from typing import Callable
 
 from arr_coc.errors import InputError
 from arr_coc.pipelines import declared
@@ -64,12 +65,22 @@ def describe(names: tuple[str, ...] = PIPELINES) -> str:
     return "; ".join(f"{name}: {REGISTRY[name].what}" for name in names)
 
 
-def load(name: str) -> ModuleType:
-    """The module of a registered pipeline (imported on first use): it defines
-    answer(parts, views, question, request), a generator of its tokens and then its Answer."""
+def record(name: str) -> Pipeline:
+    """The record of a registered pipeline; KeyError naming the registered ones otherwise."""
     if name not in REGISTRY:
         raise KeyError(f"unknown pipeline {name!r}: one of {', '.join(PIPELINES)}")
-    return REGISTRY[name].load()
+    return REGISTRY[name]
+
+
+def load(name: str) -> ModuleType:
+    """The module of a registered pipeline's answer (imported on first use)."""
+    return record(name).load()
+
+
+def answer_of(name: str) -> Callable:
+    """A registered pipeline's answer(parts, views, question, request): a generator of its tokens and then its
+    Answer (its module imported on first use)."""
+    return record(name).answer_function()
 
 
 def check_pipeline(pipeline: str, request) -> None:

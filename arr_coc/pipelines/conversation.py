@@ -76,7 +76,7 @@ class Conversation:
                              "the hf engine answers one question at a time")
         module = pipelines.load(self.pipeline)
         if not self.answers:
-            steps = module.answer(parts, views, question, replace(request, converse=True))
+            steps = pipelines.answer_of(self.pipeline)(parts, views, question, replace(request, converse=True))
         elif request.refixate is not None:
             raise InputError("refixation (a second look) runs on a conversation's first turn only")
         elif hasattr(module, "follow_up"):  # ARR: reads each question anew

@@ -5,7 +5,7 @@ cell whose nearest neighbour is farthest; each next pick is the cell whose dista
 is largest, until N. The kept tokens stay in raster order at their original M-RoPE positions (Qwen3-VL: with
 their own DeepStack features; the pruned ones' are dropped). N is what ARR's LLM reads at the same budget.
 
-    answer = pipelines.load("divprune").answer(parts, views, "What is here?", Request(budget=273))
+    answer = pipelines.answer_of("divprune")(parts, views, "What is here?", Request(budget=273))
 """
 
 import torch

@@ -12,7 +12,7 @@ shortened one (arr_coc/vlm/decoder.py). Qwen3-VL's DeepStack features of the dro
 It runs on the fast engine only: its layers read two sequence lengths, which stock generate() cannot do.
 
     request = Request(budget=273, options=(Options(fastv_layer=2),))   # its Options: pipelines/declared/fastv.py
-    answer = finished(pipelines.load("fastv").answer(parts, views, "What is here?", request))
+    answer = finished(pipelines.answer_of("fastv")(parts, views, "What is here?", request))
     answer.kept                                          # [N, 2] the (row, col) of the kept tokens, native grid
 """
 

@@ -16,6 +16,7 @@ as flags, a Request carries them (Request.options), the pipeline reads its own (
 import importlib
 from dataclasses import dataclass, fields
 from types import ModuleType
+from typing import Callable
 
 from arr_coc.settings import ENGINES
 
@@ -26,8 +27,7 @@ KINDS = ("arr", "stock", "reducer")  # ARR itself; a stock baseline (the model o
 class Pipeline:
     """One pipeline as the registry knows it."""
     name: str  # its name in --pipelines, --baselines, the app's dropdowns and ARRCOCQwen.answer
-    module: str  # the module of its answer(parts, views, question, request): a generator of its tokens, then its
-    # Answer (arr_coc.pipelines.steps), imported only when it answers (torch loads there)
+    module: str  # the module of its answer function, imported only when it answers (torch loads there)
     what: str  # what it reads, one line (the flags' help: arr_coc.pipelines.describe)
     kind: str  # one of KINDS: "arr", "stock" or "reducer" (a reducer names its kept cells: Answer.kept)
     order: int  # its place in the registry's order (the flags', the tables'), lowest first
@@ -36,6 +36,8 @@ class Pipeline:
     from_embeds: bool = False  # its LLM reads our own embeddings (vlm.prompt) under either engine: stock generate()
     # cannot take Qwen3-VL's (it would drop their DeepStack features), so under its hf engine it has no row
     options: type | None = None  # its own settings, a dataclass whose fields are flags (None: it has none)
+    answer: str = "answer"  # the name in `module` of its answer(parts, views, question, request): a generator of its
+    # tokens, then its Answer (arr_coc.pipelines.steps); the stock views share stock.py, the PixelPrunes pixelprune.py
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -52,6 +54,10 @@ class Pipeline:
     def load(self) -> ModuleType:
         """The module of its answer (imported on first use)."""
         return importlib.import_module(self.module)
+
+    def answer_function(self) -> Callable:
+        """Its answer(parts, views, question, request) (its module imported on first use)."""
+        return getattr(self.load(), self.answer)
 
 
 def option_names(options: type | None) -> tuple[str, ...]:

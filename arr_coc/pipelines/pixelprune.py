@@ -21,7 +21,7 @@ its code. Pre-encoder and query-agnostic: it looks at pixels only, so the vision
 The coder's time is the answer's selection, the tower's its vision: both are in its TTFT.
 
     request = Request(options=(Options(pixelprune_tau=0),))   # its Options: pipelines/declared/pixelprune.py
-    answer = finished(pipelines.load("pixelprune").answer(parts, views, "What is here?", request))
+    answer = finished(pipelines.answer_of("pixelprune")(parts, views, "What is here?", request))
     answer.kept                                          # [M, 2] the (row, col) of the cells it encoded, native grid
 """
 
@@ -134,4 +134,12 @@ def answer_pruned(parts: Parts, pipeline: str, views: Views, question: str, requ
 
 
 def answer(parts: Parts, views: Views, question: str, request: Request):
+    """pixelprune: every cell its predictive coder keeps."""
     return answer_pruned(parts, "pixelprune", views, question, request, at_arr_count=False)
+
+
+def answer_n(parts: Parts, views: Views, question: str, request: Request):
+    """pixelprune_n: PixelPrune at ARR's token count: of the cells it keeps, the n most unique (each one's distance to
+    the nearest other kept cell), n being what ARR's LLM reads at the same budget (all of them when fewer are
+    unique), encoded at their true places."""
+    return answer_pruned(parts, "pixelprune_n", views, question, request, at_arr_count=True)

@@ -8,7 +8,7 @@ Each pipeline is a generator, as nanochat's Engine.generate is: it yields token 
 between its stages (a tick: a consumer that must answer often, the app's Stop, gets its turn), and last its Answer.
 The engine yields its tokens itself (VLM.generate_tokens), so a request runs in its caller's thread, start to end.
 
-    steps = pipelines.load("arr").answer(parts, views_of(parts, image), question, Request(max_new_tokens=32))
+    steps = pipelines.answer_of("arr")(parts, views_of(parts, image), question, Request(max_new_tokens=32))
     answer = finished(steps)                      # the Answer, its tokens passed over (ARRCOCQwen.answer)
     for item in steps: ...                        # int: a new token; None: a tick; Answer: the end (ARRCOCQwen.stream)
 """

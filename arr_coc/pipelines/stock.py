@@ -2,8 +2,8 @@
 The stock baselines' one path: one view, the whole vision tower, one image block, generated with the fast
 engine (our encoder and decoder) or, under the hf engine, transformers' own forward from pixels end to end
 (the reference the fast engine is measured against): steps.read_view, which ARR takes too where the native view
-holds no more cells than it would read (arr.native_reason). full.py, gestalt.py and budget.py each name their view; the
-budget view is sized to what ARR's LLM reads at the request's budget (arr.arr_visual_tokens), so a budget sweep
+holds no more cells than it would read (arr.native_reason). The pipelines full, gestalt and budget are this module's
+functions of those names, each naming its view (their records: arr_coc/pipelines/declared/); the budget view is sized to what ARR's LLM reads at the request's budget (arr.arr_visual_tokens), so a budget sweep
 moves it with ARR.
 
 The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
@@ -34,6 +34,22 @@ def answer_view(parts: Parts, pipeline: str, view_name: str, views: Views, quest
             n_arr = arr_visual_tokens(parts, views, request, question)
             views = replace(views, budget_grid=fit_grid(views.image.width, views.image.height, n_arr))
     yield from read_view(parts, pipeline, view_name, views, question, request, watch, start)
+
+
+def full(parts: Parts, views: Views, question: str, request: Request):
+    """full: the stock model as users run it: the native view, capped at max_cells cells, all its tokens."""
+    return answer_view(parts, "full", "native", views, question, request)
+
+
+def gestalt(parts: Parts, views: Views, question: str, request: Request):
+    """gestalt: the stock model on the low-res gestalt view alone (ARR with zero saccades)."""
+    return answer_view(parts, "gestalt", "gestalt", views, question, request)
+
+
+def budget(parts: Parts, views: Views, question: str, request: Request):
+    """budget: the stock model on one view resized to about ARR's token count at the request's budget (gestalt +
+    saccades: 529 at the default 273 saccades on a square image)."""
+    return answer_view(parts, "budget", "budget", views, question, request)
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ works: vision-side dominant and contextual tokens.
 Qwen2.5-VL: the last block is a full-attention block (window attention elsewhere). Qwen3-VL: the DeepStack
 features of the pruned and merged-away cells are dropped with them; a contextual token keeps its target's.
 
-    answer = pipelines.load("visionzip").answer(parts, views, "What is here?", Request(budget=273))
+    answer = pipelines.answer_of("visionzip")(parts, views, "What is here?", Request(budget=273))
 """
 
 from dataclasses import replace

@@ -179,7 +179,14 @@ class Generation:
 
 
 class VLM(ABC):
-    """The frozen VLM as the pipelines see it. Attributes every family sets: the names below."""
+    """The frozen VLM as the pipelines see it. Attributes every family sets: the names below.
+
+    Three reads serve one caller each and stay here, not in a hook beside it, because each is taken inside a forward
+    that differs by family: encode_view_attention (VisionZip) is the last vision block's attention, which each
+    family's tower computes its own way (Qwen2.5-VL's windows, Qwen3-VL's DeepStack taps); generate_tokens' prune
+    (FastV) cuts the image tokens between two decoder layers of the prefill, and answer_attention (the teacher) reads
+    the attention of chosen decoder layers: a hook would have to re-enter the family's forward at the same place.
+    """
     name: str  # what it was loaded from (hub id, folder, tiny model name)
     family: str  # the config's model_type, e.g. "qwen2_vl"
     hidden_size: int  # the LLM's width D

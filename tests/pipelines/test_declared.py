@@ -29,8 +29,8 @@ class Options:
     echo_times: int = flag(3, "how many times the echo pipeline repeats its answer", bounded_int(1, 9))
 
 
-PIPELINE = Pipeline("echo", "arr_coc.pipelines.full", "Echo: the native view, its answer repeated", kind="reducer",
-                    order=95, options=Options)
+PIPELINE = Pipeline("echo", "arr_coc.pipelines.stock", "Echo: the native view, its answer repeated", kind="reducer",
+                    order=95, options=Options, answer="full")
 '''
 
 DRIVER = '''
@@ -101,6 +101,22 @@ def test_without_it_the_registry_and_the_flags_are_the_repositorys_own():
     from arr_coc.pipelines import PIPELINES, REDUCERS
 
     assert "echo" not in PIPELINES and "echo" not in REDUCERS and "--echo-times" not in docs.tables()
+
+
+def test_each_pipeline_answers_through_the_function_its_record_names():
+    """The stock views are stock.py's full, gestalt and budget; the PixelPrunes pixelprune.py's answer and answer_n
+    (issue #62 step 3: no module holds one line that only names a view)."""
+    from arr_coc import pipelines
+
+    found = {name: (pipelines.answer_of(name).__module__, pipelines.answer_of(name).__name__)
+             for name in pipelines.PIPELINES}
+    assert found == {"arr": ("arr_coc.pipelines.arr", "answer"), "full": ("arr_coc.pipelines.stock", "full"),
+                     "gestalt": ("arr_coc.pipelines.stock", "gestalt"), "budget": ("arr_coc.pipelines.stock", "budget"),
+                     "divprune": ("arr_coc.pipelines.divprune", "answer"),
+                     "visionzip": ("arr_coc.pipelines.visionzip", "answer"),
+                     "fastv": ("arr_coc.pipelines.fastv", "answer"),
+                     "pixelprune": ("arr_coc.pipelines.pixelprune", "answer"),
+                     "pixelprune_n": ("arr_coc.pipelines.pixelprune", "answer_n")}
 
 
 def test_a_pipelines_own_setting_by_name_goes_into_its_options():
