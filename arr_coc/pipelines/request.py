@@ -100,8 +100,9 @@ def with_settings(request: Request | None, settings: dict, options: tuple[type, 
                          f"Request has {', '.join([*names, *owner])}")
     request = request or Request()
     chosen = tuple(dict.fromkeys(owner[name] for name in settings if name in owner))
-    given = {kind: replace(options_of(request, kind) or kind(), **{n: default(kind, n) if v is None else v
-                                                                   for n, v in settings.items() if owner.get(n) is kind})
+    given = {kind: replace(options_of(request, kind) or kind(),
+                           **{n: field_default(kind, n) if v is None else v
+                              for n, v in settings.items() if owner.get(n) is kind})
              for kind in chosen}  # each in its place among the request's options, a new one after them
     reset = {owner[n] for n, v in settings.items() if n in owner and v is None}  # a setting set to None: its default
     changed = tuple(given.get(type(o), o) for o in request.options) + tuple(
@@ -111,7 +112,7 @@ def with_settings(request: Request | None, settings: dict, options: tuple[type, 
     return replace(request, **own, **({"options": changed} if chosen else {}))
 
 
-def default(kind: type, name: str):
+def field_default(kind: type, name: str):
     """The default of the Options dataclass `kind`'s field `name`."""
     return next(f.default for f in fields(kind) if f.name == name)
 
