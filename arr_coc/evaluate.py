@@ -313,7 +313,7 @@ def skip_reason(row: str, budget: int | None, item: Item, views, refixate_budget
 def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job], metric: str,
                   args: argparse.Namespace) -> tuple[list[EvalRecord], list[tuple[Job, str]]]:
     """Every job's answer to one item, scored: (one EvalRecord per job, the jobs skipped here with why). The oracle
-    row is ARR under ORACLE_STRATEGY with the cells the asked box touches forced in (Request.include, on the
+    row is ARR under ORACLE_STRATEGY with the cells the asked box touches forced in (ARR's Options.include, on the
     candidate grid of the views every row reads). In a sweep, a result records its budget."""
     image, question = item.open(), source.prompt(item)
     oracle = item.box is not None and any(row == ORACLE for row, _ in jobs)
@@ -337,7 +337,7 @@ def evaluate_item(model: ARRCOCQwen, source: Source, item: Item, jobs: list[Job]
 
 
 def look_of(row: str, args: argparse.Namespace) -> str:
-    """The look a row's request carries (Request.look): an ARR row's own (rows.row_look; the oracle's one look); a
+    """The look a row's request carries (ARR's Options.look): an ARR row's own (rows.row_look; the oracle's one look); a
     baseline's the two-scale look where --looks runs it, so that the reducers and the budget view at ARR's count
     (arr.arr_visual_tokens) count its crop's tokens too and never read fewer than any ARR row."""
     if split_row(row)[0] in ("arr", ORACLE):

@@ -197,7 +197,7 @@ def warm_up(model, image, question: str, runs: list, args: argparse.Namespace) -
     Each row's pipeline once, untimed, on a copy of the image at most WARMUP_SIDE px a side, one new token: the
     first request's one-time costs (kernels chosen, the relevance layer's first call) then land on no row's
     timings (the first row's total carried them: ARR's 9092 ms against full's 9132 on the pocket page). ARR warms
-    up choosing saccades (Request.upsample), as the small copy's native view holds fewer cells than it reads.
+    up choosing saccades (ARR's Options.upsample), as the small copy's native view holds fewer cells than it reads.
     """
     small = image.copy()
     small.thumbnail((WARMUP_SIDE, WARMUP_SIDE))

@@ -28,12 +28,12 @@ MAX_NEW_TOKENS = 1024  # the most tokens one request generates (the pipelines an
 PRIOR_READOUTS = ("calibrated", "default")  # which attention the prior pass reads: the model's calibrated readout
 # (its prior.json, arr_coc.vlm.readout; today's where it has none), or today's (every head, the question's rows, the
 # middle layer) whatever it has
-REFIXATE_GUIDES = ("prior", "attention")  # what points ARR's second look (Request.refixate_guide), the default first
-LOOKS = ("one", "two_scale")  # how ARR's first look chooses its cells (Request.look), the default first: one, the
+REFIXATE_GUIDES = ("prior", "attention")  # what points ARR's second look (ARR's Options.refixate_guide), the default first
+LOOKS = ("one", "two_scale")  # how ARR's first look chooses its cells (ARR's Options.look), the default first: one, the
 # gestalt's prior alone; two_scale, the region around the relevance peak re-read as a crop of its own whose prior
 # chooses the cells inside it (arr_coc.pipelines.two_scale)
 CROP_TOKENS = 256  # the two-scale look's crop: this many native cells (16 x 16 on a square page, 448 px at 28 px),
-# read at native resolution, one token a cell (Request.crop_tokens)
+# read at native resolution, one token a cell (ARR's Options.crop_tokens)
 MIN_CROP_TOKENS = 4  # the smallest crop (2 x 2 cells), as the image processor's smallest view (56 x 56 px)
 MAX_CONVERSATION_TOKENS = 16384  # the most tokens a conversation's context holds: a turn that would pass it is
 # refused (start a new conversation); Qwen2-VL-2B's K/V cache of that many is 464 MB in bf16

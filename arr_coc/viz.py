@@ -3,7 +3,7 @@ Drawings of ARR's maps and saccades, for the app and `python -m arr_coc.run --sa
 
 - heatmap_overlay   relevance over the image, each saccade a box coloured by rank, the top N numbered (numbers
                     never overlap: crowded ones move aside on a leader line, or are skipped and listed); a second
-                    look's saccades (Request.refixate) in SECOND_LOOK green, said in a legend
+                    look's saccades (ARR's Options.refixate) in SECOND_LOOK green, said in a legend
 - saccade_mosaic    the selected high-res cells tiled in rank order: what the LLM read at full detail
 - kept_overlay      the cells a token reducer (divprune, visionzip, fastv) kept, boxed as ARR's saccades are, over
                     the image or ARR's relevance map; VisionZip's merged context cells shaded

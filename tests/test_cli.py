@@ -247,11 +247,12 @@ def test_good_flags_parse():
 def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look():
     """cli.request: every flag named as a Request field, the adaptive budget's bounds as its tensions, a row's own
     settings over them; cli.answer passes it whole, its second look to the arr pipeline only."""
-    from dataclasses import replace
     from types import SimpleNamespace
 
+    from arr_coc.pipelines import OPTIONS
+    from arr_coc.pipelines.arr_options import Options as ArrOptions, arr_options
     from arr_coc.pipelines.declared import fastv, pixelprune
-    from arr_coc.pipelines.request import Request
+    from arr_coc.pipelines.request import Request, with_settings
     from arr_coc.relevance.config import TensionSettings
 
     args = run.parse_args([*RUN, "--max-new-tokens", "8", "--strategy", "grid", "--budget", "40", "--max-cells",
@@ -259,20 +260,23 @@ def test_a_commands_flags_make_its_one_request_and_only_arr_gets_the_second_look
                            "--refixate-guide", "attention", "--ablations", "auto-budget", "--min-budget", "30",
                            "--max-budget", "300", "--pixelprune-tau", "4", "--gestalt-tokens", "400"])
     request = cli.request(args, ablation="raster")
-    assert request == Request(max_new_tokens=8, strategy="grid", budget=40, max_cells=2048, gestalt_tokens=400,
-                              options=(fastv.Options(fastv_layer=3), pixelprune.Options(pixelprune_tau=4.0)),
-                              refixate=0.5, refixate_budget=20,
-                              refixate_guide="attention", ablation="raster", tensions=TensionSettings(min_budget=30, max_budget=300))
+    assert request == Request(max_new_tokens=8, budget=40, max_cells=2048, gestalt_tokens=400,
+                              options=(ArrOptions(strategy="grid", refixate=0.5, refixate_budget=20,
+                                                  refixate_guide="attention", ablation="raster",
+                                                  tensions=TensionSettings(min_budget=30, max_budget=300)),
+                                       fastv.Options(fastv_layer=3), pixelprune.Options(pixelprune_tau=4.0)))
     chat = run.parse_args(["--image", "assets/chelsea.png", "--question", "hi", "--question", "and?", "--fresh-cells"])
-    assert cli.request(chat).fresh_cells and not cli.request(args).fresh_cells
+    assert arr_options(cli.request(chat)).fresh_cells and not arr_options(cli.request(args)).fresh_cells
     swept = cli.request(evaluate.parse_args(["--max-new-tokens", "4"]), strategy="topk", budget=60)  # no --strategy
-    assert (swept.max_new_tokens, swept.strategy, swept.budget, swept.fresh_cells) == (4, "topk", 60, False)
+    assert (swept.max_new_tokens, arr_options(swept).strategy, swept.budget, arr_options(swept).fresh_cells) == (
+        4, "topk", 60, False)
     asked = []
     model = SimpleNamespace(answer=lambda image, question, pipeline, request, conversation=None:
                             asked.append((pipeline, request, conversation)))
     for pipeline in ("arr", "full"):
         cli.answer(model, None, "hi", pipeline, request, conversation="chat")
-    assert asked == [("arr", request, "chat"), ("full", replace(request, refixate=None, refixate_budget=None), "chat")]
+    assert asked == [("arr", request, "chat"), ("full", with_settings(request, dict(refixate=None, refixate_budget=None),
+                                                                     OPTIONS), "chat")]
 
 
 @pytest.mark.parametrize("module, bad", [

@@ -289,6 +289,7 @@ LOADS_NOTHING_OF = {
     "arr_coc.runtime.zerogpu": ("torch",),
     "arr_coc.eval.intervals": ("torch",),
     "arr_coc.pipelines": ("torch",),  # the registry: the commands' --pipelines
+    "arr_coc.pipelines.arr_options": ("torch",),  # ARR's settings: the registry's arr record, the flags' defaults
     "arr_coc.relevance.ablation": ("torch",),  # the commands' --ablations
     "arr_coc.synth.fineprint": ("torch",),
     "arr_coc.eval.rows": ("torch",),  # the commands parse with it

@@ -110,6 +110,7 @@ def test_lmms_eval_answers_equal_evaluate_for_each_family(lmms_python, pages, mo
 ROWS_SCRIPT = """
 import json, sys
 from arr_coc.engines.lmms import ARRCOC, parse_settings
+from arr_coc.pipelines.arr_options import arr_options
 rows = [parse_settings(p, dict(pretrained="pocket", batch_size=1, **s)).row for p, s in json.loads(sys.argv[1])]
 model = ARRCOC.__new__(ARRCOC)  # its settings only: no model loads
 model.args = parse_settings("arr", dict(pretrained="pocket", budget=16))
@@ -119,7 +120,7 @@ try:
     refused = None
 except ValueError as e:
     refused = str(e)
-print(json.dumps({"rows": rows, "request": [request.strategy, request.budget, request.max_new_tokens],
+print(json.dumps({"rows": rows, "request": [arr_options(request).strategy, request.budget, request.max_new_tokens],
                   "refused": refused}))
 """
 

@@ -13,6 +13,7 @@ from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.model import ARRCOCQwen, Request
 from arr_coc.pipelines import arr
 from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+from arr_coc.pipelines.arr_options import Options as ArrOptions
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import ARRCOCConfig
 from arr_coc.relevance.layer import ARRCOCLayer, CheckpointError
@@ -147,7 +148,7 @@ def test_shipped_checkpoints_select_273_cells_on_any_native_grid(arr_model, chec
     assert not {"gestalt_max_tokens", "budget_tokens", "prior_layer_fraction"} & config.keys()  # PipelineConfig's
     layer = arr_model.load_layer(str(checkpoint))
     image = scene_image(*size)
-    scene = arr.prepare(arr_model.parts, arr_model.views(image), QUESTION, Request(layer=layer))
+    scene = arr.prepare(arr_model.parts, arr_model.views(image), QUESTION, Request(options=(ArrOptions(layer=layer),)))
     out = scene.select(layer)
     assert scene.views.candidate_grid == out.grid == grid  # the native grid: 64x64 at 1792², non-square when wide
     cells = out.positions[0].tolist()
@@ -187,9 +188,11 @@ def test_a_request_is_passed_whole_or_its_settings_by_name_over_it(arr_model):
     """answer and stream take one Request (arr_coc.pipelines.answer), any of its fields by name over it: the same
     answer either way, the ablation by name or as itself; a setting a Request lacks is named, and a number where
     answer once took max_new_tokens is refused."""
-    whole = arr_model.answer(scene_image(896, 896), QUESTION, "arr", Request(max_new_tokens=2, budget=40, ablation="raster"))
+    whole = arr_model.answer(scene_image(896, 896), QUESTION, "arr", Request(max_new_tokens=2, budget=40,
+                                                                               options=(ArrOptions(ablation="raster"),)))
     named = arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=2, budget=40, ablation=ABLATIONS["raster"])
-    over = arr_model.answer(scene_image(896, 896), QUESTION, "arr", Request(max_new_tokens=9, budget=7, ablation="no-prior"),
+    over = arr_model.answer(scene_image(896, 896), QUESTION, "arr", Request(max_new_tokens=9, budget=7,
+                                                                              options=(ArrOptions(ablation="no-prior"),)),
                             max_new_tokens=2, budget=40, ablation="raster")
     streamed = list(arr_model.stream(scene_image(896, 896), QUESTION, "arr", Request(budget=40), max_new_tokens=2,
                                      ablation="raster"))[-1]

@@ -48,7 +48,8 @@ from arr_coc.eval.rows import ORACLE_STRATEGY
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc import pipelines
 from arr_coc.pipelines import arr
-from arr_coc.pipelines.request import Request, check_request
+from arr_coc.pipelines.arr_options import arr_options
+from arr_coc.pipelines.request import Request, check_request, with_settings
 from arr_coc.pipelines.conversation import Conversation, moves
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
 from arr_coc.relevance.config import AUTO, NO_SETTINGS, STRATEGIES
@@ -186,8 +187,8 @@ def compare(model: ARRCOCQwen, image, question: str, baseline: str, max_new_toke
     running, cells = f"{RUNNING} **ARR-COC**…", baseline_cells(base)
     yield compare_outputs(running, ui.answer_text(base), base, base_cells=cells)
     tau = float(refixate) if refixate and float(refixate) > 0 else None  # the slider's 0 is off
-    for ours in model.stream(views, question, "arr", request=replace(request, strategy=strategy, refixate=tau,
-                                                                        refixate_guide=refixate_guide)):
+    mine = with_settings(request, dict(strategy=strategy, refixate=tau, refixate_guide=refixate_guide), pipelines.OPTIONS)
+    for ours in model.stream(views, question, "arr", request=mine):
         if isinstance(ours, str):
             yield compare_outputs(running, ui.answer_text(base), base, ours, base_cells=cells)
     yield compare_outputs(f"Done in {time.perf_counter() - start:.1f} s.", ui.answer_text(base), base,
@@ -222,9 +223,9 @@ def stopped(status: str | None) -> str | None:
 def microscope_request(budget: int, controls: tuple = (False, False, 0.0, 0.0, 0.5), **settings) -> Request:
     """The Microscope's one Request: the budget slider's count, or "auto" where the tension controls (adaptive
     budget, override, e, λ, f: ui.tension_request) ask for the adaptive budget, the tensions they fix (none unless
-    overridden), and its other settings by their Request names."""
+    overridden), and its other settings by their names (with_settings: ARR's into its Options)."""
     auto, tensions = ui.tension_request(*controls)
-    return Request(budget=auto or int(budget), tensions=tensions, **settings)
+    return with_settings(Request(budget=auto or int(budget)), dict(tensions=tensions, **settings), pipelines.OPTIONS)
 
 
 def selected(model: ARRCOCQwen, kept: Kept, request: Request, include: torch.Tensor | None = None):
@@ -234,8 +235,9 @@ def selected(model: ARRCOCQwen, kept: Kept, request: Request, include: torch.Ten
     extra = kept.ablation.saccade_budget(0, kept.gestalt_tokens)  # the no-gestalt ablation's extra saccades
     budget = request.budget if request.budget == AUTO else min(  # the slider allows the largest grid
         int(request.budget), gh * gw - (extra if isinstance(extra, int) else 0))
-    return arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, request.strategy, kept.ablation,
-                      request.tensions, include=None if include is None else include.unsqueeze(0))
+    mine = arr_options(request)
+    return arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, mine.strategy, kept.ablation,
+                      mine.tensions, include=None if include is None else include.unsqueeze(0))
 
 
 def selection_outputs(model: ARRCOCQwen, kept: Kept, request: Request, numbered: int) -> tuple:
@@ -247,7 +249,7 @@ def selection_outputs(model: ARRCOCQwen, kept: Kept, request: Request, numbered:
     heatmap, mosaic = redraw(replace(kept, positions=ranked.positions[0]), numbered)
     summary = ui.selection_summary(out, (time.perf_counter() - start) * 1000, kept.ablation.description
                                    if kept.ablation is not NO_ABLATION else None,
-                                   overridden=request.tensions != NO_SETTINGS)
+                                   overridden=arr_options(request).tensions != NO_SETTINGS)
     return heatmap, summary, ui.saccade_rows(out), mosaic
 
 
@@ -287,7 +289,8 @@ def oracle_selection(model: ARRCOCQwen, kept: Kept, box, image_size: tuple[int, 
     upload's, as the box's) touches forced in, the rest of the request's budget by ORACLE_STRATEGY -> (the
     selection, the box's cells [GH, GW] bool)."""
     inside = box_coverage(box, image_size, kept.grid) > 0  # [GH, GW]: as evaluate's views.box_coverage(box) > 0
-    return selected(model, kept, replace(request, strategy=ORACLE_STRATEGY), include=inside), inside
+    oracle_request = with_settings(request, dict(strategy=ORACLE_STRATEGY), pipelines.OPTIONS)
+    return selected(model, kept, oracle_request, include=inside), inside
 
 
 @ui.reports_errors
@@ -348,8 +351,8 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
     views = model.views(image, int(max_cells))  # made once: the budget's bound and ARR's views
     gh, gw = views.candidate_grid  # the budget slider allows the largest grid
     progress(0.05, desc="ARR's answer and selection")
-    request = Request(max_new_tokens=FAITHFULNESS_ANSWER_TOKENS, strategy=strategy, budget=min(int(budget), gh * gw),
-                      max_cells=int(max_cells))
+    request = with_settings(Request(max_new_tokens=FAITHFULNESS_ANSWER_TOKENS, budget=min(int(budget), gh * gw),
+                                    max_cells=int(max_cells)), dict(strategy=strategy), pipelines.OPTIONS)
     arr = model.answer(views, question, "arr", request=request)
     if arr.arr is None:  # no saccades to remove
         raise ui.user_error(f"{ui.native_note(arr)} Faithfulness needs saccades to remove: try a larger image.")
@@ -444,10 +447,11 @@ def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question
     layer_b = ui.choose_layer(model, "B", choice_b, files_b, checkpoints)
     yield from wait_for_model(model, (*[gr.skip()] * 5, FINISHING))
     views = model.views(image, int(max_cells))  # identical views, made once: only the layers differ
-    request = Request(max_new_tokens=int(max_new_tokens), strategy=strategy, max_cells=int(max_cells))
+    request = Request(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))
     answers = []
     for name, layer in (("A", layer_a), ("B", layer_b)):
-        for answer in model.stream(views, question, "arr", request=replace(request, layer=layer)):
+        mine = with_settings(request, dict(strategy=strategy, layer=layer), pipelines.OPTIONS)
+        for answer in model.stream(views, question, "arr", request=mine):
             yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **{name}**…"
         answers.append(answer)
     a, b = answers
@@ -507,14 +511,15 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
         views = None if chat.arr.answers else model.views(chat.arr.image)  # turn 1 reads the image: once for both
         gh, gw = (views or chat.arr.answers[0].views).candidate_grid  # the slider allows the largest grid
         request = Request(max_new_tokens=int(max_new_tokens))
-        ours = replace(request, budget=min(int(budget), gh * gw), fresh_cells=bool(fresh_cells))
+        ours = with_settings(request, dict(budget=min(int(budget), gh * gw), fresh_cells=bool(fresh_cells)),
+                             pipelines.OPTIONS)
         a = model.answer(views, question, request=ours, conversation=chat.arr)
         b = model.answer(views, question, request=request, conversation=chat.baseline)
         heatmap, drawing, moved = turn_drawings(chat.arr, a, int(numbered))
         chat.rows.append(ui.turn_row(question, b, a, moved))
     finally:
         chat.to("cpu")
-    fresh = ui.fresh_cells_note(a, ours.fresh_cells, ours.budget) + (f" {ui.native_note(a)}" if a.reads_native else "")
+    fresh = ui.fresh_cells_note(a, arr_options(ours).fresh_cells, ours.budget) + (f" {ui.native_note(a)}" if a.reads_native else "")
     status = (f"Turn {a.turn}: ARR prefilled {a.prefilled} tokens (its conversation holds {a.context}), "
               f"{baseline} {b.prefilled} (holds {b.context}).{fresh} Ask a follow-up, or press New image to start "
               "again.")

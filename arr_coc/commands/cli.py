@@ -34,13 +34,14 @@ from pathlib import Path
 
 from arr_coc import checkpoints, pipelines, settings
 from arr_coc.checkpoints import POCKET, POCKET_NOTICE
-from arr_coc.settings import (CROP_TOKENS, DEFAULT_MODEL, GESTALT_PER_CELLS, LOOKS, MAX_CELLS, MAX_QUESTION_CHARS,
+from arr_coc.settings import (DEFAULT_MODEL, GESTALT_PER_CELLS, LOOKS, MAX_CELLS, MAX_QUESTION_CHARS,
                               MIN_CELLS, MIN_CROP_TOKENS, REFIXATE_GUIDES, PipelineConfig)
 from arr_coc.errors import InputError, check_text
 from arr_coc.settings import IMAGE_FORMATS, MAX_IMAGE_PIXELS
 from arr_coc.flags import (ArgumentParser, bounded_float, bounded_int, comma_list, device, flag,  # noqa: F401
                            int_list, names, one_of)  # (re-exported: the commands write cli.bounded_int)
 from arr_coc.checkpoints import hub_out_of_reach
+from arr_coc.pipelines.arr_options import Options as ArrOptions  # ARR's settings: the flags' defaults
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import AUTO, ARRCOCConfig, TensionSettings
 
@@ -346,16 +347,17 @@ def refixate_budget_flag():
 
 def refixate_guide_flag():
     """--refixate-guide, beside refixate_flag."""
-    return flag(REFIXATE_GUIDES[0], "what points the second look: prior (the prior pass again, the first saccades "
-                                    "in its context) or attention (where the first answer's own attention fell, "
-                                    "beside the saccades it read most)", one_of(REFIXATE_GUIDES))
+    return flag(ArrOptions.refixate_guide, "what points the second look: prior (the prior pass again, the first "
+                                           "saccades in its context) or attention (where the first answer's own "
+                                           "attention fell, beside the saccades it read most)", one_of(REFIXATE_GUIDES))
 
 
 def look_flag():
-    """--look, run's: how ARR's first look chooses its cells (Request.look)."""
-    return flag(LOOKS[0], "how ARR's first look chooses its cells: one (the gestalt's prior alone) or two_scale (the "
-                          "region around the relevance peak re-read as a crop of --crop-tokens native cells, whose own "
-                          "prior pass chooses the cells inside it; its tokens count in ARR's)", one_of(LOOKS))
+    """--look, run's: how ARR's first look chooses its cells (ARR's Options.look)."""
+    return flag(ArrOptions.look, "how ARR's first look chooses its cells: one (the gestalt's prior alone) or two_scale "
+                                 "(the region around the relevance peak re-read as a crop of --crop-tokens native "
+                                 "cells, whose own prior pass chooses the cells inside it; its tokens count in ARR's)",
+                one_of(LOOKS))
 
 
 def looks_flag():
@@ -368,9 +370,9 @@ def looks_flag():
 
 def crop_tokens_flag():
     """--crop-tokens, beside look_flag and looks_flag (check_look)."""
-    return flag(CROP_TOKENS, "the two-scale look's crop: this many native cells around the relevance peak, read at "
-                             "native resolution, one token a cell (256: 16x16 cells, 448 px on a square page)",
-                bounded_int(MIN_CROP_TOKENS, MAX_CELLS))
+    return flag(ArrOptions.crop_tokens, "the two-scale look's crop: this many native cells around the relevance peak, "
+                                        "read at native resolution, one token a cell (256: 16x16 cells, 448 px on a "
+                                        "square page)", bounded_int(MIN_CROP_TOKENS, MAX_CELLS))
 
 
 def check_look(p: ArgumentParser, args, looks: list[str]) -> None:
@@ -487,30 +489,33 @@ def hub_model(name: str) -> bool:
 def request(args, **row):
     """
     The one Request (arr_coc.pipelines.request) of a command's flags: every flag whose name is a Request field's
-    (--max-new-tokens, --strategy, --budget, --max-cells, --gestalt-tokens, --refixate, --refixate-budget,
-    --fresh-cells: those the command has), the pipelines' own settings' flags as their Options (--fastv-layer,
-    --pixelprune-tau: Request.options, where the command has them all), the adaptive budget's bounds
-    (budget_settings) as its tensions, and a row's own settings (`row`, by their Request names: its strategy,
-    budget, ablation, ...) over them.
+    (--max-new-tokens, --budget, --max-cells, --gestalt-tokens: those the command has), the pipelines' own settings'
+    flags as their Options (Request.options): ARR's (arr_options.Options: --strategy, --refixate, --refixate-budget,
+    --refixate-guide, --look, --crop-tokens, --fresh-cells, those the command has, and the adaptive budget's bounds,
+    budget_settings, as its tensions) and a reducer's where the command has all its flags (--fastv-layer,
+    --pixelprune-tau), and a row's own settings (`row`, by their names: its strategy, budget, ablation, ...) over
+    them (with_settings: None, a setting's default).
     """
-    from dataclasses import fields, replace
+    from dataclasses import fields
 
-    from arr_coc.pipelines.request import Request  # torch: only once the flags are parsed
+    from arr_coc.flags import flag_fields
+    from arr_coc.pipelines.request import Request, with_settings  # torch: only once the flags are parsed
 
     flags = {f.name: getattr(args, f.name) for f in fields(Request) if hasattr(args, f.name)}
-    options = tuple(kind(**{f.name: getattr(args, f.name) for f in fields(kind)}) for kind in pipelines.OPTIONS
-                    if all(hasattr(args, f.name) for f in fields(kind)))  # the pipelines' own settings' flags
-    return replace(Request(**flags, options=options, tensions=budget_settings(args)), **row)
+    options = tuple(kind(**{f.name: getattr(args, f.name) for f in fields(kind) if hasattr(args, f.name)})
+                    for kind in pipelines.OPTIONS if all(hasattr(args, f.name) for f in flag_fields(kind)))
+    return with_settings(Request(**flags, options=options), {"tensions": budget_settings(args), **row},
+                         pipelines.OPTIONS)
 
 
 def answer(model, image, question: str, pipeline: str, request, conversation=None):
     """The one place the commands ask the model for an answer, with the one Request of their flags (request(args));
     its second look (refixate, refixate_budget) reaches the arr pipeline only (the others have none). conversation:
     ask the question as its next turn (arr_coc.pipelines.conversation)."""
-    from dataclasses import replace
+    from arr_coc.pipelines.request import with_settings
 
     if pipeline != "arr":
-        request = replace(request, refixate=None, refixate_budget=None)
+        request = with_settings(request, dict(refixate=None, refixate_budget=None), pipelines.OPTIONS)
     return model.answer(image, question, pipeline, request, conversation=conversation)
 
 

@@ -228,6 +228,7 @@ class Looker:
     def look(self, item) -> Look:
         """The item's look: kept, or made now (gestalt, prior pass, relevance, the budget's cells)."""
         from arr_coc.pipelines import arr
+        from arr_coc.pipelines.arr_options import Options
         from arr_coc.pipelines.request import Request
 
         key = bytes(field(item, "arr_key").tolist())
@@ -241,7 +242,7 @@ class Looker:
         views = model.views(field(item, "arr_image").numpy(), max_cells)
         if views.gestalt_grid != (gh, gw):
             raise RuntimeError(f"the front end sized a {gh}x{gw} gestalt; the model's views make {views.gestalt_grid}")
-        request = Request(budget=budget, strategy=strategy, max_cells=max_cells)
+        request = Request(budget=budget, max_cells=max_cells, options=(Options(strategy=strategy),))
         with torch.no_grad():
             scene = arr.prepare(model.parts, views, question, request)
             out = scene.select(model.layer, budget, strategy)

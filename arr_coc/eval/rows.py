@@ -5,13 +5,13 @@ with the asked box's cells forced in). Torch-free, so the commands parse with it
 
     split_row("arr-no-gestalt:topk")   # ("arr", "topk", "no-gestalt", False)
     split_row("oracle")                # ("oracle", None, None, False): evaluate runs it as arr:topk, box forced in
-    row_look("arr+two_scale:topk")     # "two_scale" (Request.look); "one" for every other row
+    row_look("arr+two_scale:topk")     # "two_scale" (ARR's Options.look); "one" for every other row
 """
 
 from arr_coc.settings import LOOKS
 
 REFIX = "+refix"  # the mark of a row with ARR's second look: "arr+refix:topk"
-TWO_SCALE = "+two_scale"  # the mark of a row whose ARR looks at two scales (Request.look "two_scale"):
+TWO_SCALE = "+two_scale"  # the mark of a row whose ARR looks at two scales (ARR's Options.look "two_scale"):
 # "arr+two_scale:topk", "arr+two_scale+refix:topk"
 ORACLE = "oracle"  # the row of ARR's ceiling on items with an asked box: the box's candidate cells forced into the
 # budget (the most relevant of them where they are more), the rest chosen by ARR under ORACLE_STRATEGY, fed as ARR
@@ -34,5 +34,5 @@ def look_mark(look: str) -> str:
 
 
 def row_look(row: str) -> str:
-    """The look a row's ARR runs (Request.look): "two_scale" for a row marked TWO_SCALE, else "one"."""
+    """The look a row's ARR runs (ARR's Options.look): "two_scale" for a row marked TWO_SCALE, else "one"."""
     return LOOKS[1] if TWO_SCALE in row.partition(":")[0] else LOOKS[0]

@@ -23,7 +23,7 @@ from typing import Callable
 from arr_coc.errors import InputError
 from arr_coc.pipelines import declared
 from arr_coc.pipelines.pipeline import Pipeline, option_names
-from arr_coc.relevance.ablation import NO_ABLATION, Ablation  # torch-free names
+from arr_coc.pipelines import arr_options  # torch-free: ARR's settings
 
 
 def declarations(package=declared) -> dict[str, Pipeline]:
@@ -57,7 +57,8 @@ REDUCERS = tuple(n for n, r in REGISTRY.items() if r.kind == "reducer")  # the p
 BUDGET_FREE = tuple(n for n, r in REGISTRY.items() if r.budget_free)  # the pipelines no budget changes: a budget
 # sweep runs them once
 OPTIONS = tuple(dict.fromkeys(r.options for r in REGISTRY.values() if r.options is not None))  # the pipelines' own
-# settings' dataclasses, each once (pixelprune_n shares pixelprune's): run's and evaluate's flags, Request.options
+# settings' dataclasses, each once (pixelprune_n shares pixelprune's): Request.options, with_settings' names, and
+# run's and evaluate's flags (those whose fields are flags: ARR's are not, its flags are the commands' own)
 
 
 def describe(names: tuple[str, ...] = PIPELINES) -> str:
@@ -84,16 +85,11 @@ def answer_of(name: str) -> Callable:
 
 
 def check_pipeline(pipeline: str, request) -> None:
-    """A pipeline of the registry, and one that can do what the request (a request.Request) asks: an ablation or a
-    second look is ARR's. InputError otherwise."""
+    """A pipeline of the registry, and one that can do what the request (a request.Request) asks: what only ARR does
+    (an ablation, a second look, cells forced in: arr_options.Options.arr_only) needs a pipeline whose record takes
+    ARR's Options. InputError otherwise."""
     if pipeline not in REGISTRY:
         raise InputError(f"pipeline must be one of {tuple(REGISTRY)}, got {pipeline!r}")
-    ablation = request.ablation.name if isinstance(request.ablation, Ablation) else request.ablation
-    if ablation not in (None, NO_ABLATION.name) and pipeline != "arr":
-        raise InputError(f"an ablation ({ablation}) switches off part of ARR: it needs the arr pipeline, "
-                         f"not {pipeline}")
-    if request.refixate is not None and pipeline != "arr":
-        raise InputError(f"refixation is ARR's second look: it needs the arr pipeline, not {pipeline}")
-    if request.include is not None and pipeline != "arr":
-        raise InputError(f"cells forced into the selection (include) are ARR's saccades: they need the arr pipeline, "
-                         f"not {pipeline}")
+    if REGISTRY[pipeline].options is not arr_options.Options and (why := arr_options.arr_options(request).arr_only(
+            pipeline)):
+        raise InputError(why)

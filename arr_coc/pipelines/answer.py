@@ -92,7 +92,7 @@ class Answer:
     merged: torch.Tensor | None = field(default=None, repr=False)  # [C, 2] the kept places that hold merged context
     # rather than their own cell (VisionZip's contextual tokens; None for the other reducers)
     confidence: float | None = None  # the least probable answer token's probability (answer_confidence)
-    fixations: list = field(default_factory=list)  # arr.Fixation: under Request.refixate 1 round, or 2 if it fired
+    fixations: list = field(default_factory=list)  # arr.Fixation: under ARR's Options.refixate 1 round, or 2 if it fired
     refixate: float | None = None  # the threshold tau the answer ran under (None: refixation off)
     history: History | None = field(default=None, repr=False)  # the conversation after this answer (Request.converse)
     turn: int | None = None  # in a conversation: this answer's turn, 1 for the first (None: a single question)

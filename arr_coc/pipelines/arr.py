@@ -6,21 +6,21 @@ arr: ARR-COC. The image walks down once:
 
 Where the native view holds no more cells than ARR's LLM would read (the gestalt plus the budget: native_reason),
 ARR chooses nothing and reads the native view whole, exactly as `full` does (read_native; Answer.reads_native says
-why): choosing would read more tokens than `full`, from a candidate grid upsampled past the image. Request.upsample
+why): choosing would read more tokens than `full`, from a candidate grid upsampled past the image. ARR's Options.upsample
 chooses anyway. Under the adaptive budget the test waits for K, after selection.
 
-Under Request.refixate (tau), an answer whose confidence (answer_confidence: its least probable token's
+Under ARR's Options.refixate (tau), an answer whose confidence (answer_confidence: its least probable token's
 probability) is below tau makes ARR look again, from relevance down (refixate):
 
     answer 1 -> VLM (the prior pass with the first saccades in its context) -> relevance (re-scored, the gestalt
           context now gestalt + first saccades; K2 cells not yet read) -> VLM (gestalt + both rounds' saccades,
           one block at their true M-RoPE places) -> answer 2
 
-With Request.refixate_guide "attention" the second look goes where answer 1 itself looked instead (attention_guide:
+With ARR's Options.refixate_guide "attention" the second look goes where answer 1 itself looked instead (attention_guide:
 its tokens' attention to the gestalt and the first saccades, teacher-forced over the first prompt, on the
 candidate grid, each cell taking the most of its 3x3 neighbourhood), with no second prior pass.
 
-Under Request.look "two_scale" the first look reads two scales (closer_look; arr_coc.pipelines.two_scale):
+Under ARR's Options.look "two_scale" the first look reads two scales (closer_look; arr_coc.pipelines.two_scale):
 
     relevance -> a crop of crop_tokens native cells around its peak, a view of its own -> VLM (the crop's tokens, the
           prior pass on them) -> its gaze in the prior over the crop's cells -> relevance again, the crop's cells
@@ -32,7 +32,7 @@ The crop's tokens count in ARR's visual tokens (arr_visual_tokens, look_tokens: 
 In a conversation (arr_coc.pipelines.conversation) each follow-up question is read anew (follow_up):
 
     turn 1's observation (views, gestalt tokens, texture array: encoded once) -> the prior pass and the scorers
-          on the new question -> its cells (with Request.fresh_cells, none an earlier turn read), encoded at their
+          on the new question -> its cells (with ARR's Options.fresh_cells, none an earlier turn read), encoded at their
           true places -> VLM (the conversation so far from its cache, then a new image block and the question)
 
 ARR's own types live here: Observation (what it reads), Scene (an observation scored), Saccade and Fixation (a
@@ -42,19 +42,20 @@ request, answer and steps (arr_coc.pipelines.request, .answer, .steps); none of 
 
 observe / prepare / score / select are also what the app, training and the bench call (with ARRCOCQwen.parts: the
 app re-selects a scored scene; training scores observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
-faithfulness alike. An ablation (Request.ablation, arr_coc.relevance.ablation) is applied at those steps:
+faithfulness alike. An ablation (ARR's Options.ablation, arr_coc.relevance.ablation) is applied at those steps:
 the prior and the weights in score, the saccade count and order in select, the gestalt block in arr_prompt.
 
     views = views_of(parts, image)                          # steps.views_of; parts: ARRCOCQwen(...).parts
     answer = finished(answer(parts, views, "What does the sign say?", Request(budget=273)))   # tokens, then the Answer
-    raster = Request(ablation=ABLATIONS["raster"])   # a name is made its Ablation by request.check_request
-    answer = finished(answer(parts, views, "What does the sign say?", raster))
-    answer = finished(answer(parts, views, "What does the sign say?", Request(refixate=0.5)))
+    raster = Request(options=(Options(ablation=ABLATIONS["raster"]),))   # ARR's settings: arr_options.Options (a
+    answer = finished(answer(parts, views, "What does the sign say?", raster))  # name: its Ablation by check_request)
+    answer = finished(answer(parts, views, "What does the sign say?", Request(options=(Options(refixate=0.5),))))
     box = views.box_coverage([40, 60, 200, 90]) > 0   # [GH, GW]: the cells a pixel box touches
-    answer = finished(answer(parts, views, "What does the sign say?", Request(include=box)))   # forced in (the oracle)
+    answer = finished(answer(parts, views, "What does the sign say?", Request(options=(Options(include=box),))))  # oracle
     first = finished(answer(parts, views, "What does the sign say?", Request(converse=True)))
     second = finished(follow_up(parts, first, "And the date?", Request(), read=None))
     scene = prepare(parts, views, "What does the sign say?", Request(budget=40))   # up to selection: the Microscope
+    # (Options: ARR's settings, arr_coc.pipelines.arr_options)
     out = select(layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt), 40)
 """
 
@@ -66,7 +67,8 @@ import torch.nn.functional as F
 
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confidence
-from arr_coc.pipelines.request import Parts, Request, ablation_named
+from arr_coc.pipelines.arr_options import ablation_named, arr_options
+from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.steps import continue_prompt, finish, generate, read_view, start_watch
 from arr_coc.pipelines.steps import follow_up as stock_follow_up
 from arr_coc.pipelines.two_scale import (Crop, crop_first, crop_gflops, crop_prior_map, crop_token_count,
@@ -92,7 +94,7 @@ class Saccade:
     col: int  # candidate-grid column
     score: float  # relevance
     box: list[int]  # [x0, y0, x1, y1] in the original image's pixels
-    round: int = 1  # the fixation that chose it: 1, or 2 for a second look (Request.refixate)
+    round: int = 1  # the fixation that chose it: 1, or 2 for a second look (ARR's Options.refixate)
 
 
 @dataclass
@@ -107,7 +109,7 @@ class Observation:
     textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
     gestalt_states: torch.Tensor | None = None  # [1, gh, gw, D] the prior pass's gestalt states at its layer
     question_states: torch.Tensor | None = None  # [1, Lq, D] the prior pass's question rows' states there
-    crop: Crop | None = None  # the two-scale look's crop (Request.look "two_scale"), whose gaze is in `prior` over
+    crop: Crop | None = None  # the two-scale look's crop (ARR's Options.look "two_scale"), whose gaze is in `prior` over
     # the cells it covers (two_scale.crop_prior_map); None for one look
 
 
@@ -132,7 +134,7 @@ class Scene:
 
 @dataclass
 class Fixation:
-    """One round of ARR's looking under Request.refixate: the saccades it added and the answer read after them."""
+    """One round of ARR's looking under ARR's Options.refixate: the saccades it added and the answer read after them."""
     saccades: int  # visual tokens this round added (K1, then K2)
     text: str  # the answer generated after this round
     confidence: float  # that answer's confidence (answer_confidence)
@@ -190,7 +192,7 @@ def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_t
     or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
     under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions). exclude [1, GH, GW]:
     cells not to select (a conversation's earlier turns'); a fixed budget then takes at most the cells left.
-    include [1, GH, GW]: cells always selected (Request.include), the budget's most relevant of them where they
+    include [1, GH, GW]: cells always selected (ARR's Options.include), the budget's most relevant of them where they
     are more, fed among the others in the same order."""
     budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
     if exclude is not None and budget != AUTO:
@@ -200,14 +202,15 @@ def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_t
 
 
 def included_cells(request: Request, grid: tuple[int, int]) -> torch.Tensor | None:
-    """A request's cells forced into the first look (Request.include [GH, GW] bool) -> [1, GH, GW], or None;
+    """A request's cells forced into the first look (ARR's Options.include [GH, GW] bool) -> [1, GH, GW], or None;
     InputError where they are not on this image's (GH, GW) candidate grid."""
-    if request.include is None:
+    include = arr_options(request).include
+    if include is None:
         return None
-    if tuple(request.include.shape) != tuple(grid):
-        raise InputError(f"include marks cells of a {'x'.join(map(str, request.include.shape))} grid; this image's "
+    if tuple(include.shape) != tuple(grid):
+        raise InputError(f"include marks cells of a {'x'.join(map(str, include.shape))} grid; this image's "
                          f"candidate grid is {grid[0]}x{grid[1]}")
-    return request.include.bool().unsqueeze(0)
+    return include.bool().unsqueeze(0)
 
 
 def native_reason(views: Views, gestalt: int, saccades: int) -> str | None:
@@ -226,11 +229,12 @@ def native_reason(views: Views, gestalt: int, saccades: int) -> str | None:
 
 def planned_reason(parts: Parts, views: Views, request: Request, ablation: Ablation) -> str | None:
     """native_reason at the request's fixed budget, before ARR looks (None under the adaptive budget, known only
-    after selection, or Request.upsample): the gestalt's tokens if the ablation reads it, and its saccade count."""
-    gestalt = views.gestalt_grid[0] * views.gestalt_grid[1]
-    K = ablation.saccade_budget((request.layer or parts.layer).config.budget if request.budget is None
+    after selection, or ARR's Options.upsample): the gestalt's tokens if the ablation reads it, and its saccade
+    count."""
+    gestalt, arr = views.gestalt_grid[0] * views.gestalt_grid[1], arr_options(request)
+    K = ablation.saccade_budget((arr.layer or parts.layer).config.budget if request.budget is None
                                 else request.budget, gestalt)
-    if request.upsample or K == AUTO:
+    if arr.upsample or K == AUTO:
         return None
     return native_reason(views, gestalt if ablation.gestalt else 0, int(K) + look_tokens(parts, views, request))
 
@@ -250,12 +254,13 @@ def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: st
     native view's cells where it holds no more (native_reason: ARR reads it whole) (the reducers keep as many, so
     every row reads the same number of visual tokens). Under the adaptive budget ("auto") the saccades are ARR's K
     for this image and question: ARR observes and scores them to know it."""
-    budget = request.budget if request.budget is not None else (request.layer or parts.layer).config.budget
+    arr = arr_options(request)
+    budget = request.budget if request.budget is not None else (arr.layer or parts.layer).config.budget
     if budget == AUTO:
         budget = adaptive_budget(parts, views, request, question)
     gh, gw = views.gestalt_grid
     crop = look_tokens(parts, views, request)  # the two-scale look's crop: through the tower and the prior pass
-    if request.upsample or native_reason(views, gh * gw, int(budget) + crop) is None:
+    if arr.upsample or native_reason(views, gh * gw, int(budget) + crop) is None:
         return gh * gw + int(budget) + crop
     return views.native_grid[0] * views.native_grid[1]  # ARR reads the native view whole (native_reason)
 
@@ -263,7 +268,8 @@ def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: st
 def look_tokens(parts: Parts, views: Views, request: Request) -> int:
     """The visual tokens ARR's look reads beside the gestalt and its saccades: the two-scale look's crop
     (two_scale.crop_token_count; it passes the vision tower and the prior pass), 0 for one look."""
-    return crop_token_count(views, request.crop_tokens, parts.vlm.min_pixels) if request.look == "two_scale" else 0
+    arr = arr_options(request)
+    return crop_token_count(views, arr.crop_tokens, parts.vlm.min_pixels) if arr.look == "two_scale" else 0
 
 
 def closer_look(parts: Parts, observation: Observation, maps: ScoreMaps, request: Request, ablation: Ablation,
@@ -275,10 +281,11 @@ def closer_look(parts: Parts, observation: Observation, maps: ScoreMaps, request
     textures and the gestalt's context as they were, the crop choosing among its own cells -> (the observation with
     its crop, its maps).
     """
-    crop = look_closer(parts, observation.views, observation.question, maps.relevance, request.crop_tokens, watch)
+    arr = arr_options(request)
+    crop = look_closer(parts, observation.views, observation.question, maps.relevance, arr.crop_tokens, watch)
     closer = replace(observation, prior=crop_prior_map(observation.prior, crop), crop=crop)
     with watch.section("selection"):
-        maps = score(closer, (request.layer or parts.layer).graphed_score, ablation)
+        maps = score(closer, (arr.layer or parts.layer).graphed_score, ablation)
         return closer, replace(maps, relevance=crop_first(maps.relevance, crop))
 
 
@@ -297,11 +304,12 @@ def adaptive_budget(parts: Parts, views: Views, request: Request, question: str 
     """ARR's adaptive K for an image and a question (observe, score and select, as ARR's answer runs them)."""
     if question is None:
         raise ValueError("the adaptive budget depends on the question: arr_visual_tokens needs it")
-    layer = request.layer or parts.layer
+    arr = arr_options(request)
+    layer = arr.layer or parts.layer
     observation = observe(parts, views, question)
     maps = score(observation, layer.graphed_score)
-    return select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, request.strategy,
-                  settings=request.tensions).budgets[0]
+    return select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, arr.strategy,
+                  settings=arr.tensions).budgets[0]
 
 
 @torch.no_grad()
@@ -309,10 +317,11 @@ def prepare(parts: Parts, views: Views, question: str, request: Request, watch: 
     """Observe, then score with the request's layer (default: the parts') under its ablation (an Ablation or its
     name): everything up to selection, kept so that a new strategy or budget re-selects at once (select)."""
     watch = watch or Stopwatch(parts.vlm.device)
-    ablation = ablation_named(request.ablation)
+    arr = arr_options(request)
+    ablation = ablation_named(arr.ablation)
     observation = observe(parts, views, question, watch)
     with watch.section("selection"):
-        maps = score(observation, (request.layer or parts.layer).graphed_score, ablation)
+        maps = score(observation, (arr.layer or parts.layer).graphed_score, ablation)
     return Scene(observation, maps, ablation)
 
 
@@ -348,12 +357,12 @@ def second_look_saccades(refixate_budget: int | None, first: int) -> int:
 
 def second_look_budget(request: Request, first: ARRCOCOutput) -> int:
     """
-    The second look's saccades K2, from the first look's K (request.refixate_budget, else a share of K). After an
-    adaptive first look (--budget auto: a K the user did not choose) K2 is capped by the cells not yet read, 0
+    The second look's saccades K2, from the first look's K (ARR's Options.refixate_budget, else a share of K). After
+    an adaptive first look (--budget auto: a K the user did not choose) K2 is capped by the cells not yet read, 0
     when none is left (no second look); a fixed budget whose second look cannot fit is the allocator's error.
     """
     K = first.indices.shape[1]
-    K2 = second_look_saccades(request.refixate_budget, K)
+    K2 = second_look_saccades(arr_options(request).refixate_budget, K)
     return min(K2, first.grid[0] * first.grid[1] - K) if first.auto_budget else K2
 
 
@@ -393,17 +402,17 @@ def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: 
     """
     The second fixation's relevance and saccades, K2 cells not yet read (under the request's tensions, a fixed K2
     even after an adaptive first look; in the ablation's order), encoded -> (its selection, its tokens [K2, D], the
-    tokens of the attention guide's pass or None). Pointed by request.refixate_guide: "prior", the prior pass again
-    with the first round's saccades `seen` between the gestalt and the question, the layer re-scoring with them
+    tokens of the attention guide's pass or None). Pointed by ARR's Options.refixate_guide: "prior", the prior pass
+    again with the first round's saccades `seen` between the gestalt and the question, the layer re-scoring with them
     beside the gestalt; "attention", where the first `answer` looked (attention_guide; the prior's way when the
     answer is empty, as it has no tokens to read).
     """
-    vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
-    views = observation.views
+    vlm, arr = parts.vlm, arr_options(request)
+    layer, ablation, views = arr.layer or parts.layer, arr.ablation or NO_ABLATION, observation.views
     K2 = second_look_budget(request, first)
     guide_tokens = None
     with watch.section("selection"):
-        if request.refixate_guide == "attention" and answer.strip():
+        if arr.refixate_guide == "attention" and answer.strip():
             guide, guide_tokens = attention_guide(vlm, observation, first, seen, answer, ablation.gestalt)
             maps = first_maps(first, guide)
         else:
@@ -413,8 +422,8 @@ def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: 
             maps = score(again, layer.graphed_score, ablation, seen)
         read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
                            device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
-        out = ablation.feed(layer.select(maps, views.candidate_grid, K2, request.strategy,
-                                         tension_settings(request.tensions, ablation), read.view(-1, *first.grid),
+        out = ablation.feed(layer.select(maps, views.candidate_grid, K2, arr.strategy,
+                                         tension_settings(arr.tensions, ablation), read.view(-1, *first.grid),
                                          ablation.busy_pages))
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
@@ -450,7 +459,7 @@ def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, sac
     gestalt and both rounds' saccades, its tokens yielded as they come -> (its Fixation, every saccade [K + K2, D],
     the prompt, its generation, new tokens, its compute) as the generator's value.
     """
-    vlm, ablation = parts.vlm, request.ablation or NO_ABLATION
+    vlm, ablation = parts.vlm, arr_options(request).ablation or NO_ABLATION
     before, start = dict(watch.ms), watch.now()
     second, more, guide_tokens = refixate(parts, observation, first, saccades, request, watch, answer)
     everything = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
@@ -467,9 +476,10 @@ def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, sac
 @torch.no_grad()
 def answer(parts: Parts, views: Views, question: str, request: Request):
     """One ARR answer, the image walking down once (the module docstring's diagram): its tokens as they come, then
-    its Answer. Under request.refixate, a second fixation when the first answer's confidence is below tau (only the
-    final answer's tokens are yielded)."""
-    vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
+    its Answer. Under ARR's Options.refixate, a second fixation when the first answer's confidence is below tau (only
+    the final answer's tokens are yielded)."""
+    vlm, arr = parts.vlm, arr_options(request)
+    layer, ablation = arr.layer or parts.layer, arr.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
     include = included_cells(request, views.candidate_grid)  # [1, GH, GW] or None; checked even where ARR reads whole
     if why := planned_reason(parts, views, request, ablation):  # the native view holds no more than ARR would read
@@ -478,21 +488,20 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     yield None
     with watch.section("selection"):  # relevance: scorers, balancer
         maps = score(observation, layer.graphed_score, ablation)
-    if request.look == "two_scale":  # the crop around the peak re-read: its gaze chooses the cells inside it
+    if arr.look == "two_scale":  # the crop around the peak re-read: its gaze chooses the cells inside it
         observation, maps = closer_look(parts, observation, maps, request, ablation, watch)
     with watch.section("selection"):  # `budget` cells
-        out = select(layer, maps, views.candidate_grid, len(observation.gestalt), request.budget, request.strategy,
-                     ablation, request.tensions, include=include)
+        out = select(layer, maps, views.candidate_grid, len(observation.gestalt), request.budget, arr.strategy,
+                     ablation, arr.tensions, include=include)
     read_gestalt = len(observation.gestalt) if ablation.gestalt else 0  # the gestalt is encoded for the prior either way
     n_crop = 0 if observation.crop is None else len(observation.crop.tokens)  # passed the tower and the prior pass
-    if out.auto_budget and not request.upsample and (why := native_reason(views, read_gestalt,
-                                                                          out.budgets[0] + n_crop)):
+    if out.auto_budget and not arr.upsample and (why := native_reason(views, read_gestalt, out.budgets[0] + n_crop)):
         return (yield from read_native(parts, views, question, request, watch, start, why, ablation))
     with watch.section("vision"):  # VLM: the selected cells at their true places
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     yield None
     prompt = arr_prompt(vlm, observation, saccades, gestalt=ablation.gestalt)  # VLM: gestalt + saccades + question
-    refixing = request.refixate is not None  # then the first answer may not be the last: nothing yielded yet
+    refixing = arr.refixate is not None  # then the first answer may not be the last: nothing yielded yet
     generation, new_tokens = yield from generate(vlm, prompt, watch, request, silent=refixing)
     n_gestalt, K = len(observation.gestalt), out.indices.shape[1]
     gflops = round_gflops(vlm, parts, [n_gestalt, K] if K else [n_gestalt], prompt, read_gestalt, n_gestalt, 0, K)
@@ -502,7 +511,7 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     if refixing:
         fixations.append(Fixation(K, vlm.decode(generation.ids), answer_confidence(vlm, generation),
                                   round_ms(watch, {}, start), out))
-        if fixations[0].confidence >= request.refixate or not second_look_budget(request, out):
+        if fixations[0].confidence >= arr.refixate or not second_look_budget(request, out):
             yield from generation.ids[0].tolist()  # the first answer is the last
         else:  # look again: K2 cells not yet read, then the answer over gestalt + both rounds' saccades
             look, saccades, prompt, generation, new_tokens, more = yield from second_look(
@@ -514,7 +523,7 @@ def answer(parts: Parts, views: Views, question: str, request: Request):
     tokens = TokenCounts.of_prompt(prompt.length, read_gestalt, K, crop=n_crop)
     yield finish(vlm, "arr", generation, new_tokens, tokens, watch, start, views, gflops, arr=out, saccades=rows,
                  observation=observation, ablation=None if ablation is NO_ABLATION else ablation.name,
-                 fixations=fixations, refixate=request.refixate)
+                 fixations=fixations, refixate=arr.refixate)
 
 
 @torch.no_grad()
@@ -522,13 +531,14 @@ def follow_up(parts: Parts, last: Answer, question: str, request: Request, read:
     """
     A conversation's next question, read anew (the module docstring's second diagram): the first turn's views,
     gestalt tokens and texture array, the prior pass and the scorers on this question, its cells (none of
-    `read` [GH, GW], the cells earlier turns read, with Request.fresh_cells) encoded at their true places as a
+    `read` [GH, GW], the cells earlier turns read, with ARR's Options.fresh_cells) encoded at their true places as a
     new image block, and the question, after the conversation so far (only this turn is prefilled). Yields its
     tokens, then its Answer.
     """
     if last.reads_native is not None:  # the first turn read the whole native view: the question alone, as full's
         return (yield from stock_follow_up(parts, "arr", last, question, request, reads_native=last.reads_native))
-    vlm, layer, ablation = parts.vlm, request.layer or parts.layer, request.ablation or NO_ABLATION
+    vlm, arr = parts.vlm, arr_options(request)
+    layer, ablation = arr.layer or parts.layer, arr.ablation or NO_ABLATION
     watch, start = start_watch(vlm.device)
     first = last.observation
     views = first.views
@@ -536,9 +546,9 @@ def follow_up(parts: Parts, last: Answer, question: str, request: Request, read:
         observation = replace(first, question=question, question_embeds=vlm.question_embeds(question),
                               **question_prior(parts, question, first.gestalt, views))
         maps = score(observation, layer.graphed_score, ablation)
-        exclude = read.unsqueeze(0) if request.fresh_cells and read is not None else None  # [1, GH, GW]
-        out = select(layer, maps, views.candidate_grid, len(first.gestalt), request.budget, request.strategy,
-                     ablation, request.tensions, exclude)
+        exclude = read.unsqueeze(0) if arr.fresh_cells and read is not None else None  # [1, GH, GW]
+        out = select(layer, maps, views.candidate_grid, len(first.gestalt), request.budget, arr.strategy,
+                     ablation, arr.tensions, exclude)
     with watch.section("vision"):
         saccades = encode_saccades(vlm, observation, out.positions[0])  # [K, D]
     yield None

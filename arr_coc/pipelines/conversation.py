@@ -5,15 +5,15 @@ own tokens (arr_coc.vlm.decoder).
 
 - ARR reads each question anew (arr.follow_up): the gestalt, its tokens and the texture array come from turn 1;
   the prior pass and the scorers run on the new question, and its cells join the conversation as a new image
-  block at their true places, before the question. With Request.fresh_cells a turn reads only cells no earlier
+  block at their true places, before the question. With ARR's Options.fresh_cells a turn reads only cells no earlier
   turn read.
 - Every other pipeline reads its image once, in turn 1; later turns add the question alone, as the stock chat
   template builds a conversation (steps.follow_up). FastV cannot hold one: its layers' caches differ in length.
 
     chat = Conversation("arr", image)              # parts: arr_coc.pipelines.request.Parts; views: steps.views_of
     first = finished(chat.ask(parts, views_of(parts, image), "What is the value of KEY?", Request()))
-    second = finished(chat.ask(parts, None, "What colour is the box around HAMMER?", Request(fresh_cells=True)))
-    second.turn, second.prefilled, second.context, chat.moves()[-1].new
+    second = finished(chat.ask(parts, None, "What colour is the box around HAMMER?", Request(options=(Options(fresh_cells=True),))))
+    second.turn, second.prefilled, second.context, chat.moves()[-1].new   # Options: ARR's (arr_options)
 """
 
 from contextlib import closing
@@ -25,6 +25,7 @@ from arr_coc import pipelines
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer
 from arr_coc.pipelines.arr import Observation
+from arr_coc.pipelines.arr_options import arr_options
 from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.steps import follow_up
 from arr_coc.vlm.views import Views
@@ -77,7 +78,7 @@ class Conversation:
         module = pipelines.load(self.pipeline)
         if not self.answers:
             steps = pipelines.answer_of(self.pipeline)(parts, views, question, replace(request, converse=True))
-        elif request.refixate is not None:
+        elif arr_options(request).refixate is not None:
             raise InputError("refixation (a second look) runs on a conversation's first turn only")
         elif hasattr(module, "follow_up"):  # ARR: reads each question anew
             steps = module.follow_up(parts, self.answers[-1], question, request, self.read)

@@ -3,8 +3,12 @@ A pipeline declares itself: one record (Pipeline) says what the registry, the co
 the generated docs need to know of it, torch-free, so the commands check their flags before torch loads. Each
 pipeline's record is its declaration module's PIPELINE (arr_coc/pipelines/declared/<name>.py, found there by
 arr_coc.pipelines); its answer lives in `module`, imported on first use. A pipeline's own settings are its Options
-dataclass, each field a flag (arr_coc.flags.flag: its help, default and parse-time check): run and evaluate take them
-as flags, a Request carries them (Request.options), the pipeline reads its own (options_of).
+dataclass: a Request carries them (Request.options, what every pipeline shares in its own fields), the pipeline reads
+its own (options_of), ARRCOCQwen.answer takes them by name (with_settings). A reducer's Options' fields are flags
+(arr_coc.flags.flag: its help, default and parse-time check): run and evaluate take them as flags of their own
+(flags.with_flags_of). ARR's (arr_coc.pipelines.arr_options: its strategy, ablation, second look, look, ...) are
+plain fields: the commands name them in flags of their own (run's --strategy, evaluate's --strategies, a row each;
+arr_coc.commands.cli), and cli.request puts the flags a command has into them.
 
     @dataclass(frozen=True)
     class Options:
@@ -35,7 +39,8 @@ class Pipeline:
     budget_free: bool = False  # no budget changes it: a budget sweep runs it once
     from_embeds: bool = False  # its LLM reads our own embeddings (vlm.prompt) under either engine: stock generate()
     # cannot take Qwen3-VL's (it would drop their DeepStack features), so under its hf engine it has no row
-    options: type | None = None  # its own settings, a dataclass whose fields are flags (None: it has none)
+    options: type | None = None  # its own settings, a frozen dataclass (None: it has none): fields that are flags
+    # (a reducer's), or plain fields the commands' own flags fill (ARR's, arr_options)
     answer: str = "answer"  # the name in `module` of its answer(parts, views, question, request): a generator of its
     # tokens, then its Answer (arr_coc.pipelines.steps); the stock views share stock.py, the PixelPrunes pixelprune.py
 

@@ -1,6 +1,6 @@
 """
 two_scale: ARR's two-scale look (issue #61 part 3; ZoomEye's and Q-Zoom's coarse-to-fine). At 1792 px a gestalt
-token covers 4 x 4 native cells, so the gestalt's prior cannot point at anything smaller. Under Request.look
+token covers 4 x 4 native cells, so the gestalt's prior cannot point at anything smaller. Under ARR's Options.look
 "two_scale" the first look re-reads the region around the relevance peak as a view of its own:
 
     the page's relevance (the scorers on the gestalt's prior) -> its peak -> a rectangle of crop_tokens candidate

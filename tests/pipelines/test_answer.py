@@ -12,6 +12,7 @@ from PIL import Image
 from arr_coc.errors import InputError
 from arr_coc.pipelines import check_pipeline
 from arr_coc.pipelines.answer import TokenCounts, Timings, answer_confidence
+from arr_coc.pipelines.arr_options import Options as ArrOptions, arr_options
 from arr_coc.pipelines.request import Request, check_question, check_request, with_settings
 from arr_coc.pipelines.steps import views_of
 from arr_coc.pipelines.arr import second_look_saccades
@@ -31,24 +32,25 @@ def test_a_question_is_stripped_and_an_empty_or_overlong_one_refused():
 
 @pytest.mark.parametrize("request_, message", [(Request(max_new_tokens=0), "between 1 and 1024, got 0"),
                                                (Request(max_new_tokens=1025), "between 1 and 1024, got 1025"),
-                                               (Request(refixate=1.5), "between 0 and 1, got 1.5"),
-                                               (Request(refixate=float("nan")), "between 0 and 1, got nan"),
-                                               (Request(refixate_budget=0), "at least 1, got 0")])
+                                               (Request(options=(ArrOptions(refixate=1.5),)), "between 0 and 1, got 1.5"),
+                                               (Request(options=(ArrOptions(refixate=float("nan")),)),
+                                                "between 0 and 1, got nan"),
+                                               (Request(options=(ArrOptions(refixate_budget=0),)), "at least 1, got 0")])
 def test_a_request_out_of_bounds_is_refused_naming_the_bound(request_, message):
     with pytest.raises(InputError, match=message):
         check_request(request_)
 
 
 def test_a_request_within_bounds_passes_unchanged():
-    request = Request(max_new_tokens=1024, refixate=0.0, refixate_budget=1)
+    request = Request(max_new_tokens=1024, options=(ArrOptions(refixate=0.0, refixate_budget=1),))
     assert check_request(request) is request
 
 
 def test_settings_by_name_go_over_a_request_and_an_unknown_one_is_named():
-    base = Request(max_new_tokens=8, strategy="grid")
-    assert with_settings(base, dict(budget="auto", max_new_tokens=2)) == Request(max_new_tokens=2, strategy="grid",
-                                                                                 budget="auto")
-    assert base == Request(max_new_tokens=8, strategy="grid")  # the request given is left as it was
+    base = Request(max_new_tokens=8, options=(ArrOptions(strategy="grid"),))
+    assert with_settings(base, dict(budget="auto", max_new_tokens=2)) == Request(
+        max_new_tokens=2, options=(ArrOptions(strategy="grid"),), budget="auto")
+    assert base == Request(max_new_tokens=8, options=(ArrOptions(strategy="grid"),))  # the request given is left as it was
     assert with_settings(None, {}) == Request()
     with pytest.raises(InputError, match=r"unknown request setting 'max_new_token': a Request has max_new_tokens, "):
         with_settings(None, dict(max_new_token=2))
@@ -57,19 +59,24 @@ def test_settings_by_name_go_over_a_request_and_an_unknown_one_is_named():
 
 
 def test_an_ablation_by_name_becomes_its_ablation_in_one_place():
-    assert check_request(Request(ablation="raster")).ablation is ABLATIONS["raster"]
-    assert check_request(Request(ablation=ABLATIONS["raster"])).ablation is ABLATIONS["raster"]
+    def ablated(ablation):
+        return Request(options=(ArrOptions(ablation=ablation),))
+
+    assert arr_options(check_request(ablated("raster"))).ablation is ABLATIONS["raster"]
+    assert arr_options(check_request(ablated(ABLATIONS["raster"]))).ablation is ABLATIONS["raster"]
     for none in (None, "none", NO_ABLATION):
-        assert check_request(Request(ablation=none)).ablation is None
+        assert arr_options(check_request(ablated(none))).ablation is None
     with pytest.raises(InputError, match="unknown ablation 'nope': one of information,"):
-        check_request(Request(ablation="nope"))
+        check_request(ablated("nope"))
 
 
 @pytest.mark.parametrize("pipeline, request_, message", [
     ("nonesuch", Request(), "pipeline must be one of"),
-    ("full", Request(ablation="raster"), r"an ablation \(raster\) switches off part of ARR: it needs the arr pipeline"),
-    ("full", Request(ablation=ABLATIONS["raster"]), r"an ablation \(raster\) switches off part of ARR"),
-    ("gestalt", Request(refixate=0.5), "refixation is ARR's second look: it needs the arr pipeline, not gestalt"),
+    ("full", Request(options=(ArrOptions(ablation="raster"),)),
+     r"an ablation \(raster\) switches off part of ARR: it needs the arr pipeline"),
+    ("full", Request(options=(ArrOptions(ablation=ABLATIONS["raster"]),)), r"an ablation \(raster\) switches off part of ARR"),
+    ("gestalt", Request(options=(ArrOptions(refixate=0.5),)),
+     "refixation is ARR's second look: it needs the arr pipeline, not gestalt"),
 ])
 def test_a_pipeline_refuses_what_only_arr_does(pipeline, request_, message):
     with pytest.raises(InputError, match=message):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 from PIL import Image
 
+from arr_coc.pipelines.arr_options import Options as ArrOptions
 from arr_coc.pipelines.request import Request
 from arr_coc.pipelines.arr import Saccade, block_tokens, saccade_list, second_look_budget
 from arr_coc.vlm.views import Views
@@ -37,13 +38,13 @@ def test_the_second_look_after_an_adaptive_first_is_capped_by_the_cells_left():
     fixed = SimpleNamespace(indices=torch.zeros(1, 273), grid=(32, 32), auto_budget=False)
     adaptive = SimpleNamespace(indices=torch.zeros(1, 1000), grid=(32, 32), auto_budget=True)  # 24 of 1024 left
     assert second_look_budget(Request(), fixed) == 136  # half of 273
-    assert second_look_budget(Request(refixate_budget=40), fixed) == 40  # fixed: the allocator says if it cannot fit
-    assert second_look_budget(Request(refixate_budget=40), adaptive) == 24
+    assert second_look_budget(Request(options=(ArrOptions(refixate_budget=40),)), fixed) == 40  # fixed: the allocator says if it cannot fit
+    assert second_look_budget(Request(options=(ArrOptions(refixate_budget=40),)), adaptive) == 24
     assert second_look_budget(Request(), adaptive) == 24  # half of 1000, capped
 
 
 def test_cells_forced_in_are_read_and_a_wrong_grid_or_another_pipeline_is_refused(arr_model):
-    """Request.include on the tiny model: the box's cells (on the views' candidate grid: 32 x 32 of 14 px at 448²,
+    """ARR's Options.include on the tiny model: the box's cells (on the views' candidate grid: 32 x 32 of 14 px at 448²,
     the box [98, 112, 140, 140] covering rows 8-9, columns 7-9) are among ARR's 40 saccades, which stay unique;
     include on another grid, or for a pipeline without saccades, is refused in one line (also where ARR would read
     the native view whole: the tiny model's 448² holds 16 x 16 cells, fewer than its gestalt plus 40)."""
@@ -56,12 +57,14 @@ def test_cells_forced_in_are_read_and_a_wrong_grid_or_another_pipeline_is_refuse
     assert views.candidate_grid == (32, 32)
     box = views.box_coverage([98, 112, 140, 140]) > 0  # [32, 32]
     assert box.nonzero().tolist() == [[8, 7], [8, 8], [8, 9], [9, 7], [9, 8], [9, 9]]
-    request = Request(budget=40, include=box, max_new_tokens=1, upsample=True)  # choose: its 16x16 native cells
+    request = Request(budget=40, max_new_tokens=1,
+                      options=(ArrOptions(include=box, upsample=True),))  # choose: its 16x16 native cells
     a = arr_model.answer(views, "What is here?", "arr", request)  # ARR would read whole
     read = a.arr.indices[0].tolist()
     assert len(read) == len(set(read)) == 40 and {8 * 32 + 7, 8 * 32 + 8, 8 * 32 + 9, 9 * 32 + 7, 9 * 32 + 8,
                                                   9 * 32 + 9} <= set(read)
     with pytest.raises(InputError, match="include marks cells of a 16x16 grid; this image's candidate grid is 32x32"):
-        arr_model.answer(views, "What is here?", "arr", Request(include=torch.ones(16, 16, dtype=torch.bool)))
+        arr_model.answer(views, "What is here?", "arr",
+                         Request(options=(ArrOptions(include=torch.ones(16, 16, dtype=torch.bool)),)))
     with pytest.raises(InputError, match="need the arr pipeline, not full"):
-        arr_model.answer(views, "What is here?", "full", Request(include=box))
+        arr_model.answer(views, "What is here?", "full", Request(options=(ArrOptions(include=box),)))

@@ -93,7 +93,9 @@ def test_a_throwaway_pipeline_declared_by_its_module_alone_is_everywhere(tmp_pat
                                  for c in ("run", "evaluate"))
     assert ROW in run_table and ROW in evaluate_table
     assert (found["echo_times"], found["pipelines_flag"]) == (5, "echo")
-    assert found["options"] == ["Options(fastv_layer=2)", "Options(pixelprune_tau=0.0)", "Options(echo_times=5)"]
+    arr, *others = found["options"]  # ARR's own Options first (the registry's order), then the reducers' and echo's
+    assert arr.startswith("Options(strategy='topk', layer=None, ablation=None, ")
+    assert others == ["Options(fastv_layer=2)", "Options(pixelprune_tau=0.0)", "Options(echo_times=5)"]
 
 
 def test_without_it_the_registry_and_the_flags_are_the_repositorys_own():
@@ -135,3 +137,35 @@ def test_a_pipelines_own_setting_by_name_goes_into_its_options():
     assert with_settings(request, dict(fastv_layer=None), OPTIONS).options == (pixelprune.Options(pixelprune_tau=4),)
     with pytest.raises(InputError, match="pixelprune_tau is a pixel difference between 0 and 255, got 300"):
         with_settings(None, dict(pixelprune_tau=300), OPTIONS)
+
+
+def test_a_request_holds_only_what_every_pipeline_shares():
+    """Issue #62 step 1: a Request's own fields are those every pipeline reads; a pipeline's own settings are its
+    Options in Request.options (ARR's among them)."""
+    from dataclasses import fields
+
+    from arr_coc.pipelines.request import Request
+
+    assert [f.name for f in fields(Request)] == ["max_new_tokens", "budget", "max_cells", "gestalt_tokens", "options",
+                                                 "stop", "converse"]
+
+
+def test_arrs_settings_are_the_arr_records_options():
+    """ARR's twelve settings, its Options on its record (arr_coc/pipelines/arr_options.py), none of them a flag of its
+    own (run's and evaluate's ARR flags are the commands'), and by name they go into it (with_settings)."""
+    from dataclasses import fields
+
+    from arr_coc.flags import flag_fields
+    from arr_coc.pipelines import OPTIONS, REGISTRY
+    from arr_coc.pipelines.arr_options import Options, arr_options
+    from arr_coc.pipelines.request import Request, with_settings
+
+    assert [f.name for f in fields(Options)] == ["strategy", "layer", "ablation", "tensions", "refixate",
+                                                 "refixate_budget", "refixate_guide", "look", "crop_tokens",
+                                                 "fresh_cells", "include", "upsample"]
+    assert REGISTRY["arr"].options is Options and Options in OPTIONS and flag_fields(Options) == []
+    request = with_settings(Request(budget=40), dict(refixate=0.5, strategy="grid"), OPTIONS)
+    assert request == Request(budget=40, options=(Options(strategy="grid", refixate=0.5),))
+    assert arr_options(with_settings(request, dict(refixate=None), OPTIONS)) == Options(strategy="grid")
+    assert arr_options(Request()) == Options() and with_settings(request, dict(refixate=None, strategy=None),
+                                                                 OPTIONS) == Request(budget=40)

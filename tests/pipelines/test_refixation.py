@@ -1,5 +1,5 @@
 """
-ARR's second fixation (arr_coc/pipelines/arr.py, Request.refixate): it fires only below tau, never revisits a
+ARR's second fixation (arr_coc/pipelines/arr.py, ARR's Options.refixate): it fires only below tau, never revisits a
 cell, adds exactly K2 saccades read with the first round's at their true M-RoPE places, re-runs the prior pass
 with the first round's saccades in its context (or, guided by attention, reads where the first answer looked), and
 with tau off leaves the answer and visual tokens as they were.
@@ -136,7 +136,7 @@ def test_after_an_adaptive_first_look_k2_is_a_share_of_its_k_capped_by_the_cells
     """--budget auto: the second look reads REFIXATE_SHARE of the first look's own K, under the same tensions (here
     e = 0.25: a quarter of K2 on coverage), never more than the cells not yet read (32 x 32 = 1024); with none
     left the first answer stands. upsample: 256 + 800 tokens would read the 896 px scene's 1024 native cells whole
-    (test_reads_native); here ARR chooses, as under Request.upsample, to reach the grid's edge."""
+    (test_reads_native); here ARR chooses, as under ARR's Options.upsample, to reach the grid's edge."""
     def ask(lo, hi):
         settings = TensionSettings(explore=0.25, min_budget=lo, max_budget=hi)
         return arr_model.answer(scene_image(896, 896), QUESTION, "arr", max_new_tokens=1, budget="auto", refixate=1.0,

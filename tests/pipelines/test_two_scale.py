@@ -1,5 +1,5 @@
 """
-ARR's two-scale look (arr_coc/pipelines/two_scale.py, Request.look "two_scale"): the crop's rectangle around the
+ARR's two-scale look (arr_coc/pipelines/two_scale.py, ARR's Options.look "two_scale"): the crop's rectangle around the
 relevance peak (clamped in-bounds), the crop's tokens against the stock Qwen2-VL processor and vision tower on the
 same cropped image, the selection the crop's prior makes (exactly the budget's unique cells, a cell the crop's gaze
 points at chosen), and the crop's tokens in ARR's visual-token count (tiny Qwen2-VL, random weights: the counts are
@@ -18,6 +18,7 @@ from arr_coc.errors import InputError
 from arr_coc.eval.rows import row_look, split_row
 from arr_coc.vlm.flops import vision_gflops
 from arr_coc.pipelines import arr
+from arr_coc.pipelines.arr_options import Options as ArrOptions, arr_options
 from arr_coc.pipelines.request import Request
 from arr_coc.pipelines.steps import views_of
 from arr_coc.pipelines.two_scale import crop_rect, look_closer
@@ -137,8 +138,9 @@ def test_the_crops_tokens_count_in_arrs_visual_tokens(arr_model):
     reads as many; the crop's vision pass is counted in the GFLOPs."""
     image = page()
     views = views_of(arr_model.parts, image)
-    assert arr.arr_visual_tokens(arr_model.parts, views, Request(budget=64, look="two_scale")) == 576
-    assert arr.arr_visual_tokens(arr_model.parts, views, Request(budget=64, look="two_scale", crop_tokens=64)) == 384
+    assert arr.arr_visual_tokens(arr_model.parts, views, Request(budget=64, options=(ArrOptions(look="two_scale"),))) == 576
+    assert arr.arr_visual_tokens(arr_model.parts, views, Request(
+        budget=64, options=(ArrOptions(look="two_scale", crop_tokens=64),))) == 384
     assert arr.arr_visual_tokens(arr_model.parts, views, Request(budget=64)) == 320
     one = arr_model.answer(views, QUESTION, "arr", max_new_tokens=1, budget=64)
     two = arr_model.answer(views, QUESTION, "arr", max_new_tokens=1, budget=64, look="two_scale")
@@ -190,5 +192,6 @@ def test_a_request_of_the_flags_carries_the_look():
     from arr_coc.commands import cli
 
     request = cli.request(run.parse_args([*RUN, "--look", "two_scale", "--crop-tokens", "64"]))
-    assert (request.look, request.crop_tokens) == ("two_scale", 64)
-    assert (cli.request(run.parse_args(RUN)).look, cli.request(run.parse_args(RUN)).crop_tokens) == ("one", 256)
+    assert (arr_options(request).look, arr_options(request).crop_tokens) == ("two_scale", 64)
+    default = arr_options(cli.request(run.parse_args(RUN)))
+    assert (default.look, default.crop_tokens) == ("one", 256)
