@@ -77,7 +77,8 @@ def test_the_shipped_checkpoints_score_as_before():
     for name, expected in EXPECTED.items():
         _, maps = scored(name)
         assert maps.scorers.shape == (1, 3, 6, 7)
-        torch.testing.assert_close(torch.tensor(probe(maps)), torch.tensor(expected), atol=2e-6, rtol=0, msg=name)
+        torch.testing.assert_close(torch.tensor(probe(maps)), torch.tensor(expected), atol=1e-5, rtol=0,
+                                   msg=name)  # 2e-6 apart between two CPUs (their float kernels), not one run
 
 
 def test_a_fourth_scorer_is_one_entry(monkeypatch):
