@@ -166,11 +166,11 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
     """
     import torch
 
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
     from arr_coc.relevance.texture import generate_texture_array
 
     device = model.vlm.device
-    o = arr.observe(model.parts, model.views(image, max_cells), "Where is the red disc?")
+    o = arr_scene.observe(model.parts, model.views(image, max_cells), "Where is the red disc?")
     grid, layer = o.views.candidate_grid, model.layer
 
     @torch.no_grad()
@@ -182,7 +182,7 @@ def bench_layer(model, image: Image.Image, repeats: int, max_cells: int) -> dict
     @torch.no_grad()
     def as_served():
         observation = replace(o, textures=model.texture(o.highres, grid))
-        return layer.select(arr.score(observation, layer.graphed_score), grid)
+        return layer.select(arr_scene.score(observation, layer.graphed_score), grid)
 
     return dict(grid=list(grid), texture_eager_ms=median_ms(lambda: generate_texture_array(o.highres, grid), repeats, device),
                 layer_eager_ms=median_ms(eager, repeats, device), layer_ms=median_ms(as_served, repeats, device))
@@ -285,7 +285,6 @@ def profile_answer(model, image: Image.Image, out: Path, size: int, new_tokens: 
     """One ARR answer (fast engine) under torch.profiler: its Chrome trace in `out`, and the table of its busiest
     kernels, returned and written beside it. Run it after every timing: once the profiler has traced CUDA, later
     launches are slower (stock `full` at 448 px took 2x its usual TTFT in the run that found it, one H200)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if model.vlm.device.type == "cuda" else [])

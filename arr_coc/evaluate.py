@@ -290,7 +290,7 @@ Job = tuple[str, int | None]  # (row, budget): None for the one --budget, and in
 def beyond_grid(row: str, budget: int, views, refixate_budget: int | None) -> str | None:
     """Why a row cannot run at this budget on this image (more saccades than candidate cells, counting a second
     look's should it fire), or None."""
-    from arr_coc.pipelines.arr import second_look_saccades
+    from arr_coc.pipelines.refixation import second_look_saccades
 
     gh, gw = views.candidate_grid
     _, _, ablation, refix = split_row(row)

@@ -15,11 +15,12 @@ the texture array, the settings: ARRCOCQwen.parts), never the façade itself.
     first = model.answer(None, "What does the sign say?", conversation=chat)
     second = model.answer(None, "And the date under it?", conversation=chat, fresh_cells=True)
     with model.serving():                                    # the lock, Stop and OOM for a pipeline's own steps
-        scene = arr.prepare(model.parts, views, "What does the sign say?", Request())
+        scene = arr_scene.prepare(model.parts, views, "What does the sign say?", Request())
 
 Each pipeline is a generator of its tokens and then its Answer (arr_coc.pipelines.steps): answer runs one to its end,
 stream hands on its text as it grows, in the caller's thread. The Answer (arr_coc.pipelines.answer), the Request
-(arr_coc.pipelines.request) and ARR's Saccade, Observation and Scene (arr_coc.pipelines.arr) are importable from here.
+(arr_coc.pipelines.request) and ARR's Saccade, Observation and Scene (arr_coc.pipelines.arr_scene) are importable
+from here.
 """
 
 import gc
@@ -35,11 +36,11 @@ from PIL import Image
 
 from arr_coc import pipelines
 from arr_coc.settings import DEFAULT_MODEL, PipelineConfig
-from arr_coc.errors import InputError, OutOfMemory, Stopped
+from arr_coc.errors import OutOfMemory, Stopped
 from arr_coc.runtime.graphs import CUDAGraphed
 from arr_coc.pipelines import PIPELINES, check_pipeline
 from arr_coc.pipelines.answer import Answer
-from arr_coc.pipelines.arr import Observation, Saccade, Scene  # noqa: F401
+from arr_coc.pipelines.arr_scene import Observation, Saccade, Scene  # noqa: F401
 from arr_coc.pipelines.conversation import Conversation
 from arr_coc.pipelines.request import (MAX_QUESTION_CHARS, Parts, CheckedQuestion, Request, check_question,  # noqa: F401
                                        check_request, check_stop, checked_question, with_settings)
@@ -185,7 +186,7 @@ class ARRCOCQwen:
         """
         The model held for one request (self.lock: requests take turns), `stop` watched at every vision block and LLM
         layer (StopCheck), and CUDA OOM made OutOfMemory once the memory is freed: around answer and stream, and
-        around a pipeline's own steps called with self.parts (the app's Microscope: arr.prepare).
+        around a pipeline's own steps called with self.parts (the app's Microscope: arr_scene.prepare).
         """
         try:
             with self.lock, self.stop_check.watching(stop):

@@ -225,7 +225,7 @@ def answer_loss(model: ARRCOCQwen, observation: Observation, out, answer: str) -
     """
     import torch
 
-    from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+    from arr_coc.pipelines.arr_layout import arr_prompt, encode_saccades
 
     vlm = model.vlm
     with torch.no_grad():
@@ -293,14 +293,14 @@ def observe_all(model: ARRCOCQwen, samples: list[Sample], show: bool = True) -> 
     """The frozen VLM's view of each sample, and its target box as cell coverage: computed once."""
     from tqdm.auto import tqdm
 
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
 
     from arr_coc.distill.student import on_grid
 
     observed, device = [], model.vlm.device
     for sample in tqdm(samples, desc="observe", unit="sample", disable=not show):
         question = check_at(sample.where, model.check_question, sample.question)  # its tokens: refused naming its line
-        observation = arr.observe(model.parts, model.views(sample.image), question)
+        observation = arr_scene.observe(model.parts, model.views(sample.image), question)
         views, target = observation.views, getattr(sample, "target", None)
         observed.append((sample, observation, None if sample.box is None else views.box_coverage(sample.box).to(device),
                          None if target is None else on_grid(target, views.candidate_grid).to(device)))
@@ -326,14 +326,14 @@ def batch_loss(model: ARRCOCQwen, scorer: Callable[..., ScoreMaps], batch: list[
     """
     import torch
 
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
 
     from arr_coc.distill.student import LOSSES
 
     distill_loss = LOSSES[cfg.distill_loss]
     loss = torch.zeros((), device=model.vlm.device)
     for sample, observation, coverage, target in batch:
-        maps = arr.score(observation, scorer)
+        maps = arr_scene.score(observation, scorer)
         if cfg.box_weight > 0 and coverage is not None:
             loss = loss + cfg.box_weight * relevance_loss(maps.relevance[0], coverage, cfg.temperature) / len(batch)
         if cfg.distill_weight > 0 and target is not None:
@@ -375,13 +375,13 @@ def evaluate(model: ARRCOCQwen, data: list[Observed], kinds: list[str], cfg: Tra
     import torch
 
     from arr_coc.distill.student import LOSSES, top_mass
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
 
     # [kinds, (samples, K, boxed samples, relevance loss, box precision, taught samples, KL, teacher's top mass)]
     sums = torch.zeros(len(kinds), 8, dtype=torch.float64)
     with torch.no_grad():
         for sample, observation, coverage, target in data:
-            maps = arr.score(observation, model.layer.graphed_score)
+            maps = arr_scene.score(observation, model.layer.graphed_score)
             out = select(model, maps, observation, cfg)
             row = [1.0, out.budgets[0], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
             if coverage is not None:
@@ -441,14 +441,14 @@ def held_out_recalls(model: ARRCOCQwen, layers: list[ARRCOCLayer], eval_samples:
     """
     import torch
 
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
 
     rows = torch.zeros(len(eval_samples), 1 + len(layers), dtype=torch.float64)  # [items, (has a box, per layer)]
     with torch.no_grad():
         for i, (sample, observation, coverage, target) in enumerate(eval_data):
             if coverage is None:
                 continue
-            selected = [select(model, arr.score(observation, layer.graphed_score), observation, cfg, layer)
+            selected = [select(model, arr_scene.score(observation, layer.graphed_score), observation, cfg, layer)
                         for layer in layers]
             recalls = [box_recall_precision(coverage, out.indices[0])[0] for out in selected]
             rows[process.rank + i * process.world_size] = torch.tensor([1.0, *recalls], dtype=torch.float64)

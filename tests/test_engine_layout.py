@@ -1,7 +1,7 @@
 """
-The vLLM plugin's prompt layout (arr_coc/engines/layout.py) against the pipelines' own (arr.arr_prompt), on the pocket
-model's fine-print page: the ids (a one-pad chat prompt, the pad replaced by arr_slot) and the M-RoPE positions
-(arr_positions) equal arr_prompt's, so neither can change alone. Seen failing with arr_slot's gestalt block one pad
+The vLLM plugin's prompt layout (arr_coc/pipelines/arr_layout.py's arr_slot, arr_positions) against the pipelines'
+own (arr_prompt, beside them), on the pocket model's fine-print page: the ids (a one-pad chat prompt, the pad
+replaced by arr_slot) and the M-RoPE positions (arr_positions) equal arr_prompt's, so neither can change alone. Seen failing with arr_slot's gestalt block one pad
 short and with the saccade block shifted one cell right.
 
     .venv/bin/python -m pytest -q tests/test_engine_layout.py
@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from arr_coc.commands import cli
-from arr_coc.engines.layout import arr_positions, arr_slot
-from arr_coc.pipelines import arr
+from arr_coc.pipelines.arr_layout import arr_positions, arr_prompt, arr_slot, encode_saccades
 from arr_coc.vlm.images import open_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +24,8 @@ QUESTION = "What is the value of PAGE?"
 def sample():
     model, _ = cli.load_model("pocket", None, "cpu", quiet=True)
     a = model.answer(open_image(ROOT / "assets" / "pocket_fine_print.png"), QUESTION, "arr")
-    saccades = arr.encode_saccades(model.vlm, a.observation, a.arr.positions[0])
-    return model.vlm.chat, a, arr.arr_prompt(model.vlm, a.observation, saccades)
+    saccades = encode_saccades(model.vlm, a.observation, a.arr.positions[0])
+    return model.vlm.chat, a, arr_prompt(model.vlm, a.observation, saccades)
 
 
 def plugin_layout(chat, a, cells):

@@ -8,9 +8,9 @@ from conftest import answers_by_engine, scene_image
 
 from arr_coc.errors import OutOfMemory
 from arr_coc.model import WARMUP_QUESTION, ARRCOCQwen
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_scene
 from arr_coc.pipelines.request import Request
-from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+from arr_coc.pipelines.arr_layout import arr_prompt, encode_saccades
 
 pytestmark = pytest.mark.gpu
 QUESTION = "What does the gray text say?"
@@ -86,11 +86,11 @@ def test_graph_replay_equals_eager_and_follows_new_inputs(cuda_model):
     for seed in (0, 1):  # the second image replays the graph captured for the first
         rng = np.random.default_rng(seed)
         pil = Image.fromarray(rng.integers(0, 255, (448, 448, 3), dtype=np.uint8))
-        o = arr.observe(cuda_model.parts, cuda_model.views(pil), QUESTION)
+        o = arr_scene.observe(cuda_model.parts, cuda_model.views(pil), QUESTION)
         eager_textures = generate_texture_array(o.highres, o.views.candidate_grid)
         torch.testing.assert_close(o.textures, eager_textures, atol=1e-5, rtol=1e-5)
         with torch.no_grad():
-            replayed = arr.score(o, cuda_model.layer.graphed_score)
+            replayed = arr_scene.score(o, cuda_model.layer.graphed_score)
         with torch.enable_grad():  # gradients on: the eager path
             eager = layer(o.textures, o.question_embeds, None, o.gestalt.features.unsqueeze(0), o.prior)
         torch.testing.assert_close(replayed.relevance, eager.relevance.detach(), atol=1e-4, rtol=1e-4)
@@ -106,10 +106,10 @@ def test_the_served_selection_replays_one_graph_and_picks_as_the_eager_one(cuda_
     layer.graphed_topk.graphs.clear()
     scenes = (scene_image(), scene_image().transpose(Image.Transpose.FLIP_LEFT_RIGHT))
     for scene in scenes:  # two scenes of one candidate grid: the second replays the graph the first captured
-        o = arr.observe(cuda_model.parts, cuda_model.views(scene), QUESTION)
+        o = arr_scene.observe(cuda_model.parts, cuda_model.views(scene), QUESTION)
         grid = o.views.candidate_grid
         with torch.no_grad():
-            maps = arr.score(o, cuda_model.layer.graphed_score)
+            maps = arr_scene.score(o, cuda_model.layer.graphed_score)
             replayed = layer.select(maps, grid)
         with torch.enable_grad():  # gradients on: _topk runs eagerly
             eager = layer.select(maps, grid)
@@ -233,7 +233,7 @@ def test_graphed_arr_equals_eager(cuda_model):
     for graphs in (False, True):
         vlm.decoder.graphs_enabled = graphs
         views = cuda_model.views(scene_image(1792, 1344))  # a scene, not noise: noise falls back to grid
-        scene = arr.prepare(cuda_model.parts, views, QUESTION, Request())
+        scene = arr_scene.prepare(cuda_model.parts, views, QUESTION, Request())
         out = scene.select(cuda_model.layer)
         assert out.fallback == [None]  # ARR's own selection is what is compared
         with torch.no_grad():

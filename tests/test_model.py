@@ -11,8 +11,8 @@ from PIL import Image
 
 from arr_coc.errors import InputError, OutOfMemory
 from arr_coc.model import ARRCOCQwen, Request
-from arr_coc.pipelines import arr
-from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+from arr_coc.pipelines import arr_scene
+from arr_coc.pipelines.arr_layout import arr_prompt, encode_saccades
 from arr_coc.pipelines.arr_options import Options as ArrOptions
 from arr_coc.relevance.ablation import ABLATIONS
 from arr_coc.relevance.config import ARRCOCConfig
@@ -101,7 +101,7 @@ def test_both_pipelines_run_the_same_weights(arr_model):
 def test_fp16_arr_path_gives_finite_logits():
     model = ARRCOCQwen.from_pretrained("tiny", dtype=torch.float16)
     assert model.vlm.model.model.language_model.dtype == torch.float16 and model.vlm.visual.dtype == torch.float32
-    scene = arr.prepare(model.parts, model.views(scene_image(896, 896)), QUESTION, Request())
+    scene = arr_scene.prepare(model.parts, model.views(scene_image(896, 896)), QUESTION, Request())
     assert torch.isfinite(scene.maps.relevance).all()
     vlm = model.vlm
     out = scene.select(model.layer)
@@ -113,7 +113,7 @@ def test_fp16_arr_path_gives_finite_logits():
 
 
 def test_reselection_needs_no_vlm(arr_model):
-    scene = arr.prepare(arr_model.parts, arr_model.views(scene_image(896, 896)), QUESTION, Request())
+    scene = arr_scene.prepare(arr_model.parts, arr_model.views(scene_image(896, 896)), QUESTION, Request())
     calls = []
     hook = arr_model.vlm.model.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
@@ -148,7 +148,8 @@ def test_shipped_checkpoints_select_273_cells_on_any_native_grid(arr_model, chec
     assert not {"gestalt_max_tokens", "budget_tokens", "prior_layer_fraction"} & config.keys()  # PipelineConfig's
     layer = arr_model.load_layer(str(checkpoint))
     image = scene_image(*size)
-    scene = arr.prepare(arr_model.parts, arr_model.views(image), QUESTION, Request(options=(ArrOptions(layer=layer),)))
+    scene = arr_scene.prepare(arr_model.parts, arr_model.views(image), QUESTION,
+                              Request(options=(ArrOptions(layer=layer),)))
     out = scene.select(layer)
     assert scene.views.candidate_grid == out.grid == grid  # the native grid: 64x64 at 1792², non-square when wide
     cells = out.positions[0].tolist()

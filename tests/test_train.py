@@ -21,8 +21,9 @@ from safetensors.torch import load_file
 from arr_coc.eval.data import make_dataset
 from arr_coc.errors import InputError
 from arr_coc.model import ARRCOCQwen
-from arr_coc.pipelines import arr
-from arr_coc.pipelines.arr import arr_prompt, encode_saccades, score, select
+from arr_coc.pipelines import arr_scene
+from arr_coc.pipelines.arr_layout import arr_prompt, encode_saccades
+from arr_coc.pipelines.arr_scene import score, select
 from arr_coc.relevance.layer import ARRCOCLayer
 from arr_coc.runtime.timing import Stopwatch
 from arr_coc.eval.intervals import bootstrap_mean
@@ -122,7 +123,7 @@ def test_the_final_log_sets_the_trained_layer_beside_the_untrained_prior_on_the_
     assert name == "prior (untrained)"
     held_out = load_samples(cfg)[1]
     for kind in ("text_vs_distractor", "distractor_query"):
-        observed = [(arr.observe(model.parts, model.views(s.image), s.question), s.box) for s in held_out if s.kind == kind]
+        observed = [(arr_scene.observe(model.parts, model.views(s.image), s.question), s.box) for s in held_out if s.kind == kind]
         for side, layer in (("trained", model.layer), ("prior", prior.layer)):
             recalls = hand_recalls(layer, observed, 273)
             assert compare[kind][side] == pytest.approx(sum(recalls) / 4, abs=1e-9), (kind, side)
@@ -181,11 +182,11 @@ def test_the_answer_loss_alone_reaches_the_layer_through_the_straight_through_pr
     """
     vlm, layer = family.vlm, family.layer
     sample = make_dataset(1, ("text_vs_distractor",), seed=3, size=448)[0]
-    observation = arr.observe(family.parts, family.views(sample.image), sample.question)
+    observation = arr_scene.observe(family.parts, family.views(sample.image), sample.question)
     layer.zero_grad(set_to_none=True)
     try:
         with torch.enable_grad():
-            maps = arr.score(observation, layer)  # the layer's eager, differentiable forward
+            maps = arr_scene.score(observation, layer)  # the layer's eager, differentiable forward
             out = layer.select(maps, observation.views.candidate_grid)
             loss = answer_loss(family, observation, out, sample.answer)
             loss.backward()
@@ -214,11 +215,11 @@ def test_answer_loss_training_on_the_pocket_model_moves_its_selection_at_a_scarc
     cfg = TrainConfig(model="pocket", kinds="fine_print,box_word,shape_colour", scene_size=896, n_train=24, n_eval=12,
                       steps=12, batch_size=4, lr=1e-3, lm_weight=1.0, box_weight=0.0, eval_every=1000,
                       saccade_order="raster", budget=32)
-    held_out = [arr.observe(model.parts, model.views(s.image), s.question, Stopwatch(model.vlm.device)) for s in load_samples(cfg)[1]]
+    held_out = [arr_scene.observe(model.parts, model.views(s.image), s.question, Stopwatch(model.vlm.device)) for s in load_samples(cfg)[1]]
 
     def selections() -> list[set[int]]:
         with torch.no_grad():
-            return [set(select_for_training(model, arr.score(o, model.layer.graphed_score), o, cfg).indices[0].tolist()) for o in held_out]
+            return [set(select_for_training(model, arr_scene.score(o, model.layer.graphed_score), o, cfg).indices[0].tolist()) for o in held_out]
 
     before, scorers = selections(), {k: v.clone() for k, v in model.layer.state_dict().items()}
     train(cfg, model)
@@ -270,7 +271,7 @@ def test_the_saccade_order_is_trained_in_and_saved_with_the_checkpoint(tmp_path)
     reloaded = ARRCOCQwen.from_pretrained("tiny", checkpoint=str(folder))
     assert reloaded.layer.config.saccade_order == "raster"
     scene = make_dataset(1, ("text_vs_distractor",), seed=50_000, size=448)[0]
-    observation = arr.observe(reloaded.parts, reloaded.views(scene.image), scene.question, Stopwatch(reloaded.vlm.device))
+    observation = arr_scene.observe(reloaded.parts, reloaded.views(scene.image), scene.question, Stopwatch(reloaded.vlm.device))
     out = select(reloaded.layer, score(observation, reloaded.layer), observation.views.candidate_grid,
                  len(observation.gestalt))
     fed = out.indices[0].tolist()

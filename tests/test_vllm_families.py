@@ -101,15 +101,15 @@ def project_arr(model_folder: Path, pages: list[tuple[Path, str]]) -> list[dict]
     """The project's ARR on each page (the answer's cells, its LLM prompt, and the VLM's own greedy tokens over that
     prompt with their probabilities), on the same model folder, budget and answer length."""
     from arr_coc.commands import cli
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_layout
     from arr_coc.vlm.images import open_image
 
     model, _ = cli.load_model(str(model_folder), None, "cpu", quiet=True)
     out = []
     for image, question in pages:
         a = model.answer(open_image(str(image)), question, "arr", budget=BUDGET, max_new_tokens=MAX_TOKENS)
-        prompt = arr.arr_prompt(model.vlm, a.observation, arr.encode_saccades(model.vlm, a.observation,
-                                                                              a.arr.positions[0]))
+        prompt = arr_layout.arr_prompt(model.vlm, a.observation, arr_layout.encode_saccades(model.vlm, a.observation,
+                                                                                            a.arr.positions[0]))
         ids, tokens = [], model.vlm.generate_tokens(prompt, MAX_TOKENS)
         while True:
             try:

@@ -47,7 +47,7 @@ from arr_coc.eval.faithfulness import check_answer, faithfulness_curves
 from arr_coc.eval.rows import ORACLE_STRATEGY
 from arr_coc.model import Answer, ARRCOCQwen, Scene
 from arr_coc import pipelines
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_scene
 from arr_coc.pipelines.arr_options import arr_options
 from arr_coc.pipelines.request import Request, check_request, with_settings
 from arr_coc.pipelines.conversation import Conversation, moves
@@ -230,14 +230,14 @@ def microscope_request(budget: int, controls: tuple = (False, False, 0.0, 0.0, 0
 
 def selected(model: ARRCOCQwen, kept: Kept, request: Request, include: torch.Tensor | None = None):
     """ARR's selection over kept maps as the request says (strategy, budget, tensions), under the kept ablation;
-    include [GH, GW] bool: cells always selected (the oracle's asked box: arr.select's include)."""
+    include [GH, GW] bool: cells always selected (the oracle's asked box: arr_scene.select's include)."""
     gh, gw = kept.grid
     extra = kept.ablation.saccade_budget(0, kept.gestalt_tokens)  # the no-gestalt ablation's extra saccades
     budget = request.budget if request.budget == AUTO else min(  # the slider allows the largest grid
         int(request.budget), gh * gw - (extra if isinstance(extra, int) else 0))
     mine = arr_options(request)
-    return arr.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, mine.strategy, kept.ablation,
-                      mine.tensions, include=None if include is None else include.unsqueeze(0))
+    return arr_scene.select(model.layer, kept.maps, kept.grid, kept.gestalt_tokens, budget, mine.strategy,
+                            kept.ablation, mine.tensions, include=None if include is None else include.unsqueeze(0))
 
 
 def selection_outputs(model: ARRCOCQwen, kept: Kept, request: Request, numbered: int) -> tuple:
@@ -265,9 +265,9 @@ def microscope(model: ARRCOCQwen, image: Image.Image | None, question: str, stra
                                  max_cells=int(max_cells), ablation=ablation)
     views = model.views(image, int(max_cells))
     with model.serving():
-        scene = arr.prepare(model.parts, views, question, check_request(request))
-    out = arr.select(model.layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt),
-                     ablation=scene.ablation)  # textures, scorer maps and weights do not depend on the selection
+        scene = arr_scene.prepare(model.parts, views, question, check_request(request))
+    out = arr_scene.select(model.layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt),
+                           ablation=scene.ablation)  # textures, scorer maps and weights do not depend on the selection
     kept = kept_scene(scene)
     return (kept, viz.channel_grid(out.textures[0]), viz.scorer_maps(out),
             *selection_outputs(model, kept, request, numbered))
@@ -381,7 +381,7 @@ def teacher_and_arr(model: ARRCOCQwen, image: Image.Image, question: str, reques
     with model.serving("teacher", stop):
         heads = looks.heads_of(model.vlm)
         target = teach(model.vlm, heads, image, question, max_cells=request.max_cells)
-        scene = arr.prepare(model.parts, views, question, request)
+        scene = arr_scene.prepare(model.parts, views, question, request)
     kept = kept_scene(scene)
     ranked = selected(model, kept, request).in_order("relevance")
     return Looked(target.map.cpu(), target.answer, kept.relevance, ranked.positions[0].cpu(), heads)

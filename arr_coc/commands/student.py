@@ -55,12 +55,12 @@ def observed_items(model, args: StudentConfig) -> list[tuple]:
     from arr_coc.distill.cache import TargetCache
     from arr_coc.distill.student import on_grid
     from arr_coc.eval.sets import open_source
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
 
     cache, source, items = TargetCache(args.distill), open_source(args.data, args.split, limit=args.limit), []
     for item in source.items:
         if item.id in cache:
-            o = arr.observe(model.parts, model.views(item.open()), model.check_question(source.prompt(item)))
+            o = arr_scene.observe(model.parts, model.views(item.open()), model.check_question(source.prompt(item)))
             grid = o.views.candidate_grid
             coverage = None if item.box is None else o.views.box_coverage(item.box)  # [GH, GW]
             items.append((o, on_grid(cache[item.id].map, grid), coverage))
@@ -75,7 +75,7 @@ def per_item(model, layer, items: list[tuple], top: int) -> list[tuple[float, fl
 
     from arr_coc.distill.student import mass_at
     from arr_coc.eval.metrics import box_recall_precision
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
 
     rows = []
     with torch.no_grad():
@@ -83,8 +83,8 @@ def per_item(model, layer, items: list[tuple], top: int) -> list[tuple[float, fl
             if layer is None:  # the teacher's own top cells
                 cells = target.flatten().topk(min(top, target.numel())).indices
             else:
-                maps = arr.score(o, layer.graphed_score)
-                cells = arr.select(layer, maps, o.views.candidate_grid, len(o.gestalt), top).indices[0].cpu()
+                maps = arr_scene.score(o, layer.graphed_score)
+                cells = arr_scene.select(layer, maps, o.views.candidate_grid, len(o.gestalt), top).indices[0].cpu()
             rows.append((mass_at(target, cells), None if coverage is None else box_recall_precision(coverage, cells)[0]))
     return rows
 

@@ -52,7 +52,7 @@ from vllm.multimodal.parse import ImageProcessorItems, ImageSize
 from vllm.multimodal.processing.context import BaseProcessingInfo
 from vllm.multimodal.processing.processor import PromptReplacement, PromptUpdateDetails
 
-from arr_coc.engines.layout import arr_positions, arr_slot
+from arr_coc.pipelines.arr_layout import arr_positions, arr_slot
 from arr_coc.engines.vllm_plugin import (STRATEGIES, ServerSettings, checkpoint_folder, default_budget, log_look,
                                          request_settings, server_settings)
 from arr_coc.pipelines.request import checked_question
@@ -191,7 +191,7 @@ class ArrProcessor:
 @dataclass
 class Look:
     """ARR's look at one image for one question: its scene (views, gestalt, prior, maps) and its selection."""
-    scene: object  # arr_coc.pipelines.arr.Scene
+    scene: object  # arr_coc.pipelines.arr_scene.Scene
     out: object  # arr_coc.relevance.layer.ARRCOCOutput: the cells, in the order the LLM reads them
 
 
@@ -227,7 +227,7 @@ class Looker:
 
     def look(self, item) -> Look:
         """The item's look: kept, or made now (gestalt, prior pass, relevance, the budget's cells)."""
-        from arr_coc.pipelines import arr
+        from arr_coc.pipelines import arr_scene
         from arr_coc.pipelines.arr_options import Options
         from arr_coc.pipelines.request import Request
 
@@ -244,7 +244,7 @@ class Looker:
             raise RuntimeError(f"the front end sized a {gh}x{gw} gestalt; the model's views make {views.gestalt_grid}")
         request = Request(budget=budget, max_cells=max_cells, options=(Options(strategy=strategy),))
         with torch.no_grad():
-            scene = arr.prepare(model.parts, views, question, request)
+            scene = arr_scene.prepare(model.parts, views, question, request)
             out = scene.select(model.layer, budget, strategy)
         look = self.looks[key] = Look(scene, out)
         self.looks.popitem(last=False) if len(self.looks) > FULL_LOOKS else None
@@ -265,12 +265,12 @@ class Looker:
     def tokens(self, item):
         """The LLM's visual tokens of an item (VisualTokens: features [Ng + K, D], Qwen3-VL's DeepStack features
         [k, Ng + K, D] or None): the gestalt's, then the selected cells' encoded at their true places."""
-        from arr_coc.pipelines import arr
+        from arr_coc.pipelines import arr_layout
 
         look = self.look(item)
         observation = look.scene.observation
         with torch.no_grad():
-            saccades = arr.encode_saccades(self.model.vlm, observation, look.out.positions[0])  # K tokens
+            saccades = arr_layout.encode_saccades(self.model.vlm, observation, look.out.positions[0])  # K tokens
         gestalt = observation.gestalt
         deepstack = None if gestalt.deepstack is None else torch.cat([gestalt.deepstack, saccades.deepstack], dim=1)
         return replace(saccades, features=torch.cat([gestalt.features, saccades.features]), deepstack=deepstack)

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+from arr_coc.pipelines.arr_layout import arr_prompt, encode_saccades
 
 if TYPE_CHECKING:
     from arr_coc.pipelines.request import Parts
-    from arr_coc.pipelines.arr import Observation
+    from arr_coc.pipelines.arr_scene import Observation
     from arr_coc.relevance.layer import ARRCOCOutput
 
 CURVES = ("deletion", "random", "insertion")

@@ -1,8 +1,9 @@
 """
 What every pipeline returns: the Answer (text, token counts, latency split, memory, compute), as typed fields
 (TokenCounts, Timings, Compute), and how an Answer is written out as JSON (Answer.to_json: run --json, the app).
-What only ARR adds (its Saccade and Fixation, its Observation) is in arr_coc.pipelines.arr; the request a pipeline
-is given is in arr_coc.pipelines.request; the steps the pipelines share in arr_coc.pipelines.steps.
+What only ARR adds (its Saccade and Fixation, its Observation) is in arr_coc.pipelines.arr_scene and .refixation;
+the request a pipeline is given is in arr_coc.pipelines.request; the steps the pipelines share in
+arr_coc.pipelines.steps.
 
     answer = model.answer(image, question, "arr")                # arr_coc.model.ARRCOCQwen
     answer.text, answer.tokens.saccade, answer.timings.prefill, answer.compute.vision, answer.ttft_ms
@@ -98,7 +99,7 @@ class Answer:
     turn: int | None = None  # in a conversation: this answer's turn, 1 for the first (None: a single question)
     context: int | None = None  # in a conversation: the tokens of the whole conversation after this answer
     reads_native: str | None = None  # arr: why it read the native view whole, as full does, instead of choosing
-    # saccades (the image holds no more cells than the gestalt plus the budget: arr.native_reason); None: it chose
+    # saccades (the image holds no more cells than the gestalt plus the budget: arr_scene.native_reason); None: it chose
 
     @property
     def refixated(self) -> bool:

@@ -35,15 +35,14 @@ In a conversation (arr_coc.pipelines.conversation) each follow-up question is re
           on the new question -> its cells (with ARR's Options.fresh_cells, none an earlier turn read), encoded at their
           true places -> VLM (the conversation so far from its cache, then a new image block and the question)
 
-ARR's own types live here: Observation (what it reads), Scene (an observation scored), Saccade and Fixation (a
-second look's round), and so does its visual-token count (arr_visual_tokens: the gestalt plus K, with the adaptive
-budget's K observed and scored), which the baselines and reducers read to match it. This module imports the shared
-request, answer and steps (arr_coc.pipelines.request, .answer, .steps); none of them imports it.
-
-observe / prepare / score / select are also what the app, training and the bench call (with ARRCOCQwen.parts: the
-app re-selects a scored scene; training scores observations), and arr_prompt is the one place ARR's LLM input is built, for answering, training and
-faithfulness alike. An ablation (ARR's Options.ablation, arr_coc.relevance.ablation) is applied at those steps:
-the prior and the weights in score, the saccade count and order in select, the gestalt block in arr_prompt.
+ARR is this module (answer, follow_up, read_native) and three parts beside it: its scene (arr_scene: observe,
+score, select, prepare; Observation, Scene, Saccade; its visual-token count arr_visual_tokens, which the baselines
+and reducers read to match it), its prompt (arr_layout: arr_prompt, the one place its two blocks and their M-RoPE
+positions are laid out, for answering, training, faithfulness and the vLLM plugin alike) and its second look
+(refixation: Fixation, second_look). They import the shared request, answer and steps (arr_coc.pipelines.request,
+.answer, .steps); none of those imports them. An ablation (ARR's Options.ablation, arr_coc.relevance.ablation) is
+applied at the scene's steps and the prompt: the prior and the weights in score, the saccade count and order in
+select, the gestalt block in arr_prompt.
 
     views = views_of(parts, image)                          # steps.views_of; parts: ARRCOCQwen(...).parts
     answer = finished(answer(parts, views, "What does the sign say?", Request(budget=273)))   # tokens, then the Answer
@@ -54,189 +53,27 @@ the prior and the weights in score, the saccade count and order in select, the g
     answer = finished(answer(parts, views, "What does the sign say?", Request(options=(Options(include=box),))))  # oracle
     first = finished(answer(parts, views, "What does the sign say?", Request(converse=True)))
     second = finished(follow_up(parts, first, "And the date?", Request(), read=None))
-    scene = prepare(parts, views, "What does the sign say?", Request(budget=40))   # up to selection: the Microscope
-    # (Options: ARR's settings, arr_coc.pipelines.arr_options)
-    out = select(layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt), 40)
+    # up to selection, as the app's Microscope:
+    scene = arr_scene.prepare(parts, views, "What does the sign say?", Request(budget=40))
+    out = arr_scene.select(layer, scene.maps, views.candidate_grid, len(scene.observation.gestalt), 40)
 """
 
-from dataclasses import dataclass, field, fields, replace
-from typing import Callable
+from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
-from arr_coc.errors import InputError
-from arr_coc.pipelines.answer import Answer, TokenCounts, Timings, answer_confidence
-from arr_coc.pipelines.arr_options import ablation_named, arr_options
+from arr_coc.pipelines.answer import Answer, TokenCounts, answer_confidence
+from arr_coc.pipelines.arr_layout import arr_prompt, crop_compute, encode_saccades, round_gflops
+from arr_coc.pipelines.arr_options import arr_options
+from arr_coc.pipelines.arr_scene import (closer_look, included_cells, native_reason, observe, planned_reason,
+                                         question_prior, saccade_list, score, select)
+from arr_coc.pipelines.refixation import Fixation, round_ms, second_look, second_look_budget
 from arr_coc.pipelines.request import Parts, Request
-from arr_coc.pipelines.steps import continue_prompt, finish, generate, read_view, start_watch
-from arr_coc.pipelines.steps import follow_up as stock_follow_up
-from arr_coc.pipelines.two_scale import (Crop, crop_first, crop_gflops, crop_prior_map, crop_token_count,
-                                         look_closer)
+from arr_coc.pipelines.steps import (continue_prompt, finish, follow_up as stock_follow_up, generate, read_view,
+                                     start_watch)
 from arr_coc.relevance.ablation import NO_ABLATION, Ablation
-from arr_coc.relevance.layer import ARRCOCLayer, ARRCOCOutput, ScoreMaps
-from arr_coc.relevance.prior import upsample_map
-from arr_coc.relevance.config import AUTO, NO_SETTINGS, TensionSettings
 from arr_coc.runtime.timing import Stopwatch
-from arr_coc.vlm.base import VLM, Prompt, VisualTokens
 from arr_coc.vlm.views import Views
-
-# A second fixation's default saccades: half the first round's. Half keeps a look that fires at 1.5x the first
-# round's visual tokens (273 -> 409, still a tenth of a 1792 px page's 4096 cells), yet adds half as many
-# cells again as the first look read: enough to cover a line the first one clipped.
-REFIXATE_SHARE = 0.5
-
-
-@dataclass
-class Saccade:
-    rank: int  # 1 = most relevant
-    row: int  # candidate-grid row
-    col: int  # candidate-grid column
-    score: float  # relevance
-    box: list[int]  # [x0, y0, x1, y1] in the original image's pixels
-    round: int = 1  # the fixation that chose it: 1, or 2 for a second look (ARR's Options.refixate)
-
-
-@dataclass
-class Observation:
-    """What the frozen VLM and the texture array make of an image and a question: ARR's inputs, before any ARR weight."""
-    views: Views
-    question: str
-    gestalt: VisualTokens  # [Ng, D] gestalt tokens at their places on the gestalt grid
-    question_embeds: torch.Tensor  # [1, Lq, D] the question's token embeddings
-    prior: torch.Tensor  # [1, GH, GW] question->gestalt attention on the candidate grid, in [0, 1]
-    highres: torch.Tensor  # [1, 3, H, W] the high-res view on the device, in [0, 1]
-    textures: torch.Tensor  # [1, 13, GH, GW] texture array of the high-res view
-    gestalt_states: torch.Tensor | None = None  # [1, gh, gw, D] the prior pass's gestalt states at its layer
-    question_states: torch.Tensor | None = None  # [1, Lq, D] the prior pass's question rows' states there
-    crop: Crop | None = None  # the two-scale look's crop (ARR's Options.look "two_scale"), whose gaze is in `prior` over
-    # the cells it covers (two_scale.crop_prior_map); None for one look
-
-
-@dataclass
-class Scene:
-    """An observation scored by one ARR layer, kept so a new strategy or budget re-selects instantly."""
-    observation: Observation
-    maps: ScoreMaps  # the ARR layer's scoring forward: textures, scorer maps, weights, relevance
-    ablation: Ablation | None = None  # the ablation the maps were scored under; selection applies it too
-
-    @property
-    def views(self) -> Views:
-        return self.observation.views
-
-    def select(self, layer: ARRCOCLayer, budget: int | str | None = None, strategy: str | None = None,
-               tensions: TensionSettings | None = None) -> ARRCOCOutput:
-        """Saccades re-selected from this scene (no VLM work), as many and in the order its ablation says; budget
-        "auto" is the adaptive budget, tensions fix ARR's tensions by hand (arr_coc.relevance.tensions)."""
-        return select(layer, self.maps, self.views.candidate_grid, len(self.observation.gestalt), budget, strategy,
-                      self.ablation or NO_ABLATION, tensions)
-
-
-@dataclass
-class Fixation:
-    """One round of ARR's looking under ARR's Options.refixate: the saccades it added and the answer read after them."""
-    saccades: int  # visual tokens this round added (K1, then K2)
-    text: str  # the answer generated after this round
-    confidence: float  # that answer's confidence (answer_confidence)
-    timings: Timings  # this round's own latency split
-    arr: ARRCOCOutput = field(repr=False)  # this round's selection (relevance map, positions)
-    guide: str | None = None  # what pointed a second look (one of REFIXATE_GUIDES; None for the first)
-
-
-def question_prior(parts: Parts, question: str, gestalt: VisualTokens, views,
-                   context: list[VisualTokens] = ()) -> dict[str, torch.Tensor]:
-    """"Gestalt guides gaze": the question's attention to the gestalt tokens at the prior pass's layer (`context`:
-    image blocks read between them, a second fixation's first saccades), on the candidate grid, and that layer's
-    hidden states -> Observation's fields: prior [1, GH, GW], gestalt_states [1, gh, gw, D], question_states
-    [1, Lq, D]."""
-    prior = parts.vlm.prior_pass(question, gestalt, parts.pipeline.prior_layer_fraction, context)
-    return dict(prior=upsample_map(prior.attention, views.gestalt_grid, views.candidate_grid),
-                gestalt_states=prior.gestalt_states.view(1, *views.gestalt_grid, -1),
-                question_states=prior.question_states.unsqueeze(0))
-
-
-@torch.no_grad()
-def observe(parts: Parts, views: Views, question: str, watch: Stopwatch | None = None) -> Observation:
-    """An image's views (steps.views_of), the gestalt's tokens, the question's gaze on them (the prior) and the texture
-    array: all ARR reads."""
-    vlm = parts.vlm
-    watch = watch or Stopwatch(vlm.device)
-    with watch.section("vision"):
-        gestalt = vlm.encode_view(views.tensor("gestalt"))  # [Ng, D]
-    with watch.section("selection"):
-        prior = question_prior(parts, question, gestalt, views)  # prior [1, GH, GW] and the layer's states
-        highres = views.tensor("highres")  # [1, 3, H, W]
-        textures = parts.texture(highres, views.candidate_grid)  # [1, 13, GH, GW]
-    return Observation(views, question, gestalt, vlm.question_embeds(question), highres=highres, textures=textures,
-                       **prior)
-
-
-def score(observation: Observation, scorer: Callable[..., ScoreMaps], ablation: Ablation = NO_ABLATION,
-          seen: VisualTokens | None = None) -> ScoreMaps:
-    """An ARR layer's scorers and balancer over an observation (`scorer` is called like the layer's forward: its
-    graphed_score, a CUDA graph per input shape under no_grad; training passes its DDP-wrapped layer), under an
-    ablation's prior and weights. `seen`: saccades already read, which join the gestalt as the
-    scorers' visual context (a second fixation)."""
-    o = observation
-    context = o.gestalt.features if seen is None else torch.cat([o.gestalt.features, seen.features])  # [Ng (+ K1), D]
-    maps = scorer(o.textures, o.question_embeds, None, context.unsqueeze(0), ablation.prior(o.prior),
-                  o.gestalt_states, o.question_states)
-    return ablation.mix(maps)
-
-
-def select(layer: ARRCOCLayer, maps: ScoreMaps, grid: tuple[int, int], gestalt_tokens: int,
-           budget: int | str | None = None, strategy: str | None = None, ablation: Ablation = NO_ABLATION,
-           settings: TensionSettings | None = None,
-           exclude: torch.Tensor | None = None, include: torch.Tensor | None = None) -> ARRCOCOutput:
-    """The saccades of maps scored on a (GH, GW) candidate grid, as many (the budget, "auto" for the adaptive one,
-    or with no gestalt the budget + its tokens) and in the order the ablation says (budget None: the layer's),
-    under the tensions the settings, then the ablation, fix (arr_coc.relevance.tensions). exclude [1, GH, GW]:
-    cells not to select (a conversation's earlier turns'); a fixed budget then takes at most the cells left.
-    include [1, GH, GW]: cells always selected (ARR's Options.include), the budget's most relevant of them where they
-    are more, fed among the others in the same order."""
-    budget = ablation.saccade_budget(layer.config.budget if budget is None else budget, gestalt_tokens)
-    if exclude is not None and budget != AUTO:
-        budget = min(int(budget), int((~exclude).sum()))
-    return ablation.feed(layer.select(maps, grid, budget, strategy, tension_settings(settings, ablation), exclude,
-                                      include, ablation.busy_pages))
-
-
-def included_cells(request: Request, grid: tuple[int, int]) -> torch.Tensor | None:
-    """A request's cells forced into the first look (ARR's Options.include [GH, GW] bool) -> [1, GH, GW], or None;
-    InputError where they are not on this image's (GH, GW) candidate grid."""
-    include = arr_options(request).include
-    if include is None:
-        return None
-    if tuple(include.shape) != tuple(grid):
-        raise InputError(f"include marks cells of a {'x'.join(map(str, include.shape))} grid; this image's "
-                         f"candidate grid is {grid[0]}x{grid[1]}")
-    return include.bool().unsqueeze(0)
-
-
-def native_reason(views: Views, gestalt: int, saccades: int) -> str | None:
-    """
-    Why ARR reads the native view whole, as `full` does, instead of choosing saccades -> the reason, or None where
-    it has cells to choose. Where the native view holds no more cells than ARR's LLM would read (`gestalt` tokens
-    plus `saccades`), choosing them would read more tokens than `full` reads, from a candidate grid upsampled past
-    the image (views.make_views: at least twice the gestalt grid per side): the cat of 451x300 px holds 11x16 = 176
-    cells, and ARR would read 247 + 273 = 520 of a 26x38 grid of 1064x728 px.
-    """
-    nh, nw = views.native_grid
-    if nh * nw > gestalt + saccades:
-        return None
-    return f"the image holds {nh * nw} cells ({nh}x{nw}) <= gestalt {gestalt} + budget {saccades}"
-
-
-def planned_reason(parts: Parts, views: Views, request: Request, ablation: Ablation) -> str | None:
-    """native_reason at the request's fixed budget, before ARR looks (None under the adaptive budget, known only
-    after selection, or ARR's Options.upsample): the gestalt's tokens if the ablation reads it, and its saccade
-    count."""
-    gestalt, arr = views.gestalt_grid[0] * views.gestalt_grid[1], arr_options(request)
-    K = ablation.saccade_budget((arr.layer or parts.layer).config.budget if request.budget is None
-                                else request.budget, gestalt)
-    if arr.upsample or K == AUTO:
-        return None
-    return native_reason(views, gestalt if ablation.gestalt else 0, int(K) + look_tokens(parts, views, request))
 
 
 def read_native(parts: Parts, views: Views, question: str, request: Request, watch: Stopwatch, start: float,
@@ -247,230 +84,6 @@ def read_native(parts: Parts, views: Views, question: str, request: Request, wat
     time it runs, so the request path stays as short as full's)."""
     return read_view(parts, "arr", "native", views, question, request, watch, start, reads_native=why,
                      ablation=None if ablation is NO_ABLATION else ablation.name)
-
-
-def arr_visual_tokens(parts: Parts, views: Views, request: Request, question: str | None = None) -> int:
-    """What ARR's LLM reads of this image at this request's budget: the gestalt's tokens plus the saccades, or the
-    native view's cells where it holds no more (native_reason: ARR reads it whole) (the reducers keep as many, so
-    every row reads the same number of visual tokens). Under the adaptive budget ("auto") the saccades are ARR's K
-    for this image and question: ARR observes and scores them to know it."""
-    arr = arr_options(request)
-    budget = request.budget if request.budget is not None else (arr.layer or parts.layer).config.budget
-    if budget == AUTO:
-        budget = adaptive_budget(parts, views, request, question)
-    gh, gw = views.gestalt_grid
-    crop = look_tokens(parts, views, request)  # the two-scale look's crop: through the tower and the prior pass
-    if arr.upsample or native_reason(views, gh * gw, int(budget) + crop) is None:
-        return gh * gw + int(budget) + crop
-    return views.native_grid[0] * views.native_grid[1]  # ARR reads the native view whole (native_reason)
-
-
-def look_tokens(parts: Parts, views: Views, request: Request) -> int:
-    """The visual tokens ARR's look reads beside the gestalt and its saccades: the two-scale look's crop
-    (two_scale.crop_token_count; it passes the vision tower and the prior pass), 0 for one look."""
-    arr = arr_options(request)
-    return crop_token_count(views, arr.crop_tokens, parts.vlm.min_pixels) if arr.look == "two_scale" else 0
-
-
-def closer_look(parts: Parts, observation: Observation, maps: ScoreMaps, request: Request, ablation: Ablation,
-                watch: Stopwatch) -> tuple[Observation, ScoreMaps]:
-    """
-    The two-scale look's second scale (arr_coc.pipelines.two_scale): the crop around the scored maps' relevance peak,
-    its tokens and the question's gaze on them (look_closer), that gaze put in place of the page's prior over the
-    cells the crop covers (crop_prior_map), and the layer's scorers again over the observation so changed: the
-    textures and the gestalt's context as they were, the crop choosing among its own cells -> (the observation with
-    its crop, its maps).
-    """
-    arr = arr_options(request)
-    crop = look_closer(parts, observation.views, observation.question, maps.relevance, arr.crop_tokens, watch)
-    closer = replace(observation, prior=crop_prior_map(observation.prior, crop), crop=crop)
-    with watch.section("selection"):
-        maps = score(closer, (arr.layer or parts.layer).graphed_score, ablation)
-        return closer, replace(maps, relevance=crop_first(maps.relevance, crop))
-
-
-def crop_compute(parts: Parts, observation: Observation, prompt: Prompt, read_gestalt: int, K: int) -> dict:
-    """The crop's GFLOPs (two_scale.crop_gflops), its prior pass over the answer's template and question (`prompt`'s
-    tokens but its image blocks) and the crop's block; nothing for one look."""
-    crop = observation.crop
-    if crop is None:
-        return dict(vision=0.0, prefill=0.0)
-    text = prompt.length - block_tokens(read_gestalt) - block_tokens(K)  # the question and the template
-    return crop_gflops(parts.vlm, crop, text + block_tokens(len(crop.tokens)), parts.pipeline.prior_layer_fraction)
-
-
-@torch.no_grad()
-def adaptive_budget(parts: Parts, views: Views, request: Request, question: str | None) -> int:
-    """ARR's adaptive K for an image and a question (observe, score and select, as ARR's answer runs them)."""
-    if question is None:
-        raise ValueError("the adaptive budget depends on the question: arr_visual_tokens needs it")
-    arr = arr_options(request)
-    layer = arr.layer or parts.layer
-    observation = observe(parts, views, question)
-    maps = score(observation, layer.graphed_score)
-    return select(layer, maps, observation.views.candidate_grid, len(observation.gestalt), AUTO, arr.strategy,
-                  settings=arr.tensions).budgets[0]
-
-
-@torch.no_grad()
-def prepare(parts: Parts, views: Views, question: str, request: Request, watch: Stopwatch | None = None) -> Scene:
-    """Observe, then score with the request's layer (default: the parts') under its ablation (an Ablation or its
-    name): everything up to selection, kept so that a new strategy or budget re-selects at once (select)."""
-    watch = watch or Stopwatch(parts.vlm.device)
-    arr = arr_options(request)
-    ablation = ablation_named(arr.ablation)
-    observation = observe(parts, views, question, watch)
-    with watch.section("selection"):
-        maps = score(observation, (arr.layer or parts.layer).graphed_score, ablation)
-    return Scene(observation, maps, ablation)
-
-
-def tension_settings(settings: TensionSettings | None, ablation: Ablation) -> TensionSettings:
-    """The tensions a request fixes by hand, under those its ablation fixes."""
-    return (settings or NO_SETTINGS).over(ablation.tensions)
-
-
-def arr_prompt(vlm: VLM, observation: Observation, saccades: VisualTokens | None, answer: str | None = None,
-               gestalt: bool = True) -> Prompt:
-    """The gestalt block (unless ablated), the saccades as a second block (none when there are none), the
-    question, and optionally an answer to teacher-force."""
-    images = ([observation.gestalt] if gestalt else []) + ([saccades] if saccades is not None and len(saccades) else [])
-    return vlm.prompt(observation.question, images, answer=answer)
-
-
-def encode_saccades(vlm: VLM, observation: Observation, positions: torch.Tensor) -> VisualTokens | None:
-    """The high-res view's cells at positions [K, 2], at their true places (None for K = 0)."""
-    return vlm.encode_cells(observation.highres, positions) if len(positions) else None
-
-
-def saccade_list(observation: Observation, out: ARRCOCOutput, round: int = 1) -> list[Saccade]:
-    """The saccades most relevant first (rank 1), whatever order they were fed in."""
-    views, ranked = observation.views, out.in_order("relevance")
-    return [Saccade(rank=i + 1, row=int(r), col=int(c), score=float(s), box=views.cell_box(int(r), int(c)), round=round)
-            for i, ((r, c), s) in enumerate(zip(ranked.positions[0].tolist(), ranked.scores[0].tolist()))]
-
-
-def second_look_saccades(refixate_budget: int | None, first: int) -> int:
-    """The second look's saccades K2: refixate_budget, or by default REFIXATE_SHARE of the first look's `first`."""
-    return int(refixate_budget) if refixate_budget else max(1, round(REFIXATE_SHARE * first))
-
-
-def second_look_budget(request: Request, first: ARRCOCOutput) -> int:
-    """
-    The second look's saccades K2, from the first look's K (ARR's Options.refixate_budget, else a share of K). After
-    an adaptive first look (--budget auto: a K the user did not choose) K2 is capped by the cells not yet read, 0
-    when none is left (no second look); a fixed budget whose second look cannot fit is the allocator's error.
-    """
-    K = first.indices.shape[1]
-    K2 = second_look_saccades(arr_options(request).refixate_budget, K)
-    return min(K2, first.grid[0] * first.grid[1] - K) if first.auto_budget else K2
-
-
-def attention_guide(vlm: VLM, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
-                    answer: str, gestalt: bool = True) -> tuple[torch.Tensor, int]:
-    """
-    Where the first answer looked, as attention mass per candidate cell -> ([1, GH, GW], the tokens of the pass read).
-    The answer is teacher-forced over the first look's prompt, and its tokens' attention to the image tokens is read
-    at every head of the LLM's last layer, sinks dropped (AnswerAttention.head_maps; on the pocket model these are
-    the heads the distillation teacher chooses, docs/teacher.md). A first saccade's mass lands on its cell, a gestalt
-    token's is spread evenly over the cells it covers. Each cell then takes the largest saccade mass of its 3x3
-    neighbourhood, so that the unread cells beside an attended saccade (the rest of its word, its line) come first;
-    the gestalt's share ranks the rest.
-    """
-    GH, GW = observation.views.candidate_grid
-    gh, gw = observation.views.gestalt_grid
-    prompt = arr_prompt(vlm, observation, saccades, answer=answer, gestalt=gestalt)
-    mass = vlm.answer_attention(prompt, [vlm.num_layers - 1]).head_maps()[0].mean(0)  # [n]: gestalt (if read), saccades
-    n_gestalt = len(observation.gestalt) if gestalt else 0
-    looked = torch.zeros(GH * GW, device=mass.device).index_add_(
-        0, first.indices[0].to(mass.device), mass[n_gestalt:])  # [GH * GW]: each saccade's mass on its cell
-    near = F.max_pool2d(looked.view(1, 1, GH, GW), 3, stride=1, padding=1)[0]  # [1, GH, GW]
-    if gestalt:
-        coarse = F.interpolate(mass[:n_gestalt].view(1, 1, gh, gw), size=(GH, GW), mode="nearest")[0]  # [1, GH, GW]
-        near = near + coarse * (gh * gw) / (GH * GW)  # a gestalt token's mass shared by the cells it covers
-    return near, prompt.length
-
-
-def first_maps(first: ARRCOCOutput, relevance: torch.Tensor) -> ScoreMaps:
-    """The first look's score maps with another relevance map [1, GH, GW] (its dtype)."""
-    maps = {f.name: getattr(first, f.name) for f in fields(ScoreMaps)}
-    return ScoreMaps(**{**maps, "relevance": relevance.to(first.relevance.dtype)})
-
-
-def refixate(parts: Parts, observation: Observation, first: ARRCOCOutput, seen: VisualTokens | None,
-             request: Request, watch: Stopwatch, answer: str = "") -> tuple[ARRCOCOutput, VisualTokens, int | None]:
-    """
-    The second fixation's relevance and saccades, K2 cells not yet read (under the request's tensions, a fixed K2
-    even after an adaptive first look; in the ablation's order), encoded -> (its selection, its tokens [K2, D], the
-    tokens of the attention guide's pass or None). Pointed by ARR's Options.refixate_guide: "prior", the prior pass
-    again with the first round's saccades `seen` between the gestalt and the question, the layer re-scoring with them
-    beside the gestalt; "attention", where the first `answer` looked (attention_guide; the prior's way when the
-    answer is empty, as it has no tokens to read).
-    """
-    vlm, arr = parts.vlm, arr_options(request)
-    layer, ablation, views = arr.layer or parts.layer, arr.ablation or NO_ABLATION, observation.views
-    K2 = second_look_budget(request, first)
-    guide_tokens = None
-    with watch.section("selection"):
-        if arr.refixate_guide == "attention" and answer.strip():
-            guide, guide_tokens = attention_guide(vlm, observation, first, seen, answer, ablation.gestalt)
-            maps = first_maps(first, guide)
-        else:
-            context = [] if seen is None else [seen]
-            again = replace(observation, **question_prior(parts, observation.question, observation.gestalt, views,
-                                                          context))
-            maps = score(again, layer.graphed_score, ablation, seen)
-        read = torch.zeros(first.indices.shape[0], first.grid[0] * first.grid[1], dtype=torch.bool,
-                           device=first.indices.device).scatter_(1, first.indices, True)  # [1, GH * GW]
-        out = ablation.feed(layer.select(maps, views.candidate_grid, K2, arr.strategy,
-                                         tension_settings(arr.tensions, ablation), read.view(-1, *first.grid),
-                                         ablation.busy_pages))
-    with watch.section("vision"):
-        saccades = encode_saccades(vlm, observation, out.positions[0])  # [K2, D]
-    return out, saccades, guide_tokens
-
-
-def block_tokens(n: int) -> int:
-    """An image block's tokens in the prompt: its n tokens with its start and end (none for n = 0)."""
-    return n + 2 if n else 0
-
-
-def round_gflops(vlm: VLM, parts: Parts, vision_cells: list[int], prompt: Prompt, read_gestalt: int,
-                 n_gestalt: int, seen: int, saccades: int, guide_tokens: int | None = None) -> dict:
-    """One round's compute: its vision passes, its prior pass over [gestalt + the `seen` saccades of rounds before
-    + question] (or, for a second look the first answer's attention points, guide_tokens through every layer),
-    and its prefill of `prompt` (read_gestalt gestalt tokens, seen + this round's saccades)."""
-    if guide_tokens is not None:
-        return vlm.gflops(vision_cells, prompt.length, guide_tokens, 1.0)
-    text = prompt.length - block_tokens(read_gestalt) - block_tokens(seen + saccades)  # the question and the template
-    return vlm.gflops(vision_cells, prompt.length, text + block_tokens(n_gestalt) + block_tokens(seen),
-                      parts.pipeline.prior_layer_fraction)
-
-
-def round_ms(watch: Stopwatch, before: dict, start: float) -> Timings:
-    """The latency split of the round that began at `start`, when watch.ms read `before`."""
-    return Timings.of({**{k: v - before.get(k, 0.0) for k, v in watch.ms.items()}, "total": (watch.now() - start) * 1000})
-
-
-def second_look(parts: Parts, observation: Observation, first: ARRCOCOutput, saccades: VisualTokens | None,
-                request: Request, watch: Stopwatch, answer: str = ""):
-    """
-    The second fixation after the first `answer`, from relevance down (refixate), then the answer read anew over the
-    gestalt and both rounds' saccades, its tokens yielded as they come -> (its Fixation, every saccade [K + K2, D],
-    the prompt, its generation, new tokens, its compute) as the generator's value.
-    """
-    vlm, ablation = parts.vlm, arr_options(request).ablation or NO_ABLATION
-    before, start = dict(watch.ms), watch.now()
-    second, more, guide_tokens = refixate(parts, observation, first, saccades, request, watch, answer)
-    everything = more if saccades is None else VisualTokens.cat([saccades, more])  # [K + K2, D] one block
-    prompt = arr_prompt(vlm, observation, everything, gestalt=ablation.gestalt)
-    generation, new_tokens = yield from generate(vlm, prompt, watch, request)
-    n_gestalt, K, K2 = len(observation.gestalt), first.indices.shape[1], second.indices.shape[1]
-    gflops = round_gflops(vlm, parts, [K2], prompt, n_gestalt if ablation.gestalt else 0, n_gestalt, K, K2,
-                          guide_tokens)
-    look = Fixation(K2, vlm.decode(generation.ids), answer_confidence(vlm, generation), round_ms(watch, before, start),
-                    second, "prior" if guide_tokens is None else "attention")
-    return look, everything, prompt, generation, new_tokens, gflops
 
 
 @torch.no_grad()

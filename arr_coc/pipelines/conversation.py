@@ -24,7 +24,7 @@ import torch
 from arr_coc import pipelines
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import Answer
-from arr_coc.pipelines.arr import Observation
+from arr_coc.pipelines.arr_scene import Observation
 from arr_coc.pipelines.arr_options import arr_options
 from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.steps import follow_up

@@ -20,7 +20,7 @@ import torch
 
 from arr_coc.errors import InputError
 from arr_coc.pipelines.answer import TokenCounts
-from arr_coc.pipelines.arr import arr_visual_tokens
+from arr_coc.pipelines.arr_scene import arr_visual_tokens
 from arr_coc.pipelines.request import Parts, Request, setting
 from arr_coc.pipelines.steps import finish, generate, start_watch
 from arr_coc.vlm.views import Views

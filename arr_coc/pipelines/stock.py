@@ -2,13 +2,14 @@
 The stock baselines' one path: one view, the whole vision tower, one image block, generated with the fast
 engine (our encoder and decoder) or, under the hf engine, transformers' own forward from pixels end to end
 (the reference the fast engine is measured against): steps.read_view, which ARR takes too where the native view
-holds no more cells than it would read (arr.native_reason). The pipelines full, gestalt and budget are this module's
-functions of those names, each naming its view (their records: arr_coc/pipelines/declared/); the budget view is sized to what ARR's LLM reads at the request's budget (arr.arr_visual_tokens), so a budget sweep
-moves it with ARR.
+holds no more cells than it would read (arr_scene.native_reason). The pipelines full, gestalt and budget are this
+module's functions of those names, each naming its view (their records: arr_coc/pipelines/declared/); the budget
+view is sized to what ARR's LLM reads at the request's budget (arr_scene.arr_visual_tokens), so a budget sweep moves
+it with ARR.
 
 The published token reducers (divprune.py, visionzip.py) share a second path, answer_reduced: the whole native
 view through the vision tower, then a reducer keeps N of its tokens at their places, N being what ARR's LLM
-reads at the same budget (arr.arr_visual_tokens). The Answer names the places it kept (Answer.kept) and,
+reads at the same budget (arr_scene.arr_visual_tokens). The Answer names the places it kept (Answer.kept) and,
 for VisionZip, those that hold merged context (Answer.merged): the app draws them beside ARR's saccades.
 """
 
@@ -18,7 +19,7 @@ from typing import Callable
 import torch
 
 from arr_coc.pipelines.answer import TokenCounts
-from arr_coc.pipelines.arr import arr_visual_tokens
+from arr_coc.pipelines.arr_scene import arr_visual_tokens
 from arr_coc.pipelines.request import Parts, Request
 from arr_coc.pipelines.steps import finish, generate, read_view, start_watch
 from arr_coc.vlm.views import Views, fit_grid

@@ -9,7 +9,7 @@ token covers 4 x 4 native cells, so the gestalt's prior cannot point at anything
           crop's tokens; the prior pass on them: the question's attention to the crop, look_closer) -> the page's
           prior with the crop's put in over the cells it covers (crop_prior_map) -> the layer scores again -> the
           crop's cells lifted above every cell outside it (crop_first) -> the usual selection of exactly `budget`
-          cells (arr.closer_look, arr.answer)
+          cells (arr_scene.closer_look, arr.answer)
 
 The rule that combines the two scales: the crop takes the budget first. Inside it the cells are ranked by the layer
 over the crop's gaze (the textures as ever); only a budget larger than the crop reaches beyond it, in the page's
@@ -26,7 +26,7 @@ The crop's tokens pass the vision tower and the prior pass, not the answer's pro
 the answer needs are read again as saccades, at native resolution and at their true places on the page, so the
 answer's prompt is a one-look ARR's (gestalt + saccades + question, the layout the model was trained on) and the
 two looks differ only in which cells they choose. They are counted all the same: in ARR's visual tokens
-(arr.arr_visual_tokens; TokenCounts.crop), so that the reducers at ARR's count read as many, in its GFLOPs
+(arr_scene.arr_visual_tokens; TokenCounts.crop), so that the reducers at ARR's count read as many, in its GFLOPs
 (crop_gflops) and in its vision and selection times.
 
     rect = crop_rect(maps.relevance[0], 256)          # (top, left, height, width) in candidate cells
@@ -104,7 +104,7 @@ def crop_views(image: Image.Image, tokens: int, vlm: VLM) -> Views:
 
 
 def crop_token_count(views: Views, tokens: int, min_pixels: int | None) -> int:
-    """The crop view's tokens on this page, before any pixel is read (arr.arr_visual_tokens): its native grid, as
+    """The crop view's tokens on this page, before any pixel is read (arr_scene.arr_visual_tokens): its native grid, as
     crop_views makes it of crop_shape's cells."""
     h, w = crop_shape(views.candidate_grid, tokens)
     rows, cols = native_grid(w * views.cell, h * views.cell, tokens, views.cell, min_pixels)

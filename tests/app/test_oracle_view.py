@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from arr_coc.app import handlers, looks
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_scene
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "assets" / "examples.json"
@@ -49,7 +49,7 @@ def test_the_oracle_forces_the_whole_box_into_the_budget(arr_model, analysed):
 
 def test_the_event_on_the_example_page(arr_model, analysed):
     drawing, line = handlers.oracle(arr_model, EXAMPLES, analysed, PAGE, QUESTION, "topk", BUDGET)
-    own = arr.select(arr_model.layer, analysed.maps, (32, 32), analysed.gestalt_tokens, BUDGET, "topk")
+    own = arr_scene.select(arr_model.layer, analysed.maps, (32, 32), analysed.gestalt_tokens, BUDGET, "topk")
     found = len(BOX_CELLS & {tuple(c) for c in own.positions[0].tolist()})  # ARR's own saccades in the box
     assert line == (f"oracle: the asked box's 6 cells forced into the {BUDGET} saccades; ARR found {found} of them "
                     f"(box recall {found / 6:.2f}).")

@@ -51,10 +51,10 @@ def taught():
 def unseen_mass(model, unseen: list) -> float:
     """The unseen pages' mean teacher mass inside the layer's 64 most relevant cells."""
     from arr_coc.distill.student import top_mass
-    from arr_coc.pipelines import arr
+    from arr_coc.pipelines import arr_scene
 
     with torch.no_grad():
-        return sum(top_mass(arr.score(o, model.layer.graphed_score).relevance[0], target, 64)
+        return sum(top_mass(arr_scene.score(o, model.layer.graphed_score).relevance[0], target, 64)
                    for _, o, _, target in unseen) / len(unseen)
 
 

@@ -11,7 +11,7 @@ from conftest import stock_inputs, tiny_arr_model
 
 from arr_coc.errors import InputError
 from arr_coc.eval.faithfulness import MAX_ANSWER_CHARS, check_answer, faithfulness_curves, removal_counts
-from arr_coc.pipelines.arr import arr_prompt, encode_saccades
+from arr_coc.pipelines.arr_layout import arr_prompt, encode_saccades
 
 QUESTION = "What does the sign say?"
 ANSWER = "It says stop."

@@ -2,7 +2,6 @@
 request's checks (its settings by name, its ablation by name), the views at their cap, the second look's default size,
 the token counts, the latency split and the answer's confidence."""
 
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -15,10 +14,9 @@ from arr_coc.pipelines.answer import TokenCounts, Timings, answer_confidence
 from arr_coc.pipelines.arr_options import Options as ArrOptions, arr_options
 from arr_coc.pipelines.request import Request, check_question, check_request, with_settings
 from arr_coc.pipelines.steps import views_of
-from arr_coc.pipelines.arr import second_look_saccades
+from arr_coc.pipelines.refixation import second_look_saccades
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION
 from arr_coc.settings import PipelineConfig
-from arr_coc.vlm.views import make_views
 
 
 def test_a_question_is_stripped_and_an_empty_or_overlong_one_refused():

@@ -9,7 +9,9 @@ from PIL import Image
 
 from arr_coc.pipelines.arr_options import Options as ArrOptions
 from arr_coc.pipelines.request import Request
-from arr_coc.pipelines.arr import Saccade, block_tokens, saccade_list, second_look_budget
+from arr_coc.pipelines.arr_layout import block_tokens
+from arr_coc.pipelines.arr_scene import Saccade, saccade_list
+from arr_coc.pipelines.refixation import second_look_budget
 from arr_coc.vlm.views import Views
 
 

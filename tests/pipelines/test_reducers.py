@@ -19,7 +19,7 @@ from transformers.vision_utils import get_vision_window_index
 from arr_coc.pipelines import divprune, visionzip
 from arr_coc.pipelines.request import Request
 from arr_coc.pipelines.steps import views_of
-from arr_coc.pipelines.arr import arr_visual_tokens
+from arr_coc.pipelines.arr_scene import arr_visual_tokens
 from arr_coc.vlm.base import VisualTokens
 from arr_coc.vlm.views import MERGE
 

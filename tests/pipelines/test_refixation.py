@@ -15,9 +15,9 @@ import torch
 
 from arr_coc.errors import InputError
 from arr_coc.synth.fineprint import make_page
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_layout, arr_scene, refixation
 from arr_coc.pipelines.answer import answer_confidence
-from arr_coc.pipelines.arr import REFIXATE_SHARE
+from arr_coc.pipelines.refixation import REFIXATE_SHARE
 from arr_coc.relevance.config import TensionSettings
 from arr_coc.relevance.tensions import COVERAGE
 from arr_coc.vlm.base import AnswerAttention
@@ -74,11 +74,11 @@ def test_with_tau_off_the_answer_and_visual_tokens_are_the_single_walks(pocket):
     question = page.questions[0].question
     a = pocket.answer(page.image, question, "arr", max_new_tokens=8)
     with torch.no_grad():
-        observation = arr.observe(pocket.parts, pocket.views(page.image), question)
-        out = arr.select(pocket.layer, arr.score(observation, pocket.layer.graphed_score),
-                         observation.views.candidate_grid, len(observation.gestalt))
-        saccades = arr.encode_saccades(pocket.vlm, observation, out.positions[0])
-        generation = pocket.vlm.generate(arr.arr_prompt(pocket.vlm, observation, saccades), 8)
+        observation = arr_scene.observe(pocket.parts, pocket.views(page.image), question)
+        out = arr_scene.select(pocket.layer, arr_scene.score(observation, pocket.layer.graphed_score),
+                               observation.views.candidate_grid, len(observation.gestalt))
+        saccades = arr_layout.encode_saccades(pocket.vlm, observation, out.positions[0])
+        generation = pocket.vlm.generate(arr_layout.arr_prompt(pocket.vlm, observation, saccades), 8)
     assert a.text == pocket.vlm.decode(generation.ids) and a.text.strip()
     assert torch.equal(a.arr.positions, out.positions) and a.tokens.saccade == 273
     assert a.confidence == answer_confidence(pocket.vlm, generation)
@@ -191,7 +191,7 @@ def test_the_attention_guide_puts_an_attended_saccades_neighbours_first(norms, f
     observation = SimpleNamespace(views=SimpleNamespace(candidate_grid=(4, 4), gestalt_grid=(2, 2)),
                                   gestalt=[None] * 4, question="Which word?")
     first = SimpleNamespace(indices=torch.tensor([[0, 15]]))
-    guide, tokens = arr.attention_guide(vlm, observation, first, [None] * 2, "JADE")
+    guide, tokens = refixation.attention_guide(vlm, observation, first, [None] * 2, "JADE")
     c = far_corner
     assert guide.shape == (1, 4, 4) and tokens == 40
     torch.testing.assert_close(guide[0], torch.tensor([[0.625, 0.625, 0.0, 0.0],
@@ -207,8 +207,8 @@ def test_after_a_look_at_the_gestalt_alone_the_guide_is_the_answers_gestalt_atte
     vlm = LookingVLM([0.1, 0.0, 0.3, 0.0], [1.0] * 4)
     observation = SimpleNamespace(views=SimpleNamespace(candidate_grid=(4, 4), gestalt_grid=(2, 2)),
                                   gestalt=[None] * 4, question="Which word?")
-    guide, _ = arr.attention_guide(vlm, observation, SimpleNamespace(indices=torch.zeros(1, 0, dtype=torch.long)),
-                                   None, "JADE")
+    first = SimpleNamespace(indices=torch.zeros(1, 0, dtype=torch.long))
+    guide, _ = refixation.attention_guide(vlm, observation, first, None, "JADE")
     torch.testing.assert_close(guide[0], torch.tensor([[0.025, 0.025, 0.0, 0.0], [0.025, 0.025, 0.0, 0.0],
                                                        [0.075, 0.075, 0.0, 0.0], [0.075, 0.075, 0.0, 0.0]]))
     assert vlm.prompts == [([4], "JADE")]

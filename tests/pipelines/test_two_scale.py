@@ -17,7 +17,7 @@ from arr_coc import evaluate, run
 from arr_coc.errors import InputError
 from arr_coc.eval.rows import row_look, split_row
 from arr_coc.vlm.flops import vision_gflops
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_scene
 from arr_coc.pipelines.arr_options import Options as ArrOptions, arr_options
 from arr_coc.pipelines.request import Request
 from arr_coc.pipelines.steps import views_of
@@ -138,10 +138,10 @@ def test_the_crops_tokens_count_in_arrs_visual_tokens(arr_model):
     reads as many; the crop's vision pass is counted in the GFLOPs."""
     image = page()
     views = views_of(arr_model.parts, image)
-    assert arr.arr_visual_tokens(arr_model.parts, views, Request(budget=64, options=(ArrOptions(look="two_scale"),))) == 576
-    assert arr.arr_visual_tokens(arr_model.parts, views, Request(
+    assert arr_scene.arr_visual_tokens(arr_model.parts, views, Request(budget=64, options=(ArrOptions(look="two_scale"),))) == 576
+    assert arr_scene.arr_visual_tokens(arr_model.parts, views, Request(
         budget=64, options=(ArrOptions(look="two_scale", crop_tokens=64),))) == 384
-    assert arr.arr_visual_tokens(arr_model.parts, views, Request(budget=64)) == 320
+    assert arr_scene.arr_visual_tokens(arr_model.parts, views, Request(budget=64)) == 320
     one = arr_model.answer(views, QUESTION, "arr", max_new_tokens=1, budget=64)
     two = arr_model.answer(views, QUESTION, "arr", max_new_tokens=1, budget=64, look="two_scale")
     t = two.tokens

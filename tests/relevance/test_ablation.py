@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines import arr
-from arr_coc.pipelines.arr import score, select
+from arr_coc.pipelines import arr_scene
+from arr_coc.pipelines.arr_scene import score, select
 from arr_coc.relevance.ablation import ABLATIONS, NO_ABLATION, PRIOR_WEIGHTS, SCORER_NAMES
 from arr_coc.relevance.balancing import standardise
 from arr_coc.relevance.layer import ScoreMaps
@@ -24,7 +24,7 @@ BUDGET = 273
 def scene(arr_model):
     """The trained layer and one observation, scored and selected without any ablation."""
     layer = arr_model.load_layer(str(CHECKPOINT))
-    observation = arr.observe(arr_model.parts, arr_model.views(scene_image()), QUESTION, Stopwatch(arr_model.vlm.device))
+    observation = arr_scene.observe(arr_model.parts, arr_model.views(scene_image()), QUESTION, Stopwatch(arr_model.vlm.device))
     maps = score(observation, layer)
     return layer, observation, maps, select_cells(layer, observation, maps)
 

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from arr_coc.eval.data import make_scene
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_scene
 from arr_coc.pipelines.request import Request
 from arr_coc.relevance.concentration import normalised_entropy, top_mass_ratio
 from arr_coc.relevance.config import ARRCOCConfig
@@ -50,7 +50,7 @@ def test_busy_images_are_said_busy_and_documents_are_not(arr_model, name, image,
     """A busy image keeps its selection (busy_pages "keep", the default since issue 61) and is recorded as busy."""
     arr_model.layer, layer = arr_model.prior_layer(), arr_model.layer
     try:
-        out = arr.prepare(arr_model.parts, arr_model.views(image), "What does it say?", Request()).select(arr_model.layer)
+        out = arr_scene.prepare(arr_model.parts, arr_model.views(image), "What does it say?", Request()).select(arr_model.layer)
     finally:
         arr_model.layer = layer
     threshold = ARRCOCConfig().void_structure
@@ -70,7 +70,7 @@ def test_every_checkpoint_agrees_on_busyness(arr_model):
         for name in ("prior", "tiny-charts-documents", "tiny-text-vs-distractor"):
             folder = choose_checkpoint(name, arr_model.vlm.family, arr_model.vlm.hidden_size)
             arr_model.layer = arr_model.load_layer(folder) if folder else arr_model.prior_layer()
-            out = arr.prepare(arr_model.parts, arr_model.views(cat), "What colour are the cat's eyes?", Request()).select(
+            out = arr_scene.prepare(arr_model.parts, arr_model.views(cat), "What colour are the cat's eyes?", Request()).select(
                 arr_model.layer)
             assert out.fallback == [None], name
             structures.append(float(out.structure[0]))

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from arr_coc.errors import InputError
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_scene
 from arr_coc.pipelines.request import Request
 from arr_coc.vlm.positions import mrope_position_ids, raster_block
 from arr_coc.vlm.views import CELL, fit_grid, make_views, to_rgb
@@ -27,7 +27,7 @@ def test_native_candidate_grid_is_not_tied_to_the_gestalt():
 
 def test_generate_with_our_positions_matches_a_manual_greedy_loop(arr_model):
     vlm = arr_model.vlm
-    scene = arr.prepare(arr_model.parts, arr_model.views(photo()), "Where is the red car?", Request())
+    scene = arr_scene.prepare(arr_model.parts, arr_model.views(photo()), "Where is the red car?", Request())
     out = scene.select(arr_model.layer, 20)
     with torch.no_grad():
         saccades = vlm.encode_cells(scene.views.highres, out.positions[0])

@@ -15,7 +15,7 @@ from PIL import Image
 from conftest import stock_inputs, tiny_arr_model
 
 from arr_coc.vlm.views import make_views
-from arr_coc.pipelines import arr
+from arr_coc.pipelines import arr_scene
 from arr_coc.pipelines.request import Request
 
 QUESTION = "What is written on the sign?"
@@ -129,7 +129,7 @@ def test_graphed_paths_equal_eager_on_cuda():
 
     model = ARRCOCQwen.from_pretrained("tiny-qwen3-vl", device="cuda", dtype=torch.float32)
     vlm = model.vlm
-    scene = arr.prepare(model.parts, model.views(photo(900, 700)), QUESTION, Request())
+    scene = arr_scene.prepare(model.parts, model.views(photo(900, 700)), QUESTION, Request())
     out = scene.select(model.layer)
     results = {}
     for graphs in (True, False):
