@@ -99,17 +99,16 @@ def with_settings(request: Request | None, settings: dict, options: tuple[type, 
         raise InputError(f"unknown request setting{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: a "
                          f"Request has {', '.join([*names, *owner])}")
     request = request or Request()
-    chosen = tuple(dict.fromkeys(owner[name] for name in settings if name in owner))
-    given = {kind: replace(options_of(request, kind) or kind(),
-                           **{n: field_default(kind, n) if v is None else v
-                              for n, v in settings.items() if owner.get(n) is kind})
-             for kind in chosen}  # each in its place among the request's options, a new one after them
-    reset = {owner[n] for n, v in settings.items() if n in owner and v is None}  # a setting set to None: its default
-    changed = tuple(given.get(type(o), o) for o in request.options) + tuple(
-        o for kind, o in given.items() if options_of(request, kind) is None)
+    options = list(request.options)
+    for kind in dict.fromkeys(owner[name] for name in settings if name in owner):
+        given = {n: v for n, v in settings.items() if owner.get(n) is kind}
+        new = replace(options_of(request, kind) or kind(),
+                      **{n: field_default(kind, n) if v is None else v for n, v in given.items()})
+        at = next((i for i, o in enumerate(options) if type(o) is kind), len(options))  # its place; a new one last
+        reset = any(v is None for v in given.values()) and at_defaults(new)  # None put it back to its defaults: none
+        options[at:at + 1] = [] if reset else [new]
     own = {name: value for name, value in settings.items() if name not in owner}
-    changed = tuple(o for o in changed if not (type(o) in reset and at_defaults(o)))
-    return replace(request, **own, **({"options": changed} if chosen else {}))
+    return replace(request, **own, options=tuple(options))
 
 
 def field_default(kind: type, name: str):
