@@ -1,5 +1,5 @@
 """
-PixelPrune (arr_coc/pipelines/pixelprune.py, pixelprune_n.py): on hand-made pages whose duplicate cells are known,
+PixelPrune and pixelprune_n (arr_coc/pipelines/pixelprune.py): on hand-made pages whose duplicate cells are known,
 it keeps exactly the cells worked out by hand below, at their true places; the tokens its LLM reads equal stock
 transformers' vision tower run on those cells' own patches at their true rotary positions, and sit at the full
 view's M-RoPE places; tau > 0 compares with the reconstruction (no drift); at ARR's count it keeps the most unique.
