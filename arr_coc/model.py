@@ -235,7 +235,7 @@ class ARRCOCQwen:
         views for the first turn; `pipeline` is not read).
         """
         pipeline, request, steps = self.steps(image, question, pipeline,
-                                                with_settings(request, settings, pipelines.OPTIONS), conversation)
+                                                with_settings(request, settings), conversation)
         with self.serving(pipeline, request.stop):
             return finished(steps)
 
@@ -248,7 +248,7 @@ class ARRCOCQwen:
         generator early (the app's Stop, between two yields) sets the request's `stop` (one is made if it has none)
         and closes the pipeline and its engine, which lets go of the model.
         """
-        request = with_settings(request, settings, pipelines.OPTIONS)
+        request = with_settings(request, settings)
         request = replace(request, stop=request.stop or threading.Event())
         pipeline, request, steps = self.steps(image, question, pipeline, request, conversation)
         ids, text, answered = [], "", False

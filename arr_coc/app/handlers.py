@@ -187,7 +187,7 @@ def compare(model: ARRCOCQwen, image, question: str, baseline: str, max_new_toke
     running, cells = f"{RUNNING} **ARR-COC**…", baseline_cells(base)
     yield compare_outputs(running, ui.answer_text(base), base, base_cells=cells)
     tau = float(refixate) if refixate and float(refixate) > 0 else None  # the slider's 0 is off
-    mine = with_settings(request, dict(strategy=strategy, refixate=tau, refixate_guide=refixate_guide), pipelines.OPTIONS)
+    mine = with_settings(request, dict(strategy=strategy, refixate=tau, refixate_guide=refixate_guide))
     for ours in model.stream(views, question, "arr", request=mine):
         if isinstance(ours, str):
             yield compare_outputs(running, ui.answer_text(base), base, ours, base_cells=cells)
@@ -225,7 +225,7 @@ def microscope_request(budget: int, controls: tuple = (False, False, 0.0, 0.0, 0
     budget, override, e, λ, f: ui.tension_request) ask for the adaptive budget, the tensions they fix (none unless
     overridden), and its other settings by their names (with_settings: ARR's into its Options)."""
     auto, tensions = ui.tension_request(*controls)
-    return with_settings(Request(budget=auto or int(budget)), dict(tensions=tensions, **settings), pipelines.OPTIONS)
+    return with_settings(Request(budget=auto or int(budget)), dict(tensions=tensions, **settings))
 
 
 def selected(model: ARRCOCQwen, kept: Kept, request: Request, include: torch.Tensor | None = None):
@@ -289,7 +289,7 @@ def oracle_selection(model: ARRCOCQwen, kept: Kept, box, image_size: tuple[int, 
     upload's, as the box's) touches forced in, the rest of the request's budget by ORACLE_STRATEGY -> (the
     selection, the box's cells [GH, GW] bool)."""
     inside = box_coverage(box, image_size, kept.grid) > 0  # [GH, GW]: as evaluate's views.box_coverage(box) > 0
-    oracle_request = with_settings(request, dict(strategy=ORACLE_STRATEGY), pipelines.OPTIONS)
+    oracle_request = with_settings(request, dict(strategy=ORACLE_STRATEGY))
     return selected(model, kept, oracle_request, include=inside), inside
 
 
@@ -352,7 +352,7 @@ def faithfulness(model: ARRCOCQwen, image: Image.Image | None, question: str, an
     gh, gw = views.candidate_grid  # the budget slider allows the largest grid
     progress(0.05, desc="ARR's answer and selection")
     request = with_settings(Request(max_new_tokens=FAITHFULNESS_ANSWER_TOKENS, budget=min(int(budget), gh * gw),
-                                    max_cells=int(max_cells)), dict(strategy=strategy), pipelines.OPTIONS)
+                                    max_cells=int(max_cells)), dict(strategy=strategy))
     arr = model.answer(views, question, "arr", request=request)
     if arr.arr is None:  # no saccades to remove
         raise ui.user_error(f"{ui.native_note(arr)} Faithfulness needs saccades to remove: try a larger image.")
@@ -450,7 +450,7 @@ def ab(model: ARRCOCQwen, checkpoints: Path, image: Image.Image | None, question
     request = Request(max_new_tokens=int(max_new_tokens), max_cells=int(max_cells))
     answers = []
     for name, layer in (("A", layer_a), ("B", layer_b)):
-        mine = with_settings(request, dict(strategy=strategy, layer=layer), pipelines.OPTIONS)
+        mine = with_settings(request, dict(strategy=strategy, layer=layer))
         for answer in model.stream(views, question, "arr", request=mine):
             yield *[gr.skip()] * 5, f"{RUNNING} checkpoint **{name}**…"
         answers.append(answer)
@@ -511,15 +511,15 @@ def converse(model: ARRCOCQwen, chat: Chat | None, image: Image.Image | None, qu
         views = None if chat.arr.answers else model.views(chat.arr.image)  # turn 1 reads the image: once for both
         gh, gw = (views or chat.arr.answers[0].views).candidate_grid  # the slider allows the largest grid
         request = Request(max_new_tokens=int(max_new_tokens))
-        ours = with_settings(request, dict(budget=min(int(budget), gh * gw), fresh_cells=bool(fresh_cells)),
-                             pipelines.OPTIONS)
+        ours = with_settings(request, dict(budget=min(int(budget), gh * gw), fresh_cells=bool(fresh_cells)))
         a = model.answer(views, question, request=ours, conversation=chat.arr)
         b = model.answer(views, question, request=request, conversation=chat.baseline)
         heatmap, drawing, moved = turn_drawings(chat.arr, a, int(numbered))
         chat.rows.append(ui.turn_row(question, b, a, moved))
     finally:
         chat.to("cpu")
-    fresh = ui.fresh_cells_note(a, arr_options(ours).fresh_cells, ours.budget) + (f" {ui.native_note(a)}" if a.reads_native else "")
+    fresh = ui.fresh_cells_note(a, arr_options(ours).fresh_cells, ours.budget) + (
+        f" {ui.native_note(a)}" if a.reads_native else "")
     status = (f"Turn {a.turn}: ARR prefilled {a.prefilled} tokens (its conversation holds {a.context}), "
               f"{baseline} {b.prefilled} (holds {b.context}).{fresh} Ask a follow-up, or press New image to start "
               "again.")

@@ -504,8 +504,7 @@ def request(args, **row):
     flags = {f.name: getattr(args, f.name) for f in fields(Request) if hasattr(args, f.name)}
     options = tuple(kind(**{f.name: getattr(args, f.name) for f in fields(kind) if hasattr(args, f.name)})
                     for kind in pipelines.OPTIONS if all(hasattr(args, f.name) for f in flag_fields(kind)))
-    return with_settings(Request(**flags, options=options), {"tensions": budget_settings(args), **row},
-                         pipelines.OPTIONS)
+    return with_settings(Request(**flags, options=options), {"tensions": budget_settings(args), **row})
 
 
 def answer(model, image, question: str, pipeline: str, request, conversation=None):
@@ -515,7 +514,7 @@ def answer(model, image, question: str, pipeline: str, request, conversation=Non
     from arr_coc.pipelines.request import with_settings
 
     if pipeline != "arr":
-        request = with_settings(request, dict(refixate=None, refixate_budget=None), pipelines.OPTIONS)
+        request = with_settings(request, dict(refixate=None, refixate_budget=None))
     return model.answer(image, question, pipeline, request, conversation=conversation)
 
 

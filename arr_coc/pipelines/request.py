@@ -6,8 +6,8 @@ whole, or its settings by name over one (with_settings: a pipeline's own into it
 (check_request, ARR's settings by their Options.check: an ablation named by a string becomes its Ablation there;
 which pipeline may take it is the registry's check, arr_coc.pipelines.check_pipeline).
 
-    request = check_request(with_settings(Request(max_new_tokens=32), dict(budget="auto", ablation="no-gestalt"),
-                                          pipelines.OPTIONS))   # ablation: into ARR's Options
+    request = check_request(with_settings(Request(max_new_tokens=32), dict(budget="auto", ablation="no-gestalt")))
+    # ablation: a setting of ARR's, into its Options
     arr_options(request).ablation                               # ABLATIONS["no-gestalt"]
     parts = Parts(vlm, layer, CUDAGraphed(generate_texture_array), PipelineConfig())   # or ARRCOCQwen(...).parts
 """
@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from arr_coc import pipelines  # the registry (torch-free; it imports no request)
 from arr_coc.errors import InputError, Stopped, check_text
 from arr_coc.pipelines.arr_options import Options as ArrOptions
 from arr_coc.relevance.layer import ARRCOCLayer
@@ -84,16 +85,16 @@ def checked_question(question, question_ids: Callable[[str], list[int]]) -> Chec
     return CheckedQuestion(question)
 
 
-def with_settings(request: Request | None, settings: dict, options: tuple[type, ...] = ()) -> Request:
+def with_settings(request: Request | None, settings: dict, options: tuple[type, ...] | None = None) -> Request:
     """`request` (None: Request()) with `settings` (Request field names, or a setting of one of the `options`
-    dataclasses: the pipelines' Options, arr_coc.pipelines.OPTIONS -> values) over it, an option into the request's
+    dataclasses: None, the registry's, arr_coc.pipelines.OPTIONS, read when called -> values) over it, an option into the request's
     Options of its type, None its field's default (an Options a None leaves at its defaults: none, the pipeline's);
     InputError naming a setting neither has (and TypeError for a request that is no Request, e.g. a number passed
     where ARRCOCQwen.answer once took max_new_tokens)."""
     if request is not None and not isinstance(request, Request):
         raise TypeError(f"request must be a Request, got {type(request).__name__}: pass settings by name")
     names = [f.name for f in fields(Request)]
-    owner = {f.name: kind for kind in options for f in fields(kind)}
+    owner = {f.name: kind for kind in (pipelines.OPTIONS if options is None else options) for f in fields(kind)}
     unknown = [name for name in settings if name not in names and name not in owner]
     if unknown:
         raise InputError(f"unknown request setting{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: a "
